@@ -1,0 +1,34 @@
+# The two commands a new user needs (README): `make demo` and `make test`.
+# Both run the set-up first; it is idempotent and quick when nothing is missing.
+VENV := .venv
+PY := $(VENV)/bin/python
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: setup demo test test-unit test-privileged lint bench clean
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(VENV)/bin/pyfelix lab demo
+
+test: setup lint
+	$(PY) -m pytest -q tests
+
+test-unit: setup
+	$(PY) -m pytest -q -m "not privileged" tests
+
+test-privileged: setup
+	$(PY) -m pytest -q -m privileged tests
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+
+bench: setup
+	mkdir -p bench
+	$(VENV)/bin/pyfelix bench -o json > bench/results.json
+	$(PY) -m agent.bench.report bench/results.json > bench/results.md
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -1,0 +1,1 @@
+"""The `pyfelix` command line: click commands that call the library and format its answers."""
