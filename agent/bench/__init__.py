@@ -1,0 +1,36 @@
+"""Benchmarks: `pyfelix bench [NAME ...]` and `make bench` run what is registered here.
+
+Each module under `agent/bench/` (other than the framework's `registry` and `report`)
+registers benchmarks with `@benchmark("name")`; `registry` finds them by importing the
+package's modules, so adding a benchmark is adding a module, e.g. `agent/bench/calc_sync.py`.
+A module that cannot import (missing `bcc`, say) only makes its own benchmark unavailable.
+See `agent.bench.registry` for the measuring rules (median of repeats, with min/max).
+"""
+
+from agent.bench.registry import (
+    BenchContext,
+    Benchmark,
+    BenchmarkRegistrationError,
+    BenchResults,
+    BenchSettings,
+    Stat,
+    UnknownBenchmarkError,
+    benchmark,
+    registry,
+    resolve,
+    run,
+)
+
+__all__ = [
+    "BenchContext",
+    "BenchResults",
+    "BenchSettings",
+    "Benchmark",
+    "BenchmarkRegistrationError",
+    "Stat",
+    "UnknownBenchmarkError",
+    "benchmark",
+    "registry",
+    "resolve",
+    "run",
+]
