@@ -1,0 +1,1 @@
+"""The iptables fallback dataplane: chain model, policy renderer, save/restore table writer."""
