@@ -1,10 +1,53 @@
-"""`pyfelix apply`: not implemented yet (owned by a later issue)."""
+"""`pyfelix apply`: create or replace resources in a datastore, as `calicoctl apply` does.
+
+Reads every document of the input first (a file, a directory read recursively like the file
+datastore, or `-` for stdin); if any document fails to parse, cannot be keyed or is
+invalid, nothing is written. The library (`agent.syncer.client`) does the work.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
 
 import click
 
+from agent.syncer.client import DatastoreClientError, open_datastore
+from agent.syncer.file import load_path, load_text
 
-@click.command("apply", context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def command(args: tuple[str, ...]) -> None:
-    """Not implemented yet."""
-    raise click.ClickException("'pyfelix apply' is not implemented yet")
+
+@click.command("apply")
+@click.option("-f", "--filename", "filename", required=True, metavar="FILE|DIR|-",
+              help="Resources to apply: a YAML/JSON file, a directory (recursive), or - for "
+                   "stdin.")
+@click.option("--datastore", required=True, envvar="PYFELIX_DATASTORE", metavar="URL",
+              help="A directory or YAML file (file datastore), etcd3://HOST:PORT, kubernetes, "
+                   "or typha://HOST:PORT. Env: PYFELIX_DATASTORE.")
+def command(filename: str, datastore: str) -> None:
+    """Create or update resources in a datastore (like calicoctl apply).
+
+    \b
+    Examples:
+      pyfelix apply -f policy.yaml --datastore ./resources
+      pyfelix apply -f manifests/ --datastore ./resources
+      cat pool.yaml | pyfelix apply -f - --datastore cluster.yaml
+    """
+    if filename == "-":
+        updates, errors = load_text("<stdin>", sys.stdin.read())
+    elif not os.path.exists(filename):
+        raise click.ClickException(f"input {filename} does not exist")
+    else:
+        updates, errors = load_path(filename)
+    if errors:
+        lines = "\n".join(f"  {error}" for error in errors)
+        raise click.ClickException(f"cannot read the input; nothing was written:\n{lines}")
+    if not updates:
+        raise click.ClickException(f"{filename} holds no resources")
+    try:
+        store = open_datastore(datastore)
+        results = store.apply([u.value or {} for u in updates],
+                              sources=[u.source for u in updates])
+    except DatastoreClientError as exc:
+        raise click.ClickException(str(exc)) from exc
+    for result in results:
+        click.echo(f"{result.key} {result.action}")

@@ -1,0 +1,16 @@
+"""Prometheus metrics shared by every datastore backend (module-level, registered once).
+
+Each backend labels its samples with `backend` ("file", "etcd3", "kubernetes", "typha").
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter
+
+DATASTORE_PARSE_ERRORS = Counter(
+    "pyfelix_datastore_parse_errors_total",
+    "Number of datastore inputs that could not be parsed or keyed (a YAML or JSON syntax "
+    "error, or a document without kind or metadata.name); the syncer skipped them and kept "
+    "the last good state of their source.",
+    ["backend"],
+)
