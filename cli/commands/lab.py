@@ -1,10 +1,203 @@
-"""`pyfelix lab`: not implemented yet (owned by a later issue)."""
+"""`pyfelix lab`: build scenarios in network namespaces, probe them, tear them down.
+
+Subcommands call `agent.lab` and only format: `run` (probe table or JSON, exit 1 on any
+`expect` mismatch), `sweep` (remove stale lab runs), `demo` (the built-in scenario as a
+connectivity matrix). Progress and notices go to stderr so `-o json` stdout stays parseable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from typing import Any
 
 import click
 
+OUTPUT_FORMATS = ("table", "json")
+DATAPLANES = ("bpf", "iptables")
+NO_AGENT_NOTICE = (
+    "notice: no agent runs in the lab yet, so no policy is enforced{dataplane}: the "
+    "scenario's resources are only written to the lab datastore, and every probe to a "
+    "listening port comes out allow."
+)
 
-@click.command("lab", context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def command(args: tuple[str, ...]) -> None:
-    """Not implemented yet."""
-    raise click.ClickException("'pyfelix lab' is not implemented yet")
+
+def _require_root() -> None:
+    if os.geteuid() != 0:
+        raise click.ClickException("the lab creates network namespaces: run it as root")
+
+
+def _interface_prefix() -> str:
+    """Felix's FELIX_INTERFACEPREFIX (first entry), so the lab names veths as the agent."""
+    return os.environ.get("FELIX_INTERFACEPREFIX", "cali").split(",")[0].strip() or "cali"
+
+
+def _stderr(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def _format_table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=False)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip()
+             for row in [headers, *rows]]
+    return "\n".join(lines)
+
+
+def _run_lab(scenario: Any, **options: Any) -> Any:
+    """Run a scenario; on SIGINT/SIGTERM report and exit 130/143 after teardown."""
+    from agent.lab.runner import LabInterrupted, LabTeardownError, run_scenario
+
+    try:
+        return run_scenario(scenario, progress=_stderr, **options)
+    except LabInterrupted as exc:
+        _stderr(f"lab: interrupted by {signal.Signals(exc.signum).name}; torn down")
+        sys.exit(128 + exc.signum)
+    except LabTeardownError as exc:
+        raise click.ClickException(f"{exc}\nrun `pyfelix lab sweep` to retry") from exc
+
+
+@click.group("lab")
+def command() -> None:
+    """Build network-namespace labs from scenarios and probe them.
+
+    \b
+    Examples:
+      pyfelix lab run scenario.yaml
+      pyfelix lab run scenario.yaml --dataplane bpf -o json
+      pyfelix lab run scenario.yaml --hold 600     # keep it up to inspect; Ctrl-C ends
+      pyfelix lab sweep
+      pyfelix lab demo
+    """
+
+
+@command.command("run")
+@click.argument("scenario_file", type=click.Path(dir_okay=False))
+@click.option("--dataplane", type=click.Choice(DATAPLANES), default=None,
+              help="Dataplane of the agents (accepted; no agent runs in the lab yet).")
+@click.option("-o", "--output", type=click.Choice(OUTPUT_FORMATS), default="table",
+              show_default=True)
+@click.option("--probe-timeout", type=click.FloatRange(min=0.05, max=30.0), default=1.0,
+              show_default=True, help="Seconds before a probe without answer counts as deny.")
+@click.option("--static-routes/--no-static-routes", default=True, show_default=True,
+              help="Static cross-node routes to remote pods (until BIRD provides them).")
+@click.option("--hold", type=click.FloatRange(min=0.0), default=0.0,
+              help="Keep the lab up this many seconds after the probes, for inspection.")
+def run_command(
+    scenario_file: str,
+    dataplane: str | None,
+    output: str,
+    probe_timeout: float,
+    static_routes: bool,
+    hold: float,
+) -> None:
+    """Build SCENARIO_FILE's topology, run its steps and probes, tear everything down.
+
+    Exit status 1 when any probe's result differs from its `expect`.
+
+    \b
+    Examples:
+      pyfelix lab run shared/scenarios/calico-gnp-order.yaml -o json
+      pyfelix lab run my.yaml --probe-timeout 0.5
+    """
+    from agent.lab.scenario import ScenarioError, load_scenario
+
+    try:
+        scenario = load_scenario(scenario_file)
+    except ScenarioError as exc:
+        raise click.ClickException(str(exc)) from exc
+    _require_root()
+    _stderr(NO_AGENT_NOTICE.format(dataplane=f" (--dataplane {dataplane})" if dataplane else ""))
+    report = _run_lab(
+        scenario,
+        dataplane=dataplane,
+        probe_timeout=probe_timeout,
+        static_cross_node_routes=static_routes,
+        interface_prefix=_interface_prefix(),
+        hold_seconds=hold,
+    )
+    if output == "json":
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        rows = [
+            [str(r.step), r.probe.source, r.probe.target, str(r.probe.port), r.probe.protocol,
+             r.result, r.probe.expect or "-", "MISMATCH" if r.mismatch else ""]
+            for r in report.results
+        ]
+        headers = ["STEP", "FROM", "TO", "PORT", "PROTO", "RESULT", "EXPECT", ""]
+        click.echo(_format_table(headers, rows))
+        timings = ", ".join(f"{k} {v:.3f}" for k, v in report.timings.items())
+        click.echo(f"timings (s): {timings}")
+    if report.mismatches:
+        _stderr(f"{len(report.mismatches)} probe(s) did not match their expect:")
+        for r in report.mismatches:
+            p = r.probe
+            _stderr(f"  step {r.step}: {p.source} -> {p.target} {p.port}/{p.protocol}: "
+                    f"expected {p.expect}, got {r.result} ({r.detail})")
+        sys.exit(1)
+
+
+@command.command("sweep")
+@click.option("--orphans", is_flag=True,
+              help="Also remove pf<hex>-* namespaces that have no run directory.")
+@click.option("-o", "--output", type=click.Choice(OUTPUT_FORMATS), default="table",
+              show_default=True)
+def sweep_command(orphans: bool, output: str) -> None:
+    """Remove lab namespaces, processes and files left by runs that are no longer alive.
+
+    Live runs (their lock is held) are never touched.
+
+    \b
+    Examples:
+      pyfelix lab sweep
+      pyfelix lab sweep --orphans -o json
+    """
+    _require_root()
+    from agent.lab.runstate import sweep_stale_runs
+
+    report = sweep_stale_runs(include_orphans=orphans)
+    if output == "json":
+        click.echo(json.dumps(report.__dict__, indent=2, sort_keys=True))
+    else:
+        click.echo(f"removed runs: {' '.join(report.removed_runs) or '-'}")
+        click.echo(f"removed namespaces: {' '.join(report.removed_netns) or '-'}")
+        click.echo(f"killed processes: {' '.join(map(str, report.killed_pids)) or '-'}")
+        click.echo(f"live runs left alone: {' '.join(report.live_runs) or '-'}")
+        if report.orphan_netns:
+            click.echo(f"namespaces without a run directory (use --orphans): "
+                       f"{' '.join(report.orphan_netns)}")
+    if report.errors:
+        raise click.ClickException("sweep incomplete:\n  " + "\n  ".join(report.errors))
+
+
+@command.command("demo")
+@click.option("--probe-timeout", type=click.FloatRange(min=0.05, max=30.0), default=1.0,
+              show_default=True)
+def demo_command(probe_timeout: float) -> None:
+    """Run the built-in demo scenario and print who can reach whom.
+
+    \b
+    Examples:
+      pyfelix lab demo
+    """
+    from agent.lab.demo import DEMO_SCENARIO, connectivity_matrix, with_matrix_probes
+    from agent.lab.scenario import load_scenario
+
+    _require_root()
+    scenario = with_matrix_probes(load_scenario(DEMO_SCENARIO))
+    report = _run_lab(scenario, probe_timeout=probe_timeout, static_cross_node_routes=True,
+                      interface_prefix=_interface_prefix())
+    matrix = connectivity_matrix(report.results)
+    columns = sorted({col for row in matrix.values() for col in row})
+    rows = [[src, *[matrix[src].get(col, "") for col in columns]] for src in sorted(matrix)]
+    click.echo(f"scenario {scenario.name}: {len(scenario.nodes)} nodes, {len(scenario.pods)} "
+               f"pods; rows = from, columns = to")
+    click.echo(_format_table(["FROM \\ TO", *columns], rows))
+    click.echo(
+        f"\nno policy enforced yet: no agent runs in the lab, so the scenario's "
+        f"{len(scenario.resources)} resource(s) are written to the lab datastore and nothing "
+        "acts on them. Every reachable port shows allow."
+    )
+    timings = ", ".join(f"{k} {v:.3f}" for k, v in report.timings.items())
+    click.echo(f"timings (s): {timings}")

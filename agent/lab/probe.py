@@ -1,0 +1,170 @@
+"""Probes: TCP connects and UDP echoes from inside a source pod's namespace, concurrently.
+
+Role: decide `allow` or `deny` for each `ProbeSpec`. A probe's socket is created inside the
+source pod's namespace (`in_netns`), so its packets leave through the pod's eth0 and cross
+the node exactly as the pod's own traffic would.
+
+Inputs: probes, a map from pod key to namespace name, a timeout per probe.
+Outputs: `ProbeResult`s in the order of the probes given.
+
+Verdicts:
+- TCP: `allow` when the connection is made AND a random token sent on it comes back from the
+  echo server before the deadline; `deny` on refusal (RST), unreachable, or timeout.
+- UDP: the token is sent up to `UDP_ATTEMPTS` times, spread over the timeout (a datagram or
+  ARP resolution may drop one); `allow` when the token echoes back; `deny` on an ICMP
+  port-unreachable (seen as ECONNREFUSED) or when the deadline passes.
+
+Invariants: every probe ends within its timeout (plus scheduling slack); at most
+`max_workers` probes run at once; a batch is therefore bounded by
+ceil(len(probes) / max_workers) * timeout.
+"""
+
+from __future__ import annotations
+
+import errno
+import secrets
+import select
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from agent.lab.netns import in_netns
+from agent.lab.scenario import ProbeSpec
+
+DEFAULT_TIMEOUT_SECONDS = 1.0
+DEFAULT_MAX_WORKERS = 32
+UDP_ATTEMPTS = 3
+ALLOW = "allow"
+DENY = "deny"
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    probe: ProbeSpec
+    step: int
+    result: str  # "allow" | "deny"
+    detail: str  # "echoed", "refused", "timeout", "unreachable", ...
+    seconds: float
+
+    @property
+    def mismatch(self) -> bool:
+        return self.probe.expect is not None and self.probe.expect != self.result
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "step": self.step,
+            "from": self.probe.source,
+            "to": self.probe.target,
+            "port": self.probe.port,
+            "protocol": self.probe.protocol,
+            "result": self.result,
+            "expect": self.probe.expect,
+            "detail": self.detail,
+            "ms": round(self.seconds * 1000, 1),
+        }
+
+
+class Prober:
+    """Runs probe batches from pod namespaces with a bounded thread pool."""
+
+    def __init__(
+        self,
+        pod_netns: Mapping[str, str],
+        *,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        max_workers: int = DEFAULT_MAX_WORKERS,
+    ) -> None:
+        if timeout <= 0:
+            raise ValueError(f"probe timeout must be positive, got {timeout}")
+        self.pod_netns = dict(pod_netns)
+        self.timeout = timeout
+        self.max_workers = max(1, max_workers)
+
+    def run(self, probes: Sequence[ProbeSpec], step: int = 0) -> list[ProbeResult]:
+        if not probes:
+            return []
+        unknown = sorted({p.source for p in probes} - set(self.pod_netns))
+        if unknown:
+            raise ValueError(f"probe sources are not pods of this lab: {unknown}")
+        workers = min(self.max_workers, len(probes))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lab-probe") as pool:
+            futures = [pool.submit(self.probe_once, p, step) for p in probes]
+            try:
+                return [f.result() for f in futures]
+            except BaseException:
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+
+    def probe_once(self, probe: ProbeSpec, step: int = 0) -> ProbeResult:
+        started = time.monotonic()
+        deadline = started + self.timeout
+        kind = socket.SOCK_STREAM if probe.protocol == "TCP" else socket.SOCK_DGRAM
+        with in_netns(self.pod_netns[probe.source]):
+            sock = socket.socket(socket.AF_INET, kind | socket.SOCK_CLOEXEC)
+        try:
+            address = (str(probe.target_ip), probe.port)
+            if probe.protocol == "TCP":
+                verdict, detail = _probe_tcp(sock, address, deadline)
+            else:
+                verdict, detail = _probe_udp(sock, address, deadline)
+        finally:
+            sock.close()
+        return ProbeResult(probe, step, verdict, detail, time.monotonic() - started)
+
+
+def _remaining(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
+
+
+def _deny_for(exc: OSError) -> tuple[str, str]:
+    if isinstance(exc, ConnectionRefusedError):
+        return DENY, "refused"
+    if isinstance(exc, TimeoutError):
+        return DENY, "timeout"
+    if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+        return DENY, "unreachable"
+    return DENY, errno.errorcode.get(exc.errno or 0, str(exc)).lower()
+
+
+def _probe_tcp(sock: socket.socket, address: tuple[str, int], deadline: float) -> tuple[str, str]:
+    token = b"pyfelix-probe-" + secrets.token_hex(8).encode()
+    try:
+        sock.settimeout(_remaining(deadline) or 0.001)
+        sock.connect(address)
+        sock.sendall(token)
+        received = b""
+        while len(received) < len(token):
+            left = _remaining(deadline)
+            if left == 0:
+                return DENY, "connected, no echo"
+            sock.settimeout(left)
+            chunk = sock.recv(len(token) - len(received))
+            if not chunk:
+                return DENY, "connected, closed"
+            received += chunk
+    except OSError as exc:
+        return _deny_for(exc)
+    return (ALLOW, "echoed") if received == token else (DENY, "connected, wrong echo")
+
+
+def _probe_udp(sock: socket.socket, address: tuple[str, int], deadline: float) -> tuple[str, str]:
+    token = b"pyfelix-probe-" + secrets.token_hex(8).encode()
+    sock.setblocking(False)
+    try:
+        sock.connect(address)
+        attempts_left = UDP_ATTEMPTS
+        while attempts_left > 0 and _remaining(deadline) > 0:
+            sock.send(token)
+            attempts_left -= 1
+            wait_until = time.monotonic() + _remaining(deadline) / (attempts_left + 1)
+            while (left := wait_until - time.monotonic()) > 0:
+                readable, _, _ = select.select([sock], [], [], left)
+                if not readable:
+                    break
+                if sock.recv(len(token) + 64) == token:
+                    return ALLOW, "echoed"
+    except OSError as exc:
+        return _deny_for(exc)
+    return DENY, "timeout"

@@ -1,0 +1,353 @@
+"""LabRunner: build a scenario in namespaces, run its steps, always tear it down.
+
+Role: the lab's orchestration and its hook for the agents. The life of a run:
+
+    sweep stale runs -> lock run dir -> build topology -> start servers -> write topology to
+    the datastore -> start agents -> for each step: apply/delete resources, wait in sync,
+    probe -> [hold] -> teardown (servers, agents, leftover processes, namespaces, bpffs dir,
+    run dir)
+
+Inputs: a `Scenario`, a `NodeAgents` implementation (default `NoAgents`), switches for who
+programs node routes (`program_routes`) and whether cross-node routes are static
+(`static_cross_node_routes`, until BIRD provides them), the probe timeout.
+Outputs: `ProbeResult`s and a `LabReport` with timings; `topology` (namespace names, node
+underlay IPs, interface names) and `datastore_dir` for agents, BIRD and tests.
+
+Invariants:
+- Use it as a context manager: `__exit__` tears down on success, exception, and on
+  SIGINT/SIGTERM (turned into `LabInterrupted` while the runner is active in the main
+  thread); signals arriving during teardown are ignored so teardown completes.
+- Only the process that created the runner tears down or raises `LabInterrupted`: pyroute2
+  forks short-lived children (to open sockets in namespaces) that inherit the Python signal
+  handler and the whole stack; a signal there must end the child, not run a teardown in it.
+- Teardown is idempotent and keeps going past errors; it collects them and raises
+  `LabTeardownError` only after everything it could remove is removed.
+- With `NoAgents` nothing enforces policy: every probe to a listening port is `allow`.
+
+The agent hook: `NodeAgents.start(topology, datastore_dir, dataplane)` is called once the
+topology and the topology documents exist; `wait_in_sync(timeout)` after each step's datastore
+writes; `stop()` first thing in teardown. A real implementation starts
+`ip netns exec <node netns> pyfelix agent --datastore <datastore_dir> --hostname <node>`
+(and confd + BIRD when there are several nodes), pinning under `bpffs_dir`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any, Protocol
+
+from agent.lab import naming
+from agent.lab.datastore import LabDatastore, topology_documents
+from agent.lab.probe import DEFAULT_TIMEOUT_SECONDS, Prober, ProbeResult
+from agent.lab.runstate import RunState, remove_run_kernel_objects, sweep_stale_runs
+from agent.lab.scenario import ProbeSpec, ResourceRef, Scenario
+from agent.lab.servers import PodServers
+from agent.lab.topology import LabTopology, TopologyBuilder, plan_topology
+
+DEFAULT_SYNC_TIMEOUT_SECONDS = 60.0
+HOLD_POLL_SECONDS = 0.2
+
+
+class LabInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived while a lab was running."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class LabTeardownError(RuntimeError):
+    def __init__(self, run_id: str, errors: list[str]) -> None:
+        self.errors = errors
+        super().__init__(f"lab {run_id}: teardown incomplete:\n  " + "\n  ".join(errors))
+
+
+class NodeAgents(Protocol):
+    """How the lab runs the agent (and later confd + BIRD) in each node namespace."""
+
+    @property
+    def enforces_policy(self) -> bool: ...
+
+    def start(self, topology: LabTopology, datastore_dir: Path, bpffs_dir: Path) -> None: ...
+
+    def wait_in_sync(self, timeout: float) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class NoAgents:
+    """No agent runs: nothing reads the datastore and nothing enforces policy."""
+
+    enforces_policy = False
+
+    def start(self, topology: LabTopology, datastore_dir: Path, bpffs_dir: Path) -> None:
+        return None
+
+    def wait_in_sync(self, timeout: float) -> None:
+        return None
+
+    def stop(self) -> None:
+        return None
+
+
+@dataclass
+class LabReport:
+    scenario: str
+    run_id: str
+    enforces_policy: bool
+    results: list[ProbeResult] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def mismatches(self) -> list[ProbeResult]:
+        return [r for r in self.results if r.mismatch]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "probes": [r.to_json() for r in self.results],
+            "timings": {k: round(v, 3) for k, v in self.timings.items()},
+        }
+
+
+class LabRunner:
+    """One lab run. Not reusable: build once, tear down once."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        *,
+        agents: NodeAgents | None = None,
+        dataplane: str | None = None,
+        program_routes: bool = True,
+        static_cross_node_routes: bool = False,
+        probe_timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        interface_prefix: str = naming.DEFAULT_INTERFACE_PREFIX,
+        state_root: Path = naming.RUN_STATE_ROOT,
+        bpffs_root: Path = naming.BPFFS_ROOT,
+        sweep_first: bool = True,
+        handle_signals: bool = True,
+        run_id: str | None = None,
+    ) -> None:
+        self.scenario = scenario
+        self.agents: NodeAgents = agents if agents is not None else NoAgents()
+        self.dataplane = dataplane
+        self.program_routes = program_routes
+        self.static_cross_node_routes = static_cross_node_routes
+        self.run_id = run_id or naming.new_run_id()
+        self.bpffs_root = bpffs_root
+        self.sweep_first = sweep_first
+        self.handle_signals = handle_signals
+        self.state = RunState(self.run_id, state_root)
+        self.topology = plan_topology(self.run_id, scenario, interface_prefix)
+        self.datastore = LabDatastore(self.state.datastore_dir, self.state.staging_dir)
+        self.servers = PodServers()
+        self.prober = Prober(
+            {key: pod.netns for key, pod in self.topology.pods.items()}, timeout=probe_timeout
+        )
+        self.report = LabReport(scenario.name, self.run_id, self.agents.enforces_policy)
+        self._owner_pid = os.getpid()
+        self._previous_handlers: dict[int, Any] = {}
+        self._tearing_down = False
+        self._torn_down = False
+
+    # --- context manager and signals -------------------------------------------------------
+
+    @property
+    def datastore_dir(self) -> Path:
+        return self.state.datastore_dir
+
+    @property
+    def bpffs_dir(self) -> Path:
+        return naming.run_bpffs_dir(self.run_id, self.bpffs_root)
+
+    @property
+    def timings(self) -> dict[str, float]:
+        return self.report.timings
+
+    def __enter__(self) -> LabRunner:
+        self._install_signal_handlers()
+        try:
+            if self.sweep_first:
+                with self._timed("sweep_s"):
+                    sweep_stale_runs(self.state.root, self.bpffs_root)
+            self.state.acquire()
+        except BaseException:
+            self._restore_signal_handlers()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self.teardown()
+        finally:
+            self._restore_signal_handlers()
+
+    def _install_signal_handlers(self) -> None:
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+
+    def _restore_signal_handlers(self) -> None:
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers.clear()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self._owner_pid:
+            # A forked child (pyroute2 forks to enter namespaces) inherits this handler; it
+            # must die quietly, not unwind the parent's copied stack into a teardown.
+            os._exit(128 + signum)
+        if self._tearing_down or self._torn_down:
+            return  # let teardown finish; it is bounded
+        raise LabInterrupted(signum)
+
+    # --- phases --------------------------------------------------------------------------
+
+    def build(self) -> LabTopology:
+        """Namespaces, underlay, pods, routes, servers; then the topology documents."""
+        if not self.state.held:
+            raise RuntimeError("use LabRunner as a context manager (with LabRunner(...) as lab)")
+        with self._timed("build_s"):
+            TopologyBuilder(
+                self.topology,
+                program_routes=self.program_routes,
+                static_cross_node_routes=self.static_cross_node_routes,
+            ).build()
+            for pod in self.topology.pods.values():
+                for port in pod.spec.ports:
+                    self.servers.add(pod.netns, port.port, port.protocol)
+            self.servers.start()
+            self.datastore.apply(topology_documents(self.scenario, self.topology))
+        return self.topology
+
+    def start_agents(self) -> None:
+        with self._timed("agents_s"):
+            self.agents.start(self.topology, self.datastore_dir, self.bpffs_dir)
+
+    def apply_resources(self, documents: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> None:
+        with self._timed("apply_s"):
+            self.datastore.apply(documents)
+
+    def delete_resources(self, refs: tuple[ResourceRef, ...] | list[ResourceRef]) -> None:
+        with self._timed("apply_s"):
+            self.datastore.delete(refs)
+
+    def wait_in_sync(self, timeout: float = DEFAULT_SYNC_TIMEOUT_SECONDS) -> None:
+        with self._timed("sync_s"):
+            self.agents.wait_in_sync(timeout)
+
+    def run_probes(
+        self, probes: tuple[ProbeSpec, ...] | list[ProbeSpec], step: int = 0
+    ) -> list[ProbeResult]:
+        with self._timed("probes_s"):
+            results = self.prober.run(list(probes), step)
+        self.report.results.extend(results)
+        return results
+
+    def run_steps(self) -> list[ProbeResult]:
+        """Every step of the scenario in order: apply, delete, wait in sync, probe."""
+        results: list[ProbeResult] = []
+        for index, step in enumerate(self.scenario.steps):
+            if step.apply:
+                self.apply_resources(step.apply)
+            if step.delete:
+                self.delete_resources(step.delete)
+            self.wait_in_sync()
+            results.extend(self.run_probes(step.probes, index))
+        return results
+
+    def hold(self, seconds: float) -> None:
+        """Keep the lab up (for inspection) for up to `seconds`; Ctrl-C ends it early."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(HOLD_POLL_SECONDS, left))
+
+    def teardown(self) -> None:
+        """Remove everything of this run (idempotent; continues past errors)."""
+        if self._torn_down or os.getpid() != self._owner_pid:
+            return  # only the process that built the lab tears it down
+        self._tearing_down = True
+        errors: list[str] = []
+        started = time.monotonic()
+        try:
+            for what, action in (("stopping agents", self.agents.stop),
+                                 ("stopping servers", self.servers.stop)):
+                try:
+                    action()
+                except Exception as exc:
+                    errors.append(f"{what}: {exc}")
+            if self.state.held:
+                _, _, kernel_errors = remove_run_kernel_objects(self.run_id, self.bpffs_root)
+                errors.extend(kernel_errors)
+                if not kernel_errors:
+                    self.state.release()  # kept on errors, so a later sweep retries
+        finally:
+            self.report.timings["teardown_s"] = time.monotonic() - started
+            self._torn_down = True
+            self._tearing_down = False
+        if errors:
+            raise LabTeardownError(self.run_id, errors)
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def _timed(self, key: str) -> _Timer:
+        return _Timer(self.report.timings, key)
+
+
+class _Timer:
+    """Adds the elapsed time of a `with` block to timings[key] (accumulates across steps)."""
+
+    def __init__(self, timings: dict[str, float], key: str) -> None:
+        self.timings = timings
+        self.key = key
+        self.started = 0.0
+
+    def __enter__(self) -> None:
+        self.started = time.monotonic()
+
+    def __exit__(self, *exc: object) -> None:
+        self.timings[self.key] = self.timings.get(self.key, 0.0) + time.monotonic() - self.started
+
+
+def run_scenario(
+    scenario: Scenario,
+    *,
+    hold_seconds: float = 0.0,
+    progress: Callable[[str], None] | None = None,
+    **runner_options: Any,
+) -> LabReport:
+    """Build, start agents, run every step, optionally hold, tear down; return the report.
+
+    `progress(message)` receives one line per phase (the CLI prints them on stderr).
+    """
+    say = progress or (lambda message: None)
+    started = time.monotonic()
+    runner = LabRunner(scenario, **runner_options)
+    with runner:
+        say(f"lab {runner.run_id}: building {len(runner.topology.netns_names)} namespaces "
+            f"({len(scenario.nodes)} nodes, {len(scenario.pods)} pods)")
+        runner.build()
+        runner.start_agents()
+        say(f"lab {runner.run_id}: running {len(scenario.steps)} step(s), "
+            f"{len(scenario.probes)} probe(s)")
+        runner.run_steps()
+        if hold_seconds > 0:
+            say(f"lab {runner.run_id}: holding for {hold_seconds:g}s; namespaces "
+                f"{runner.run_id}-*, Ctrl-C to tear down now")
+            runner.hold(hold_seconds)
+        say(f"lab {runner.run_id}: tearing down")
+    runner.report.timings["total_s"] = time.monotonic() - started
+    return runner.report
