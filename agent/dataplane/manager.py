@@ -15,6 +15,7 @@ Contract (Felix's `Manager` interface, in Python):
   round: deletions that must wait for other managers (IP sets are destroyed only after the
   iptables rules referencing them are gone). Same failure rules as `apply()`.
 - `request_resync()`: the next `apply()` re-reads the kernel and repairs drift.
+- `close()` (ManagerBase): release the manager's shims; the programmed dataplane stays.
 - `policy_critical`: True when a persistent failure means policy is not enforced; the loop
   fails closed (signals fatal) when such a manager fails for longer than its bound.
 
@@ -64,3 +65,7 @@ class ManagerBase:
 
     def request_resync(self) -> None:
         self._resync_requested = True
+
+    def close(self) -> None:
+        """Release kernel handles (netlink sockets, namespace threads); state stays in place."""
+        return None

@@ -3,8 +3,8 @@
 Behaves like the kernel where the managers care: adding an existing route without `replace`
 fails with EEXIST; deleting a route matches dst, table, type, protocol and (if given) oif,
 and fails with ESRCH when nothing matches; removing a link removes its addresses and every
-route through it; routes need an existing link. `fail_next(n, errno)` makes the next n
-requests (any kind) fail. `events()` returns an event source fed by link/address changes.
+route through it; routes need an existing link. `fail_next(n, errno, op=...)` makes the
+next n requests (of a kind) fail. `events()` returns an event source fed by link/address changes.
 `requests` counts write requests (add/replace/delete), for "nothing written" assertions.
 """
 
@@ -51,14 +51,16 @@ class FakeNetlink:
         self.routes: set[Route] = set()
         self.requests = 0
         self._next_index = 2
-        self._failures: list[int] = []
+        self._failures: list[tuple[int, str]] = []
         self._sources: list[FakeNetlinkEvents] = []
         self.closed = False
 
     # --- test controls -----------------------------------------------------------------
 
-    def fail_next(self, count: int = 1, code: int = errno.EBUSY) -> None:
-        self._failures.extend([code] * count)
+    def fail_next(self, count: int = 1, code: int = errno.EBUSY, *, op: str = "") -> None:
+        """Fail the next `count` requests whose description starts with `op` ("" = any;
+        e.g. "dump", "add route", "delete route")."""
+        self._failures.extend([(code, op)] * count)
 
     def events(self) -> FakeNetlinkEvents:
         source = FakeNetlinkEvents()
@@ -119,9 +121,10 @@ class FakeNetlink:
     # --- the Netlink protocol ----------------------------------------------------------
 
     def _maybe_fail(self, op: str) -> None:
-        if self._failures:
-            code = self._failures.pop(0)
-            raise NetlinkError(code, f"fake netlink {op}: injected {errno.errorcode[code]}")
+        for i, (code, prefix) in enumerate(self._failures):
+            if op.startswith(prefix):
+                del self._failures[i]
+                raise NetlinkError(code, f"fake netlink {op}: injected {errno.errorcode[code]}")
 
     def list_links(self) -> list[Link]:
         self._maybe_fail("dump links")

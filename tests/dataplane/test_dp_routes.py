@@ -1,0 +1,207 @@
+"""RouteManager on FakeNetlink: routes follow endpoints and interface state; foreign routes
+are never touched; stale routes of ours go only after InSync; failures stay pending."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from agent.dataplane.events import InterfaceUpdate
+from agent.dataplane.managers.routes import ROUTE_PROTOCOL, RouteError, RouteManager
+from agent.proto import (
+    InSync,
+    RouteRemove,
+    RouteUpdate,
+    WorkloadEndpoint,
+    WorkloadEndpointID,
+    WorkloadEndpointRemove,
+    WorkloadEndpointUpdate,
+)
+from agent.shims.netlink import RT_SCOPE_LINK, Route
+from tests.fakes.netlink import FakeNetlink
+
+EP1 = WorkloadEndpointID("k8s", "ns/pod1", "eth0")
+EP2 = WorkloadEndpointID("k8s", "ns/pod2", "eth0")
+
+
+def _ep(iface: str, *nets: str) -> WorkloadEndpoint:
+    return WorkloadEndpoint(state="active", name=iface, ipv4_nets=nets)
+
+
+def _iface(nl: FakeNetlink, name: str) -> InterfaceUpdate:
+    link = nl.link_by_name(name)
+    return InterfaceUpdate(name, link.index, "up" if link.up else "down")
+
+
+def _ours(nl: FakeNetlink) -> dict[str, tuple[str, int]]:
+    return {r.dst: (r.type, r.ifindex) for r in nl.routes if r.protocol == ROUTE_PROTOCOL}
+
+
+@pytest.fixture
+def nl() -> FakeNetlink:
+    return FakeNetlink()
+
+
+def test_route_appears_only_when_interface_is_up(nl: FakeNetlink) -> None:
+    m = RouteManager(netlink=nl)
+    m.on_update(InSync())
+    m.on_update(WorkloadEndpointUpdate(EP1, _ep("cali1", "10.65.0.1/32")))
+    m.apply()
+    assert _ours(nl) == {}
+    nl.add_link("cali1", up=False)
+    m.on_update(_iface(nl, "cali1"))
+    m.apply()
+    assert _ours(nl) == {}
+    nl.set_link_up("cali1", True)
+    m.on_update(_iface(nl, "cali1"))
+    m.apply()
+    idx = nl.link_by_name("cali1").index
+    assert _ours(nl) == {"10.65.0.1/32": ("unicast", idx)}
+    (route,) = nl.routes_to("10.65.0.1/32")
+    assert route.scope == RT_SCOPE_LINK
+
+
+def test_route_follows_endpoint_changes_and_removal(nl: FakeNetlink) -> None:
+    m = RouteManager(netlink=nl)
+    for name in ("cali1", "cali2"):
+        nl.add_link(name)
+        m.on_update(_iface(nl, name))
+    m.on_update(InSync())
+    m.on_update(WorkloadEndpointUpdate(EP1, _ep("cali1", "10.65.0.1/32", "10.65.0.9")))
+    m.apply()
+    assert set(_ours(nl)) == {"10.65.0.1/32", "10.65.0.9/32"}
+    m.on_update(WorkloadEndpointUpdate(EP1, _ep("cali2", "10.65.0.1/32")))
+    m.apply()
+    assert _ours(nl) == {"10.65.0.1/32": ("unicast", nl.link_by_name("cali2").index)}
+    m.on_update(WorkloadEndpointRemove(EP1))
+    m.apply()
+    assert _ours(nl) == {}
+
+
+def test_interface_removal_then_return_with_new_index(nl: FakeNetlink) -> None:
+    m = RouteManager(netlink=nl)
+    nl.add_link("cali1")
+    m.on_update(_iface(nl, "cali1"))
+    m.on_update(WorkloadEndpointUpdate(EP1, _ep("cali1", "10.65.0.1/32")))
+    m.on_update(InSync())
+    m.apply()
+    old = nl.link_by_name("cali1")
+    nl.remove_link("cali1")
+    m.on_update(InterfaceUpdate("cali1", old.index, "absent"))
+    m.apply()
+    assert _ours(nl) == {}
+    nl.add_link("cali1")
+    m.on_update(_iface(nl, "cali1"))
+    m.apply()
+    new = nl.link_by_name("cali1")
+    assert new.index != old.index
+    assert _ours(nl) == {"10.65.0.1/32": ("unicast", new.index)}
+
+
+def test_foreign_routes_are_never_touched(nl: FakeNetlink) -> None:
+    nl.add_link("eth0")
+    nl.add_link("cali1")
+    foreign = Route(dst="10.65.0.1/32", ifindex=nl.link_by_name("eth0").index, protocol=4)
+    other = Route(dst="10.99.0.0/24", ifindex=nl.link_by_name("eth0").index, protocol=12)
+    nl.routes |= {foreign, other}
+    m = RouteManager(netlink=nl)
+    m.on_update(_iface(nl, "cali1"))
+    m.on_update(WorkloadEndpointUpdate(EP1, _ep("cali1", "10.65.0.1/32")))
+    m.on_update(InSync())
+    m.apply()  # conflict: logged, not an error, foreign route kept
+    assert foreign in nl.routes and other in nl.routes
+    assert "10.65.0.1/32" in m.conflicts
+    m.on_update(WorkloadEndpointRemove(EP1))
+    m.apply()
+    m.request_resync()
+    m.apply()
+    assert foreign in nl.routes and other in nl.routes
+
+
+def test_stale_routes_of_ours_removed_only_after_insync(nl: FakeNetlink) -> None:
+    nl.add_link("cali1")
+    idx = nl.link_by_name("cali1").index
+    stale = Route(dst="10.65.0.7/32", ifindex=idx, protocol=ROUTE_PROTOCOL, scope=RT_SCOPE_LINK)
+    nl.routes.add(stale)
+    m = RouteManager(netlink=nl)
+    m.on_update(_iface(nl, "cali1"))
+    m.on_update(WorkloadEndpointUpdate(EP1, _ep("cali1", "10.65.0.1/32")))
+    m.apply()
+    assert stale in nl.routes and "10.65.0.1/32" in _ours(nl)
+    m.on_update(InSync())
+    m.apply()
+    assert stale not in nl.routes and set(_ours(nl)) == {"10.65.0.1/32"}
+
+
+def test_existing_correct_route_is_adopted_without_writes(nl: FakeNetlink) -> None:
+    nl.add_link("cali1")
+    idx = nl.link_by_name("cali1").index
+    nl.routes.add(Route(dst="10.65.0.1/32", ifindex=idx, protocol=ROUTE_PROTOCOL,
+                        scope=RT_SCOPE_LINK))
+    m = RouteManager(netlink=nl)
+    m.on_update(_iface(nl, "cali1"))
+    m.on_update(WorkloadEndpointUpdate(EP1, _ep("cali1", "10.65.0.1/32")))
+    m.on_update(InSync())
+    m.apply()
+    m.apply()
+    assert nl.requests == 0
+
+
+def test_drift_repaired_on_resync(nl: FakeNetlink) -> None:
+    nl.add_link("cali1")
+    m = RouteManager(netlink=nl)
+    m.on_update(_iface(nl, "cali1"))
+    m.on_update(WorkloadEndpointUpdate(EP1, _ep("cali1", "10.65.0.1/32")))
+    m.on_update(InSync())
+    m.apply()
+    nl.routes.clear()  # someone flushed the table
+    m.apply()
+    assert _ours(nl) == {}  # no resync yet: the manager trusts its cache
+    m.request_resync()
+    m.apply()
+    assert "10.65.0.1/32" in _ours(nl)
+
+
+def test_failure_keeps_work_pending_and_retry_completes(nl: FakeNetlink) -> None:
+    for name in ("cali1", "cali2"):
+        nl.add_link(name)
+    m = RouteManager(netlink=nl)
+    for name in ("cali1", "cali2"):
+        m.on_update(_iface(nl, name))
+    m.on_update(WorkloadEndpointUpdate(EP1, _ep("cali1", "10.65.0.1/32")))
+    m.on_update(WorkloadEndpointUpdate(EP2, _ep("cali2", "10.65.0.2/32")))
+    m.on_update(InSync())
+    nl.fail_next(1, errno.ENOBUFS, op="dump")
+    with pytest.raises(Exception, match="ENOBUFS"):
+        m.apply()
+    assert _ours(nl) == {}
+    nl.fail_next(1, errno.EBUSY, op="add route")
+    with pytest.raises(RouteError, match="1 route write"):
+        m.apply()
+    assert len(_ours(nl)) == 1
+    m.apply()
+    assert set(_ours(nl)) == {"10.65.0.1/32", "10.65.0.2/32"}
+
+
+def test_blackhole_routes_for_local_blocks(nl: FakeNetlink) -> None:
+    m = RouteManager(netlink=nl)
+    m.on_update(RouteUpdate(dst="10.65.1.0/26", type="local_workload"))
+    m.on_update(RouteUpdate(dst="10.65.9.0/26", type="remote_workload", dst_node="n2",
+                            dst_node_ip="198.18.0.2"))
+    m.on_update(InSync())
+    m.apply()
+    assert _ours(nl) == {"10.65.1.0/26": ("blackhole", 0)}
+    m.on_update(RouteRemove("10.65.1.0/26"))
+    m.apply()
+    assert _ours(nl) == {}
+
+
+def test_bad_address_is_skipped_with_the_rest_programmed(nl: FakeNetlink) -> None:
+    nl.add_link("cali1")
+    m = RouteManager(netlink=nl)
+    m.on_update(_iface(nl, "cali1"))
+    m.on_update(WorkloadEndpointUpdate(EP1, _ep("cali1", "not-an-ip", "10.65.0.1/32")))
+    m.on_update(InSync())
+    m.apply()
+    assert set(_ours(nl)) == {"10.65.0.1/32"}
