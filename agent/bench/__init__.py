@@ -16,7 +16,7 @@ from agent.bench.registry import (
     Stat,
     UnknownBenchmarkError,
     benchmark,
-    registry,
+    known_benchmarks,
     resolve,
     run,
 )
@@ -30,7 +30,7 @@ __all__ = [
     "Stat",
     "UnknownBenchmarkError",
     "benchmark",
-    "registry",
+    "known_benchmarks",
     "resolve",
     "run",
 ]

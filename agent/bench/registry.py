@@ -15,7 +15,7 @@ A benchmark returns `{figure: number}`. Measured figures come from `BenchContext
 reported with `<figure>_min` and `<figure>_max` beside it (the spread of the same run).
 Plain counts (e.g. `rules: 1000`) may be returned as they are.
 
-Discovery: `registry()` imports every module of the `agent.bench` package except the
+Discovery: `known_benchmarks()` imports every module of the `agent.bench` package except the
 framework's own (`FRAMEWORK_MODULES`) and names starting with `_`. A module that fails to
 import (say, `bcc` missing) does not break the others: it is recorded as an unavailable
 benchmark named after the module, and running it reports the import error. So name a
@@ -90,7 +90,7 @@ class BenchmarkRegistrationError(ValueError):
 
 
 _registered: dict[str, Benchmark] = {}
-_discovered = False
+_discovered_packages: set[str] = set()
 
 
 def benchmark(name: str, *, description: str = "") -> Callable[[BenchFunction], BenchFunction]:
@@ -114,16 +114,15 @@ def benchmark(name: str, *, description: str = "") -> Callable[[BenchFunction], 
     return register
 
 
-def discover() -> None:
-    """Import every benchmark module of `agent.bench` once (see module docstring)."""
-    global _discovered
-    if _discovered:
+def discover(package_name: str = BENCH_PACKAGE) -> None:
+    """Import every benchmark module of a package once (see module docstring)."""
+    if package_name in _discovered_packages:
         return
-    package = importlib.import_module(BENCH_PACKAGE)
+    package = importlib.import_module(package_name)
     for info in pkgutil.iter_modules(package.__path__):
         if info.name in FRAMEWORK_MODULES or info.name.startswith("_"):
             continue
-        module_name = f"{BENCH_PACKAGE}.{info.name}"
+        module_name = f"{package_name}.{info.name}"
         try:
             importlib.import_module(module_name)
         except Exception as exc:  # any import failure disables only this module's benches
@@ -134,10 +133,10 @@ def discover() -> None:
                     unavailable=f"module {module_name} failed to import: "
                     f"{type(exc).__name__}: {exc}",
                 )
-    _discovered = True
+    _discovered_packages.add(package_name)
 
 
-def registry() -> dict[str, Benchmark]:
+def known_benchmarks() -> dict[str, Benchmark]:
     """All benchmarks by name (discovering them on first use), sorted by name."""
     discover()
     return dict(sorted(_registered.items()))
@@ -145,7 +144,7 @@ def registry() -> dict[str, Benchmark]:
 
 def resolve(names: Iterable[str] | None) -> list[Benchmark]:
     """The benchmarks called `names` (all when None or empty); unknown names raise."""
-    known = registry()
+    known = known_benchmarks()
     wanted = list(names or known)
     unknown = [n for n in wanted if n not in known]
     if unknown:

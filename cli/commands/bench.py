@@ -12,7 +12,7 @@ import json
 
 import click
 
-from agent.bench import BenchSettings, UnknownBenchmarkError, registry, run
+from agent.bench import BenchSettings, UnknownBenchmarkError, known_benchmarks, run
 from agent.bench.report import text_table
 
 
@@ -57,7 +57,7 @@ def command(
       pyfelix bench --list
     """
     if list_only:
-        for name, bench in registry().items():
+        for name, bench in known_benchmarks().items():
             status = f"unavailable: {bench.unavailable}" if bench.unavailable else bench.description
             click.echo(f"{name}\t{status}")
         return
