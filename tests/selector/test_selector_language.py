@@ -140,3 +140,20 @@ def test_non_string_input_is_a_selector_error() -> None:
         parse(["a == 'x'"])  # type: ignore[arg-type]
     with pytest.raises(SelectorError, match="type NoneType"):
         parse(None)  # type: ignore[arg-type]
+
+
+def test_evaluation_never_goes_back_to_the_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent.selector import parser
+
+    selector = parse("tier in {'frontend', 'db'} && !has(quarantine) && app starts with 'w'")
+
+    def no_parsing(text: str) -> None:
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(parser, "tokenize", no_parsing)
+    monkeypatch.setattr(parser, "parse_tree", no_parsing)
+    assert [selector.evaluate(WEB) for _ in range(3)] == [True, True, True]
+    assert selector.evaluate({**WEB, "quarantine": "1"}) is False
+    assert (
+        parse("tier in {'frontend', 'db'} && !has(quarantine) && app starts with 'w'") is selector
+    )
