@@ -1,0 +1,640 @@
+"""The BIRD configuration model: every decision confd makes, computed in Python.
+
+Role: turn a `BGPState` snapshot and a hostname into a `BirdConfig` (frozen dataclasses) that
+the jinja2 templates print without deciding anything.
+
+Inputs: `bgp_view.BGPState` (validated BGPConfiguration, Node, BGPPeer, IPPool, BlockAffinity),
+the node name, the workload interface prefix (Felix's InterfacePrefix, default `cali`).
+Output: `BirdConfig`. `ConfdError` when this node cannot run BGP at all (no Node resource,
+no `spec.bgp.ipv4Address`); anything narrower (one bad peer, one bad community) is skipped
+and recorded in `BirdConfig.notes`, rendered as comments, and logged by the caller.
+
+What is exported to BGP peers (the `pyfelix_export_to_bgp` filter, first match wins):
+1. our service routes (static blackholes for serviceClusterIPs / serviceExternalIPs /
+   serviceLoadBalancerIPs of the `default` BGPConfiguration);
+2. this node's IPAM blocks: BlockAffinity resources with `node` = this node, state
+   `confirmed`, not `deleted`, inside an exported pool: the block itself is exported (BIRD
+   originates it as a static blackhole route) and every more specific route inside it is
+   NOT (the /32s of our own pods are covered by the block);
+3. IPv4 pools, most specific first: routes inside an enabled pool are exported (the /32s the
+   kernel protocol learns for pods whose IP is outside our blocks, blocks learned from peers
+   when this node reflects or transits them); routes inside a pool that is `disabled`, has
+   `disableBGPExport`, or uses VXLAN (Felix programs VXLAN routes itself) are not;
+4. nothing else.
+The kernel protocol imports ("learns") only kernel routes inside enabled pools, and programs
+every BGP route into the kernel except those inside VXLAN pools, device routes and our
+service blackholes. Communities from `prefixAdvertisements` are added to matching routes.
+
+Mesh rule (as Calico's template): with nodeToNodeMeshEnabled (default true) this node peers
+with every other Node that has `bgp.ipv4Address`, each with its own AS (node `asNumber`, else
+the global one, else 64512); of each pair only the node with the higher address connects:
+the lower one is `passive` (Calico compares the strings; we compare addresses).
+
+Peers: a BGPPeer applies to this node if `node` names it, or `nodeSelector` matches its
+labels, or it has neither (a global peer). Targets are `peerIP` (with `asNumber`) or every
+other Node matching `peerSelector`. One session per neighbor address; priority node-specific
+> global > mesh, later duplicates are dropped with a note. This node is a route reflector if
+its Node has `routeReflectorClusterID`: an iBGP peer that is not a reflector of the same
+cluster is then its `rr client`.
+
+Easy to get wrong: BIRD strings have no escapes, so a password containing `"`, `\\` or a
+line break is refused (the peer is skipped: never an unauthenticated session instead); a
+secretKeyRef password cannot be resolved without Kubernetes and the peer is skipped too.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agent.model import BGPConfiguration, BGPPeer, IPPool, Metadata, Node
+from agent.syncer.api import ResourceKey
+from confd.bgp_view import BGPState
+
+DEFAULT_AS_NUMBER = 64512
+DEFAULT_BGP_PORT = 179
+DEFAULT_INTERFACE_PREFIX = "cali"
+DEFAULT_HOLD_TIME = 240  # BIRD's default; keepalive must stay below a third of it
+MAX_GRACEFUL_RESTART_TIME = 4095  # 12-bit field of the BGP graceful restart capability
+SERVICES_PROTOCOL = "pyfelix_services"
+GLOBAL_CONFIG_NAME = "default"
+
+# logSeverityScreen -> (BIRD log classes, `debug protocols` setting)
+_LOG_LEVELS: dict[str, tuple[str, str]] = {
+    "trace": ("all", "all"),
+    "debug": ("all", "all"),
+    "info": ("{ info, remote, warning, error, auth, fatal, bug }", "{ states }"),
+    "warning": ("{ remote, warning, error, auth, fatal, bug }", "off"),
+    "error": ("{ error, auth, fatal, bug }", "off"),
+    "fatal": ("{ fatal, bug }", "off"),
+    "panic": ("{ fatal, bug }", "off"),
+}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s|us|µs|ns)")
+_DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6,
+                   "ns": 1e-9}
+_INTERFACE_PREFIX = re.compile(r"^[A-Za-z0-9_.-]{1,14}$")
+
+
+class ConfdError(ValueError):
+    """This node cannot get a BIRD configuration; the message names resource and field."""
+
+
+# --------------------------------------------------------------------------------------------
+# The model the templates print
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    classes: str  # "all" or "{ info, warning, ... }"
+    debug_protocols: str  # "all", "off" or "{ states }"
+
+
+@dataclass(frozen=True)
+class PrefixRule:
+    """`if ( net = cidr )` (exact) or `if ( net ~ cidr )` then accept/reject."""
+
+    cidr: str
+    exact: bool
+    accept: bool
+    reason: str
+
+    @property
+    def operator(self) -> str:
+        return "=" if self.exact else "~"
+
+    @property
+    def action(self) -> str:
+        return "accept" if self.accept else "reject"
+
+
+@dataclass(frozen=True)
+class CommunityTagging:
+    """Communities added to exported routes inside `cidr` (BIRD pair / triple literals)."""
+
+    cidr: str
+    communities: tuple[str, ...]  # "(65001, 100)"
+    large_communities: tuple[str, ...]  # "(65001, 100, 200)"
+
+
+@dataclass(frozen=True)
+class BGPSession:
+    protocol_name: str  # Mesh_/Node_/Global_ + address with underscores
+    comment: str  # where it comes from
+    source: str  # the resource it comes from ("BGPPeer(x)", "BGPConfiguration(default)")
+    neighbor_ip: str
+    neighbor_port: int | None  # None: BIRD's default 179
+    neighbor_as: int
+    local_ip: str | None  # None: BIRD picks the source address
+    local_port: int | None  # None: listen on 179
+    local_as: int
+    passive: bool = False
+    password: str | None = None
+    next_hop_keep: bool = False
+    rr_cluster_id: str | None = None  # set: the neighbor is our route reflector client
+    graceful_restart_time: int | None = None
+    keepalive_time: int | None = None
+    hold_time: int | None = None
+
+
+@dataclass(frozen=True)
+class BirdConfig:
+    hostname: str
+    router_id: str
+    as_number: int
+    log: LogSettings
+    workload_interface_pattern: str  # "cali*", excluded from the direct protocol
+    kernel_import: tuple[PrefixRule, ...]
+    kernel_export_rejects: tuple[PrefixRule, ...]
+    local_blocks: tuple[str, ...]
+    service_cidrs: tuple[str, ...]
+    community_tagging: tuple[CommunityTagging, ...]
+    export_rules: tuple[PrefixRule, ...]
+    sessions: tuple[BGPSession, ...]
+    notes: tuple[str, ...]
+    services_protocol: str = SERVICES_PROTOCOL
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _ipv4_of_node(node: Node) -> ipaddress.IPv4Address | None:
+    if node.bgp is None or not node.bgp.ipv4_address:
+        return None
+    try:
+        address = ipaddress.ip_interface(node.bgp.ipv4_address).ip
+    except ValueError:
+        return None
+    return address if isinstance(address, ipaddress.IPv4Address) else None
+
+
+def _protocol_suffix(address: ipaddress.IPv4Address) -> str:
+    return str(address).replace(".", "_")
+
+
+def parse_duration_seconds(text: str, where: str) -> int:
+    """A Go duration ("120s", "2m", "1m30s") or plain seconds, as whole seconds >= 1."""
+    stripped = text.strip()
+    if stripped.isdigit():
+        seconds = float(stripped)
+    else:
+        pos, seconds = 0, 0.0
+        for match in _DURATION_PART.finditer(stripped):
+            if match.start() != pos:
+                break
+            seconds += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+            pos = match.end()
+        if pos != len(stripped) or not stripped:
+            raise ConfdError(f"{where}: {text!r} is not a duration such as '120s' or '2m'")
+    if seconds < 1 or seconds != int(seconds):
+        raise ConfdError(f"{where}: {text!r} must be a whole number of seconds, at least 1")
+    return int(seconds)
+
+
+def _bird_string(value: str, where: str) -> str:
+    if any(ch in value for ch in '"\\\n\r') or not value.isprintable():
+        raise ConfdError(f"{where}: contains a quote, backslash or control character, which "
+                         "BIRD strings cannot hold")
+    return value
+
+
+def _community_literal(value: str, where: str) -> tuple[bool, str]:
+    """("aa:nn" -> (False, "(aa, nn)")) or ("aa:nn:mm" -> (True, "(aa, nn, mm)"))."""
+    parts = value.strip().split(":")
+    if len(parts) not in (2, 3) or not all(p.isdigit() for p in parts):
+        raise ConfdError(f"{where}: {value!r} is not a community 'aa:nn' or 'aa:nn:mm'")
+    numbers = [int(p) for p in parts]
+    limit = 0xFFFF if len(parts) == 2 else 0xFFFFFFFF
+    if any(n > limit for n in numbers):
+        raise ConfdError(f"{where}: {value!r} has a part above {limit}")
+    return len(parts) == 3, "(" + ", ".join(str(n) for n in numbers) + ")"
+
+
+def _ipv4_cidrs(cidrs: Iterable[str]) -> list[ipaddress.IPv4Network]:
+    out = []
+    for cidr in cidrs:
+        net = ipaddress.ip_network(cidr, strict=False)
+        if isinstance(net, ipaddress.IPv4Network):
+            out.append(net)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The computation
+
+
+@dataclass(frozen=True)
+class _Target:
+    address: ipaddress.IPv4Address
+    port: int
+    as_number: int
+    node: Node | None  # the Node with that address, if any
+    label: str  # for the session's comment
+
+
+class _Computation:
+    """Holds the inputs and the notes while `compute_bird_config` builds the parts."""
+
+    def __init__(self, state: BGPState, hostname: str, interface_prefix: str) -> None:
+        self.state = state
+        self.hostname = hostname
+        self.notes: list[str] = []
+        if not _INTERFACE_PREFIX.match(interface_prefix):
+            raise ConfdError(f"interface prefix {interface_prefix!r}: expected 1-14 letters, "
+                             "digits, '.', '_' or '-'")
+        self.interface_prefix = interface_prefix
+        self.global_config = state.bgp_configurations.get(GLOBAL_CONFIG_NAME) or BGPConfiguration(
+            ResourceKey("BGPConfiguration", "", GLOBAL_CONFIG_NAME), Metadata(GLOBAL_CONFIG_NAME))
+        self.node = self._our_node()
+        address = _ipv4_of_node(self.node)
+        assert address is not None
+        self.address = address
+        self.default_as = self.global_config.as_number or DEFAULT_AS_NUMBER
+        self.as_number = self._as_of(self.node)
+        self.listen_port = self.global_config.listen_port
+        self.cluster_id = self._cluster_id()
+        self.nodes_by_address: dict[ipaddress.IPv4Address, Node] = {}
+        for node in sorted(state.nodes.values(), key=lambda n: n.key.name):
+            node_address = _ipv4_of_node(node)
+            if node_address is not None:
+                self.nodes_by_address.setdefault(node_address, node)
+
+    def note(self, text: str) -> None:
+        self.notes.append(" ".join(text.split()))
+
+    def _our_node(self) -> Node:
+        node = self.state.nodes.get(self.hostname)
+        if node is None:
+            raise ConfdError(f"Node({self.hostname}): not in the datastore; confd needs this "
+                             "node's spec.bgp.ipv4Address")
+        if node.bgp is None or not node.bgp.ipv4_address:
+            raise ConfdError(f"Node({self.hostname}): spec.bgp.ipv4Address: required to run "
+                             "BGP (router id and session source address)")
+        if _ipv4_of_node(node) is None:
+            raise ConfdError(f"Node({self.hostname}): spec.bgp.ipv4Address: "
+                             f"{node.bgp.ipv4_address!r} is not an IPv4 address")
+        return node
+
+    def _cluster_id(self) -> str:
+        text = self.node.bgp.route_reflector_cluster_id if self.node.bgp else ""
+        if not text:
+            return ""
+        try:
+            return str(ipaddress.IPv4Address(text))
+        except ValueError:
+            self.note(f"Node({self.hostname}): spec.bgp.routeReflectorClusterID: {text!r} is "
+                      "not an IPv4-style cluster id; this node is not a route reflector")
+            return ""
+
+    def _as_of(self, node: Node) -> int:
+        if node.bgp is not None and node.bgp.as_number is not None:
+            return node.bgp.as_number
+        return self.default_as
+
+    # -- logging --
+
+    def log_settings(self) -> LogSettings:
+        severity = self.global_config.log_severity_screen or "Info"
+        level = _LOG_LEVELS.get(severity.lower())
+        if level is None:
+            self.note(f"BGPConfiguration({GLOBAL_CONFIG_NAME}): spec.logSeverityScreen: "
+                      f"unknown severity {severity!r}; using Info")
+            level = _LOG_LEVELS["info"]
+        return LogSettings(*level)
+
+    # -- pools, blocks, services --
+
+    def pool_rules(self) -> list[PrefixRule]:
+        """Accept/reject per IPv4 pool, most specific first (rejects first on equal CIDRs)."""
+        rules: dict[str, PrefixRule] = {}
+        for pool in sorted(self.state.pools.values(), key=lambda p: p.key.name):
+            net = ipaddress.ip_network(pool.cidr)
+            if not isinstance(net, ipaddress.IPv4Network):
+                self.note(f"IPPool({pool.key.name}): IPv6 pool {pool.cidr} not rendered "
+                          "(confd renders IPv4 only)")
+                continue
+            rule = self._pool_rule(pool)
+            previous = rules.get(rule.cidr)
+            if previous is None or (previous.accept and not rule.accept):
+                rules[rule.cidr] = rule
+        return sorted(rules.values(), key=lambda r: (-ipaddress.ip_network(r.cidr).prefixlen,
+                                                     ipaddress.ip_network(r.cidr)))
+
+    def _pool_rule(self, pool: IPPool) -> PrefixRule:
+        name = pool.key.name
+        if pool.disabled:
+            return PrefixRule(pool.cidr, False, False, f"IPPool {name} is disabled")
+        if pool.disable_bgp_export:
+            return PrefixRule(pool.cidr, False, False, f"IPPool {name} has disableBGPExport")
+        if pool.vxlan_mode != "Never":
+            return PrefixRule(pool.cidr, False, False,
+                              f"IPPool {name} uses VXLAN: Felix programs its routes")
+        if pool.ipip_mode != "Never":
+            self.note(f"IPPool({name}): spec.ipipMode {pool.ipip_mode} is not supported; "
+                      "its routes are exported without a tunnel")
+        return PrefixRule(pool.cidr, False, True, f"IPPool {name}")
+
+    def vxlan_rules(self) -> list[PrefixRule]:
+        """VXLAN pools: Felix programs their routes, so BIRD must not program them too."""
+        rules: dict[str, PrefixRule] = {}
+        for pool in sorted(self.state.pools.values(), key=lambda p: p.key.name):
+            if pool.vxlan_mode != "Never" and _ipv4_cidrs([pool.cidr]):
+                rules.setdefault(pool.cidr, PrefixRule(pool.cidr, False, False,
+                                                       f"IPPool {pool.key.name} uses VXLAN"))
+        return sorted(rules.values(), key=lambda r: ipaddress.ip_network(r.cidr))
+
+    @staticmethod
+    def deciding_rule(net: ipaddress.IPv4Network,
+                      pool_rules: list[PrefixRule]) -> PrefixRule | None:
+        for rule in pool_rules:
+            if net.subnet_of(ipaddress.ip_network(rule.cidr)):  # type: ignore[arg-type]
+                return rule
+        return None
+
+    def local_blocks(self, pool_rules: list[PrefixRule]) -> list[ipaddress.IPv4Network]:
+        blocks: set[ipaddress.IPv4Network] = set()
+        for affinity in sorted(self.state.block_affinities.values(), key=lambda a: a.key.name):
+            if affinity.node != self.hostname or affinity.deleted:
+                continue
+            where = f"BlockAffinity({affinity.key.name})"
+            if affinity.state != "confirmed":
+                self.note(f"{where}: block {affinity.cidr} is {affinity.state!r}, not "
+                          "confirmed: not exported")
+                continue
+            net = ipaddress.ip_network(affinity.cidr)
+            if not isinstance(net, ipaddress.IPv4Network):
+                continue
+            rule = self.deciding_rule(net, pool_rules)
+            if rule is None or not rule.accept:
+                why = "in no IPv4 pool" if rule is None else f"excluded: {rule.reason}"
+                self.note(f"{where}: block {affinity.cidr} is {why}: not exported")
+                continue
+            blocks.add(net)
+        # a block inside another local block adds nothing
+        return sorted(b for b in blocks
+                      if not any(b != o and b.subnet_of(o) for o in blocks))
+
+    def service_cidrs(self) -> list[ipaddress.IPv4Network]:
+        config = self.global_config
+        cidrs = (*config.service_cluster_ips, *config.service_external_ips,
+                 *config.service_load_balancer_ips)
+        ipv4 = set(_ipv4_cidrs(cidrs))
+        for cidr in cidrs:
+            if ipaddress.ip_network(cidr, strict=False) not in ipv4:
+                self.note(f"BGPConfiguration({GLOBAL_CONFIG_NAME}): service CIDR {cidr} is "
+                          "IPv6; not advertised (confd renders IPv4 only)")
+        return sorted(ipv4)
+
+    def community_tagging(self) -> list[CommunityTagging]:
+        config = self.global_config
+        where = f"BGPConfiguration({GLOBAL_CONFIG_NAME})"
+        named: dict[str, str] = {}
+        for i, community in enumerate(config.communities):
+            try:
+                _community_literal(community.value, f"{where}: spec.communities[{i}].value")
+                named[community.name] = community.value
+            except ConfdError as exc:
+                self.note(f"{exc}; community {community.name!r} skipped")
+        out = []
+        for i, advert in enumerate(config.prefix_advertisements):
+            standard: list[str] = []
+            large: list[str] = []
+            try:
+                for j, ref in enumerate(advert.communities):
+                    field = f"{where}: spec.prefixAdvertisements[{i}].communities[{j}]"
+                    if ref not in named and ":" not in ref:
+                        raise ConfdError(f"{field}: {ref!r} is neither a community in "
+                                         "spec.communities nor a literal value")
+                    is_large, literal = _community_literal(named.get(ref, ref), field)
+                    (large if is_large else standard).append(literal)
+            except ConfdError as exc:
+                self.note(f"{exc}; prefix advertisement {advert.cidr} skipped")
+                continue
+            if not _ipv4_cidrs([advert.cidr]):
+                continue
+            out.append(CommunityTagging(advert.cidr, tuple(standard), tuple(large)))
+        return out
+
+    # -- sessions --
+
+    def sessions(self) -> list[BGPSession]:
+        node_specific: list[BGPSession] = []
+        global_peers: list[BGPSession] = []
+        for peer in sorted(self.state.peers.values(), key=lambda p: p.key.name):
+            scope = "Node" if peer.node or peer.node_selector else "Global"
+            target = node_specific if scope == "Node" else global_peers
+            target.extend(self._peer_sessions(peer, scope))
+        mesh = self._mesh_sessions() if self.global_config.node_to_node_mesh_enabled else []
+        chosen: dict[str, BGPSession] = {}
+        for session in (*node_specific, *global_peers, *mesh):
+            kept = chosen.get(session.neighbor_ip)
+            if kept is None:
+                chosen[session.neighbor_ip] = session
+            elif kept.source != session.source:
+                self.note(f"{session.comment}: neighbor {session.neighbor_ip} already has "
+                          f"session {kept.protocol_name}; skipped")
+        return list(chosen.values())
+
+    def _applies_to(self, peer: BGPPeer, node: Node) -> bool:
+        """Is `node` one of the nodes this BGPPeer configures (its `node`/`nodeSelector`)?"""
+        if peer.node:
+            return peer.node == node.key.name
+        if peer.node_selector:
+            return self._selector(peer.node_selector).evaluate(node.meta.labels_dict)
+        return True  # a global peer
+
+    def _selector(self, text: str) -> Any:
+        from agent import selector
+
+        return selector.parse(text)
+
+    def _peer_sessions(self, peer: BGPPeer, scope: str) -> list[BGPSession]:
+        where = f"BGPPeer({peer.key.name})"
+        targets = self._peer_targets(peer, where)
+        if not targets:
+            return []
+        try:
+            password = self._peer_password(peer.password, f"{where}: spec.password")
+            restart = (parse_duration_seconds(peer.max_restart_time,
+                                              f"{where}: spec.maxRestartTime")
+                       if peer.max_restart_time else None)
+            if restart is not None and restart > MAX_GRACEFUL_RESTART_TIME:
+                raise ConfdError(f"{where}: spec.maxRestartTime: {restart} s is above the "
+                                 f"protocol's limit of {MAX_GRACEFUL_RESTART_TIME} s")
+            keepalive = (parse_duration_seconds(peer.keepalive_time,
+                                                f"{where}: spec.keepaliveTime")
+                         if peer.keepalive_time else None)
+            if keepalive is not None and keepalive > 21845:
+                raise ConfdError(f"{where}: spec.keepaliveTime: {keepalive} s is above 21845 s "
+                                 "(the hold time, three keepalives, must fit in 65535 s)")
+        except ConfdError as exc:
+            self.note(f"{exc}; peer skipped")
+            return []
+        hold = keepalive * 3 if keepalive and keepalive * 3 > DEFAULT_HOLD_TIME else None
+        sessions = []
+        for target in targets:
+            sessions.append(BGPSession(
+                protocol_name=f"{scope}_{_protocol_suffix(target.address)}",
+                comment=f"{where}{target.label}",
+                source=where,
+                neighbor_ip=str(target.address),
+                neighbor_port=target.port if target.port != DEFAULT_BGP_PORT else None,
+                neighbor_as=target.as_number,
+                local_ip=str(self.address) if peer.source_address == "UseNodeIP" else None,
+                local_port=self._local_port(),
+                local_as=self.as_number,
+                password=password,
+                next_hop_keep=peer.keep_original_next_hop,
+                rr_cluster_id=self._rr_client_cluster(target.as_number, target.node),
+                graceful_restart_time=restart,
+                keepalive_time=keepalive,
+                hold_time=hold,
+            ))
+        return sessions
+
+    def _peer_targets(self, peer: BGPPeer, where: str) -> list[_Target]:
+        """The neighbors this BGPPeer gives this node (never this node itself).
+
+        peerIP: that address, if the peer applies to us. peerSelector: the other matching
+        Nodes if the peer applies to us; and, as in Calico, the peering is symmetric: if WE
+        match the peerSelector, every other node the peer applies to is our neighbor too.
+        """
+        if peer.peer_ip:
+            if not self._applies_to(peer, self.node):
+                return []
+            address = ipaddress.ip_address(peer.peer_ip)
+            if not isinstance(address, ipaddress.IPv4Address):
+                self.note(f"{where}: spec.peerIP {peer.peer_ip} is IPv6; confd renders IPv4 "
+                          "only; peer skipped")
+                return []
+            if address == self.address:
+                return []
+            assert peer.as_number is not None  # the model requires asNumber with peerIP
+            return [_Target(address, peer.port or DEFAULT_BGP_PORT, peer.as_number,
+                            self.nodes_by_address.get(address), "")]
+        chosen = self._selector(peer.peer_selector)
+        forward = self._applies_to(peer, self.node)
+        reverse = chosen.evaluate(self.node.meta.labels_dict)
+        targets: dict[ipaddress.IPv4Address, _Target] = {}
+        for node in sorted(self.state.nodes.values(), key=lambda n: n.key.name):
+            if node.key.name == self.hostname:
+                continue
+            selected = forward and chosen.evaluate(node.meta.labels_dict)
+            if not selected and not (reverse and self._applies_to(peer, node)):
+                continue
+            address = _ipv4_of_node(node)
+            if address is None:
+                if selected:
+                    self.note(f"{where}: selected Node({node.key.name}) has no IPv4 "
+                              "spec.bgp.ipv4Address; skipped")
+                continue
+            if address != self.address:
+                targets.setdefault(address, _Target(address, self.listen_port,
+                                                    self._as_of(node), node,
+                                                    f" -> Node({node.key.name})"))
+        return sorted(targets.values(), key=lambda t: t.address)
+
+    def _peer_password(self, password: str, where: str) -> str | None:
+        if not password:
+            return None
+        if password.startswith("secret:"):
+            raise ConfdError(f"{where}: secretKeyRef {password[len('secret:'):]} cannot be "
+                             "resolved by confd (no Kubernetes secrets API); give the "
+                             "password as `value`")
+        return _bird_string(password, where)
+
+    def _rr_client_cluster(self, neighbor_as: int, target_node: Node | None) -> str | None:
+        if not self.cluster_id or neighbor_as != self.as_number:
+            return None
+        target_cluster = (target_node.bgp.route_reflector_cluster_id
+                          if target_node is not None and target_node.bgp else "")
+        return None if target_cluster == self.cluster_id else self.cluster_id
+
+    def _local_port(self) -> int | None:
+        return self.listen_port if self.listen_port != DEFAULT_BGP_PORT else None
+
+    def _mesh_sessions(self) -> list[BGPSession]:
+        where = f"BGPConfiguration({GLOBAL_CONFIG_NAME})"
+        try:
+            password = self._peer_password(self.global_config.node_mesh_password,
+                                           f"{where}: spec.nodeMeshPassword")
+            restart = (parse_duration_seconds(self.global_config.node_mesh_max_restart_time,
+                                              f"{where}: spec.nodeMeshMaxRestartTime")
+                       if self.global_config.node_mesh_max_restart_time else None)
+        except ConfdError as exc:
+            self.note(f"{exc}; node-to-node mesh not rendered")
+            return []
+        sessions = []
+        for address in sorted(self.nodes_by_address):
+            node = self.nodes_by_address[address]
+            if node.key.name == self.hostname:
+                continue
+            if address == self.address:
+                self.note(f"Node({node.key.name}): spec.bgp.ipv4Address {address} is also "
+                          f"Node({self.hostname})'s; no mesh session")
+                continue
+            sessions.append(BGPSession(
+                protocol_name=f"Mesh_{_protocol_suffix(address)}",
+                comment=f"node-to-node mesh -> Node({node.key.name})",
+                source=where,
+                neighbor_ip=str(address),
+                neighbor_port=self._local_port(),
+                neighbor_as=self._as_of(node),
+                local_ip=str(self.address),
+                local_port=self._local_port(),
+                local_as=self.as_number,
+                passive=address > self.address,  # the higher address connects
+                password=password,
+                graceful_restart_time=restart,
+            ))
+        return sessions
+
+
+def compute_bird_config(state: BGPState, hostname: str, *,
+                        interface_prefix: str = DEFAULT_INTERFACE_PREFIX,
+                        problems: Mapping[ResourceKey, str] | None = None) -> BirdConfig:
+    """This node's BIRD configuration from the BGP state (see the module docstring).
+
+    `problems`: resources that failed validation (from `BGPView.problems()`), noted in the
+    output; if one of them is the global BGPConfiguration or this node's Node, raises
+    ConfdError instead (their defaults are no safe stand-in).
+    """
+    problems = problems or {}
+    for key in (ResourceKey("BGPConfiguration", "", GLOBAL_CONFIG_NAME),
+                ResourceKey("Node", "", hostname)):
+        if key in problems:
+            raise ConfdError(f"{problems[key]}; not rendering without it")
+    comp = _Computation(state, hostname, interface_prefix)
+    for message in problems.values():
+        comp.note(f"invalid, left out: {message}")
+    log = comp.log_settings()
+    pool_rules = comp.pool_rules()
+    blocks = comp.local_blocks(pool_rules)
+    export_rules: list[PrefixRule] = []
+    for block in blocks:
+        export_rules.append(PrefixRule(str(block), True, True, "local IPAM block"))
+        export_rules.append(PrefixRule(str(block), False, False,
+                                       "covered by the local block"))
+    export_rules.extend(pool_rules)
+    vxlan_rejects = tuple(comp.vxlan_rules())
+    sessions = comp.sessions()
+    tagging = comp.community_tagging()
+    services = comp.service_cidrs()
+    return BirdConfig(
+        hostname=hostname,
+        router_id=str(comp.address),
+        as_number=comp.as_number,
+        log=log,
+        workload_interface_pattern=f"{comp.interface_prefix}*",
+        kernel_import=tuple(pool_rules),
+        kernel_export_rejects=vxlan_rejects,
+        local_blocks=tuple(str(b) for b in blocks),
+        service_cidrs=tuple(str(s) for s in services),
+        community_tagging=tuple(tagging),
+        export_rules=tuple(export_rules),
+        sessions=tuple(sessions),
+        notes=tuple(comp.notes),
+    )

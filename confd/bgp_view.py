@@ -1,0 +1,110 @@
+"""The BGP syncer view: the datastore as confd sees it.
+
+Role: keep the current, validated BGP-relevant resources (BGPConfiguration, Node, BGPPeer,
+IPPool, BlockAffinity) from a stream of syncer `RawUpdate`s, and hand out immutable
+snapshots (`BGPState`) for `bgp_config.compute_bird_config`.
+
+Inputs: `RawUpdate`s (any kind; kinds confd does not use are ignored).
+Outputs: `BGPView.apply()` says whether the BGP state changed; `snapshot()` returns a
+`BGPState`; `problems()` lists the resources that failed validation, with the reason.
+
+Invariants: a document that fails validation is treated as deleted (its last good version is
+NOT kept: a broken peer must not silently keep its old session) and listed by `problems()`
+until a later good version or a delete clears it. (`compute_bird_config` refuses to render
+at all when the invalid one is the global BGPConfiguration or this node's Node: falling
+back to defaults there could turn the mesh on or change the AS.)
+
+Easy to get wrong: a Kubernetes v1 Node and a Calico v3 Node share the key `Node(name)`;
+only a Node with a `bgp` section can take part in BGP, so the view simply stores whichever
+document the datastore sent last for that key.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from agent.model import (
+    BGPConfiguration,
+    BGPPeer,
+    BlockAffinity,
+    IPPool,
+    Node,
+    ValidationError,
+    parse_resource,
+)
+from agent.syncer.api import RawUpdate, ResourceKey
+
+log = logging.getLogger(__name__)
+
+BGP_KINDS = frozenset({"BGPConfiguration", "Node", "BGPPeer", "IPPool", "BlockAffinity"})
+
+
+@dataclass(frozen=True)
+class BGPState:
+    """One consistent snapshot of the BGP resources, each dict keyed by resource name."""
+
+    bgp_configurations: dict[str, BGPConfiguration] = field(default_factory=dict)
+    nodes: dict[str, Node] = field(default_factory=dict)
+    peers: dict[str, BGPPeer] = field(default_factory=dict)
+    pools: dict[str, IPPool] = field(default_factory=dict)
+    block_affinities: dict[str, BlockAffinity] = field(default_factory=dict)
+
+
+class BGPView:
+    """Applies raw updates; keeps typed resources and the validation problems."""
+
+    def __init__(self) -> None:
+        self._resources: dict[ResourceKey, object] = {}
+        self._problems: dict[ResourceKey, str] = {}
+
+    def apply(self, update: RawUpdate) -> bool:
+        """Apply one update; True if the BGP state (resources or problems) changed."""
+        key = update.key
+        if key.kind not in BGP_KINDS:
+            return False
+        before = (self._resources.get(key), self._problems.get(key))
+        if update.value is None:
+            self._resources.pop(key, None)
+            self._problems.pop(key, None)
+        else:
+            try:
+                self._resources[key] = parse_resource(update.value)
+                self._problems.pop(key, None)
+            except ValidationError as exc:
+                self._resources.pop(key, None)
+                message = str(exc) + (f" (from {update.source})" if update.source else "")
+                if self._problems.get(key) != message:
+                    log.debug("invalid resource: %s", message)
+                self._problems[key] = message
+        return (self._resources.get(key), self._problems.get(key)) != before
+
+    def apply_all(self, updates: Iterable[RawUpdate]) -> bool:
+        changed = False
+        for update in updates:
+            changed = self.apply(update) or changed
+        return changed
+
+    def problems(self) -> dict[ResourceKey, str]:
+        """Resources that failed validation (and are left out), with the reason."""
+        return {k: self._problems[k] for k in sorted(self._problems)}
+
+    def snapshot(self) -> BGPState:
+        state = BGPState()
+        by_kind: dict[str, dict[str, object]] = {
+            "BGPConfiguration": state.bgp_configurations, "Node": state.nodes,  # type: ignore[dict-item]
+            "BGPPeer": state.peers, "IPPool": state.pools,  # type: ignore[dict-item]
+            "BlockAffinity": state.block_affinities,  # type: ignore[dict-item]
+        }
+        for key in sorted(self._resources):
+            by_kind[key.kind][key.name] = self._resources[key]
+        return state
+
+
+def state_from_updates(updates: Iterable[RawUpdate]
+                       ) -> tuple[BGPState, dict[ResourceKey, str]]:
+    """A snapshot and the validation problems from a one-shot list of updates."""
+    view = BGPView()
+    view.apply_all(updates)
+    return view.snapshot(), view.problems()
