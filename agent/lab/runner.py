@@ -15,8 +15,10 @@ underlay IPs, interface names) and `datastore_dir` for agents, BIRD and tests.
 
 Invariants:
 - Use it as a context manager: `__exit__` tears down on success, exception, and on
-  SIGINT/SIGTERM (turned into `LabInterrupted` while the runner is active in the main
-  thread); signals arriving during teardown are ignored so teardown completes.
+  SIGINT/SIGTERM. While the runner is active in the main thread, a first signal is recorded
+  and turned into `LabInterrupted` at the next phase boundary (every phase is bounded: build,
+  each step, each probe batch, each poll of the in-sync wait and of `hold`); a second signal
+  raises at once. Signals arriving during teardown are ignored so teardown completes.
 - Only the process that created the runner tears down or raises `LabInterrupted`: pyroute2
   forks short-lived children (to open sockets in namespaces) that inherit the Python signal
   handler and the whole stack; a signal there must end the child, not run a teardown in it.
@@ -24,9 +26,9 @@ Invariants:
   `LabTeardownError` only after everything it could remove is removed.
 - With `NoAgents` nothing enforces policy: every probe to a listening port is `allow`.
 
-The agent hook: `NodeAgents.start(topology, datastore_dir, dataplane)` is called once the
-topology and the topology documents exist; `wait_in_sync(timeout)` after each step's datastore
-writes; `stop()` first thing in teardown. A real implementation starts
+The agent hook: `NodeAgents.start(topology, datastore_dir, bpffs_dir)` is called once the
+topology and the topology documents exist; `is_in_sync()` is polled (bounded) after each
+step's datastore writes; `stop()` first thing in teardown. A real implementation starts
 `ip netns exec <node netns> pyfelix agent --datastore <datastore_dir> --hostname <node>`
 (and confd + BIRD when there are several nodes), pinning under `bpffs_dir`.
 """
@@ -53,6 +55,7 @@ from agent.lab.topology import LabTopology, TopologyBuilder, plan_topology
 
 DEFAULT_SYNC_TIMEOUT_SECONDS = 60.0
 HOLD_POLL_SECONDS = 0.2
+SYNC_POLL_SECONDS = 0.1
 
 
 class LabInterrupted(KeyboardInterrupt):
@@ -61,6 +64,10 @@ class LabInterrupted(KeyboardInterrupt):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+class LabSyncTimeout(TimeoutError):
+    """The agents did not report in-sync in time."""
 
 
 class LabTeardownError(RuntimeError):
@@ -77,7 +84,7 @@ class NodeAgents(Protocol):
 
     def start(self, topology: LabTopology, datastore_dir: Path, bpffs_dir: Path) -> None: ...
 
-    def wait_in_sync(self, timeout: float) -> None: ...
+    def is_in_sync(self) -> bool: ...
 
     def stop(self) -> None: ...
 
@@ -90,8 +97,8 @@ class NoAgents:
     def start(self, topology: LabTopology, datastore_dir: Path, bpffs_dir: Path) -> None:
         return None
 
-    def wait_in_sync(self, timeout: float) -> None:
-        return None
+    def is_in_sync(self) -> bool:
+        return True
 
     def stop(self) -> None:
         return None
@@ -156,6 +163,7 @@ class LabRunner:
         self._previous_handlers: dict[int, Any] = {}
         self._tearing_down = False
         self._torn_down = False
+        self._interrupted_by: int | None = None
 
     # --- context manager and signals -------------------------------------------------------
 
@@ -212,7 +220,18 @@ class LabRunner:
             os._exit(128 + signum)
         if self._tearing_down or self._torn_down:
             return  # let teardown finish; it is bounded
-        raise LabInterrupted(signum)
+        if self._interrupted_by is None:
+            # Only remember it: the phase in progress is bounded and the next phase boundary
+            # raises. Raising here could land in code that swallows exceptions (at-fork
+            # hooks, __del__) and the interrupt would be lost.
+            self._interrupted_by = signum
+            return
+        raise LabInterrupted(signum)  # a second signal: stop waiting for a boundary
+
+    def check_interrupted(self) -> None:
+        """Raise `LabInterrupted` if SIGINT/SIGTERM arrived (called at every phase boundary)."""
+        if self._interrupted_by is not None and not self._tearing_down:
+            raise LabInterrupted(self._interrupted_by)
 
     # --- phases --------------------------------------------------------------------------
 
@@ -231,11 +250,14 @@ class LabRunner:
                     self.servers.add(pod.netns, port.port, port.protocol)
             self.servers.start()
             self.datastore.apply(topology_documents(self.scenario, self.topology))
+        self.check_interrupted()
         return self.topology
 
     def start_agents(self) -> None:
+        self.check_interrupted()
         with self._timed("agents_s"):
             self.agents.start(self.topology, self.datastore_dir, self.bpffs_dir)
+        self.check_interrupted()
 
     def apply_resources(self, documents: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> None:
         with self._timed("apply_s"):
@@ -246,14 +268,23 @@ class LabRunner:
             self.datastore.delete(refs)
 
     def wait_in_sync(self, timeout: float = DEFAULT_SYNC_TIMEOUT_SECONDS) -> None:
+        """Poll the agents until they report in-sync; `LabSyncTimeout` after `timeout`."""
+        deadline = time.monotonic() + timeout
         with self._timed("sync_s"):
-            self.agents.wait_in_sync(timeout)
+            while not self.agents.is_in_sync():
+                self.check_interrupted()
+                if time.monotonic() >= deadline:
+                    raise LabSyncTimeout(f"lab {self.run_id}: agents not in sync after "
+                                         f"{timeout:g}s")
+                time.sleep(SYNC_POLL_SECONDS)
 
     def run_probes(
         self, probes: tuple[ProbeSpec, ...] | list[ProbeSpec], step: int = 0
     ) -> list[ProbeResult]:
+        self.check_interrupted()
         with self._timed("probes_s"):
             results = self.prober.run(list(probes), step)
+        self.check_interrupted()
         self.report.results.extend(results)
         return results
 
@@ -261,6 +292,7 @@ class LabRunner:
         """Every step of the scenario in order: apply, delete, wait in sync, probe."""
         results: list[ProbeResult] = []
         for index, step in enumerate(self.scenario.steps):
+            self.check_interrupted()
             if step.apply:
                 self.apply_resources(step.apply)
             if step.delete:
@@ -273,7 +305,9 @@ class LabRunner:
         """Keep the lab up (for inspection) for up to `seconds`; Ctrl-C ends it early."""
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0:
+            self.check_interrupted()
             time.sleep(min(HOLD_POLL_SECONDS, left))
+        self.check_interrupted()
 
     def teardown(self) -> None:
         """Remove everything of this run (idempotent; continues past errors)."""
@@ -350,4 +384,5 @@ def run_scenario(
             runner.hold(hold_seconds)
         say(f"lab {runner.run_id}: tearing down")
     runner.report.timings["total_s"] = time.monotonic() - started
+    runner.check_interrupted()  # a signal after the last phase boundary still counts
     return runner.report

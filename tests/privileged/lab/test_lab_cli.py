@@ -1,0 +1,105 @@
+"""`pyfelix lab run|sweep|demo` end to end, as a user runs them (subprocess, real namespaces)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.privileged
+
+REPO = Path(__file__).resolve().parents[3]
+SCENARIOS = REPO / "tests" / "lab" / "scenarios"
+
+
+def pyfelix(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_run_json_reports_every_probe_and_fails_on_unmet_expectations(root_guard: Any) -> None:
+    done = pyfelix("lab", "run", str(SCENARIOS / "calico-gnp-order.yaml"), "-o", "json",
+                   "--dataplane", "bpf", "--probe-timeout", "0.5")
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    assert [(p["step"], p["from"], p["to"], p["port"], p["protocol"], p["expect"])
+            for p in report["probes"]] == [
+        (0, "prod/client", "prod/api", 443, "TCP", "allow"),
+        (0, "prod/client", "prod/api", 9000, "TCP", "deny"),
+        (0, "prod/scanner", "prod/api", 443, "TCP", "deny"),
+        (0, "prod/api", "prod/client", 80, "TCP", "allow"),
+    ]
+    # no agent yet: nothing enforces the policies, so every probe connects
+    assert {p["result"] for p in report["probes"]} == {"allow"}
+    assert {"build_s", "probes_s", "teardown_s", "total_s"} <= set(report["timings"])
+    assert "no policy is enforced (--dataplane bpf)" in done.stderr
+    assert "2 probe(s) did not match their expect" in done.stderr
+    assert "prod/scanner -> prod/api 443/TCP: expected deny, got allow" in done.stderr
+    root_guard.check()
+
+
+def test_run_table_marks_mismatches(root_guard: Any) -> None:
+    done = pyfelix("lab", "run", str(SCENARIOS / "k8s-allow-from-namespace.yaml"),
+                   "--probe-timeout", "0.5")
+    assert done.returncode == 1, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split() == ["STEP", "FROM", "TO", "PORT", "PROTO", "RESULT", "EXPECT"]
+    mismatched = [line.split()[1:3] for line in lines[1:5] if line.endswith("MISMATCH")]
+    assert mismatched == [["other/intruder", "db/postgres"]]
+    root_guard.check()
+
+
+def test_run_exits_zero_when_every_expectation_holds(tmp_path: Path, root_guard: Any) -> None:
+    scenario = tmp_path / "ok.yaml"
+    scenario.write_text(
+        "nodes: [n1, n2]\n"
+        "namespaces: [{name: x}]\n"
+        "pods:\n"
+        "  - {namespace: x, name: a, node: n1, ports: [{port: 80}]}\n"
+        "  - {namespace: x, name: b, node: n2, ports: [{port: 53, protocol: UDP, name: dns}]}\n"
+        "probes:\n"
+        "  - {from: x/b, to: x/a, port: 80, expect: allow}\n"
+        "  - {from: x/a, to: x/b, port: dns, protocol: UDP, expect: allow}\n"
+        "  - {from: x/a, to: x/b, port: 54, protocol: UDP, expect: deny}\n"
+    )
+    done = pyfelix("lab", "run", str(scenario), "-o", "json", "--probe-timeout", "0.5")
+    assert done.returncode == 0, done.stderr
+    assert [p["result"] for p in json.loads(done.stdout)["probes"]] == ["allow", "allow", "deny"]
+    root_guard.check()
+
+
+def test_malformed_scenario_is_rejected_before_anything_is_built(
+    tmp_path: Path, root_guard: Any
+) -> None:
+    scenario = tmp_path / "bad.yaml"
+    scenario.write_text("namespaces: [{name: x}]\npods:\n  - {namespace: x, name: a}\n"
+                        "  - {name: b}\n")
+    done = pyfelix("lab", "run", str(scenario))
+    assert done.returncode == 1
+    assert "pods[1].namespace: missing" in done.stderr
+    assert str(scenario) in done.stderr
+    assert "Traceback" not in done.stderr
+    root_guard.check()
+
+
+def test_demo_prints_a_matrix_and_says_nothing_is_enforced(root_guard: Any) -> None:
+    done = pyfelix("lab", "demo", "--probe-timeout", "0.5")
+    assert done.returncode == 0, done.stderr
+    assert "no policy enforced yet" in done.stdout
+    rows = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines()
+            if line.split() and "/" in line.split()[0] and "\\" not in line}
+    assert set(rows) == {"web/frontend", "web/cache", "db/postgres", "other/intruder"}
+    assert all(cells == ["allow"] * 3 for cells in rows.values()), done.stdout
+    root_guard.check()
+
+
+def test_sweep_json(root_guard: Any) -> None:
+    done = pyfelix("lab", "sweep", "-o", "json")
+    assert done.returncode == 0, done.stderr
+    assert {"removed_runs", "removed_netns", "killed_pids", "live_runs", "orphan_netns",
+            "errors"} == set(json.loads(done.stdout))
+    root_guard.check()
