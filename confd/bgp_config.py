@@ -137,6 +137,17 @@ class BGPSession:
     graceful_restart_time: int | None = None
     keepalive_time: int | None = None
     hold_time: int | None = None
+    ttl_security_hops: int | None = None  # GTSM: `ttl security on` + `multihop N`
+    strict_bind: bool = False  # bindMode NodeIP: listen on the node address only
+
+
+@dataclass(frozen=True)
+class PeerRoute:
+    """A static route to a BGP peer through a gateway (BGPPeer `reachableBy`)."""
+
+    cidr: str
+    gateway: str
+    comment: str
 
 
 @dataclass(frozen=True)
@@ -153,6 +164,7 @@ class BirdConfig:
     community_tagging: tuple[CommunityTagging, ...]
     export_rules: tuple[PrefixRule, ...]
     sessions: tuple[BGPSession, ...]
+    peer_routes: tuple[PeerRoute, ...]
     notes: tuple[str, ...]
     services_protocol: str = SERVICES_PROTOCOL
 
@@ -256,6 +268,8 @@ class _Computation:
         self.as_number = self._as_of(self.node)
         self.listen_port = self.global_config.listen_port
         self.cluster_id = self._cluster_id()
+        self.strict_bind = self.global_config.bind_mode == "NodeIP"
+        self.peer_routes: list[PeerRoute] = []
         self.nodes_by_address: dict[ipaddress.IPv4Address, Node] = {}
         for node in sorted(state.nodes.values(), key=lambda n: n.key.name):
             node_address = _ipv4_of_node(node)
@@ -474,6 +488,15 @@ class _Computation:
             self.note(f"{exc}; peer skipped")
             return []
         hold = keepalive * 3 if keepalive and keepalive * 3 > DEFAULT_HOLD_TIME else None
+        local_ip: str | None = str(self.address)
+        if peer.source_address == "None":
+            if self.strict_bind:
+                self.note(f"{where}: spec.sourceAddress None ignored: bindMode NodeIP binds "
+                          "every session to the node address")
+            else:
+                local_ip = None
+        if peer.reachable_by and peer.peer_ip:
+            self.peer_routes.append(PeerRoute(f"{peer.peer_ip}/32", peer.reachable_by, where))
         sessions = []
         for target in targets:
             sessions.append(BGPSession(
@@ -483,7 +506,7 @@ class _Computation:
                 neighbor_ip=str(target.address),
                 neighbor_port=target.port if target.port != DEFAULT_BGP_PORT else None,
                 neighbor_as=target.as_number,
-                local_ip=str(self.address) if peer.source_address == "UseNodeIP" else None,
+                local_ip=local_ip,
                 local_port=self._local_port(),
                 local_as=self.as_number,
                 password=password,
@@ -492,6 +515,8 @@ class _Computation:
                 graceful_restart_time=restart,
                 keepalive_time=keepalive,
                 hold_time=hold,
+                ttl_security_hops=peer.ttl_security or None,
+                strict_bind=self.strict_bind,
             ))
         return sessions
 
@@ -589,6 +614,7 @@ class _Computation:
                 passive=address > self.address,  # the higher address connects
                 password=password,
                 graceful_restart_time=restart,
+                strict_bind=self.strict_bind,
             ))
         return sessions
 
@@ -636,5 +662,6 @@ def compute_bird_config(state: BGPState, hostname: str, *,
         community_tagging=tuple(tagging),
         export_rules=tuple(export_rules),
         sessions=tuple(sessions),
+        peer_routes=tuple(sorted(set(comp.peer_routes), key=lambda r: (r.cidr, r.gateway))),
         notes=tuple(comp.notes),
     )
