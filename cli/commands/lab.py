@@ -56,6 +56,8 @@ def _run_lab(scenario: Any, **options: Any) -> Any:
         sys.exit(128 + exc.signum)
     except LabTeardownError as exc:
         raise click.ClickException(f"{exc}\nrun `pyfelix lab sweep` to retry") from exc
+    except ValueError as exc:  # e.g. FELIX_INTERFACEPREFIX too long for interface names
+        raise click.ClickException(str(exc)) from exc
 
 
 @click.group("lab")

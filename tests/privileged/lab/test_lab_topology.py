@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from agent.lab.netns import list_netns, read_sysctl
+from agent.lab import naming
+from agent.lab.netns import create_netns, list_netns, read_sysctl, remove_netns
 from agent.lab.runner import LabRunner
 from agent.lab.scenario import ProbeSpec, Scenario, parse_scenario
 from agent.lab.topology import LabTopology
@@ -190,4 +191,19 @@ def test_steps_reach_the_agents_through_the_datastore(root_guard: Any) -> None:
     assert agents.stopped == 1
     assert [(r.step, r.result, r.mismatch) for r in results] == [(0, "allow", False),
                                                                    (1, "allow", False)]
+    root_guard.check()
+
+
+def test_a_build_that_fails_half_way_is_torn_down(root_guard: Any) -> None:
+    scenario = two_nodes_six_pods()
+    run_id = naming.new_run_id()
+    blocker = naming.pod_netns(run_id, 4, "x", "21")  # a pod namespace name already taken
+    create_netns(blocker)
+    try:
+        with pytest.raises(FileExistsError), LabRunner(scenario, run_id=run_id) as lab:
+            lab.build()
+        assert run_namespaces(run_id) == []
+        assert not lab.state.path.exists()
+    finally:
+        remove_netns(blocker)
     root_guard.check()
