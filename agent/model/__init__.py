@@ -1,0 +1,97 @@
+"""Typed Calico v3 and Kubernetes resources, parsed and validated from raw documents.
+
+Modules:
+- `resources`: the resource dataclasses and `parse_resource(doc)`, the entry point;
+- `rules`: policy rules (Rule, EntityRule, Port, ICMPMatch, ServiceAccountMatch);
+- `policy_selectors`: what a policy and its rules select, in Calico's semantics
+  (namespace and service-account prefixes), as plain selector text for the calc graph;
+- `fields`: `ValidationError` and the path-tracking reader every parser uses;
+- `names`, `labels`: name/label syntax checks and the label keys Calico gives a meaning to.
+
+Invariants: every model object is a frozen dataclass holding tuples (hashable, safe to share
+between threads and stages); `parse_resource` raises only `ValidationError`.
+"""
+
+from agent.model.fields import ValidationError
+from agent.model.policy_selectors import entity_selector, inherited_labels, policy_selector
+from agent.model.resources import (
+    IPNAT,
+    K8S_KINDS,
+    KNOWN_KINDS,
+    BGPConfiguration,
+    BGPPeer,
+    BlockAffinity,
+    Community,
+    ContainerPort,
+    EndpointPort,
+    FelixConfiguration,
+    HostEndpoint,
+    IPBlock,
+    IPPool,
+    K8sNetworkPolicy,
+    K8sPeer,
+    K8sPolicyRule,
+    K8sPort,
+    LabelSelector,
+    LabelSelectorRequirement,
+    Metadata,
+    Namespace,
+    NetworkPolicy,
+    NetworkSet,
+    Node,
+    NodeBGP,
+    Pod,
+    PrefixAdvertisement,
+    Profile,
+    Resource,
+    ServiceAccount,
+    Tier,
+    WorkloadEndpoint,
+    parse_resource,
+)
+from agent.model.rules import EntityRule, ICMPMatch, Port, Rule, ServiceAccountMatch
+
+__all__ = [
+    "IPNAT",
+    "K8S_KINDS",
+    "KNOWN_KINDS",
+    "BGPConfiguration",
+    "BGPPeer",
+    "BlockAffinity",
+    "Community",
+    "ContainerPort",
+    "EndpointPort",
+    "EntityRule",
+    "FelixConfiguration",
+    "HostEndpoint",
+    "ICMPMatch",
+    "IPBlock",
+    "IPPool",
+    "K8sNetworkPolicy",
+    "K8sPeer",
+    "K8sPolicyRule",
+    "K8sPort",
+    "LabelSelector",
+    "LabelSelectorRequirement",
+    "Metadata",
+    "Namespace",
+    "NetworkPolicy",
+    "NetworkSet",
+    "Node",
+    "NodeBGP",
+    "Pod",
+    "Port",
+    "PrefixAdvertisement",
+    "Profile",
+    "Resource",
+    "Rule",
+    "ServiceAccount",
+    "ServiceAccountMatch",
+    "Tier",
+    "ValidationError",
+    "WorkloadEndpoint",
+    "entity_selector",
+    "inherited_labels",
+    "parse_resource",
+    "policy_selector",
+]

@@ -1,0 +1,320 @@
+"""Calico v3 policy rules: Rule, EntityRule, Port, ICMP match, parsed with full validation.
+
+Inputs: the `ingress`/`egress` lists of a (Global)NetworkPolicy or Profile as raw YAML.
+Outputs: immutable `Rule` objects whose fields mirror Calico's API (names in snake_case),
+with protocol names turned into numbers and ports into ranges or names.
+
+Validation follows Calico's (libcalico-go `validator/v3`):
+- action is Allow, Deny, Log or Pass; protocol/notProtocol a name (TCP, UDP, ICMP, ICMPv6,
+  SCTP, UDPLite, also lower case) or a number 1-255;
+- ports/notPorts (numbers 1-65535, "lo:hi" ranges, or named ports) need a protocol that has
+  ports (TCP, UDP, SCTP, UDPLite);
+- icmp/notICMP need protocol ICMP or ICMPv6; a code needs a type; ICMP implies IPv4 and
+  ICMPv6 IPv6 when ipVersion is given;
+- nets/notNets are CIDRs (a bare address means /32 or /128), normalised to their network;
+  one rule may not mix IPv4 and IPv6 CIDRs, nor contradict ipVersion;
+- selectors must parse; `global()` is only valid, alone, as a namespaceSelector.
+Unsupported Calico match fields (`http`, `services`) are REJECTED, not ignored: ignoring a
+match field would make a rule match more than its author wrote.
+
+Selector semantics of an EntityRule inside a namespaced policy (own namespace by default,
+`pcns.`-prefixed namespace labels for namespaceSelector) are computed by
+`agent.model.selectors.entity_selector`, not stored here: the raw texts are kept as written.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from agent.model.fields import Fields, checked_int
+from agent.model.names import is_decimal, is_port_name
+
+ACTIONS = ("Allow", "Deny", "Log", "Pass")
+PROTOCOL_NUMBERS = {"TCP": 6, "UDP": 17, "ICMP": 1, "ICMPv6": 58, "SCTP": 132, "UDPLite": 136}
+PROTOCOL_NAMES = {v: k for k, v in PROTOCOL_NUMBERS.items()}
+PROTOCOLS_WITH_PORTS = frozenset({6, 17, 132, 136})
+ICMP_PROTOCOLS = frozenset({1, 58})
+PROTO_ICMP = 1
+PROTO_ICMPV6 = 58
+
+_GLOBAL_ONLY_RE = re.compile(r"^\s*global\s*\(\s*\)\s*$")
+
+
+@dataclass(frozen=True)
+class Port:
+    """A port match: a number or range (`first`..`last`), or a named port (`name`)."""
+
+    first: int = 0
+    last: int = 0
+    name: str = ""
+
+    def __str__(self) -> str:
+        if self.name:
+            return self.name
+        return str(self.first) if self.first == self.last else f"{self.first}:{self.last}"
+
+
+@dataclass(frozen=True)
+class ICMPMatch:
+    type: int | None = None
+    code: int | None = None
+
+
+@dataclass(frozen=True)
+class ServiceAccountMatch:
+    """Match endpoints by service account: any of `names`, and/or by `selector` over the
+    service account's labels (both given: both must match)."""
+
+    names: tuple[str, ...] = ()
+    selector: str = ""
+
+
+@dataclass(frozen=True)
+class EntityRule:
+    nets: tuple[str, ...] = ()
+    not_nets: tuple[str, ...] = ()
+    selector: str = ""
+    not_selector: str = ""
+    namespace_selector: str = ""
+    ports: tuple[Port, ...] = ()
+    not_ports: tuple[Port, ...] = ()
+    service_accounts: ServiceAccountMatch | None = None
+
+    def named_ports(self) -> tuple[Port, ...]:
+        return tuple(p for p in self.ports if p.name)
+
+    def not_named_ports(self) -> tuple[Port, ...]:
+        return tuple(p for p in self.not_ports if p.name)
+
+
+@dataclass(frozen=True)
+class Rule:
+    action: str
+    ip_version: int | None = None
+    protocol: int | None = None
+    not_protocol: int | None = None
+    icmp: ICMPMatch | None = None
+    not_icmp: ICMPMatch | None = None
+    source: EntityRule = EntityRule()
+    destination: EntityRule = EntityRule()
+
+
+def protocol_number(value: object, fields: Fields, key: str) -> int | None:
+    """Calico accepts protocol names (as documented, or in lower case) or 1..255."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        fields.fail(key, f"invalid protocol {value!r}")
+    if isinstance(value, int):
+        if 1 <= value <= 255:
+            return value
+        fields.fail(key, f"protocol number {value} is out of range [1, 255]")
+    if isinstance(value, str):
+        for name, number in PROTOCOL_NUMBERS.items():
+            if value in (name, name.lower(), name.upper()):
+                return number
+        if is_decimal(value) and len(value) <= 3 and 1 <= int(value) <= 255:
+            return int(value)
+    shown = repr(value) if isinstance(value, str | int | float) else type(value).__name__
+    fields.fail(key, f"unknown protocol {shown[:60]} (expected one of "
+                f"{', '.join(PROTOCOL_NUMBERS)} or a number 1-255)")
+
+
+def parse_net(text: Any, fields: Fields, key: str) -> str:
+    """A CIDR or bare address, normalised to its network (`10.0.0.5/24` -> `10.0.0.0/24`)."""
+    if not isinstance(text, str):
+        fields.fail(key, f"expected a CIDR string, got {type(text).__name__}")
+    try:
+        return str(ipaddress.ip_network(text.strip(), strict=False))
+    except ValueError:
+        fields.fail(key, f"invalid CIDR {text[:60]!r}")
+
+
+def parse_port(value: object, fields: Fields, key: str) -> Port:
+    """A rule port: 1-65535, a 'lo:hi' range, or a named port (IANA service name)."""
+    if isinstance(value, bool):
+        fields.fail(key, f"invalid port {value!r}")
+    if isinstance(value, int):
+        if not 1 <= value <= 65535:
+            fields.fail(key, f"port {value} is out of range [1, 65535]")
+        return Port(value, value)
+    if isinstance(value, str):
+        text = value.strip()
+        if ":" in text:
+            lo, _, hi = text.partition(":")
+            if is_decimal(lo) and is_decimal(hi) and len(lo) <= 5 and len(hi) <= 5:
+                first, last = int(lo), int(hi)
+                if 1 <= first <= last <= 65535:
+                    return Port(first, last)
+            fields.fail(key, f"invalid port range {value[:40]!r} (expected 'lo:hi' with "
+                        "1 <= lo <= hi <= 65535)")
+        if is_decimal(text) and len(text) <= 5:
+            return parse_port(int(text), fields, key)
+        if is_port_name(text):
+            return Port(name=text)
+    shown = repr(value)[:40] if isinstance(value, str | int | float) else type(value).__name__
+    fields.fail(key, f"invalid port {shown} (a number 1-65535, a 'lo:hi' range, or a port name "
+                "of at most 15 lower-case letters, digits and '-')")
+
+
+def parse_selector(text: str, fields: Fields, key: str) -> str:
+    """Check that `text` is a valid Calico selector; returns it unchanged."""
+    from agent import selector
+
+    try:
+        selector.parse(text)
+    except selector.SelectorError as exc:
+        fields.fail(key, f"invalid selector: {exc}")
+    except RecursionError:
+        fields.fail(key, "invalid selector: nested too deeply")
+    return text
+
+
+def no_global(text: str, fields: Fields, key: str) -> str:
+    """Calico: `global()` may only appear as an EntityRule namespaceSelector."""
+    if "global(" in text.replace(" ", ""):
+        fields.fail(key, "global() can only be used, alone, in a rule's namespaceSelector")
+    return text
+
+
+# Kept under its old name too: other modules imported it before the rename.
+_parse_selector = parse_selector
+
+ENTITY_FIELDS = frozenset({"nets", "notNets", "selector", "notSelector", "namespaceSelector",
+                           "ports", "notPorts", "serviceAccounts", "services"})
+
+
+def _nets(fields: Fields, key: str) -> tuple[str, ...]:
+    return tuple(parse_net(n, fields, f"{key}[{i}]") for i, n in enumerate(fields.list(key)))
+
+
+def _ports(fields: Fields, key: str) -> tuple[Port, ...]:
+    return tuple(parse_port(p, fields, f"{key}[{i}]") for i, p in enumerate(fields.list(key)))
+
+
+def parse_entity(fields: Fields) -> EntityRule:
+    fields.only(ENTITY_FIELDS)
+    if fields.has("services"):
+        fields.fail("services", "service matches are not supported by pyfelix")
+    service_accounts = None
+    if fields.has("serviceAccounts"):
+        sa = fields.sub("serviceAccounts", allowed={"names", "selector"})
+        service_accounts = ServiceAccountMatch(
+            names=sa.str_list("names"),
+            selector=no_global(parse_selector(sa.str("selector"), sa, "selector"), sa,
+                               "selector"),
+        )
+    namespace_selector = parse_selector(fields.str("namespaceSelector"), fields,
+                                        "namespaceSelector")
+    if ("global(" in namespace_selector.replace(" ", "")
+            and not _GLOBAL_ONLY_RE.match(namespace_selector)):
+        fields.fail("namespaceSelector", "global() cannot be combined with other selectors")
+    return EntityRule(
+        nets=_nets(fields, "nets"),
+        not_nets=_nets(fields, "notNets"),
+        selector=no_global(parse_selector(fields.str("selector"), fields, "selector"),
+                           fields, "selector"),
+        not_selector=no_global(parse_selector(fields.str("notSelector"), fields, "notSelector"),
+                               fields, "notSelector"),
+        namespace_selector=namespace_selector,
+        ports=_ports(fields, "ports"),
+        not_ports=_ports(fields, "notPorts"),
+        service_accounts=service_accounts,
+    )
+
+
+def _parse_icmp(fields: Fields, key: str) -> ICMPMatch | None:
+    if not fields.has(key):
+        return None
+    sub = fields.sub(key, allowed={"type", "code"})
+    icmp_type = sub.int("type", lo=0, hi=254)
+    code = sub.int("code", lo=0, hi=255)
+    if code is not None and icmp_type is None:
+        sub.fail("code", "an ICMP code needs an ICMP type")
+    return ICMPMatch(icmp_type, code)
+
+
+RULE_FIELDS = frozenset({"action", "ipVersion", "protocol", "notProtocol", "icmp", "notICMP",
+                         "source", "destination", "http", "metadata"})
+
+
+def _check_rule_metadata(fields: Fields) -> None:
+    if fields.has("metadata"):
+        meta = fields.sub("metadata", allowed={"annotations"})
+        meta.str_map("annotations")
+
+
+def _check_ip_versions(fields: Fields, ip_version: int | None, protocol: int | None,
+                       not_protocol: int | None, source: EntityRule,
+                       destination: EntityRule) -> None:
+    for proto, key in ((protocol, "protocol"), (not_protocol, "notProtocol")):
+        if proto == PROTO_ICMP and ip_version not in (None, 4):
+            fields.fail("ipVersion", f"must be 4 with {key} ICMP")
+        if proto == PROTO_ICMPV6 and ip_version not in (None, 6):
+            fields.fail("ipVersion", f"must be 6 with {key} ICMPv6")
+    seen: set[int] = set()
+    for side, entity in (("source", source), ("destination", destination)):
+        for key, nets in (("nets", entity.nets), ("notNets", entity.not_nets)):
+            versions = {ipaddress.ip_network(n).version for n in nets}
+            if ip_version is not None and versions - {ip_version}:
+                fields.fail(f"{side}.{key}", f"rule ipVersion is {ip_version} but a CIDR "
+                            "here is not")
+            seen |= versions
+            if len(seen) > 1:
+                fields.fail(f"{side}.{key}", "a rule cannot mix IPv4 and IPv6 CIDRs")
+
+
+def parse_rule(fields: Fields) -> Rule:
+    fields.only(RULE_FIELDS)
+    if fields.has("http"):
+        fields.fail("http", "HTTP matches need an L7 proxy; pyfelix does not support them")
+    _check_rule_metadata(fields)
+    action = fields.str("action", required=True)
+    if action not in ACTIONS:
+        fields.fail("action", f"{action[:40]!r} is not one of {', '.join(ACTIONS)}")
+    ip_version = fields.int("ipVersion")
+    if ip_version not in (None, 4, 6):
+        fields.fail("ipVersion", f"{ip_version} is not 4 or 6")
+    protocol = protocol_number(fields.raw("protocol"), fields, "protocol")
+    not_protocol = protocol_number(fields.raw("notProtocol"), fields, "notProtocol")
+    icmp = _parse_icmp(fields, "icmp")
+    not_icmp = _parse_icmp(fields, "notICMP")
+    for key, match in (("icmp", icmp), ("notICMP", not_icmp)):
+        if match is not None and protocol not in ICMP_PROTOCOLS:
+            fields.fail(key, "rules that specify ICMP fields need protocol ICMP or ICMPv6")
+    source = parse_entity(fields.sub("source"))
+    destination = parse_entity(fields.sub("destination"))
+    for side, entity in (("source", source), ("destination", destination)):
+        for key, ports in (("ports", entity.ports), ("notPorts", entity.not_ports)):
+            if ports and protocol not in PROTOCOLS_WITH_PORTS:
+                fields.fail(f"{side}.{key}",
+                            "rules that specify ports need protocol TCP, UDP, SCTP or UDPLite")
+    _check_ip_versions(fields, ip_version, protocol, not_protocol, source, destination)
+    return Rule(action, ip_version, protocol, not_protocol, icmp, not_icmp, source, destination)
+
+
+def parse_rules(fields: Fields, key: str) -> tuple[Rule, ...]:
+    return tuple(parse_rule(item) for item in fields.items(key))
+
+
+__all__ = [
+    "ACTIONS",
+    "PROTOCOLS_WITH_PORTS",
+    "PROTOCOL_NAMES",
+    "PROTOCOL_NUMBERS",
+    "RULE_FIELDS",
+    "EntityRule",
+    "ICMPMatch",
+    "Port",
+    "Rule",
+    "ServiceAccountMatch",
+    "checked_int",
+    "parse_net",
+    "parse_port",
+    "parse_rule",
+    "parse_rules",
+    "parse_selector",
+]
