@@ -1,0 +1,53 @@
+"""Model endpoints -> their `proto` identity and message, as the dataplane sees them.
+
+Role: pure functions used by the event sequencer (and by `pyfelix calc` to name endpoints).
+
+- `workload_id(wep)`: Calico's v1 identity (orchestrator, workload, endpoint). The workload
+  part is `<namespace>/<pod>` (the pod name, else the workload name, else the resource
+  name), which is what DESIGN.md section 5 calls `<namespace>/<workload>`.
+- `workload_message(wep, tiers)` / `host_message(hep, tiers)`: the endpoint with its
+  addresses split by IP version and its resolved tiers.
+"""
+
+from __future__ import annotations
+
+from agent import proto
+from agent.calc.policy_resolver import EndpointTiers
+from agent.model import HostEndpoint, WorkloadEndpoint
+
+
+def workload_id(wep: WorkloadEndpoint) -> proto.WorkloadEndpointID:
+    name = wep.pod or wep.workload or wep.key.name
+    workload = name if "/" in name else f"{wep.key.namespace}/{name}"
+    return proto.WorkloadEndpointID(orchestrator=wep.orchestrator, workload=workload,
+                                    endpoint=wep.endpoint)
+
+
+def host_id(hep: HostEndpoint) -> proto.HostEndpointID:
+    return proto.HostEndpointID(endpoint=hep.key.name)
+
+
+def _split_by_version(nets: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    return (tuple(n for n in nets if ":" not in n), tuple(n for n in nets if ":" in n))
+
+
+def workload_message(wep: WorkloadEndpoint, tiers: EndpointTiers) -> proto.WorkloadEndpointUpdate:
+    v4, v6 = _split_by_version(wep.ip_networks)
+    return proto.WorkloadEndpointUpdate(
+        id=workload_id(wep),
+        endpoint=proto.WorkloadEndpoint(
+            state="active", name=wep.interface_name, mac=wep.mac,
+            profile_ids=tuple(wep.profiles), ipv4_nets=v4, ipv6_nets=v6, tiers=tiers.tiers),
+    )
+
+
+def host_message(hep: HostEndpoint, tiers: EndpointTiers) -> proto.HostEndpointUpdate:
+    v4, v6 = _split_by_version(hep.expected_ips)
+    return proto.HostEndpointUpdate(
+        id=host_id(hep),
+        endpoint=proto.HostEndpoint(
+            name=hep.interface_name or "*", profile_ids=tuple(hep.profiles),
+            expected_ipv4_addrs=v4, expected_ipv6_addrs=v6, tiers=tiers.tiers,
+            untracked_tiers=tiers.untracked, pre_dnat_tiers=tiers.pre_dnat,
+            forward_tiers=tiers.forward),
+    )

@@ -1,0 +1,129 @@
+"""Effective labels of endpoints and network sets: own labels plus inherited profile labels.
+
+Role: the label half of Felix's `labelindex.InheritIndex`. Two pieces:
+- `labels_and_parents(resource)`: the labels Calico gives an endpoint / network set before
+  inheritance, and the profiles it inherits from. Workload endpoints get
+  `projectcalico.org/namespace`, `projectcalico.org/orchestrator` and (with a service
+  account) `projectcalico.org/serviceaccount`; their own `pcns.*` / `pcsa.*` labels are
+  DROPPED (as libcalico-go does: a workload must not pretend to be in another namespace).
+  Namespaced network sets get `projectcalico.org/namespace` and inherit from `kns.<ns>`.
+- `LabelInheritIndex`: items (endpoint / network-set keys) with own labels and an ordered
+  parent list; parents (profiles) with labels. It calls `on_labels(item, labels | None)`
+  whenever an item's effective labels change (own labels win over inherited ones; an
+  earlier parent wins over a later one).
+
+Invariants: every `update_item` is matched by a `delete_item` (the index forgets the item,
+its parent links and its effective labels); `on_labels` is never called with labels equal
+to the last ones sent for that item.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from agent.calc.selectors import (
+    LABEL_NAMESPACE,
+    LABEL_ORCHESTRATOR,
+    LABEL_SERVICE_ACCOUNT,
+    NAMESPACE_LABEL_PREFIX,
+    NAMESPACE_PROFILE_PREFIX,
+    SERVICE_ACCOUNT_LABEL_PREFIX,
+)
+from agent.model import HostEndpoint, NetworkSet, WorkloadEndpoint
+
+Labels = dict[str, str]
+LabelsCallback = Callable[[Hashable, Labels | None], None]
+
+
+def labels_and_parents(resource: Any) -> tuple[Labels, tuple[str, ...]]:
+    """Own labels (as Calico presents them to Felix) and parent profile names."""
+    own = dict(resource.meta.labels)
+    if isinstance(resource, WorkloadEndpoint):
+        labels = {k: v for k, v in own.items()
+                  if not k.startswith((NAMESPACE_LABEL_PREFIX, SERVICE_ACCOUNT_LABEL_PREFIX))}
+        labels[LABEL_NAMESPACE] = resource.key.namespace
+        labels[LABEL_ORCHESTRATOR] = resource.orchestrator
+        if resource.service_account_name:
+            labels[LABEL_SERVICE_ACCOUNT] = resource.service_account_name
+        return labels, tuple(resource.profiles)
+    if isinstance(resource, HostEndpoint):
+        return own, tuple(resource.profiles)
+    if isinstance(resource, NetworkSet):
+        if resource.is_global:
+            return own, ()
+        own[LABEL_NAMESPACE] = resource.key.namespace
+        return own, (NAMESPACE_PROFILE_PREFIX + resource.key.namespace,)
+    raise TypeError(f"no labels for {type(resource).__name__}")
+
+
+class LabelInheritIndex:
+    """Own labels + parent labels -> effective labels, with change notifications."""
+
+    def __init__(self, on_labels: LabelsCallback) -> None:
+        self._on_labels = on_labels
+        self._own: dict[Hashable, Labels] = {}
+        self._parents_of: dict[Hashable, tuple[str, ...]] = {}
+        self._items_of_parent: dict[str, set[Hashable]] = {}
+        self._parent_labels: dict[str, Labels] = {}
+        self._effective: dict[Hashable, Labels] = {}
+
+    def update_item(self, item: Hashable, own: Labels, parents: tuple[str, ...]) -> None:
+        old_parents = self._parents_of.get(item, ())
+        if old_parents != parents:
+            for parent in old_parents:
+                self._unlink(parent, item)
+            for parent in parents:
+                self._items_of_parent.setdefault(parent, set()).add(item)
+            self._parents_of[item] = parents
+        self._own[item] = own
+        self._recalculate(item)
+
+    def delete_item(self, item: Hashable) -> None:
+        if item not in self._own:
+            return
+        for parent in self._parents_of.pop(item, ()):
+            self._unlink(parent, item)
+        del self._own[item]
+        if self._effective.pop(item, None) is not None:
+            self._on_labels(item, None)
+
+    def update_parent(self, parent: str, labels: Labels | None) -> None:
+        if labels:
+            if self._parent_labels.get(parent) == labels:
+                return
+            self._parent_labels[parent] = labels
+        elif self._parent_labels.pop(parent, None) is None:
+            return
+        for item in list(self._items_of_parent.get(parent, ())):
+            self._recalculate(item)
+
+    def labels_of(self, item: Hashable) -> Labels | None:
+        return self._effective.get(item)
+
+    def items(self) -> dict[Hashable, Labels]:
+        return dict(self._effective)
+
+    def __len__(self) -> int:
+        return len(self._own)
+
+    def _unlink(self, parent: str, item: Hashable) -> None:
+        items = self._items_of_parent.get(parent)
+        if items is not None:
+            items.discard(item)
+            if not items:
+                del self._items_of_parent[parent]
+
+    def _recalculate(self, item: Hashable) -> None:
+        own = self._own[item]
+        effective = own
+        for parent in self._parents_of.get(item, ()):
+            inherited = self._parent_labels.get(parent)
+            if inherited:
+                if effective is own:
+                    effective = dict(own)
+                for key, value in inherited.items():
+                    effective.setdefault(key, value)
+        if self._effective.get(item) != effective:
+            self._effective[item] = effective
+            self._on_labels(item, effective)
