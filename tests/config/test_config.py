@@ -1,0 +1,82 @@
+"""Layering, parsing and error reporting of agent.config."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.config import ConfigError, attribute_name, load_config
+
+
+def test_defaults_are_felixs() -> None:
+    config = load_config(environ={})
+    assert config.health_port == 9099
+    assert config.prometheus_metrics_port == 9091
+    assert config.interface_prefix == "cali"
+    assert config.bpf_enabled is True
+    assert ("tcp", 22) in config.failsafe_inbound_host_ports
+    assert config.source_of("HealthPort") == "default"
+
+
+def test_layers_in_priority_order(tmp_path) -> None:
+    conf = tmp_path / "felix.cfg"
+    conf.write_text(
+        "[global]\nHealthPort = 9100\nLogSeverityScreen = Debug\nInterfacePrefix = tap\n"
+    )
+    config = load_config(
+        environ={"FELIX_HEALTHPORT": "9200", "FELIX_INTERFACEPREFIX": "veth", "PATH": "/bin"},
+        config_file=str(conf),
+        datastore_global={"healthPort": "9300", "logSeverityScreen": "Warning"},
+        datastore_node={"logSeverityScreen": "Error"},
+    )
+    assert config.health_port == 9300 and config.source_of("HealthPort") == "datastore:default"
+    assert config.log_severity_screen == "Error"
+    assert config.interface_prefix == "veth" and config.source_of("interfaceprefix") == "env"
+
+
+def test_yaml_config_file(tmp_path) -> None:
+    conf = tmp_path / "felix.yaml"
+    conf.write_text("BPFEnabled: false\nRouteRefreshInterval: 30s\n")
+    config = load_config(environ={}, config_file=str(conf))
+    assert config.bpf_enabled is False
+    assert config.route_refresh_interval == 30.0
+
+
+@pytest.mark.parametrize(
+    ("env", "name", "fragment"),
+    [
+        ({"FELIX_HEALTHPORT": "99999"}, "HealthPort", "not a port"),
+        ({"FELIX_HEALTHPORT": "nine"}, "HealthPort", "not an integer"),
+        ({"FELIX_BPFENABLED": "maybe"}, "BPFEnabled", "not a boolean"),
+        ({"FELIX_NOSUCHTHING": "1"}, "NOSUCHTHING", "unknown parameter"),
+        ({"FELIX_DEFAULTENDPOINTTOHOSTACTION": "Explode"}, "DefaultEndpointToHostAction",
+         "not one of"),
+        ({"FELIX_FAILSAFEINBOUNDHOSTPORTS": "icmp:1"}, "FailsafeInboundHostPorts", "protocol"),
+    ],
+)
+def test_bad_env_values_name_the_parameter(env, name, fragment) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(environ=env)
+    assert info.value.name == name
+    assert fragment in str(info.value)
+    assert str(info.value).startswith("env: ")
+
+
+def test_bad_datastore_value_is_skipped_not_fatal() -> None:
+    config = load_config(environ={}, datastore_global={"healthPort": "0", "logSeverityScreen":
+                                                      "Debug", "datastoreType": "etcdv3"})
+    assert config.health_port == 9099
+    assert config.log_severity_screen == "Debug"
+    assert config.datastore_type == "file"
+
+
+def test_restart_required_changes() -> None:
+    old = load_config(environ={})
+    new = load_config(environ={"FELIX_BPFENABLED": "false", "FELIX_LOGSEVERITYSCREEN": "Debug"})
+    assert old.changed_requiring_restart(new) == ["BPFEnabled"]
+
+
+def test_attribute_names() -> None:
+    assert attribute_name("BPFEnabled") == "bpf_enabled"
+    assert attribute_name("PrometheusMetricsPort") == "prometheus_metrics_port"
+    assert attribute_name("ReportingTTLSecs") == "reporting_ttl_secs"
+    assert attribute_name("BPFMapSizeIPSets") == "bpf_map_size_ip_sets"
