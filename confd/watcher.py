@@ -17,6 +17,9 @@ Each reconcile, once the syncer is in sync and something changed:
      count it and retry the reload every `reload_retry_interval` seconds until it works
      (a BIRD started later reads the new file by itself anyway).
 
+An unexpected exception in a step (disk full, a bug) is logged and the step retried every
+`reload_retry_interval` seconds: the loop thread never dies.
+
 Invariants: the config file only ever holds checked text; nothing is written before the
 syncer's first IN_SYNC (a half-listed datastore would drop peers); a render error (e.g. this
 node's Node resource lacks bgp.ipv4Address) keeps the running config too.
@@ -68,6 +71,7 @@ class Outcome(enum.Enum):
     CHECK_FAILED = "check-failed"
     RELOADED = "reloaded"
     RELOAD_FAILED = "reload-failed"
+    ERROR = "error"  # an unexpected exception (disk full, a bug): retried after a pause
 
 
 class ConfdReconciler:
@@ -215,12 +219,20 @@ class ConfdLoop:
     def run(self) -> None:
         """The loop body; returns after stop(). Starts and stops the syncer."""
         self.syncer.start(self)
+        failed = False
         try:
             while not self._stop.is_set():
-                timeout = self._retry_interval if self.reconciler.reload_pending else None
-                if not self._drain(timeout):
+                retry = failed or self.reconciler.reload_pending
+                if not self._drain(self._retry_interval if retry else None):
                     continue
-                outcome = self.reconciler.reconcile()
+                try:
+                    outcome = self.reconciler.reconcile()
+                except Exception:
+                    log.exception("confd: reconcile failed unexpectedly; retrying in %s s",
+                                  self._retry_interval)
+                    self.reconciler.dirty = True
+                    outcome = Outcome.ERROR
+                failed = outcome is Outcome.ERROR
                 if self._on_outcome is not None:
                     self._on_outcome(outcome)
         finally:
@@ -231,7 +243,7 @@ class ConfdLoop:
         try:
             first = self._events.get(timeout=timeout)
         except queue.Empty:
-            return True  # retry a pending reload
+            return True  # retry a pending reload or a failed reconcile
         if not self._handle(first):
             return False
         deadline = time.monotonic() + self._max_delay
@@ -263,7 +275,7 @@ def run_until(loop: ConfdLoop, stop: threading.Event) -> None:
     """Run `loop` until `stop` is set (by a signal handler, a test, the agent), then stop it."""
     loop.start()
     try:
-        while not stop.wait(1.0):
+        while not stop.wait(0.2):  # short: a signal handler sets `stop`
             pass
     finally:
         loop.stop()

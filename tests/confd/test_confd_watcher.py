@@ -224,3 +224,29 @@ def test_loop_retries_a_failed_reload_without_a_new_change(paths: tuple[Path, Pa
         assert bird.running_config == paths[0].read_text()
     finally:
         loop.stop()
+
+
+def test_loop_survives_an_unexpected_error_and_retries(paths: tuple[Path, Path]) -> None:
+    reconciler, bird = make(paths)
+    blocker = paths[0].parent
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_text("a file where the config directory should be")  # staging fails
+    syncer = FakeSyncer()
+    outcomes: queue.Queue[Outcome] = queue.Queue()
+    loop = ConfdLoop(syncer, reconciler, debounce=0.01, reload_retry_interval=0.05,
+                     on_outcome=outcomes.put)
+    loop.start()
+    try:
+        deadline = time.monotonic() + 5
+        while syncer.callbacks is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        syncer.send(*BASE)
+        syncer.status(SyncStatus.IN_SYNC)
+        assert next_outcome(outcomes) is Outcome.ERROR
+        blocker.unlink()
+        while (outcome := next_outcome(outcomes)) is Outcome.ERROR:
+            pass
+        assert outcome is Outcome.RELOADED
+        assert bird.running_config == paths[0].read_text()
+    finally:
+        loop.stop()
