@@ -6,8 +6,9 @@ the jinja2 templates print without deciding anything.
 Inputs: `bgp_view.BGPState` (validated BGPConfiguration, Node, BGPPeer, IPPool, BlockAffinity),
 the node name, the workload interface prefix (Felix's InterfacePrefix, default `cali`).
 Output: `BirdConfig`. `ConfdError` when this node cannot run BGP at all (no Node resource,
-no `spec.bgp.ipv4Address`); anything narrower (one bad peer, one bad community) is skipped
-and recorded in `BirdConfig.notes`, rendered as comments, and logged by the caller.
+no `spec.bgp.ipv4Address`, or the global BGPConfiguration / this Node failed validation);
+anything narrower (one bad peer, one bad community) is skipped and recorded in
+`BirdConfig.notes`, rendered as comments, and logged by the caller.
 
 What is exported to BGP peers (the `pyfelix_export_to_bgp` filter, first match wins):
 1. our service routes (static blackholes for serviceClusterIPs / serviceExternalIPs /
@@ -32,10 +33,15 @@ the lower one is `passive` (Calico compares the strings; we compare addresses).
 
 Peers: a BGPPeer applies to this node if `node` names it, or `nodeSelector` matches its
 labels, or it has neither (a global peer). Targets are `peerIP` (with `asNumber`) or every
-other Node matching `peerSelector`. One session per neighbor address; priority node-specific
-> global > mesh, later duplicates are dropped with a note. This node is a route reflector if
-its Node has `routeReflectorClusterID`: an iBGP peer that is not a reflector of the same
-cluster is then its `rr client`.
+other Node matching `peerSelector`; a peerSelector peering is symmetric (as in Calico): a
+node matching `peerSelector` peers back with every other node the BGPPeer applies to. One
+session per neighbor address; priority node-specific > global > mesh, later duplicates are
+dropped with a note. This node is a route reflector if its Node has
+`routeReflectorClusterID`: an iBGP peer that is not a reflector of the same cluster is then
+its `rr client`. Also rendered: `ttlSecurity` (GTSM: `ttl security on; multihop N`),
+`reachableBy` (a static route to the peer through that gateway), `bindMode: NodeIP`
+(`strict bind` on every session), listenPort (local port of every session, and the mesh
+neighbors' port).
 
 Easy to get wrong: BIRD strings have no escapes, so a password containing `"`, `\\` or a
 line break is refused (the peer is skipped: never an unauthenticated session instead); a
