@@ -107,8 +107,5 @@ def key_of(doc: Any) -> ResourceKey:
         raise ValueError(f"{kind}({name}): field 'metadata.namespace' is not a string")
     if kind == "NetworkPolicy" and str(doc.get("apiVersion", "")).startswith("networking.k8s.io"):
         kind = KIND_K8S_NETWORK_POLICY
-    if kind in NAMESPACED_KINDS:
-        namespace = namespace or "default"
-    else:
-        namespace = ""
+    namespace = (namespace or "default") if kind in NAMESPACED_KINDS else ""
     return ResourceKey(kind, namespace, name)
