@@ -1,0 +1,441 @@
+"""Policy renderer: calc-graph policy model -> iptables chains (filter table, IPv4).
+
+Role: Felix's `rules` package in Python. Pure functions of their inputs; no kernel access.
+
+Chains (all `cali-`; see names.py):
+
+    FORWARD ─(our insert)─> cali-FORWARD
+        -i cali+ -> cali-from-wl-dispatch ─(-i IF, goto)─> cali-fw-IF   (workload egress)
+        -o cali+ -> cali-to-wl-dispatch   ─(-o IF, goto)─> cali-tw-IF   (workload ingress)
+        -i cali+ / -o cali+ ACCEPT   (reached only when both endpoint chains RETURNed = allowed)
+    INPUT ─(our insert)─> cali-INPUT: -i cali+ -> cali-wl-to-host: egress policy of the
+        sending workload, then DefaultEndpointToHostAction (Drop | Return | Accept)
+
+Endpoint chain (cali-tw-IF with ingress policies / inbound profile rules; cali-fw-IF with
+egress / outbound):
+    conntrack RELATED,ESTABLISHED -> ACCEPT;  INVALID -> DROP;  clear all our mark bits
+    for each tier that has policies in this direction:
+        clear PASS
+        for each policy:  (PASS clear) -> jump cali-pi-/cali-po-<hash>;  ACCEPT mark -> RETURN
+        unless the tier's default action is pass:  (PASS clear) -> DROP     (end of tier)
+    for each profile (reached when no tier applied or every tier passed):
+        jump cali-pri-/cali-pro-<hash>;  ACCEPT mark -> RETURN
+    DROP
+
+Policy/profile chain: each rule in order. Allow sets the ACCEPT mark and RETURNs; Deny DROPs;
+Pass sets the PASS mark and RETURNs; Log LOGs and goes on. A rule whose matches fit one
+iptables rule renders as one rule (+ the RETURN for allow/pass). Otherwise (several src or
+dst nets, more than one negated net, ports AND named ports, more than 15 ports...) it is
+evaluated with two scratch mark bits: M := base matches; each extra negated match clears M;
+each "any of" clause sets T on any alternative and clears M if T stayed clear; then the
+action applies to packets still carrying M, and M/T are cleared again.
+
+Rule field semantics: see `agent.proto.Rule`. IPv6-only rules, ICMPv6 rules and rules whose
+nets are all IPv6 cannot match in this IPv4 table and render as nothing.
+
+Bad input never crashes: a rule that cannot be rendered (ports without a port protocol,
+ICMP code without type, port or ICMP values out of range, a net that does not parse, an
+unknown action) is logged naming the policy, direction, rule index and field, and replaced
+fail-closed: an invalid Allow or Log matches nothing; an invalid Deny or Pass drops.
+An endpoint listing a policy that is not (yet) known drops at that point.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from agent.dataplane.iptables.chains import Chain
+from agent.dataplane.iptables.names import (
+    CHAIN_FORWARD,
+    CHAIN_FROM_WL_DISPATCH,
+    CHAIN_INPUT,
+    CHAIN_TO_WL_DISPATCH,
+    CHAIN_WL_TO_HOST,
+    IPSET_TYPE_IP_PORT,
+    IPSET_TYPE_NET,
+    endpoint_chain_name,
+    ipset_name,
+    policy_chain_name,
+    profile_chain_name,
+)
+from agent.proto import Policy as ProtoPolicy
+from agent.proto import PolicyID, PortRange, Profile, Rule, WorkloadEndpoint
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_NAMES = {1: "icmp", 6: "tcp", 17: "udp", 58: "ipv6-icmp", 132: "sctp", 136: "udplite"}
+PORT_PROTOCOLS = frozenset({6, 17, 132, 136})
+ICMP = 1
+ICMPV6 = 58
+MULTIPORT_MAX = 15  # xt_multiport: 15 "ports", a range counting as two
+LOG_PREFIX = "calico-packet: "
+
+ENDPOINT_TO_HOST_ACTIONS = {"drop": "DROP", "return": "RETURN", "accept": "ACCEPT"}
+
+
+class RenderError(ValueError):
+    """A rule that cannot be expressed; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Marks:
+    """Packet-mark bits the policy chains use (all within Felix's default 0xffff0000 mask)."""
+
+    accept: int = 0x10000
+    pass_: int = 0x20000
+    scratch0: int = 0x40000
+    scratch1: int = 0x80000
+
+    def __post_init__(self) -> None:
+        bits = [self.accept, self.pass_, self.scratch0, self.scratch1]
+        for bit in bits:
+            if bit <= 0 or bit & (bit - 1) or bit > 0x80000000:
+                raise ValueError(f"Marks: {bit:#x} is not a single 32-bit mark bit")
+        if len(set(bits)) != 4:
+            raise ValueError("Marks: the four mark bits must differ")
+
+    @property
+    def all(self) -> int:
+        return self.accept | self.pass_ | self.scratch0 | self.scratch1
+
+
+def match_mark(value: int, mask: int) -> str:
+    return f"-m mark --mark {value:#x}/{mask:#x}"
+
+
+def set_mark(value: int, mask: int) -> str:
+    return f"-j MARK --set-xmark {value:#x}/{mask:#x}"
+
+
+def _proto_name(number: int) -> str:
+    return PROTOCOL_NAMES.get(number, str(number))
+
+
+def _port_chunks(ranges: Iterable[PortRange], field: str) -> list[str]:
+    chunks: list[str] = []
+    current: list[str] = []
+    weight = 0
+    for r in ranges:
+        if not (0 <= r.first <= r.last <= 65535):
+            raise RenderError(f"{field}: port range {r.first}:{r.last} outside 0..65535")
+        text, w = (str(r.first), 1) if r.first == r.last else (f"{r.first}:{r.last}", 2)
+        if weight + w > MULTIPORT_MAX:
+            chunks.append(",".join(current))
+            current, weight = [], 0
+        current.append(text)
+        weight += w
+    if current:
+        chunks.append(",".join(current))
+    return chunks
+
+
+def _v4_nets(nets: tuple[str, ...], field: str) -> list[str]:
+    out = []
+    for net in nets:
+        try:
+            parsed = ipaddress.ip_network(net, strict=False)
+        except ValueError as exc:
+            raise RenderError(f"{field}: {net!r} is not a CIDR") from exc
+        if parsed.version == 4:
+            out.append(str(parsed))
+    return out
+
+
+def _check_byte(value: int | None, field: str) -> None:
+    if value is not None and not (0 <= value <= 255):
+        raise RenderError(f"{field}: {value} outside 0..255")
+
+
+class RuleRenderer:
+    """Renders rules, policies, profiles and endpoints into `Chain`s."""
+
+    def __init__(
+        self,
+        *,
+        marks: Marks | None = None,
+        interface_prefixes: tuple[str, ...] = ("cali",),
+        endpoint_to_host_action: str = "Drop",
+        ipset_namer: Callable[[str, str], str] = ipset_name,
+    ) -> None:
+        if endpoint_to_host_action.lower() not in ENDPOINT_TO_HOST_ACTIONS:
+            raise ValueError(
+                f"DefaultEndpointToHostAction: {endpoint_to_host_action!r} is not one of "
+                "Drop, Return, Accept"
+            )
+        if not interface_prefixes or not all(interface_prefixes):
+            raise ValueError("interface_prefixes: must be non-empty strings")
+        self.marks = marks or Marks()
+        self.interface_prefixes = interface_prefixes
+        self.endpoint_to_host_action = endpoint_to_host_action
+        self._ipset_name = ipset_namer
+
+    # --- one rule ----------------------------------------------------------------------------
+
+    def render_rule(self, rule: Rule) -> list[str]:
+        """One proto rule -> iptables rule fragments (raises RenderError on bad input)."""
+        if rule.action not in ("allow", "deny", "pass", "log"):
+            raise RenderError(f"action: {rule.action!r} is not allow, deny, pass or log")
+        if rule.ip_version not in (None, 4, 6):
+            raise RenderError(f"ip_version: {rule.ip_version!r} is not 4 or 6")
+        _check_byte(rule.protocol, "protocol")
+        _check_byte(rule.not_protocol, "not_protocol")
+        for name in ("icmp_type", "icmp_code", "not_icmp_type", "not_icmp_code"):
+            _check_byte(getattr(rule, name), name)
+        if rule.ip_version == 6 or rule.protocol == ICMPV6:
+            return []  # cannot match IPv4 packets
+        src = _v4_nets(rule.src_nets, "src_nets")
+        dst = _v4_nets(rule.dst_nets, "dst_nets")
+        if (rule.src_nets and not src) or (rule.dst_nets and not dst):
+            return []  # IPv6-only nets: nothing in this table can match
+        not_src = _v4_nets(rule.not_src_nets, "not_src_nets")
+        not_dst = _v4_nets(rule.not_dst_nets, "not_dst_nets")
+
+        numeric_ports = (rule.src_ports or rule.dst_ports or rule.not_src_ports
+                         or rule.not_dst_ports)
+        if numeric_ports and rule.protocol not in PORT_PROTOCOLS:
+            raise RenderError(
+                "ports: need protocol tcp, udp, sctp or udplite "
+                f"(protocol is {rule.protocol!r})"
+            )
+        has_icmp = any(v is not None for v in (rule.icmp_type, rule.icmp_code,
+                                                rule.not_icmp_type, rule.not_icmp_code))
+        if has_icmp and rule.protocol != ICMP:
+            raise RenderError(f"icmp_type/icmp_code: need protocol icmp (1), not {rule.protocol}")
+        if rule.icmp_code is not None and rule.icmp_type is None:
+            raise RenderError("icmp_code: given without icmp_type")
+        if rule.not_icmp_code is not None and rule.not_icmp_type is None:
+            raise RenderError("not_icmp_code: given without not_icmp_type")
+
+        proto = f"-p {_proto_name(rule.protocol)}" if rule.protocol is not None else ""
+        base: list[str] = []  # all must match, fit in one rule
+        clear_if: list[str] = []  # extra negations: a match here means "no match"
+        any_of: list[list[str]] = []  # clauses: at least one alternative must match
+        if rule.not_protocol is not None:
+            base.append(f"! -p {_proto_name(rule.not_protocol)}")
+
+        for flag, pos, neg in (("-s", src, not_src), ("-d", dst, not_dst)):
+            inline_used = False
+            if len(pos) == 1:
+                base.append(f"{flag} {pos[0]}")
+                inline_used = True
+            elif len(pos) > 1:
+                any_of.append([f"{flag} {net}" for net in pos])
+            for net in neg:
+                if not inline_used:
+                    base.append(f"! {flag} {net}")
+                    inline_used = True
+                else:
+                    clear_if.append(f"{flag} {net}")
+
+        for ids, direction in ((rule.src_ip_set_ids, "src"), (rule.dst_ip_set_ids, "dst")):
+            for set_id in ids:
+                base.append(f"-m set --match-set {self._ipset_name(set_id, IPSET_TYPE_NET)} "
+                            f"{direction}")
+        for ids, direction in ((rule.not_src_ip_set_ids, "src"),
+                               (rule.not_dst_ip_set_ids, "dst")):
+            for set_id in ids:
+                base.append(f"-m set ! --match-set {self._ipset_name(set_id, IPSET_TYPE_NET)} "
+                            f"{direction}")
+
+        for side, ports, named, not_ports, not_named in (
+            ("s", rule.src_ports, rule.src_named_port_ip_set_ids,
+             rule.not_src_ports, rule.not_src_named_port_ip_set_ids),
+            ("d", rule.dst_ports, rule.dst_named_port_ip_set_ids,
+             rule.not_dst_ports, rule.not_dst_named_port_ip_set_ids),
+        ):
+            flag = f"--{side}ports"
+            sets_dir = "src,src" if side == "s" else "dst,dst"
+            field = "src_ports" if side == "s" else "dst_ports"
+            alternatives = [f"-m multiport {flag} {c}" for c in _port_chunks(ports, field)]
+            alternatives += [
+                f"-m set --match-set {self._ipset_name(i, IPSET_TYPE_IP_PORT)} {sets_dir}"
+                for i in named
+            ]
+            if len(alternatives) == 1:
+                base.append(alternatives[0])
+            elif alternatives:
+                any_of.append(alternatives)
+            base += [f"-m multiport ! {flag} {c}" for c in _port_chunks(not_ports, "not_" + field)]
+            base += [
+                f"-m set ! --match-set {self._ipset_name(i, IPSET_TYPE_IP_PORT)} {sets_dir}"
+                for i in not_named
+            ]
+
+        if rule.icmp_type is not None:
+            code = f"/{rule.icmp_code}" if rule.icmp_code is not None else ""
+            base.append(f"-m icmp --icmp-type {rule.icmp_type}{code}")
+        if rule.not_icmp_type is not None:
+            code = f"/{rule.not_icmp_code}" if rule.not_icmp_code is not None else ""
+            if rule.icmp_type is None:
+                base.append(f"-m icmp ! --icmp-type {rule.not_icmp_type}{code}")
+            else:
+                clear_if.append(f"-m icmp --icmp-type {rule.not_icmp_type}{code}")
+
+        return self._assemble(rule.action, proto, base, clear_if, any_of)
+
+    def _assemble(
+        self, action: str, proto: str, base: list[str], clear_if: list[str],
+        any_of: list[list[str]],
+    ) -> list[str]:
+        m = self.marks
+
+        def join(*parts: str) -> str:
+            return " ".join(p for p in parts if p)
+
+        matches = join(proto, *base)
+        if not clear_if and not any_of:
+            if action == "allow":
+                return [join(matches, set_mark(m.accept, m.accept)),
+                        join(match_mark(m.accept, m.accept), "-j RETURN")]
+            if action == "pass":
+                return [join(matches, set_mark(m.pass_, m.pass_)),
+                        join(match_mark(m.pass_, m.pass_), "-j RETURN")]
+            if action == "deny":
+                return [join(matches, "-j DROP")]
+            return [join(matches, f'-j LOG --log-prefix "{LOG_PREFIX}" --log-level 5')]
+
+        s0, s1 = m.scratch0, m.scratch1
+        out = [join(matches, set_mark(s0, s0))]
+        for atom in clear_if:
+            out.append(join(match_mark(s0, s0), proto, atom, set_mark(0, s0)))
+        for clause in any_of:
+            for alt in clause:
+                out.append(join(match_mark(s0, s0), proto, alt, set_mark(s1, s1)))
+            out.append(join(match_mark(s0, s0 | s1), set_mark(0, s0)))
+            out.append(set_mark(0, s1))
+        if action == "allow":
+            out += [join(match_mark(s0, s0), set_mark(m.accept, m.accept | s0)),
+                    join(match_mark(m.accept, m.accept), "-j RETURN")]
+        elif action == "pass":
+            out += [join(match_mark(s0, s0), set_mark(m.pass_, m.pass_ | s0)),
+                    join(match_mark(m.pass_, m.pass_), "-j RETURN")]
+        elif action == "deny":
+            out.append(join(match_mark(s0, s0), "-j DROP"))
+        else:
+            out += [join(match_mark(s0, s0),
+                         f'-j LOG --log-prefix "{LOG_PREFIX}" --log-level 5'),
+                    set_mark(0, s0)]
+        return out
+
+    def render_rules(self, rules: tuple[Rule, ...], owner: str) -> list[str]:
+        """Every rule of a policy/profile direction; bad rules replaced fail-closed."""
+        out: list[str] = []
+        for index, rule in enumerate(rules):
+            try:
+                out += self.render_rule(rule)
+            except RenderError as exc:
+                log.error("%s rule %d: %s; rendered fail-closed", owner, index, exc)
+                if rule.action not in ("allow", "log"):
+                    out.append("-j DROP")
+        return out
+
+    # --- policies and profiles ---------------------------------------------------------------
+
+    def policy_chains(self, policy_id: PolicyID, policy: ProtoPolicy) -> list[Chain]:
+        owner = f"policy {policy_id.tier}/{policy_id.name}"
+        return [
+            Chain(policy_chain_name(policy_id.tier, policy_id.name, inbound=True),
+                  tuple(self.render_rules(policy.inbound_rules, owner + " inbound"))),
+            Chain(policy_chain_name(policy_id.tier, policy_id.name, inbound=False),
+                  tuple(self.render_rules(policy.outbound_rules, owner + " outbound"))),
+        ]
+
+    def profile_chains(self, profile_id: str, profile: Profile) -> list[Chain]:
+        owner = f"profile {profile_id}"
+        return [
+            Chain(profile_chain_name(profile_id, inbound=True),
+                  tuple(self.render_rules(profile.inbound_rules, owner + " inbound"))),
+            Chain(profile_chain_name(profile_id, inbound=False),
+                  tuple(self.render_rules(profile.outbound_rules, owner + " outbound"))),
+        ]
+
+    # --- endpoints -----------------------------------------------------------------------------
+
+    def endpoint_chains(
+        self,
+        endpoint: WorkloadEndpoint,
+        *,
+        policy_known: Callable[[PolicyID], bool],
+        profile_known: Callable[[str], bool],
+    ) -> list[Chain]:
+        return [
+            Chain(endpoint_chain_name(endpoint.name, to_workload=True),
+                  tuple(self._endpoint_rules(endpoint, True, policy_known, profile_known))),
+            Chain(endpoint_chain_name(endpoint.name, to_workload=False),
+                  tuple(self._endpoint_rules(endpoint, False, policy_known, profile_known))),
+        ]
+
+    def _endpoint_rules(
+        self,
+        endpoint: WorkloadEndpoint,
+        to_workload: bool,
+        policy_known: Callable[[PolicyID], bool],
+        profile_known: Callable[[str], bool],
+    ) -> list[str]:
+        m = self.marks
+        if endpoint.state != "active":
+            return ["-j DROP"]
+        rules = [
+            "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+            "-m conntrack --ctstate INVALID -j DROP",
+            set_mark(0, m.all),
+        ]
+        for tier in endpoint.tiers:
+            names = tier.ingress_policies if to_workload else tier.egress_policies
+            if not names:
+                continue
+            rules.append(set_mark(0, m.pass_))
+            for name in names:
+                pid = PolicyID(tier.name, name)
+                if not policy_known(pid):
+                    log.error("endpoint %s: policy %s/%s unknown; dropping at its place",
+                              endpoint.name, tier.name, name)
+                    rules.append(f"{match_mark(0, m.pass_)} -j DROP")
+                    continue
+                chain = policy_chain_name(tier.name, name, inbound=to_workload)
+                rules.append(f"{match_mark(0, m.pass_)} -j {chain}")
+                rules.append(f"{match_mark(m.accept, m.accept)} -j RETURN")
+            if tier.default_action != "pass":
+                rules.append(f"{match_mark(0, m.pass_)} -j DROP")
+        for profile_id in endpoint.profile_ids:
+            if not profile_known(profile_id):
+                log.warning("endpoint %s: profile %s unknown; skipped", endpoint.name, profile_id)
+                continue
+            rules.append(f"-j {profile_chain_name(profile_id, inbound=to_workload)}")
+            rules.append(f"{match_mark(m.accept, m.accept)} -j RETURN")
+        rules.append("-j DROP")
+        return rules
+
+    def dispatch_chains(self, ifaces: Iterable[str]) -> list[Chain]:
+        names = sorted(set(ifaces))
+        return [
+            Chain(CHAIN_FROM_WL_DISPATCH, tuple(
+                [f"-i {i} -g {endpoint_chain_name(i, to_workload=False)}" for i in names]
+                + ["-j DROP"])),
+            Chain(CHAIN_TO_WL_DISPATCH, tuple(
+                [f"-o {i} -g {endpoint_chain_name(i, to_workload=True)}" for i in names]
+                + ["-j DROP"])),
+        ]
+
+    def static_chains(self) -> list[Chain]:
+        wildcards = [f"{p}+" for p in self.interface_prefixes]
+        forward = (
+            [f"-i {w} -j {CHAIN_FROM_WL_DISPATCH}" for w in wildcards]
+            + [f"-o {w} -j {CHAIN_TO_WL_DISPATCH}" for w in wildcards]
+            + [f"-i {w} -j ACCEPT" for w in wildcards]
+            + [f"-o {w} -j ACCEPT" for w in wildcards]
+        )
+        to_host = ENDPOINT_TO_HOST_ACTIONS[self.endpoint_to_host_action.lower()]
+        return [
+            Chain(CHAIN_FORWARD, tuple(forward)),
+            Chain(CHAIN_INPUT, tuple(f"-i {w} -j {CHAIN_WL_TO_HOST}" for w in wildcards)),
+            Chain(CHAIN_WL_TO_HOST, (f"-j {CHAIN_FROM_WL_DISPATCH}", f"-j {to_host}")),
+        ]
+
+    @staticmethod
+    def base_chain_inserts() -> dict[str, tuple[str, ...]]:
+        """Our rules at the top of the kernel's own chains."""
+        return {"FORWARD": (f"-j {CHAIN_FORWARD}",), "INPUT": (f"-j {CHAIN_INPUT}",)}
