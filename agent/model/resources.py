@@ -53,9 +53,11 @@ from agent.model.names import (
 )
 from agent.model.rules import (
     RULE_FIELDS,
+    Network,
     Rule,
     no_global,
     parse_net,
+    parse_network,
     parse_rules,
     parse_selector,
     protocol_number,
@@ -670,15 +672,16 @@ WORKLOAD_ENDPOINT_FIELDS = frozenset({
 })
 
 
-def _single_address_networks(spec: Fields, key: str) -> tuple[str, ...]:
-    nets = []
+def _single_address_networks(spec: Fields, key: str) -> dict[str, Network]:
+    """{normalised text: network} of a workload's addresses (each /32 or /128)."""
+    nets = {}
     for i, text in enumerate(spec.list(key)):
-        net = ipaddress.ip_network(parse_net(text, spec, f"{key}[{i}]"))
-        if net.num_addresses != 1:
+        net = parse_network(text, spec, f"{key}[{i}]")
+        if net.prefixlen != net.max_prefixlen:
             spec.fail(f"{key}[{i}]", f"{net} contains several addresses; a workload's "
                       "networks must be /32 (IPv4) or /128 (IPv6)")
-        nets.append(str(net))
-    return tuple(nets)
+        nets[parse_net(text, spec, key)] = net
+    return nets
 
 
 def _interface(spec: Fields, key: str, *, allow_wildcard: bool = False) -> str:
@@ -701,8 +704,7 @@ def _wep(spec: Fields, key: ResourceKey, meta: Metadata) -> WorkloadEndpoint:
         external = _ip_address(item.raw("externalIP"), item, "externalIP")
         if ipaddress.ip_address(internal).version != ipaddress.ip_address(external).version:
             item.fail("externalIP", "internal and external IP versions differ")
-        if not any(ipaddress.ip_address(internal) in ipaddress.ip_network(n)
-                   for n in ip_networks):
+        if not any(ipaddress.ip_address(internal) in n for n in ip_networks.values()):
             item.fail("internalIP", f"{internal} is not one of the endpoint's ipNetworks")
         nats.append(IPNAT(internal, external))
     gateways = {}
@@ -729,7 +731,7 @@ def _wep(spec: Fields, key: ResourceKey, meta: Metadata) -> WorkloadEndpoint:
         endpoint=spec.str("endpoint", "eth0"),
         interface_name=_interface(spec, "interfaceName"),
         mac=mac,
-        ip_networks=ip_networks,
+        ip_networks=tuple(ip_networks),
         profiles=spec.str_list("profiles"),
         ports=_endpoint_ports(spec, workload=True),
         service_account_name=spec.str("serviceAccountName"),

@@ -24,11 +24,13 @@ Selector semantics of an EntityRule inside a namespaced policy (own namespace by
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from dataclasses import dataclass
 from typing import Any
 
+from agent import selector
 from agent.model.fields import Fields, checked_int
 from agent.model.names import is_decimal, is_port_name
 
@@ -123,14 +125,40 @@ def protocol_number(value: object, fields: Fields, key: str) -> int | None:
                 f"{', '.join(PROTOCOL_NUMBERS)} or a number 1-255)")
 
 
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@functools.lru_cache(maxsize=16384)
+def cached_network(text: str) -> tuple[str, Network] | None:
+    """(normalised text, network) of a CIDR or bare address, or None when invalid.
+
+    Cached: the same CIDRs recur across policies and every resync re-parses every endpoint.
+    """
+    try:
+        network = ipaddress.ip_network(text.strip(), strict=False)
+    except ValueError:
+        return None
+    return str(network), network
+
+
+def parse_network(text: Any, fields: Fields, key: str) -> Network:
+    """Like `parse_net`, returning the `ipaddress` network object."""
+    if not isinstance(text, str):
+        fields.fail(key, f"expected a CIDR string, got {type(text).__name__}")
+    parsed = cached_network(text)
+    if parsed is None:
+        fields.fail(key, f"invalid CIDR {text[:60]!r}")
+    return parsed[1]
+
+
 def parse_net(text: Any, fields: Fields, key: str) -> str:
     """A CIDR or bare address, normalised to its network (`10.0.0.5/24` -> `10.0.0.0/24`)."""
     if not isinstance(text, str):
         fields.fail(key, f"expected a CIDR string, got {type(text).__name__}")
-    try:
-        return str(ipaddress.ip_network(text.strip(), strict=False))
-    except ValueError:
+    parsed = cached_network(text)
+    if parsed is None:
         fields.fail(key, f"invalid CIDR {text[:60]!r}")
+    return parsed[0]
 
 
 def parse_port(value: object, fields: Fields, key: str) -> Port:
@@ -162,8 +190,8 @@ def parse_port(value: object, fields: Fields, key: str) -> Port:
 
 def parse_selector(text: str, fields: Fields, key: str) -> str:
     """Check that `text` is a valid Calico selector; returns it unchanged."""
-    from agent import selector
-
+    if not text:
+        return text
     try:
         selector.parse(text)
     except selector.SelectorError as exc:
@@ -195,7 +223,12 @@ def _ports(fields: Fields, key: str) -> tuple[Port, ...]:
     return tuple(parse_port(p, fields, f"{key}[{i}]") for i, p in enumerate(fields.list(key)))
 
 
+_EMPTY_ENTITY = EntityRule()
+
+
 def parse_entity(fields: Fields) -> EntityRule:
+    if not fields.data:
+        return _EMPTY_ENTITY
     fields.only(ENTITY_FIELDS)
     if fields.has("services"):
         fields.fail("services", "service matches are not supported by pyfelix")
@@ -247,6 +280,10 @@ def _check_rule_metadata(fields: Fields) -> None:
         meta.str_map("annotations")
 
 
+def _version(normalised_net: str) -> int:
+    return 6 if ":" in normalised_net else 4
+
+
 def _check_ip_versions(fields: Fields, ip_version: int | None, protocol: int | None,
                        not_protocol: int | None, source: EntityRule,
                        destination: EntityRule) -> None:
@@ -258,7 +295,7 @@ def _check_ip_versions(fields: Fields, ip_version: int | None, protocol: int | N
     seen: set[int] = set()
     for side, entity in (("source", source), ("destination", destination)):
         for key, nets in (("nets", entity.nets), ("notNets", entity.not_nets)):
-            versions = {ipaddress.ip_network(n).version for n in nets}
+            versions = {_version(n) for n in nets}
             if ip_version is not None and versions - {ip_version}:
                 fields.fail(f"{side}.{key}", f"rule ipVersion is {ip_version} but a CIDR "
                             "here is not")
@@ -311,8 +348,10 @@ __all__ = [
     "Port",
     "Rule",
     "ServiceAccountMatch",
+    "cached_network",
     "checked_int",
     "parse_net",
+    "parse_network",
     "parse_port",
     "parse_rule",
     "parse_rules",
