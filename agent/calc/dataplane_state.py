@@ -14,8 +14,9 @@ every message and raises `OrderingViolation` naming the message and what was wro
   profiles by endpoints), and nothing is removed or delta-updated that does not exist;
 - IP-set deltas are exact (added members absent, removed members present);
 - `InSync` is sent at most once.
-With `strict=False` the same checks are made cheaply where possible and violations are
-collected in `violations` instead of raised (for tools that must print a result anyway).
+With `strict=False` violations are collected in `violations` instead of raised (for tools
+that must print a result anyway), and the costly "still referenced?" scans on IP-set and
+policy removal are skipped.
 
 `summary()` renders the state in the `pyfelix calc -o json` shape (DESIGN.md section 5).
 """
@@ -104,8 +105,8 @@ class DataplaneState:
         members |= m.added
 
     def _on_IPSetRemove(self, m: proto.IPSetRemove) -> None:
-        if self.strict:
-            self._check(m.id in self.ip_sets, m, "removes an IP set that does not exist")
+        self._check(m.id in self.ip_sets, m, "removes an IP set that does not exist")
+        if self.strict:  # the reference scan is costly: strict (test) mode only
             users = sorted(str(p) for p, pol in self.policies.items()
                            if m.id in _rule_ip_sets(pol.inbound_rules + pol.outbound_rules))
             users += sorted(p for p, prof in self.profiles.items()
@@ -123,8 +124,8 @@ class DataplaneState:
         self.policies[m.id] = m.policy
 
     def _on_ActivePolicyRemove(self, m: proto.ActivePolicyRemove) -> None:
-        if self.strict:
-            self._check(m.id in self.policies, m, "removes a policy that does not exist")
+        self._check(m.id in self.policies, m, "removes a policy that does not exist")
+        if self.strict:  # the reference scan is costly: strict (test) mode only
             users = [str(k) for k, ep in self.workload_endpoints.items()
                      if m.id in _policy_ids(ep.tiers)]
             users += [str(k) for k, hep in self.host_endpoints.items()

@@ -1,0 +1,149 @@
+"""CalcPipeline on its own thread fed by a real FileSyncer, and the pass-through nodes."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import yaml
+from calc_testlib import (
+    ALLOW,
+    Replayer,
+    block,
+    felix_config,
+    gnp,
+    ip_pool,
+    node,
+    wep,
+)
+
+from agent import proto
+from agent.calc import CalcPipeline, DataplaneState
+from agent.syncer.api import DatastoreError, RawUpdate, SyncStatus, key_of
+from agent.syncer.file import FileSyncer
+
+
+class LockedState(DataplaneState):
+    """The dataplane model, readable from the test thread while the pipeline writes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+
+    def send(self, message: object) -> None:
+        with self.lock:
+            super().send(message)
+
+    def endpoints(self) -> dict:
+        with self.lock:
+            return self.summary()["endpoints"]
+
+
+def _wait_for(condition, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_threaded_pipeline_follows_a_watched_directory(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump_all([
+        wep("prod", "a", "node1", "10.65.0.1", labels={"app": "x"}),
+        gnp("p1", "app == 'x'", ingress=[ALLOW])]))
+    state = LockedState()
+    pipeline = CalcPipeline("node1", state)
+    syncer = FileSyncer(tmp_path, use_inotify=False, poll_interval=0.05, debounce=0.02)
+    pipeline.start()
+    syncer.start(pipeline)
+    try:
+        assert pipeline.wait_in_sync(10.0)
+        assert state.endpoints() == {"prod/a": {"ingress": ["p1"], "egress": [],
+                                                "profiles": []}}
+        (tmp_path / "b.yaml").write_text(yaml.safe_dump(gnp("p0", "all()", order=1,
+                                                            ingress=[ALLOW])))
+        assert _wait_for(lambda: state.endpoints().get("prod/a", {}).get("ingress")
+                         == ["p0", "p1"])
+        (tmp_path / "a.yaml").unlink()
+        assert _wait_for(lambda: state.endpoints() == {})
+    finally:
+        syncer.stop()
+        pipeline.stop()
+    assert state.in_sync and state.violations == []
+
+
+def test_nothing_is_sent_before_in_sync() -> None:
+    state = DataplaneState()
+    pipeline = CalcPipeline("node1", state)
+    doc = wep("prod", "a", "node1", "10.65.0.1")
+    pipeline.feed([RawUpdate(key_of(doc), doc, "t")], SyncStatus.RESYNC)
+    assert state.messages == [] and not pipeline.in_sync.is_set()
+    pipeline.feed([], SyncStatus.IN_SYNC)
+    assert pipeline.in_sync.is_set()
+    assert type(state.messages[-1]) is proto.InSync
+    assert [type(m).__name__ for m in state.messages].count("WorkloadEndpointUpdate") == 1
+
+
+def test_datastore_errors_are_kept_not_fatal() -> None:
+    state = DataplaneState()
+    pipeline = CalcPipeline("node1", state)
+    pipeline.on_error(DatastoreError("x.yaml#1", "bad"))
+    pipeline.feed([], SyncStatus.IN_SYNC)
+    assert [str(e) for e in pipeline.errors] == ["x.yaml#1: bad"]
+    assert state.in_sync
+
+
+def test_config_global_then_host_override() -> None:
+    replayer = Replayer()
+    replayer.go_to([felix_config("default", logSeverityScreen="Info", bpfEnabled=True),
+                    felix_config("node.node1", logSeverityScreen="Debug"),
+                    felix_config("node.node2", logSeverityScreen="Warning")])
+    assert replayer.dataplane.config == {"bpfEnabled": "true", "logSeverityScreen": "Debug"}
+    replayer.go_to([felix_config("default", logSeverityScreen="Info")])
+    assert replayer.dataplane.config == {"logSeverityScreen": "Info"}
+    configs = [m for m in replayer.dataplane.messages if isinstance(m, proto.ConfigUpdate)]
+    assert len(configs) == 2
+
+
+def test_host_ips_pools_and_route_details() -> None:
+    replayer = Replayer()
+    docs = [node("node1", "198.18.0.1"), node("node2", "198.18.0.2"),
+            ip_pool("p", "10.65.0.0/16", ipipMode="Always", natOutgoing=True),
+            wep("prod", "local", "node1", "10.65.0.3"),
+            wep("prod", "far", "node2", "10.65.9.3"),
+            block("b2", "node2", "10.65.1.0/26")]
+    replayer.go_to(docs)
+    dp = replayer.dataplane
+    assert dp.host_ips == {"node1": "198.18.0.1", "node2": "198.18.0.2"}
+    assert dp.pools["10.65.0.0/16"] == proto.IPAMPoolUpdate(
+        id="10.65.0.0/16", cidr="10.65.0.0/16", masquerade=True, ipip_mode="Always")
+    local = dp.routes["10.65.0.3/32"]
+    assert (local.type, local.local_workload_iface, local.ip_pool_type, local.dst_node_ip) == (
+        "local_workload", docs[3]["spec"]["interfaceName"], "ipip", "198.18.0.1")
+    far = dp.routes["10.65.9.3/32"]  # outside node2's block: routed on its own
+    assert (far.type, far.dst_node, far.dst_node_ip, far.nat_outgoing) == (
+        "remote_workload", "node2", "198.18.0.2", True)
+    assert dp.routes["10.65.1.0/26"].dst_node_ip == "198.18.0.2"
+    # the remote node's address changes: its routes follow
+    replayer.go_to([node("node1", "198.18.0.1"), node("node2", "198.18.0.22"), *docs[2:]])
+    assert dp.routes["10.65.1.0/26"].dst_node_ip == "198.18.0.22"
+    assert dp.routes["10.65.9.3/32"].dst_node_ip == "198.18.0.22"
+    assert "198.18.0.2/32" not in dp.routes and dp.host_ips["node2"] == "198.18.0.22"
+    # pool goes: routes lose their encapsulation
+    replayer.go_to([node("node1", "198.18.0.1"), *docs[3:]])
+    assert dp.routes["10.65.0.3/32"].ip_pool_type == ""
+    assert dp.pools == {}
+
+
+def test_same_destination_on_two_nodes_prefers_the_local_one() -> None:
+    replayer = Replayer()
+    here = wep("prod", "here", "node1", "10.65.0.50")
+    there = wep("prod", "there", "node2", "10.65.0.50")
+    replayer.go_to([there])
+    assert replayer.dataplane.routes["10.65.0.50/32"].type == "remote_workload"
+    replayer.go_to([there, here])
+    assert replayer.dataplane.routes["10.65.0.50/32"].type == "local_workload"
+    replayer.go_to([there])
+    assert replayer.dataplane.routes["10.65.0.50/32"].type == "remote_workload"
