@@ -1,10 +1,43 @@
-"""`pyfelix agent`: not implemented yet (owned by a later issue)."""
+"""`pyfelix agent`: run the node agent (datastore -> calc graph -> dataplane) until SIGTERM."""
+
+from __future__ import annotations
+
+import sys
 
 import click
 
 
-@click.command("agent", context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def command(args: tuple[str, ...]) -> None:
-    """Not implemented yet."""
-    raise click.ClickException("'pyfelix agent' is not implemented yet")
+@click.command("agent")
+@click.option("--datastore", envvar="PYFELIX_DATASTORE", required=True,
+              help="Directory/YAML file, etcd3://HOST:PORT[,...], kubernetes, or typha://...")
+@click.option("--hostname", envvar="NODENAME", required=True,
+              help="This node's name (as in WorkloadEndpoint spec.node / Pod nodeName).")
+@click.option("--config-file", type=click.Path(dir_okay=False), default=None,
+              help="Felix-style config file (INI [global] section, or YAML mapping).")
+def command(datastore: str, hostname: str, config_file: str | None) -> None:
+    """Run the node agent in the current network namespace.
+
+    Every other setting comes, as Felix names it, from FELIX_<NAME> environment variables,
+    the config file, and FelixConfiguration resources (`default`, then `node.<hostname>`).
+    Exit status: 0 after SIGTERM/SIGINT or a restart-requiring config change, 1 when the
+    dataplane cannot be programmed (fail closed), 2 for bad configuration.
+
+    \b
+    Examples:
+      pyfelix agent --datastore /etc/pyfelix/resources --hostname node1
+      FELIX_BPFENABLED=false pyfelix agent --datastore etcd3://127.0.0.1:2379 --hostname n1
+    """
+    from agent.config import ConfigError
+    from agent.daemon import EXIT_CONFIG, AgentOptions, DataplaneUnavailable, run_agent
+
+    try:
+        code = run_agent(AgentOptions(datastore=datastore, hostname=hostname,
+                                      config_file=config_file))
+    except ConfigError as exc:
+        click.echo(f"pyfelix agent: bad configuration: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+    except DataplaneUnavailable as exc:
+        click.echo(f"pyfelix agent: {exc}. Set FELIX_BPFFALLBACK=iptables to fall back, or "
+                   "FELIX_BPFENABLED=false.", err=True)
+        sys.exit(1)
+    sys.exit(code)

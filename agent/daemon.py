@@ -1,0 +1,368 @@
+"""The node agent: datastore -> syncer -> validator -> calc graph -> dataplane loop -> kernel.
+
+Wiring (each box is a thread; arrows are queues)::
+
+    syncer ──updates/status──> CalcPipeline ──proto messages──> _Forwarder ──> DataplaneLoop
+    (make_syncer(url))         (validator, graph,              (metrics, config   (managers:
+                                event sequencer)                 restart check)     apply())
+    InterfaceMonitor ──InterfaceUpdate/InterfaceAddrsUpdate───────────────────────────┘
+    main thread: health + status file ticks; exits on SIGTERM/SIGINT, a fatal dataplane
+    failure (fail closed), or a FelixConfiguration change that needs a restart.
+
+Start-up order matters: configuration is loaded from env/file AND the datastore's
+FelixConfiguration resources before the dataplane is built, so the dataplane mode is decided
+once; a later change to a restart-only parameter makes the agent exit 0 so its DaemonSet
+restarts it with the new value (as Felix does). SIGTERM stops the threads and leaves the
+programmed dataplane (maps, programs, routes, chains) in place: the next agent adopts it.
+
+Exit codes: 0 clean stop or restart-for-config, 1 fatal dataplane failure, 2 bad config.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent import metrics
+from agent.calc.pipeline import CalcPipeline
+from agent.config import Config, load_config
+from agent.dataplane.loop import DataplaneLoop
+from agent.dataplane.manager import Manager
+from agent.health import HealthAggregator, HealthServer
+from agent.proto import (
+    ActivePolicyRemove,
+    ActivePolicyUpdate,
+    ActiveProfileRemove,
+    ActiveProfileUpdate,
+    ConfigUpdate,
+    HostMetadataRemove,
+    HostMetadataUpdate,
+    IPSetDeltaUpdate,
+    IPSetRemove,
+    IPSetUpdate,
+    WorkloadEndpointRemove,
+    WorkloadEndpointUpdate,
+)
+from agent.syncer.api import DatastoreError, RawUpdate, SyncStatus
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_FATAL = 1
+EXIT_CONFIG = 2
+
+_RESYNC_STATE_VALUES = {SyncStatus.WAIT_FOR_DATASTORE: 1, SyncStatus.RESYNC: 2,
+                        SyncStatus.IN_SYNC: 3}
+
+
+class DataplaneUnavailable(RuntimeError):
+    """The kernel cannot run the requested dataplane (e.g. no BPF support)."""
+
+
+ManagersFactory = Callable[[Config], list[Manager]]
+
+
+def build_iptables_managers(config: Config) -> list[Manager]:
+    from agent.dataplane.managers.ipsets import IPSetsManager
+    from agent.dataplane.managers.iptables import IptablesManager
+    from agent.dataplane.managers.routes import RouteManager
+    from agent.dataplane.managers.sysctls import SysctlManager
+
+    prefixes = tuple(p for p in config.interface_prefix.split(",") if p)
+    return [
+        SysctlManager(interface_prefixes=prefixes, bpf_mode=False),
+        RouteManager(protocol=config.route_table_protocol),
+        IPSetsManager(max_size=config.bpf_map_size_ip_sets),
+        IptablesManager(interface_prefixes=prefixes,
+                        endpoint_to_host_action=config.default_endpoint_to_host_action,
+                        backend=config.iptables_backend.lower()),
+    ]
+
+
+def build_bpf_managers(config: Config) -> list[Manager]:
+    try:
+        from agent.dataplane.bpf_dataplane import build_bpf_managers as build
+    except ImportError as exc:
+        raise DataplaneUnavailable(f"the BPF dataplane cannot be loaded: {exc}") from exc
+    return build(config)
+
+
+def select_managers(config: Config) -> tuple[str, list[Manager]]:
+    """BPF when enabled; when the kernel cannot run it, fall back ONLY if configured."""
+    if not config.bpf_enabled:
+        return "iptables", build_iptables_managers(config)
+    try:
+        return "bpf", build_bpf_managers(config)
+    except DataplaneUnavailable as exc:
+        if config.bpf_fallback == "iptables":
+            log.error("BPF dataplane unavailable (%s); BPFFallback=iptables, using iptables",
+                      exc)
+            return "iptables", build_iptables_managers(config)
+        raise
+
+
+class _Forwarder:
+    """The calc pipeline's target: forwards messages to the dataplane loop, keeping the
+    agent-level metrics and watching for configuration that needs a restart."""
+
+    def __init__(self, loop: DataplaneLoop, on_config: Callable[[dict[str, str]], None]):
+        self._loop = loop
+        self._on_config = on_config
+        self._endpoints: set[Any] = set()
+        self._policies: set[Any] = set()
+        self._profiles: set[Any] = set()
+        self._ipsets: dict[str, int] = {}
+        self._hosts: set[str] = set()
+
+    def send(self, msg: object) -> None:
+        metrics.CALC_GRAPH_OUTPUT_EVENTS.inc()
+        self._count(msg)
+        if isinstance(msg, ConfigUpdate):
+            self._on_config(dict(msg.config))
+        self._loop.enqueue(msg)
+
+    def _count(self, msg: object) -> None:
+        match msg:
+            case WorkloadEndpointUpdate(id=i):
+                self._endpoints.add(i)
+            case WorkloadEndpointRemove(id=i):
+                self._endpoints.discard(i)
+            case ActivePolicyUpdate(id=i):
+                self._policies.add(i)
+            case ActivePolicyRemove(id=i):
+                self._policies.discard(i)
+            case ActiveProfileUpdate(id=i):
+                self._profiles.add(i)
+            case ActiveProfileRemove(id=i):
+                self._profiles.discard(i)
+            case IPSetUpdate(id=i, members=m):
+                self._ipsets[i] = len(m)
+            case IPSetDeltaUpdate(id=i, added=a, removed=r):
+                self._ipsets[i] = self._ipsets.get(i, 0) + len(a) - len(r)
+            case IPSetRemove(id=i):
+                self._ipsets.pop(i, None)
+            case HostMetadataUpdate(hostname=h):
+                self._hosts.add(h)
+            case HostMetadataRemove(hostname=h):
+                self._hosts.discard(h)
+            case _:
+                return
+        metrics.ACTIVE_LOCAL_ENDPOINTS.set(len(self._endpoints))
+        metrics.ACTIVE_LOCAL_POLICIES.set(len(self._policies))
+        metrics.ACTIVE_LOCAL_PROFILES.set(len(self._profiles))
+        metrics.IPSETS.set(len(self._ipsets))
+        metrics.IPSET_MEMBERS.set(sum(self._ipsets.values()))
+        metrics.CLUSTER_NUM_HOSTS.set(len(self._hosts))
+
+
+class _SyncerTap:
+    """Syncer callbacks in front of the pipeline that remember when updates last arrived
+    (the status file reports it, so the lab knows the agent has seen its writes)."""
+
+    def __init__(self, pipeline: CalcPipeline) -> None:
+        self._pipeline = pipeline
+        self.last_update_wall = 0.0
+        self.status = SyncStatus.WAIT_FOR_DATASTORE
+
+    def on_status(self, status: SyncStatus) -> None:
+        self.status = status
+        metrics.RESYNC_STATE.set(_RESYNC_STATE_VALUES[status])
+        self._pipeline.on_status(status)
+
+    def on_updates(self, updates: list[RawUpdate]) -> None:
+        self._pipeline.on_updates(updates)
+        self.last_update_wall = time.time()
+
+    def on_error(self, error: DatastoreError) -> None:
+        self._pipeline.on_error(error)
+        self.last_update_wall = time.time()
+
+
+def datastore_felix_config(datastore: str, hostname: str) -> tuple[dict[str, str], dict[str, str]]:
+    """FelixConfiguration `default` and `node.<hostname>` as read at start-up."""
+    from agent.model import FelixConfiguration, ValidationError, parse_resource
+    from agent.syncer.client import open_datastore
+
+    client = open_datastore(datastore)
+    layers: list[dict[str, str]] = []
+    for name in ("default", f"node.{hostname}"):
+        docs = client.get("FelixConfiguration", name)
+        settings: dict[str, str] = {}
+        for doc in docs:
+            try:
+                resource = parse_resource(doc)
+            except ValidationError as exc:
+                log.error("ignoring invalid FelixConfiguration: %s", exc)
+                continue
+            if isinstance(resource, FelixConfiguration):
+                settings = dict(resource.settings)
+        layers.append(settings)
+    return layers[0], layers[1]
+
+
+@dataclass
+class AgentOptions:
+    datastore: str
+    hostname: str
+    config_file: str | None = None
+    environ: dict[str, str] | None = None
+
+
+class Agent:
+    def __init__(self, options: AgentOptions, *,
+                 managers_factory: Callable[[Config], tuple[str, list[Manager]]] | None = None,
+                 monitor_interfaces: bool = True) -> None:
+        self.options = options
+        self._managers_factory = managers_factory or select_managers
+        self._monitor_interfaces = monitor_interfaces
+        self._stop = threading.Event()
+        self._restart_reason: str | None = None
+        self.environ = dict(os.environ if options.environ is None else options.environ)
+        self.config: Config | None = None
+        self.dataplane_mode = ""
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def request_stop(self, *_: object) -> None:
+        self._stop.set()
+
+    def load_config(self) -> Config:
+        global_layer, node_layer = datastore_felix_config(self.options.datastore,
+                                                          self.options.hostname)
+        return load_config(environ=self.environ, config_file=self.options.config_file,
+                           datastore_global=global_layer, datastore_node=node_layer)
+
+    def _on_datastore_config(self, merged: dict[str, str]) -> None:
+        assert self.config is not None
+        new = load_config(environ=self.environ, config_file=self.options.config_file,
+                          datastore_global=merged)
+        changed = self.config.changed_requiring_restart(new)
+        if changed:
+            self._restart_reason = f"configuration changed: {', '.join(changed)}"
+            self._stop.set()
+        else:
+            logging.getLogger().setLevel(new.log_severity_screen.upper()
+                                         .replace("FATAL", "CRITICAL"))
+
+    def run(self) -> int:
+        from agent.logs import configure_logging
+        from agent.syncer.client import make_syncer
+
+        config = self.config = self.load_config()
+        configure_logging(config.log_severity_screen)
+        mode, managers = self._managers_factory(config)
+        self.dataplane_mode = mode
+        log.info("starting agent", extra={"fields": {
+            "hostname": self.options.hostname, "datastore": self.options.datastore,
+            "dataplane": mode}})
+
+        health = HealthAggregator()
+        health.register("calc-graph", live=True, ready=True, timeout=60)
+        health.register("dataplane", live=True, ready=True, timeout=60)
+        health_server = None
+        if config.health_enabled:
+            health_server = HealthServer(health, config.health_host, config.health_port)
+            health_server.start()
+        if config.prometheus_metrics_enabled:
+            metrics.serve_metrics(config.prometheus_metrics_host,
+                                  config.prometheus_metrics_port)
+
+        loop = DataplaneLoop(managers, resync_interval=config.route_refresh_interval,
+                             fail_closed_after=config.dataplane_fail_closed_after)
+        pipeline = CalcPipeline(self.options.hostname, _Forwarder(loop, self._on_datastore_config))
+        tap = _SyncerTap(pipeline)
+        syncer = make_syncer(self.options.datastore)
+        monitor = None
+        if self._monitor_interfaces:
+            from agent.dataplane.ifacemonitor import InterfaceMonitor
+
+            monitor = InterfaceMonitor(loop.enqueue, resync_interval=config.route_refresh_interval)
+
+        loop.start()
+        pipeline.start()
+        syncer.start(tap)
+        if monitor is not None:
+            monitor.start()
+        status = StatusWriter(config.status_file, self.options.hostname)
+        exit_code = EXIT_OK
+        try:
+            while not self._stop.wait(0.1):
+                calc_ok = pipeline.in_sync.is_set()
+                dp_ok = loop.in_sync.is_set()
+                health.report("calc-graph", live=_pipeline_alive(pipeline), ready=calc_ok)
+                health.report("dataplane", live=not loop.fatal.is_set(), ready=dp_ok)
+                metrics.DATAPLANE_IN_SYNC.set(1 if dp_ok else 0)
+                status.write(calc_in_sync=calc_ok, dataplane_in_sync=dp_ok,
+                             last_update_wall=tap.last_update_wall,
+                             idle=_idle(pipeline, loop), dataplane=mode,
+                             rounds_applied=loop.rounds_applied,
+                             failures=loop.consecutive_failures)
+                if loop.fatal.is_set():
+                    log.critical("dataplane failed closed: %s; exiting", loop.fatal_reason)
+                    exit_code = EXIT_FATAL
+                    break
+                if not _pipeline_alive(pipeline):
+                    log.critical("calculation graph thread died; exiting")
+                    exit_code = EXIT_FATAL
+                    break
+            if self._restart_reason:
+                log.warning("%s; exiting so the agent restarts with it", self._restart_reason)
+        finally:
+            log.info("stopping; the programmed dataplane stays in place")
+            syncer.stop()
+            if monitor is not None:
+                monitor.stop()
+            pipeline.stop()
+            loop.stop()
+            for manager in managers:
+                close = getattr(manager, "close", None)
+                if close is not None:
+                    close()
+            if health_server is not None:
+                health_server.stop()
+        return exit_code
+
+
+def _pipeline_alive(pipeline: CalcPipeline) -> bool:
+    thread = getattr(pipeline, "_thread", None)
+    return thread is not None and thread.is_alive()
+
+
+def _idle(pipeline: CalcPipeline, loop: DataplaneLoop) -> bool:
+    return (pipeline._queue.empty() and loop.queue.empty()
+            and loop.consecutive_failures == 0 and loop.in_sync.is_set())
+
+
+class StatusWriter:
+    """Writes the agent's sync/apply status as JSON (atomically) when it changes."""
+
+    def __init__(self, path: str, hostname: str) -> None:
+        self._path = Path(path) if path else None
+        self._hostname = hostname
+        self._last: dict[str, Any] | None = None
+
+    def write(self, **fields: Any) -> None:
+        if self._path is None or fields == self._last:
+            return
+        self._last = dict(fields)
+        body = {"hostname": self._hostname, "pid": os.getpid(), "written_wall": time.time(),
+                **fields}
+        tmp = self._path.with_name(self._path.name + ".tmp")
+        tmp.write_text(json.dumps(body, sort_keys=True))
+        os.replace(tmp, self._path)
+
+
+def run_agent(options: AgentOptions, *, install_signals: bool = True) -> int:
+    agent = Agent(options)
+    if install_signals:
+        signal.signal(signal.SIGTERM, agent.request_stop)
+        signal.signal(signal.SIGINT, agent.request_stop)
+    return agent.run()
