@@ -53,3 +53,21 @@ class NetnsFactory:
         for name in reversed(self.created):
             sh("ip", "netns", "del", name, check=False)
         self.created.clear()
+
+
+class CountingRunner:
+    """A real NetnsCommandRunner that also counts the commands it ran, by binary."""
+
+    def __init__(self, netns: str) -> None:
+        from agent.shims.cmd import NetnsCommandRunner
+
+        self._inner = NetnsCommandRunner(netns)
+        self.netns = netns
+        self.calls: list[tuple[str, ...]] = []
+
+    def run(self, argv, *, input=None, check=True, timeout=None):  # type: ignore[no-untyped-def]
+        self.calls.append(tuple(argv))
+        return self._inner.run(argv, input=input, check=check, timeout=timeout)
+
+    def count(self, suffix: str) -> int:
+        return sum(1 for c in self.calls if c[0].endswith(suffix) or c[-1] == suffix)
