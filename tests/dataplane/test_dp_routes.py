@@ -205,3 +205,18 @@ def test_bad_address_is_skipped_with_the_rest_programmed(nl: FakeNetlink) -> Non
     m.on_update(InSync())
     m.apply()
     assert set(_ours(nl)) == {"10.65.0.1/32"}
+
+
+def test_ipv6_workload_addresses_get_host_routes(nl: FakeNetlink) -> None:
+    from agent.shims.netlink import AF_INET6
+
+    nl.add_link("cali1")
+    m = RouteManager(netlink=nl)
+    m.on_update(_iface(nl, "cali1"))
+    m.on_update(WorkloadEndpointUpdate(EP1, WorkloadEndpoint(
+        state="active", name="cali1", ipv4_nets=("10.65.0.1/32",),
+        ipv6_nets=("fd00:65::1/128",))))
+    m.on_update(InSync())
+    m.apply()
+    (route,) = nl.routes_to("fd00:65::1/128")
+    assert route.family == AF_INET6 and route.protocol == ROUTE_PROTOCOL

@@ -260,3 +260,43 @@ def test_policy_allows_and_denies_real_tcp(make_netns, backend: str, record_prop
             s.close()
         client.close()
         server.close()
+
+
+@pytest.mark.parametrize("backend", ["nft", "legacy"])
+def test_drift_repaired_and_stale_state_swept_after_insync(make_netns, backend: str) -> None:
+    ns = make_netns()
+    save_bin = BACKENDS[backend].save
+    runner = CountingRunner(ns)
+    mgrs = [IPSetsManager(runner=runner), IptablesManager(runner=runner, backend=backend)]
+    for msg in [*_policy_state(3), InSync()]:
+        for m in mgrs:
+            m.on_update(msg)
+    _apply_round(mgrs)
+    # drift: someone flushes one of our chains, deletes our FORWARD jump, empties a set
+    restore = BACKENDS[backend].restore
+    in_ns(ns, restore, "--noflush", input="*filter\n-F cali-tw-cali2\n-D FORWARD 1\nCOMMIT\n")
+    in_ns(ns, "ipset", "flush", [n for n in in_ns(ns, "ipset", "list", "-n").split()
+                                 if n.startswith("cali40s:")][0])
+    for m in mgrs:
+        m.request_resync()
+    _apply_round(mgrs)
+    saved = parse_save(in_ns(ns, save_bin, "-t", "filter"))
+    table = mgrs[1].table
+    assert saved.chains["cali-tw-cali2"] == table.desired_chain("cali-tw-cali2").hashes  # type: ignore[union-attr]
+    assert "FORWARD" in saved.base_ours
+    assert "10.65.0.1" in in_ns(ns, "ipset", "list")
+    # restart with a datastore where the policies, sets and cali2 are gone
+    runner2 = CountingRunner(ns)
+    mgrs2 = [IPSetsManager(runner=runner2), IptablesManager(runner=runner2, backend=backend)]
+    for msg in [OPEN, _ep("cali1", "10.65.0.1")]:
+        for m in mgrs2:
+            m.on_update(msg)
+    _apply_round(mgrs2)  # before InSync: nothing of ours is removed
+    assert "cali-tw-cali2" in parse_save(in_ns(ns, save_bin, "-t", "filter")).chains
+    for m in mgrs2:
+        m.on_update(InSync())
+    _apply_round(mgrs2)  # ipsets destroyed only after the rules using them are gone
+    chains = parse_save(in_ns(ns, save_bin, "-t", "filter")).chains
+    assert "cali-tw-cali2" not in chains and "cali-tw-cali1" in chains
+    assert not any(c.startswith("cali-pi-") for c in chains)
+    assert in_ns(ns, "ipset", "list", "-n").strip() == ""
