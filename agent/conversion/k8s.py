@@ -14,7 +14,8 @@ Conversions:
   name splits back unambiguously: pod `web-1` on `node-a` -> `node--a-k8s-web--1-eth0`),
   keyed `WorkloadEndpoint` in the pod's namespace. workload = pod = pod name, orchestrator
   `k8s`, endpoint `eth0`; ipNetworks = the pod IPs as /32 or /128; named ports (and host
-  ports) from every container and init container; labels = pod labels plus
+  ports) from every container and init container; labels = pod labels (minus any
+  `pcns.`/`pcsa.` ones, which would impersonate inherited labels) plus
   `projectcalico.org/namespace`, `projectcalico.org/orchestrator: k8s` and
   `projectcalico.org/serviceaccount` (only when shorter than 63 characters, as Calico);
   profiles `kns.<ns>`, `ksa.<ns>.<sa>`; interface `workload_interface_name(ns, pod)`.
@@ -171,7 +172,10 @@ def pod_to_workload_endpoint(pod: Pod, *, interface_prefix: str = DEFAULT_INTERF
         return None
     namespace, name = pod.key.namespace, pod.key.name
     key = pod_endpoint_key(pod)
-    labels = dict(pod.meta.labels)
+    # A pod's own pcns./pcsa. labels would impersonate namespace or service-account
+    # labels: dropped, as libcalico-go drops them.
+    labels = {k: v for k, v in pod.meta.labels
+              if not k.startswith((NAMESPACE_LABEL_PREFIX, SERVICE_ACCOUNT_LABEL_PREFIX))}
     labels[LABEL_NAMESPACE] = namespace
     labels[LABEL_ORCHESTRATOR] = ORCHESTRATOR_K8S
     sa = pod.service_account_name

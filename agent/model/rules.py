@@ -208,9 +208,6 @@ def no_global(text: str, fields: Fields, key: str) -> str:
     return text
 
 
-# Kept under its old name too: other modules imported it before the rename.
-_parse_selector = parse_selector
-
 ENTITY_FIELDS = frozenset({"nets", "notNets", "selector", "notSelector", "namespaceSelector",
                            "ports", "notPorts", "serviceAccounts", "services"})
 

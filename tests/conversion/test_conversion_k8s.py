@@ -114,6 +114,19 @@ def test_pod_becomes_a_workload_endpoint() -> None:
     assert wep.service_account_name == "api" and wep.container_id == "abc"
 
 
+def test_pod_labels_cannot_impersonate_namespace_or_service_account_labels() -> None:
+    doc = pod_doc()
+    doc["metadata"]["labels"].update({"pcns.team": "admin", "pcsa.projectcalico.org/name": "x",
+                                      "projectcalico.org/namespace": "kube-system"})
+    parsed = parse_resource(doc)
+    assert isinstance(parsed, Pod)
+    wep = pod_to_workload_endpoint(parsed)
+    assert wep is not None
+    labels = wep.meta.labels_dict
+    assert "pcns.team" not in labels and "pcsa.projectcalico.org/name" not in labels
+    assert labels["projectcalico.org/namespace"] == "prod"
+
+
 def test_host_port_without_name_is_kept_as_calico_does() -> None:
     doc = pod_doc()
     doc["spec"]["containers"][0]["ports"] = [{"containerPort": 80, "hostPort": 8080}]
