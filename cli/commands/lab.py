@@ -18,9 +18,9 @@ import click
 OUTPUT_FORMATS = ("table", "json")
 DATAPLANES = ("bpf", "iptables")
 NO_AGENT_NOTICE = (
-    "notice: no agent runs in the lab yet, so no policy is enforced{dataplane}: the "
-    "scenario's resources are only written to the lab datastore, and every probe to a "
-    "listening port comes out allow."
+    "notice: --no-agent: no agent runs, so no policy is enforced: the scenario's resources "
+    "are only written to the lab datastore, and every probe to a listening port comes out "
+    "allow."
 )
 
 
@@ -76,22 +76,26 @@ def command() -> None:
 
 @command.command("run")
 @click.argument("scenario_file", type=click.Path(dir_okay=False))
-@click.option("--dataplane", type=click.Choice(DATAPLANES), default=None,
-              help="Dataplane of the agents (accepted; no agent runs in the lab yet).")
+@click.option("--dataplane", type=click.Choice(DATAPLANES), default="bpf", show_default=True,
+              help="Dataplane the node agents enforce policy with.")
+@click.option("--no-agent", is_flag=True,
+              help="Build and probe the topology only: no agent, no policy, no BGP.")
 @click.option("-o", "--output", type=click.Choice(OUTPUT_FORMATS), default="table",
               show_default=True)
 @click.option("--probe-timeout", type=click.FloatRange(min=0.05, max=30.0), default=1.0,
               show_default=True, help="Seconds before a probe without answer counts as deny.")
-@click.option("--static-routes/--no-static-routes", default=True, show_default=True,
-              help="Static cross-node routes to remote pods (until BIRD provides them).")
+@click.option("--static-routes/--no-static-routes", default=None,
+              help="Static cross-node routes to remote pods instead of BGP (default: only "
+                   "with --no-agent).")
 @click.option("--hold", type=click.FloatRange(min=0.0), default=0.0,
               help="Keep the lab up this many seconds after the probes, for inspection.")
 def run_command(
     scenario_file: str,
-    dataplane: str | None,
+    dataplane: str,
+    no_agent: bool,
     output: str,
     probe_timeout: float,
-    static_routes: bool,
+    static_routes: bool | None,
     hold: float,
 ) -> None:
     """Build SCENARIO_FILE's topology, run its steps and probes, tear everything down.
@@ -110,12 +114,21 @@ def run_command(
     except ScenarioError as exc:
         raise click.ClickException(str(exc)) from exc
     _require_root()
-    _stderr(NO_AGENT_NOTICE.format(dataplane=f" (--dataplane {dataplane})" if dataplane else ""))
+    agents = None
+    if no_agent:
+        _stderr(NO_AGENT_NOTICE)
+    else:
+        from agent.lab.agents import AgentProcesses
+
+        agents = AgentProcesses(dataplane, interface_prefix=_interface_prefix(),
+                                bgp=False if static_routes else None)
     report = _run_lab(
         scenario,
-        dataplane=dataplane,
+        agents=agents,
+        dataplane=None if no_agent else dataplane,
+        program_routes=no_agent,
         probe_timeout=probe_timeout,
-        static_cross_node_routes=static_routes,
+        static_cross_node_routes=no_agent if static_routes is None else static_routes,
         interface_prefix=_interface_prefix(),
         hold_seconds=hold,
     )

@@ -23,7 +23,7 @@ def pyfelix(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_run_json_reports_every_probe_and_fails_on_unmet_expectations(root_guard: Any) -> None:
     done = pyfelix("lab", "run", str(SCENARIOS / "calico-gnp-order.yaml"), "-o", "json",
-                   "--dataplane", "bpf", "--probe-timeout", "0.5")
+                   "--no-agent", "--probe-timeout", "0.5")
     assert done.returncode == 1, done.stderr
     report = json.loads(done.stdout)
     assert [(p["step"], p["from"], p["to"], p["port"], p["protocol"], p["expect"])
@@ -33,10 +33,10 @@ def test_run_json_reports_every_probe_and_fails_on_unmet_expectations(root_guard
         (0, "prod/scanner", "prod/api", 443, "TCP", "deny"),
         (0, "prod/api", "prod/client", 80, "TCP", "allow"),
     ]
-    # no agent yet: nothing enforces the policies, so every probe connects
+    # no agent: nothing enforces the policies, so every probe connects
     assert {p["result"] for p in report["probes"]} == {"allow"}
     assert {"build_s", "probes_s", "teardown_s", "total_s"} <= set(report["timings"])
-    assert "no policy is enforced (--dataplane bpf)" in done.stderr
+    assert "no policy is enforced" in done.stderr
     assert "2 probe(s) did not match their expect" in done.stderr
     assert "prod/scanner -> prod/api 443/TCP: expected deny, got allow" in done.stderr
     root_guard.check()
@@ -44,7 +44,7 @@ def test_run_json_reports_every_probe_and_fails_on_unmet_expectations(root_guard
 
 def test_run_table_marks_mismatches(root_guard: Any) -> None:
     done = pyfelix("lab", "run", str(SCENARIOS / "k8s-allow-from-namespace.yaml"),
-                   "--probe-timeout", "0.5")
+                   "--no-agent", "--probe-timeout", "0.5")
     assert done.returncode == 1, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].split() == ["STEP", "FROM", "TO", "PORT", "PROTO", "RESULT", "EXPECT"]
@@ -66,7 +66,8 @@ def test_run_exits_zero_when_every_expectation_holds(tmp_path: Path, root_guard:
         "  - {from: x/a, to: x/b, port: dns, protocol: UDP, expect: allow}\n"
         "  - {from: x/a, to: x/b, port: 54, protocol: UDP, expect: deny}\n"
     )
-    done = pyfelix("lab", "run", str(scenario), "-o", "json", "--probe-timeout", "0.5")
+    done = pyfelix("lab", "run", str(scenario), "-o", "json", "--no-agent",
+                   "--probe-timeout", "0.5")
     assert done.returncode == 0, done.stderr
     assert [p["result"] for p in json.loads(done.stdout)["probes"]] == ["allow", "allow", "deny"]
     root_guard.check()

@@ -1,0 +1,199 @@
+"""Real agents in the lab: one `pyfelix agent` per node namespace, plus confd + BIRD per
+node when the scenario has several nodes (pods on different nodes then reach each other only
+through BGP-learned routes).
+
+Role: the `NodeAgents` implementation `LabRunner` drives. Per node:
+
+    ip netns exec <node ns> python -m cli.main agent --datastore <run>/datastore --hostname N
+        env: FELIX_BPFENABLED (from --dataplane), FELIX_STATUSFILE=<run>/agents/N.status.json,
+             FELIX_BPFPINDIR=<bpffs run dir>/N, FELIX_INTERFACEPREFIX
+    [several nodes] ip netns exec <node ns> python -m cli.main confd run ... (renders bird.conf)
+                    then BIRD (confd.bird.BirdInstance) in the same namespace
+
+In-sync (`is_in_sync`, polled by the runner after every step's datastore writes): every
+agent's status file says the dataplane is in sync and idle, and the agent has seen updates
+at least as new as the newest write into the datastore directory. A write that changes no
+resource produces no update, so after `NO_UPDATE_GRACE_S` without a newer update an idle
+agent counts as in sync too. Each check must hold twice in a row, so a batch that is between
+the calc graph and the dataplane is not mistaken for idleness.
+
+Teardown (`stop`): SIGTERM each process group, then SIGKILL after a bound; BIRD through its
+own `stop()`. Agent logs stay in the run directory until the run directory is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from agent.lab.topology import LabTopology
+
+NO_UPDATE_GRACE_S = 1.5
+STOP_TIMEOUT_S = 10.0
+START_TIMEOUT_S = 60.0
+LAB_IP_POOL = "10.65.0.0/16"
+
+
+class AgentStartError(RuntimeError):
+    pass
+
+
+class AgentProcesses:
+    """Runs the real agent (and confd + BIRD for multi-node labs) in every node namespace."""
+
+    enforces_policy = True
+
+    def __init__(self, dataplane: str = "bpf", *, interface_prefix: str = "cali",
+                 bgp: bool | None = None, python: str = sys.executable,
+                 extra_env: dict[str, str] | None = None) -> None:
+        if dataplane not in ("bpf", "iptables"):
+            raise ValueError(f"dataplane must be bpf or iptables, not {dataplane!r}")
+        self.dataplane = dataplane
+        self.interface_prefix = interface_prefix
+        self.bgp = bgp
+        self.python = python
+        self.extra_env = dict(extra_env or {})
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.birds: dict[str, Any] = {}
+        self.status_paths: dict[str, Path] = {}
+        self.datastore_dir: Path | None = None
+        self.run_dir: Path | None = None
+        self._consecutive_ok = 0
+
+    # --- NodeAgents ----------------------------------------------------------------------
+
+    def start(self, topology: LabTopology, datastore_dir: Path, bpffs_dir: Path) -> None:
+        self.datastore_dir = datastore_dir
+        self.run_dir = datastore_dir.parent / "agents"
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        use_bgp = self.bgp if self.bgp is not None else len(topology.nodes) > 1
+        if use_bgp:
+            self._write_ip_pool(datastore_dir)
+        for name, node in topology.nodes.items():
+            status = self.run_dir / f"{name}.status.json"
+            self.status_paths[name] = status
+            env = {
+                **os.environ,
+                "FELIX_BPFENABLED": "true" if self.dataplane == "bpf" else "false",
+                "FELIX_STATUSFILE": str(status),
+                "FELIX_BPFPINDIR": str(bpffs_dir / name),
+                "FELIX_INTERFACEPREFIX": self.interface_prefix,
+                "FELIX_LOGSEVERITYSCREEN": "Info",
+                **self.extra_env,
+            }
+            self.processes[f"agent:{name}"] = self._spawn(
+                node.netns, ["agent", "--datastore", str(datastore_dir), "--hostname", name],
+                env, self.run_dir / f"{name}.agent.log")
+            if use_bgp:
+                self._start_bgp(name, node.netns, datastore_dir, env)
+
+    def is_in_sync(self) -> bool:
+        ok = self._check_once()
+        self._consecutive_ok = self._consecutive_ok + 1 if ok else 0
+        return self._consecutive_ok >= 2
+
+    def stop(self) -> None:
+        for proc in self.processes.values():
+            if proc.poll() is None:
+                _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for proc in self.processes.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(proc, signal.SIGKILL)
+                proc.wait(timeout=5)
+        for bird in self.birds.values():
+            bird.stop()
+        self.birds.clear()
+
+    # --- details ---------------------------------------------------------------------------
+
+    def _spawn(self, netns: str, args: list[str], env: dict[str, str],
+               log_path: Path) -> subprocess.Popen[bytes]:
+        with open(log_path, "ab") as log_file:
+            return subprocess.Popen(
+                ["ip", "netns", "exec", netns, self.python, "-m", "cli.main", *args],
+                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True,
+            )
+
+    def _start_bgp(self, name: str, netns: str, datastore_dir: Path, env: dict[str, str]) -> None:
+        from confd.bird import BirdInstance
+
+        assert self.run_dir is not None
+        bird_dir = self.run_dir / f"{name}.bird"
+        bird_dir.mkdir(exist_ok=True)
+        conf = bird_dir / "bird.conf"
+        sock = bird_dir / "bird.ctl"
+        self.processes[f"confd:{name}"] = self._spawn(
+            netns, ["confd", "run", "--datastore", str(datastore_dir), "--hostname", name,
+                    "--interface-prefix", self.interface_prefix, "--bird-socket", str(sock),
+                    "--config-file", str(conf)],
+            env, self.run_dir / f"{name}.confd.log")
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not conf.exists():
+            proc = self.processes[f"confd:{name}"]
+            if proc.poll() is not None:
+                raise AgentStartError(f"confd on {name} exited with {proc.returncode}; see "
+                                      f"{self.run_dir / f'{name}.confd.log'}")
+            if time.monotonic() > deadline:
+                raise AgentStartError(f"confd on {name} wrote no bird.conf in "
+                                      f"{START_TIMEOUT_S:g}s")
+            time.sleep(0.05)
+        bird = BirdInstance(netns, conf, sock, run_dir=bird_dir)
+        bird.start()
+        self.birds[name] = bird
+
+    @staticmethod
+    def _write_ip_pool(datastore_dir: Path) -> None:
+        pool = {"apiVersion": "projectcalico.org/v3", "kind": "IPPool",
+                "metadata": {"name": "lab-pool"},
+                "spec": {"cidr": LAB_IP_POOL, "natOutgoing": False}}
+        path = datastore_dir / "lab-ippool.yaml"
+        if not path.exists():
+            path.write_text(json.dumps(pool))
+
+    def _newest_write(self) -> float:
+        assert self.datastore_dir is not None
+        newest = self.datastore_dir.stat().st_mtime
+        for root, dirs, files in os.walk(self.datastore_dir):
+            for entry in dirs + files:
+                try:
+                    newest = max(newest, os.stat(os.path.join(root, entry)).st_mtime)
+                except FileNotFoundError:
+                    continue
+            newest = max(newest, os.stat(root).st_mtime)
+        return newest
+
+    def _check_once(self) -> bool:
+        for key, proc in self.processes.items():
+            if proc.poll() is not None:
+                raise AgentStartError(f"{key} exited with status {proc.returncode}; see the "
+                                      f"logs in {self.run_dir}")
+        newest = self._newest_write()
+        now = time.time()
+        for path in self.status_paths.values():
+            try:
+                status = json.loads(path.read_text())
+            except (FileNotFoundError, json.JSONDecodeError):
+                return False
+            if not (status.get("dataplane_in_sync") and status.get("idle")):
+                return False
+            seen = float(status.get("last_update_wall", 0.0))
+            if seen < newest and now - newest < NO_UPDATE_GRACE_S:
+                return False
+        return True
+
+
+def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
+    try:
+        os.killpg(proc.pid, signum)
+    except ProcessLookupError:
+        pass
