@@ -1,0 +1,986 @@
+"""The policy compiler: calc-graph messages -> the desired contents of every BPF map.
+
+Role: pure Python, no kernel. A manager folds messages into a `DataplaneState` (`apply(msg)`)
+and asks a long-lived `PolicyCompiler` to `compile(state, ifindexes)`; the result
+(`CompiledDataplane`) holds, per map, `{key bytes: value bytes}` to diff against what the
+pinned maps hold, plus the problems found. After writing it successfully the manager calls
+`commit(result)`, which frees the ids and rule-array regions the result no longer uses.
+
+What it computes:
+- ids: numbers for IP sets (calc-graph ids), compiler-made net sets (a rule's nets /
+  notNets become one set each, shared by content), rule counters (Rule.rule_id), endpoints.
+  Allocation is stable: a name keeps its number while it is in use; new names get the
+  lowest free number, in sorted name order, so the same state gives the same numbers.
+  Numbers are freed only by `commit()`, so an id is never reused while the kernel may still
+  reference it (make before break). `AdoptedState.from_maps()` seeds the allocators from the
+  pinned maps so a restarted agent keeps every number.
+- chains (see bpf/include/policy.h for the record format): per endpoint and direction,
+  tiers -> policies -> rules, tier-end deny, profiles, final deny, lowered to records with
+  slot overflow handled by splitting (OR) and guard records (AND). Chains are shared by
+  content and placed in the rules array by `ChainLayout` (first fit, never overwriting a
+  region in use: a changed chain goes to a new region, the endpoint is repointed, the old
+  region is freed on commit).
+- endpoints (by ifindex; interfaces without an ifindex yet are listed as pending), the
+  routes trie, the untracked (XDP) trie, the config entry.
+
+Failure policy: bad input never crashes the compile. A problem confined to one endpoint
+(unknown policy/profile/IP set, invalid rule field, chain too long) makes THAT endpoint's
+chain a single DENY (fail closed) and is reported in `problems` with the resource and
+field named. Running out of rule-array space raises MapFullError (nothing is half-placed).
+
+IPv4 only: rules with ip_version 6 and IPv6 nets/members are dropped from the IPv4 chains
+the programs evaluate (a rule whose only nets are IPv6 cannot match IPv4 and is omitted).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent import proto
+from agent.bpf.maps import config as config_map
+from agent.bpf.maps import counters as counters_map
+from agent.bpf.maps import endpoints as endpoints_map
+from agent.bpf.maps import ids as ids_map
+from agent.bpf.maps import ipsets as ipsets_map
+from agent.bpf.maps import routes as routes_map
+from agent.bpf.maps import rules as rules_map
+from agent.bpf.maps import untracked as untracked_map
+from agent.bpf.maps.base import MapFullError
+from agent.bpf.maps.ids import IdKind
+from agent.bpf.maps.routes import RouteFlags
+from agent.bpf.maps.rules import (
+    NAMED_PORT_SLOTS,
+    PORT_SLOTS,
+    SET_SLOTS,
+    Action,
+    PortMatch,
+    RuleRecord,
+)
+
+INGRESS = "ingress"  # the POD's ingress: inbound rules, to_wep hook
+EGRESS = "egress"  # the POD's egress: outbound rules, from_wep hook
+DIRECTIONS = (INGRESS, EGRESS)
+
+Chain = tuple[RuleRecord, ...]
+DENY_ALL: Chain = (RuleRecord(Action.DENY),)
+
+
+class CompileError(ValueError):
+    """Input the compiler cannot turn into records; the message names resource and field."""
+
+
+# --- state ---------------------------------------------------------------------------------
+
+
+@dataclass
+class IPSetState:
+    type: str  # "net" | "ip_port"
+    members: set[str]
+
+
+@dataclass
+class DataplaneState:
+    """The calc graph's current output, as the BPF dataplane needs it. `apply()` folds one
+    message in; messages this dataplane does not use are ignored."""
+
+    hostname: str = ""
+    ipsets: dict[str, IPSetState] = field(default_factory=dict)
+    policies: dict[proto.PolicyID, proto.Policy] = field(default_factory=dict)
+    profiles: dict[str, proto.Profile] = field(default_factory=dict)
+    endpoints: dict[proto.WorkloadEndpointID, proto.WorkloadEndpoint] = field(
+        default_factory=dict)
+    host_endpoints: dict[proto.HostEndpointID, proto.HostEndpoint] = field(
+        default_factory=dict)
+    routes: dict[str, proto.RouteUpdate] = field(default_factory=dict)
+    pools: dict[str, proto.IPAMPoolUpdate] = field(default_factory=dict)
+    host_ips: dict[str, str] = field(default_factory=dict)  # hostname -> IPv4
+    config: dict[str, str] = field(default_factory=dict)
+
+    def apply(self, msg: Any) -> None:
+        """Fold one agent.proto message into the state. A delta for an unknown IP set
+        raises CompileError naming it."""
+        match msg:
+            case proto.IPSetUpdate():
+                self.ipsets[msg.id] = IPSetState(msg.type, set(msg.members))
+            case proto.IPSetDeltaUpdate():
+                s = self.ipsets.get(msg.id)
+                if s is None:
+                    raise CompileError(f"IPSetDeltaUpdate for unknown IP set {msg.id!r}")
+                s.members -= msg.removed
+                s.members |= msg.added
+            case proto.IPSetRemove():
+                self.ipsets.pop(msg.id, None)
+            case proto.ActivePolicyUpdate():
+                self.policies[msg.id] = msg.policy
+            case proto.ActivePolicyRemove():
+                self.policies.pop(msg.id, None)
+            case proto.ActiveProfileUpdate():
+                self.profiles[msg.id] = msg.profile
+            case proto.ActiveProfileRemove():
+                self.profiles.pop(msg.id, None)
+            case proto.WorkloadEndpointUpdate():
+                self.endpoints[msg.id] = msg.endpoint
+            case proto.WorkloadEndpointRemove():
+                self.endpoints.pop(msg.id, None)
+            case proto.HostEndpointUpdate():
+                self.host_endpoints[msg.id] = msg.endpoint
+            case proto.HostEndpointRemove():
+                self.host_endpoints.pop(msg.id, None)
+            case proto.RouteUpdate():
+                self.routes[msg.dst] = msg
+            case proto.RouteRemove():
+                self.routes.pop(msg.dst, None)
+            case proto.IPAMPoolUpdate():
+                self.pools[msg.id] = msg
+            case proto.IPAMPoolRemove():
+                self.pools.pop(msg.id, None)
+            case proto.HostMetadataUpdate():
+                self.host_ips[msg.hostname] = msg.ipv4_addr
+            case proto.HostMetadataRemove():
+                self.host_ips.pop(msg.hostname, None)
+            case proto.ConfigUpdate():
+                self.config = dict(msg.config)
+            case _:
+                pass
+
+
+# --- id allocation ---------------------------------------------------------------------------
+
+
+class IdAllocator:
+    """Stable (kind, name) -> number allocation over one number space. Numbers start at 1
+    (0 = none) and stay below `limit`. Several kinds may share a space (IP sets and
+    compiler-made net sets share the trie's set ids). Names are compared in their stored
+    form (ids.stored_name)."""
+
+    def __init__(self, kinds: tuple[IdKind, ...], limit: int = 2**32,
+                 adopted: Mapping[IdKind, Mapping[int, str]] | None = None) -> None:
+        self.kinds = kinds
+        self.limit = limit
+        self.by_name: dict[tuple[IdKind, str], int] = {}
+        self.by_number: dict[int, tuple[IdKind, str]] = {}
+        self._next_free = 1
+        for kind in kinds:
+            for number, name in sorted((adopted or {}).get(kind, {}).items()):
+                if 0 < number < limit and number not in self.by_number \
+                        and (kind, name) not in self.by_name:
+                    self.by_name[(kind, name)] = number
+                    self.by_number[number] = (kind, name)
+
+    def get(self, name: str, kind: IdKind | None = None) -> int | None:
+        return self.by_name.get((kind or self.kinds[0], ids_map.stored_name(name)))
+
+    def allocate(self, name: str, kind: IdKind | None = None) -> int:
+        """The number for name, allocating the lowest free one. Raises MapFullError when
+        every number below `limit` is taken."""
+        key = (kind or self.kinds[0], ids_map.stored_name(name))
+        number = self.by_name.get(key)
+        if number is not None:
+            return number
+        n = self._next_free
+        while n in self.by_number:
+            n += 1
+        if n >= self.limit:
+            raise MapFullError(f"ids ({key[0].name.lower()})", self.limit - 1,
+                               f"no free {key[0].name.lower()} id for {name!r}")
+        self._next_free = n + 1
+        self.by_name[key] = n
+        self.by_number[n] = key
+        return n
+
+    def retain_only(self, numbers: Iterable[int]) -> list[int]:
+        """Free every number not in `numbers`; returns the freed ones."""
+        keep = set(numbers)
+        freed = [n for n in self.by_number if n not in keep]
+        for n in freed:
+            del self.by_name[self.by_number.pop(n)]
+        if freed:
+            self._next_free = min(self._next_free, *freed)
+        return freed
+
+    def entries(self, numbers: Iterable[int]) -> dict[bytes, bytes]:
+        """ids-map entries for the given numbers."""
+        out = {}
+        for n in numbers:
+            kind, name = self.by_number[n]
+            out[ids_map.encode_key(kind, n)] = ids_map.encode_value(name)
+        return out
+
+
+# --- rule-array layout ------------------------------------------------------------------------
+
+
+class ChainLayout:
+    """Where each chain lives in the rules array. A chain keeps its region while in use;
+    a new chain takes the first gap that fits; regions are freed by `retain_only()`."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.starts: dict[Chain, int] = {}
+        self._extra: list[tuple[int, int]] = []  # adopted duplicate regions, freed on commit
+
+    def adopt(self, chain: Chain, start: int) -> None:
+        """Record a chain found in the kernel (restart adoption)."""
+        if not chain:
+            return
+        if chain in self.starts and self.starts[chain] != start:
+            self._extra.append((start, len(chain)))
+        else:
+            self.starts[chain] = start
+
+    def _used(self) -> list[tuple[int, int]]:
+        regions = [(s, len(c)) for c, s in self.starts.items()] + self._extra
+        return sorted(regions)
+
+    def place(self, chain: Chain) -> tuple[int, bool]:
+        """(start, newly_placed). Raises MapFullError if no gap is long enough."""
+        if not chain:
+            return 0, False
+        start = self.starts.get(chain)
+        if start is not None:
+            return start, False
+        pos = 0
+        for s, n in self._used():
+            if s - pos >= len(chain):
+                break
+            pos = max(pos, s + n)
+        if pos + len(chain) > self.capacity:
+            raise MapFullError("rules", self.capacity,
+                               f"no room for a chain of {len(chain)} records")
+        self.starts[chain] = pos
+        return pos, True
+
+    def retain_only(self, chains: Iterable[Chain]) -> None:
+        keep = set(chains)
+        self.starts = {c: s for c, s in self.starts.items() if c in keep}
+        self._extra = []
+
+
+# --- lowering rules to records ---------------------------------------------------------------
+
+
+class _Label:
+    __slots__ = ("pos",)
+
+    def __init__(self) -> None:
+        self.pos: int | None = None
+
+
+@dataclass(frozen=True)
+class _Fragment:
+    """Records of one policy/profile direction with symbolic jumps: `jumps[i]` is None,
+    "pass" (to the caller's pass target) or an int offset inside the fragment."""
+
+    records: tuple[RuleRecord, ...]
+    jumps: tuple[int | str | None, ...]
+    ipsets_used: frozenset[tuple[str, str]]  # (IP set id, type) the records reference
+    netsets: tuple[tuple[int, tuple[str, ...]], ...]  # net sets the records reference
+    counter_ids: frozenset[int]
+
+
+class _ChainBuilder:
+    def __init__(self) -> None:
+        self.records: list[RuleRecord] = []
+        self.targets: list[_Label | int | None] = []
+
+    def emit(self, rec: RuleRecord, target: _Label | int | None = None) -> None:
+        self.records.append(rec)
+        self.targets.append(target)
+
+    def add_fragment(self, frag: _Fragment, pass_target: _Label) -> None:
+        base = len(self.records)
+        for rec, j in zip(frag.records, frag.jumps, strict=True):
+            if j is None:
+                self.emit(rec)
+            elif j == "pass":
+                self.emit(rec, pass_target)
+            else:
+                self.emit(rec, base + int(j))
+
+    def mark(self, label: _Label) -> None:
+        label.pos = len(self.records)
+
+    def finish(self) -> Chain:
+        out = []
+        for rec, t in zip(self.records, self.targets, strict=True):
+            if t is None:
+                out.append(rec)
+                continue
+            pos = t.pos if isinstance(t, _Label) else t
+            assert pos is not None, "unmarked label"
+            out.append(RuleRecord(**{**rec.__dict__, "jump": pos}))
+        return tuple(out)
+
+
+def _chunks(items: tuple, size: int) -> list[tuple]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def _ports(ranges: tuple[proto.PortRange, ...], where: str) -> tuple[tuple[int, int], ...]:
+    """Validated ranges, sorted and merged where they overlap or touch (same union)."""
+    checked = []
+    for r in ranges:
+        if not (isinstance(r.first, int) and isinstance(r.last, int)
+                and 0 <= r.first <= r.last <= 65535):
+            raise CompileError(f"{where}: bad port range {r.first}-{r.last}")
+        checked.append((r.first, r.last))
+    merged: list[tuple[int, int]] = []
+    for first, last in sorted(checked):
+        if merged and first <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], last))
+        else:
+            merged.append((first, last))
+    return tuple(merged)
+
+
+def _byte(value: int | None, where: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or not 0 <= value <= 255:
+        raise CompileError(f"{where}: {value!r} is not a number 0-255")
+    return value
+
+
+def _v4_nets(nets: tuple[str, ...], where: str) -> tuple[tuple[str, ...], bool]:
+    """(sorted canonical IPv4 nets, had_any_net)."""
+    out = set()
+    for text in nets:
+        try:
+            net = ipaddress.ip_network(text, strict=False)
+        except ValueError as e:
+            raise CompileError(f"{where}: bad CIDR {text!r}: {e}") from None
+        if net.version == 4:
+            out.add(str(net))
+    return tuple(sorted(out, key=ipaddress.IPv4Network)), bool(nets)
+
+
+class _RuleLowerer:
+    """Turns one proto.Rule into records (guards + main records)."""
+
+    def __init__(self, compiler: PolicyCompiler, state: DataplaneState) -> None:
+        self.c = compiler
+        self.state = state
+        self.ipsets_used: set[tuple[str, str]] = set()  # (IP set id, type)
+        self.netsets: dict[int, tuple[str, ...]] = {}  # number -> nets
+
+    def set_id(self, set_name: str, where: str, expect_type: str) -> int:
+        s = self.state.ipsets.get(set_name)
+        if s is None:
+            raise CompileError(f"{where}: unknown IP set {set_name!r}")
+        if s.type != expect_type:
+            raise CompileError(f"{where}: IP set {set_name!r} is {s.type!r}, not {expect_type!r}")
+        self.ipsets_used.add((set_name, expect_type))
+        return self.c.set_ids.allocate(set_name, IdKind.IPSET)
+
+    def net_set(self, nets: tuple[str, ...]) -> int:
+        number = self.c.set_ids.allocate(",".join(nets), IdKind.NETSET)
+        self.netsets[number] = nets
+        return number
+
+    def lower(self, rule: proto.Rule, where: str, counter_name: str
+              ) -> tuple[list[RuleRecord], list[int | str | None]] | None:
+        """(records, jumps) or None if the rule cannot match IPv4 traffic."""
+        if rule.ip_version == 6:
+            return None
+        actions = {"allow": Action.ALLOW, "deny": Action.DENY, "pass": Action.PASS,
+                   "log": Action.LOG}
+        action = actions.get(str(rule.action).lower())
+        if action is None:
+            raise CompileError(f"{where}: field action: unknown action {rule.action!r}")
+
+        src_nets, had_src = _v4_nets(rule.src_nets, f"{where}: field src_nets")
+        dst_nets, had_dst = _v4_nets(rule.dst_nets, f"{where}: field dst_nets")
+        if (had_src and not src_nets) or (had_dst and not dst_nets):
+            return None  # only IPv6 nets: cannot match IPv4
+        not_src_nets, _ = _v4_nets(rule.not_src_nets, f"{where}: field not_src_nets")
+        not_dst_nets, _ = _v4_nets(rule.not_dst_nets, f"{where}: field not_dst_nets")
+        if rule.icmp_code is not None and rule.icmp_type is None:
+            raise CompileError(f"{where}: field icmp_code: set without icmp_type")
+        if rule.not_icmp_code is not None and rule.not_icmp_type is None:
+            raise CompileError(f"{where}: field not_icmp_code: set without not_icmp_type")
+
+        def sets(names: tuple[str, ...], fld: str) -> tuple[int, ...]:
+            return tuple(self.set_id(n, f"{where}: field {fld}", "net") for n in names)
+
+        def named(names: tuple[str, ...], fld: str) -> tuple[int, ...]:
+            return tuple(self.set_id(n, f"{where}: field {fld}", "ip_port") for n in names)
+
+        src_sets = sets(rule.src_ip_set_ids, "src_ip_set_ids")
+        not_src_sets = sets(rule.not_src_ip_set_ids, "not_src_ip_set_ids")
+        dst_sets = sets(rule.dst_ip_set_ids, "dst_ip_set_ids")
+        not_dst_sets = sets(rule.not_dst_ip_set_ids, "not_dst_ip_set_ids")
+        src_np = named(rule.src_named_port_ip_set_ids, "src_named_port_ip_set_ids")
+        not_src_np = named(rule.not_src_named_port_ip_set_ids, "not_src_named_port_ip_set_ids")
+        dst_np = named(rule.dst_named_port_ip_set_ids, "dst_named_port_ip_set_ids")
+        not_dst_np = named(rule.not_dst_named_port_ip_set_ids, "not_dst_named_port_ip_set_ids")
+        src_ports = _ports(rule.src_ports, f"{where}: field src_ports")
+        not_src_ports = _ports(rule.not_src_ports, f"{where}: field not_src_ports")
+        dst_ports = _ports(rule.dst_ports, f"{where}: field dst_ports")
+        not_dst_ports = _ports(rule.not_dst_ports, f"{where}: field not_dst_ports")
+
+        base = dict(
+            protocol=_byte(rule.protocol, f"{where}: field protocol"),
+            not_protocol=_byte(rule.not_protocol, f"{where}: field not_protocol"),
+            icmp_type=_byte(rule.icmp_type, f"{where}: field icmp_type"),
+            icmp_code=_byte(rule.icmp_code, f"{where}: field icmp_code"),
+            not_icmp_type=_byte(rule.not_icmp_type, f"{where}: field not_icmp_type"),
+            not_icmp_code=_byte(rule.not_icmp_code, f"{where}: field not_icmp_code"),
+            src_net=self.net_set(src_nets) if src_nets else 0,
+            dst_net=self.net_set(dst_nets) if dst_nets else 0,
+            not_src_net=self.net_set(not_src_nets) if not_src_nets else 0,
+            not_dst_net=self.net_set(not_dst_nets) if not_dst_nets else 0,
+            src_sets=src_sets[:SET_SLOTS], dst_sets=dst_sets[:SET_SLOTS],
+            not_src_sets=not_src_sets[:SET_SLOTS], not_dst_sets=not_dst_sets[:SET_SLOTS],
+            not_src_ports=PortMatch(not_src_ports[:PORT_SLOTS], not_src_np[:NAMED_PORT_SLOTS]),
+            not_dst_ports=PortMatch(not_dst_ports[:PORT_SLOTS], not_dst_np[:NAMED_PORT_SLOTS]),
+        )
+
+        # Guards: each skips the whole rule when one overflowing AND-constraint fails.
+        guards: list[RuleRecord] = []
+        for s in src_sets[SET_SLOTS:]:
+            guards.append(RuleRecord(Action.SKIP, not_src_sets=(s,)))
+        for s in dst_sets[SET_SLOTS:]:
+            guards.append(RuleRecord(Action.SKIP, not_dst_sets=(s,)))
+        for s in not_src_sets[SET_SLOTS:]:
+            guards.append(RuleRecord(Action.SKIP, src_sets=(s,)))
+        for s in not_dst_sets[SET_SLOTS:]:
+            guards.append(RuleRecord(Action.SKIP, dst_sets=(s,)))
+        for chunk in _chunks(not_src_ports[PORT_SLOTS:], PORT_SLOTS):
+            guards.append(RuleRecord(Action.SKIP, src_ports=PortMatch(ranges=chunk)))
+        for chunk in _chunks(not_dst_ports[PORT_SLOTS:], PORT_SLOTS):
+            guards.append(RuleRecord(Action.SKIP, dst_ports=PortMatch(ranges=chunk)))
+        for chunk in _chunks(not_src_np[NAMED_PORT_SLOTS:], NAMED_PORT_SLOTS):
+            guards.append(RuleRecord(Action.SKIP, src_ports=PortMatch(named_sets=chunk)))
+        for chunk in _chunks(not_dst_np[NAMED_PORT_SLOTS:], NAMED_PORT_SLOTS):
+            guards.append(RuleRecord(Action.SKIP, dst_ports=PortMatch(named_sets=chunk)))
+
+        # Main records: positive port alternatives (OR) split across records.
+        def alternatives(ranges: tuple, np: tuple) -> list[PortMatch]:
+            n = max(math.ceil(len(ranges) / PORT_SLOTS), math.ceil(len(np) / NAMED_PORT_SLOTS))
+            return [PortMatch(ranges[i * PORT_SLOTS:(i + 1) * PORT_SLOTS],
+                              np[i * NAMED_PORT_SLOTS:(i + 1) * NAMED_PORT_SLOTS])
+                    for i in range(n)] or [PortMatch()]
+
+        counter_id = self.c.counter_id(counter_name)
+        mains = [
+            RuleRecord(action, counter_id=counter_id, src_ports=sp, dst_ports=dp, **base)
+            for sp in alternatives(src_ports, src_np)
+            for dp in alternatives(dst_ports, dst_np)
+        ]
+        after = len(guards) + len(mains)
+        records = guards + mains
+        jumps: list[int | str | None] = [after] * len(guards)
+        jumps += ["pass" if action == Action.PASS else None] * len(mains)
+        return records, jumps
+
+
+# --- results -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChainRef:
+    start: int
+    records: Chain
+
+    @property
+    def length(self) -> int:
+        return len(self.records)
+
+
+@dataclass(frozen=True)
+class EndpointProgram:
+    """What one workload endpoint compiled to."""
+
+    iface: str
+    ifindex: int | None  # None: interface not known yet (pending)
+    endpoint_id: int
+    flags: int
+    ingress: ChainRef
+    egress: ChainRef
+
+
+@dataclass
+class CompiledDataplane:
+    """Desired contents per map ({key: value} bytes), plus diagnostics.
+
+    `rules` holds only the records of chains placed by THIS compile (new regions the manager
+    must write before pointing endpoints at them); `all_rules()` gives every used index
+    (for a full resync against the kernel)."""
+
+    ipsets: dict[bytes, bytes]
+    ids: dict[bytes, bytes]
+    rules: dict[bytes, bytes]
+    endpoints: dict[bytes, bytes]
+    routes: dict[bytes, bytes]
+    untracked: dict[bytes, bytes]
+    config: dict[bytes, bytes]
+    programs: dict[proto.WorkloadEndpointID, EndpointProgram]
+    problems: list[str]
+    pending_interfaces: list[str]
+    chains_in_use: dict[Chain, int]  # chain -> start
+    numbers_in_use: dict[str, set[int]]  # "sets" | "rules" | "endpoints" -> numbers
+
+    def all_rules(self) -> dict[bytes, bytes]:
+        out = {}
+        for chain, start in self.chains_in_use.items():
+            for i, rec in enumerate(chain):
+                out[rules_map.encode_index(start + i)] = _encode_record(rec)
+        return out
+
+    def maps(self) -> dict[str, dict[bytes, bytes]]:
+        """Map name -> desired entries (rules: only the newly placed chains)."""
+        return {"ipsets": self.ipsets, "ids": self.ids, "rules": self.rules,
+                "endpoints": self.endpoints, "routes": self.routes,
+                "untracked": self.untracked, "config": self.config}
+
+
+_ENCODED: dict[RuleRecord, bytes] = {}
+
+
+def _encode_record(rec: RuleRecord) -> bytes:
+    raw = _ENCODED.get(rec)
+    if raw is None:
+        if len(_ENCODED) > 200_000:
+            _ENCODED.clear()
+        raw = _ENCODED[rec] = rules_map.encode(rec)
+    return raw
+
+
+# --- adoption ----------------------------------------------------------------------------------
+
+
+@dataclass
+class AdoptedState:
+    """What a restarted agent finds pinned: id allocations and placed chains."""
+
+    ids: dict[IdKind, dict[int, str]] = field(default_factory=dict)
+    chains: list[tuple[int, Chain]] = field(default_factory=list)  # (start, records)
+
+    @classmethod
+    def from_maps(cls, ids: Any, endpoints: Any, rules: Any) -> AdoptedState:
+        """Read the pinned ids, endpoints and rules maps (BpfMap or FakeMap)."""
+        by_kind = ids_map.read_all(ids)
+        regions = set()
+        for _, v in endpoints.items():
+            e = endpoints_map.decode_value(v)
+            for d in DIRECTIONS:
+                if e[d]["len"]:
+                    regions.add((e[d]["start"], e[d]["len"]))
+        chains = []
+        for start, length in sorted(regions):
+            try:
+                chains.append((start, rules_map.read_chain(rules, start, length)))
+            except IndexError:
+                continue  # a region outside the array: nothing to adopt
+        return cls(ids=by_kind, chains=chains)
+
+
+# --- the compiler ----------------------------------------------------------------------------
+
+
+class PolicyCompiler:
+    """Long-lived: owns the id allocators and the chain layout across compiles."""
+
+    def __init__(
+        self,
+        *,
+        rules_capacity: int = rules_map.PARAMS.max_entries,
+        max_chain_records: int = rules_map.max_chain_records(),
+        rule_counters: int = counters_map.RULE_COUNTERS.max_entries,
+        endpoint_counters: int = counters_map.EP_COUNTERS.max_entries,
+        adopted: AdoptedState | None = None,
+    ) -> None:
+        adopted = adopted or AdoptedState()
+        self.max_chain_records = max_chain_records
+        # IP sets and compiler-made net sets share the trie's set-id space
+        self.set_ids = IdAllocator((IdKind.IPSET, IdKind.NETSET), adopted=adopted.ids)
+        self.rule_ids = IdAllocator((IdKind.RULE,), limit=rule_counters, adopted=adopted.ids)
+        self.endpoint_ids = IdAllocator((IdKind.ENDPOINT,), limit=endpoint_counters,
+                                        adopted=adopted.ids)
+        self.layout = ChainLayout(rules_capacity)
+        for start, chain in adopted.chains:
+            self.layout.adopt(chain, start)
+        self._netset_members: dict[int, tuple[str, ...]] = {}
+        self._fragments: dict[tuple[Any, str], tuple[Any, _Fragment]] = {}
+        self._counter_problems: list[str] = []
+
+    # ids
+
+    def counter_id(self, name: str) -> int:
+        """Counter for a rule; 0 (uncounted) if the counter map is exhausted."""
+        try:
+            return self.rule_ids.allocate(name)
+        except MapFullError as e:
+            self._counter_problems.append(f"rule {name!r}: not counted: {e}")
+            return 0
+
+    # fragments
+
+    def _fragment(self, key: Any, obj: Any, rules: tuple[proto.Rule, ...], where: str,
+                  counter_prefix: str, state: DataplaneState) -> _Fragment:
+        cached = self._fragments.get(key)
+        if cached is not None and cached[0] is obj and self._fragment_valid(cached[1], state):
+            frag = cached[1]
+            self._netset_members.update(frag.netsets)
+            return frag
+        lowerer = _RuleLowerer(self, state)
+        records: list[RuleRecord] = []
+        jumps: list[int | str | None] = []
+        for i, rule in enumerate(rules):
+            rwhere = f"{where} rule {i}"
+            lowered = lowerer.lower(rule, rwhere, rule.rule_id or f"{counter_prefix}/{i}")
+            if lowered is None:
+                continue
+            recs, js = lowered
+            base = len(records)
+            records += recs
+            jumps += [base + j if isinstance(j, int) else j for j in js]
+        frag = _Fragment(tuple(records), tuple(jumps), frozenset(lowerer.ipsets_used),
+                         tuple(sorted(lowerer.netsets.items())),
+                         frozenset(r.counter_id for r in records if r.counter_id))
+        self._netset_members.update(frag.netsets)
+        self._fragments[key] = (obj, frag)
+        return frag
+
+    def _fragment_valid(self, frag: _Fragment, state: DataplaneState) -> bool:
+        """A cached fragment is reusable if every number it holds is still allocated to
+        the same thing and every IP set it references still exists with its type."""
+        for name, typ in frag.ipsets_used:
+            s = state.ipsets.get(name)
+            if s is None or s.type != typ or self.set_ids.get(name, IdKind.IPSET) is None:
+                return False
+        return all(n in self.set_ids.by_number for n, _ in frag.netsets) and all(
+            n in self.rule_ids.by_number for n in frag.counter_ids)
+
+    def _chain(self, state: DataplaneState, tiers: tuple[proto.TierInfo, ...],
+               profile_ids: tuple[str, ...], direction: str) -> Chain:
+        b = _ChainBuilder()
+        inbound = direction == INGRESS
+        for tier in tiers:
+            names = tier.ingress_policies if inbound else tier.egress_policies
+            if not names:
+                continue
+            next_tier = _Label()
+            for name in names:
+                pid = proto.PolicyID(tier.name, name)
+                policy = state.policies.get(pid)
+                where = f"policy {tier.name}/{name} ({direction})"
+                if policy is None:
+                    raise CompileError(f"{where}: unknown policy")
+                rules = policy.inbound_rules if inbound else policy.outbound_rules
+                frag = self._fragment(("policy", pid, direction), policy, rules, where,
+                                      f"policy:{tier.name}/{name}/{direction}", state)
+                b.add_fragment(frag, next_tier)
+            action = str(tier.default_action).lower()
+            if action == "deny":
+                b.emit(RuleRecord(Action.DENY, counter_id=self.counter_id(
+                    f"tier-end:{tier.name}/{direction}")))
+            elif action != "pass":
+                raise CompileError(f"tier {tier.name!r}: field default_action: "
+                                   f"{tier.default_action!r} is not deny or pass")
+            b.mark(next_tier)
+        for profile_id in profile_ids:
+            profile = state.profiles.get(profile_id)
+            where = f"profile {profile_id} ({direction})"
+            if profile is None:
+                raise CompileError(f"{where}: unknown profile")
+            next_profile = _Label()
+            rules = profile.inbound_rules if inbound else profile.outbound_rules
+            frag = self._fragment(("profile", profile_id, direction), profile, rules, where,
+                                  f"profile:{profile_id}/{direction}", state)
+            b.add_fragment(frag, next_profile)
+            b.mark(next_profile)
+        b.emit(RuleRecord(Action.DENY, counter_id=self.counter_id(f"default-deny/{direction}")))
+        chain = b.finish()
+        if len(chain) > self.max_chain_records:
+            raise CompileError(f"{direction} chain has {len(chain)} records, more than the "
+                               f"{self.max_chain_records} the walker can evaluate")
+        return chain
+
+    # the whole dataplane
+
+    def compile(self, state: DataplaneState, ifindexes: Mapping[str, int]) -> CompiledDataplane:
+        """Desired map contents for `state`; `ifindexes` maps interface names to ifindexes
+        (from netlink). Raises MapFullError if the rules array has no room."""
+        self._counter_problems = []
+        self._netset_members = {}
+        return self._compile(state, ifindexes)
+
+    def _compile(self, state: DataplaneState, ifindexes: Mapping[str, int]) -> CompiledDataplane:
+        problems: list[str] = []
+        pending: list[str] = []
+        programs: dict[proto.WorkloadEndpointID, EndpointProgram] = {}
+        chains_in_use: dict[Chain, int] = {}
+        new_rules: dict[bytes, bytes] = {}
+        endpoints: dict[bytes, bytes] = {}
+        memo: dict[tuple, Chain] = {}
+        used_endpoint_ids: set[int] = set()
+
+        # IP sets first: every set in state gets a number (sorted: deterministic numbers)
+        for set_name in sorted(state.ipsets):
+            self.set_ids.allocate(set_name, IdKind.IPSET)
+
+        def chain_for(ep: proto.WorkloadEndpoint, direction: str) -> Chain:
+            key = (ep.tiers, ep.profile_ids, direction)
+            if key not in memo:
+                memo[key] = self._chain(state, ep.tiers, ep.profile_ids, direction)
+            return memo[key]
+
+        ifindex_owner: dict[int, proto.WorkloadEndpointID] = {}
+        for wid in sorted(state.endpoints):
+            ep = state.endpoints[wid]
+            name = f"{wid.orchestrator}/{wid.workload}/{wid.endpoint}"
+            try:
+                endpoint_id = self.endpoint_ids.allocate(name)
+            except MapFullError as e:
+                problems.append(f"endpoint {name}: not counted: {e}")
+                endpoint_id = 0
+            used_endpoint_ids.add(endpoint_id)
+            flags = 0 if ep.state == "active" else endpoints_map.FLAG_ADMIN_DOWN
+            chains: dict[str, Chain] = {}
+            for direction in DIRECTIONS:
+                if flags:
+                    chains[direction] = ()
+                    continue
+                try:
+                    chains[direction] = chain_for(ep, direction)
+                except CompileError as e:
+                    problems.append(f"endpoint {name}: {e}; denying all {direction} traffic")
+                    chains[direction] = DENY_ALL
+            refs = {}
+            for direction, chain in chains.items():
+                start, is_new = self.layout.place(chain)
+                if chain:
+                    chains_in_use[chain] = start
+                if is_new:
+                    for i, rec in enumerate(chain):
+                        new_rules[rules_map.encode_index(start + i)] = _encode_record(rec)
+                refs[direction] = ChainRef(start, chain)
+            ifindex = ifindexes.get(ep.name)
+            if ifindex is None:
+                pending.append(ep.name)
+            elif ifindex in ifindex_owner:
+                problems.append(f"endpoint {name}: interface {ep.name!r} (ifindex {ifindex}) "
+                                f"is already used by {ifindex_owner[ifindex]}; ignored")
+                ifindex = None
+            else:
+                ifindex_owner[ifindex] = wid
+                endpoints[endpoints_map.encode_key(ifindex)] = endpoints_map.encode_value(
+                    endpoint_id, flags,
+                    (refs[INGRESS].start, refs[INGRESS].length),
+                    (refs[EGRESS].start, refs[EGRESS].length))
+            programs[wid] = EndpointProgram(ep.name, ifindex, endpoint_id, flags,
+                                            refs[INGRESS], refs[EGRESS])
+
+        untracked = self._untracked(state, ifindexes, problems, pending)
+        ipsets = self._ipset_entries(state, problems)
+        routes = self._routes(state, ifindexes, problems)
+        cfg = self._config(state, problems)
+
+        used_rule_ids = {r.counter_id for c in chains_in_use for r in c if r.counter_id}
+        used_rule_ids |= {untracked_map.decode_value(v)["counter_id"] for v in untracked.values()}
+        used_rule_ids.discard(0)
+        set_numbers = {self.set_ids.allocate(n, IdKind.IPSET) for n in state.ipsets}
+        set_numbers |= set(self._netset_members)
+        numbers = {"sets": set_numbers, "rules": used_rule_ids,
+                   "endpoints": used_endpoint_ids - {0}}
+        ids_entries = self.set_ids.entries(set_numbers)
+        ids_entries.update(self.rule_ids.entries(numbers["rules"]))
+        ids_entries.update(self.endpoint_ids.entries(numbers["endpoints"]))
+        problems += self._counter_problems
+        return CompiledDataplane(
+            ipsets=ipsets, ids=ids_entries, rules=new_rules, endpoints=endpoints,
+            routes=routes, untracked=untracked, config=cfg, programs=programs,
+            problems=problems, pending_interfaces=sorted(set(pending)),
+            chains_in_use=chains_in_use, numbers_in_use=numbers,
+        )
+
+    def commit(self, compiled: CompiledDataplane) -> None:
+        """The kernel now holds `compiled`: free ids and regions it no longer uses."""
+        freed = bool(self.set_ids.retain_only(compiled.numbers_in_use["sets"]))
+        freed |= bool(self.rule_ids.retain_only(compiled.numbers_in_use["rules"]))
+        freed |= bool(self.endpoint_ids.retain_only(compiled.numbers_in_use["endpoints"]))
+        self.layout.retain_only(compiled.chains_in_use)
+        if freed:
+            self._fragments.clear()
+
+    # other maps
+
+    def _ipset_entries(self, state: DataplaneState, problems: list[str]) -> dict[bytes, bytes]:
+        out: dict[bytes, bytes] = {}
+        value = ipsets_map.VALUE
+        for set_name in sorted(state.ipsets):
+            s = state.ipsets[set_name]
+            number = self.set_ids.allocate(set_name, IdKind.IPSET)
+            for member in s.members:
+                try:
+                    key = ipsets_map.member_key(number, member)
+                except ValueError as e:
+                    problems.append(f"IP set {set_name}: {e}; member ignored")
+                    continue
+                if key is not None:
+                    out[key] = value
+        for number, nets in self._netset_members.items():
+            for net in nets:
+                out[ipsets_map.key_for(number, ipaddress.IPv4Network(net))] = value
+        return out
+
+    def _untracked(self, state: DataplaneState, ifindexes: Mapping[str, int],
+                   problems: list[str], pending: list[str]) -> dict[bytes, bytes]:
+        out: dict[bytes, bytes] = {}
+        for hid in sorted(state.host_endpoints):
+            hep = state.host_endpoints[hid]
+            if hep.name == "*":
+                ifindex: int | None = 0
+            else:
+                ifindex = ifindexes.get(hep.name)
+                if ifindex is None:
+                    pending.append(hep.name)
+                    continue
+            for src, counter in self._leading_src_denies(state, hep, problems):
+                key = untracked_map.encode_key(ifindex, src)
+                out.setdefault(key, untracked_map.encode_value(counter))
+        return out
+
+    def _leading_src_denies(self, state: DataplaneState, hep: proto.HostEndpoint,
+                            problems: list[str]) -> list[tuple[str, int]]:
+        """(source prefix, counter id) of the untracked inbound deny rules that come before
+        any rule that could allow, pass or needs more than a source match."""
+        out: list[tuple[str, int]] = []
+        for tier in hep.untracked_tiers:
+            for name in tier.ingress_policies:
+                policy = state.policies.get(proto.PolicyID(tier.name, name))
+                if policy is None:
+                    problems.append(f"host endpoint {hep.name}: untracked policy "
+                                    f"{tier.name}/{name} unknown; XDP rules stop there")
+                    return out
+                for i, rule in enumerate(policy.inbound_rules):
+                    if str(rule.action).lower() == "log" or rule.ip_version == 6:
+                        continue
+                    srcs = self._simple_src_deny(state, rule)
+                    if srcs is None:
+                        return out
+                    counter = self.counter_id(
+                        rule.rule_id or f"policy:{tier.name}/{name}/{INGRESS}/{i}")
+                    out += [(s, counter) for s in srcs]
+        return out
+
+    @staticmethod
+    def _simple_src_deny(state: DataplaneState, rule: proto.Rule) -> list[str] | None:
+        """Source prefixes if `rule` is a deny whose only constraint is its source."""
+        if str(rule.action).lower() != "deny":
+            return None
+        others = [
+            rule.protocol, rule.not_protocol, rule.icmp_type, rule.icmp_code,
+            rule.not_icmp_type, rule.not_icmp_code,
+        ]
+        if any(v is not None for v in others):
+            return None
+        if (rule.not_src_nets or rule.dst_nets or rule.not_dst_nets or rule.not_src_ip_set_ids
+                or rule.dst_ip_set_ids or rule.not_dst_ip_set_ids or rule.src_ports
+                or rule.not_src_ports or rule.dst_ports or rule.not_dst_ports
+                or rule.src_named_port_ip_set_ids or rule.not_src_named_port_ip_set_ids
+                or rule.dst_named_port_ip_set_ids or rule.not_dst_named_port_ip_set_ids):
+            return None
+        if rule.src_nets and not rule.src_ip_set_ids:
+            try:
+                nets = [ipaddress.ip_network(n, strict=False) for n in rule.src_nets]
+            except ValueError:
+                return None
+            return sorted({str(n) for n in nets if n.version == 4})
+        if len(rule.src_ip_set_ids) == 1 and not rule.src_nets:
+            s = state.ipsets.get(rule.src_ip_set_ids[0])
+            if s is None or s.type != "net":
+                return None
+            out = set()
+            for m in s.members:
+                try:
+                    net, _, _ = ipsets_map.parse_member(m)
+                except ValueError:
+                    continue
+                if net.version == 4:
+                    out.add(str(net))
+            return sorted(out)
+        return None
+
+    @staticmethod
+    def _routes(state: DataplaneState, ifindexes: Mapping[str, int],
+                problems: list[str]) -> dict[bytes, bytes]:
+        entries: dict[ipaddress.IPv4Network, tuple[int, int, str]] = {}
+        type_flags = {
+            "local_workload": RouteFlags.LOCAL_WORKLOAD,
+            "remote_workload": RouteFlags.REMOTE_WORKLOAD,
+            "remote_host": RouteFlags.REMOTE_HOST,
+            "local_host": RouteFlags.LOCAL_HOST,
+        }
+
+        def v4(text: str, what: str) -> ipaddress.IPv4Network | None:
+            try:
+                net = ipaddress.ip_network(text, strict=False)
+            except ValueError as e:
+                problems.append(f"{what}: bad CIDR {text!r}: {e}")
+                return None
+            return net if net.version == 4 else None
+
+        for dst in sorted(state.routes):
+            r = state.routes[dst]
+            net = v4(r.dst, f"route {dst}: field dst")
+            if net is None:
+                continue
+            if r.type not in type_flags:
+                problems.append(f"route {dst}: field type: unknown type {r.type!r}")
+                continue
+            flags = int(type_flags[r.type])
+            if r.ip_pool_type == "vxlan":
+                flags |= RouteFlags.TUNNEL_VXLAN
+            elif r.ip_pool_type == "ipip":
+                flags |= RouteFlags.TUNNEL_IPIP
+            if r.nat_outgoing:
+                flags |= RouteFlags.NAT_OUTGOING
+            ifindex = ifindexes.get(r.local_workload_iface, 0) if r.local_workload_iface else 0
+            next_hop = r.dst_node_ip if r.type.startswith("remote") else ""
+            if next_hop:
+                try:
+                    ipaddress.IPv4Address(next_hop)
+                except ValueError:
+                    next_hop = ""
+            entries[net] = (flags, ifindex, next_hop)
+        for hostname, ip in sorted(state.host_ips.items()):
+            net = v4(ip, f"host {hostname}: field ipv4_addr") if ip else None
+            if net is None:
+                continue
+            local = hostname == state.hostname
+            flags = RouteFlags.LOCAL_HOST if local else RouteFlags.REMOTE_HOST
+            old = entries.get(net, (0, 0, ""))
+            entries[net] = (old[0] | flags, old[1], old[2] or ("" if local else ip))
+        pools = []
+        for pid in sorted(state.pools):
+            p = state.pools[pid]
+            net = v4(p.cidr, f"IP pool {pid}: field cidr")
+            if net is None or p.disabled:
+                continue
+            pflags = RouteFlags.IN_POOL | (RouteFlags.NAT_OUTGOING if p.masquerade else 0)
+            pools.append((net, int(pflags)))
+            old = entries.get(net, (0, 0, ""))
+            entries[net] = (old[0] | pflags, old[1], old[2])
+        out = {}
+        for net, (flags, ifindex, nh) in entries.items():
+            for pool, pflags in pools:
+                if net.subnet_of(pool):
+                    flags |= pflags
+            out[routes_map.encode_key(net)] = routes_map.encode_value(flags, ifindex, nh)
+        return out
+
+    @staticmethod
+    def _config(state: DataplaneState, problems: list[str]) -> dict[bytes, bytes]:
+        text = state.config.get("DefaultEndpointToHostAction", "Drop")
+        try:
+            action = config_map.action_from_felix(text)
+        except ValueError as e:
+            problems.append(f"config: {e}; using Drop")
+            action = config_map.EndpointToHostAction.DROP
+        return {config_map.KEY: config_map.encode_value(action)}

@@ -1,0 +1,303 @@
+"""Compile bpf/tc.c + bpf/xdp.c ONCE with BCC, adopting (or creating) the pinned maps.
+
+Role: the only module that imports bcc. `load_dataplane(BuildConfig(pin_dir=...))` returns a
+`LoadedDataplane` with program fds (to attach with pyroute2 / BCC) and `BpfMap` handles on
+every data map (the same raw-syscall handles the CLI uses).
+
+How the build works:
+- BCC only rewrites map calls (`map.lookup(&k)`) in its MAIN file, so `assemble_source()`
+  inlines every local `#include "x.h"` of tc.c and xdp.c into one text (each file once,
+  with `#line` markers so compiler errors name the real file and line). System headers
+  (`<uapi/...>`) are left to clang.
+- Macros: PIN_DIR (where maps are pinned), PROG_ABI (a hash of the assembled source and
+  flags: it names the prog array and walker scratch pins, which are private to one build),
+  <MAP>_MAX_ENTRIES per map, POLICY_RULES_PER_PROG, CT_TIMEOUT_*.
+- Every map is declared BPF_TABLE_PINNED: BCC opens the pin if it exists (so a restarted
+  agent adopts the previous agent's maps and their contents) and creates + pins it if not.
+  BCC does NOT check that an existing pin matches the declaration, so `prepare_pins()` does
+  first: a pin with another type/key/value size/max_entries is unpinned (its contents are
+  lost; the managers rewrite desired state) and reported in `LoadedDataplane.replaced_pins`.
+- After loading, policy_progs[0] = calico_policy. The prog array is pinned too: pins hold
+  the map's user reference, so tail calls keep working after the agent exits (a kill -9
+  must not break attached programs).
+
+Invariants: nothing outside `pin_dir` is created; `close()` releases fds but never unpins
+(use `remove_pin_dir()` for that); stale `progs_<abi>`/`scratch_<abi>` pins of older builds
+are removed only by `sweep_stale_build_pins()`, after attachments moved to the new build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.bpf import syscall
+from agent.bpf.maps import ALL_MAPS, BY_NAME
+from agent.bpf.maps.base import BpfMap, MapParams, layout_mismatch
+from agent.bpf.maps.conntrack import DEFAULT_TIMEOUTS, Timeouts
+from agent.bpf.maps.rules import DEFAULT_RULES_PER_PROG
+
+log = logging.getLogger(__name__)
+
+BPF_DIR = Path(os.environ.get("PYFELIX_BPF_DIR", Path(__file__).resolve().parents[2] / "bpf"))
+ENTRY_FILES = ("tc.c", "xdp.c")
+TC_PROGRAMS = ("calico_from_wep", "calico_to_wep", "calico_policy")
+XDP_PROGRAMS = ("calico_xdp",)
+POLICY_PROG_INDEX = 0  # PROG_IDX_POLICY in policy.h
+BUILD_PIN_PREFIXES = ("progs_", "scratch_")  # pins private to one build (PROG_ABI)
+FIXED_SIZE_MAPS = frozenset({"config", "global_counters"})  # sized in C, not configurable
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
+
+
+class LoaderError(RuntimeError):
+    """Compiling, verifying or pinning failed; the message names the file/program/map."""
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Everything that shapes one build. `map_sizes` overrides max_entries by map name."""
+
+    pin_dir: str
+    map_sizes: Mapping[str, int] = field(default_factory=dict)
+    rules_per_prog: int = DEFAULT_RULES_PER_PROG
+    ct_timeouts: Timeouts = DEFAULT_TIMEOUTS
+    bpf_dir: Path = BPF_DIR
+
+    def max_entries(self, params: MapParams) -> int:
+        return int(self.map_sizes.get(params.name, params.max_entries))
+
+    def validate(self) -> None:
+        unknown = sorted(set(self.map_sizes) - set(BY_NAME))
+        if unknown:
+            raise ValueError(f"BuildConfig.map_sizes: unknown map(s) {unknown}")
+        for name, size in self.map_sizes.items():
+            if name in FIXED_SIZE_MAPS or int(size) < 1:
+                raise ValueError(f"BuildConfig.map_sizes[{name!r}]: bad size {size!r}")
+        if not 1 <= self.rules_per_prog <= 96:
+            raise ValueError(
+                f"BuildConfig.rules_per_prog: {self.rules_per_prog} outside 1..96 (above ~100 "
+                "the verifier rejects the walker: too many pending branches)"
+            )
+
+    def cflags(self, abi: str | None = None) -> list[str]:
+        flags = [f'-DPIN_DIR="{self.pin_dir}"']
+        if abi is not None:
+            flags.append(f'-DPROG_ABI="{abi}"')
+        for p in ALL_MAPS:
+            if p.name not in FIXED_SIZE_MAPS:
+                flags.append(f"-D{p.size_macro}={self.max_entries(p)}")
+        flags.append(f"-DPOLICY_RULES_PER_PROG={self.rules_per_prog}")
+        flags += self.ct_timeouts.cflags()
+        return flags
+
+
+def assemble_source(bpf_dir: Path = BPF_DIR, entry_files: tuple[str, ...] = ENTRY_FILES) -> str:
+    """One C text from the entry files with local includes inlined (each file once)."""
+    seen: set[Path] = set()
+    out: list[str] = []
+    include_dir = bpf_dir / "include"
+
+    def emit(path: Path) -> None:
+        path = path.resolve()
+        if path in seen:
+            return
+        seen.add(path)
+        out.append(f'#line 1 "{path}"')
+        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+            m = _INCLUDE.match(line)
+            if not m:
+                out.append(line)
+                continue
+            for cand in (path.parent / m.group(1), include_dir / m.group(1)):
+                if cand.exists():
+                    emit(cand)
+                    break
+            else:
+                raise LoaderError(f"{path}:{lineno}: included file {m.group(1)!r} not found")
+            out.append(f'#line {lineno + 1} "{path}"')
+
+    for name in entry_files:
+        emit(bpf_dir / name)
+    return "\n".join(out) + "\n"
+
+
+def build_abi(source: str, cflags: list[str]) -> str:
+    """Hash of what the programs are built from (pin dir excluded, so it is stable)."""
+    h = hashlib.sha256(source.encode())
+    for f in cflags:
+        if not f.startswith("-DPIN_DIR="):
+            h.update(f.encode())
+    return h.hexdigest()[:12]
+
+
+# --- bpffs and pins ------------------------------------------------------------------------
+
+
+def bpffs_mount_of(path: str) -> str | None:
+    """The bpffs mount point containing path, or None."""
+    best = None
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 3 and parts[2] == "bpf":
+                mnt = parts[1]
+                if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and (
+                    best is None or len(mnt) > len(best)
+                ):
+                    best = mnt
+    return best
+
+
+def ensure_bpffs(pin_dir: str) -> None:
+    """Make sure pin_dir is on bpffs, mounting /sys/fs/bpf if it is not mounted yet."""
+    if bpffs_mount_of(pin_dir):
+        return
+    if pin_dir.startswith("/sys/fs/bpf/"):
+        subprocess.run(["mount", "-t", "bpf", "bpf", "/sys/fs/bpf"], check=True)
+        if bpffs_mount_of(pin_dir):
+            return
+    raise LoaderError(f"pin directory {pin_dir!r} is not on a bpf filesystem")
+
+
+def prepare_pins(config: BuildConfig) -> list[str]:
+    """Create pin_dir; unpin data maps whose kernel layout or size differs from config.
+    Returns the pin names it removed."""
+    ensure_bpffs(config.pin_dir)
+    os.makedirs(config.pin_dir, exist_ok=True)
+    replaced = []
+    for params in ALL_MAPS:
+        path = params.pin_path(config.pin_dir)
+        if not os.path.exists(path):
+            continue
+        try:
+            fd = syscall.obj_get(path)
+        except OSError as e:
+            problem = f"cannot open: {e}"
+        else:
+            try:
+                info = syscall.map_info(fd)
+            finally:
+                os.close(fd)
+            problem = layout_mismatch(params, info)
+            if not problem and info.max_entries != config.max_entries(params):
+                problem = f"max_entries {info.max_entries} != {config.max_entries(params)}"
+        if problem:
+            log.warning("BPF map %s: pinned map does not fit (%s); replacing it, its "
+                        "contents are lost", path, problem)
+            os.unlink(path)
+            replaced.append(params.pin_name)
+    return replaced
+
+
+def remove_pin_dir(pin_dir: str) -> None:
+    """Unpin everything under pin_dir and remove it (tests, uninstall)."""
+    if not os.path.isdir(pin_dir):
+        return
+    for name in os.listdir(pin_dir):
+        path = os.path.join(pin_dir, name)
+        if os.path.isdir(path):
+            remove_pin_dir(path)
+        else:
+            os.unlink(path)
+    os.rmdir(pin_dir)
+
+
+def sweep_stale_build_pins(pin_dir: str, keep_abi: str) -> list[str]:
+    """Remove prog-array/scratch pins of builds other than keep_abi. Call only once no
+    attached program of an older build is left (they tail-call through those pins)."""
+    removed = []
+    for name in sorted(os.listdir(pin_dir)):
+        for prefix in BUILD_PIN_PREFIXES:
+            if name.startswith(prefix) and name != prefix + keep_abi:
+                os.unlink(os.path.join(pin_dir, name))
+                removed.append(name)
+    return removed
+
+
+# --- loading -----------------------------------------------------------------------------------
+
+
+@dataclass
+class LoadedDataplane:
+    """A loaded build: programs (fds stay valid while this object lives) and map handles."""
+
+    config: BuildConfig
+    abi: str
+    bpf: Any  # bcc.BPF
+    functions: dict[str, Any]  # program name -> bcc function object (.fd, .name)
+    maps: dict[str, BpfMap]
+    compile_seconds: float
+    load_seconds: float
+    replaced_pins: list[str]
+
+    def prog_fd(self, name: str) -> int:
+        return int(self.functions[name].fd)
+
+    def close(self) -> None:
+        """Release fds (programs stay attached where attached; pins stay)."""
+        for m in self.maps.values():
+            m.close()
+        self.maps = {}
+        if self.bpf is not None:
+            self.bpf.cleanup()
+            self.bpf = None
+
+    def __enter__(self) -> LoadedDataplane:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def load_dataplane(config: BuildConfig) -> LoadedDataplane:
+    """Compile and load every program; adopt or create every pinned map."""
+    import bcc  # only here: the rest of agent.bpf works without BCC
+
+    config.validate()
+    replaced = prepare_pins(config)
+    source = assemble_source(config.bpf_dir)
+    abi = build_abi(source, config.cflags())
+    cflags = config.cflags(abi)
+    t0 = time.monotonic()
+    try:
+        b = bcc.BPF(text=source.encode(), cflags=cflags)
+    except Exception as e:  # BCC raises bare Exception with the compiler output on stderr
+        raise LoaderError(f"BCC could not compile {config.bpf_dir}/{{tc,xdp}}.c: {e}") from e
+    t1 = time.monotonic()
+    functions: dict[str, Any] = {}
+    try:
+        for name in TC_PROGRAMS:
+            functions[name] = _load_func(b, name, bcc.BPF.SCHED_CLS)
+        for name in XDP_PROGRAMS:
+            functions[name] = _load_func(b, name, bcc.BPF.XDP)
+        progs = b["policy_progs"]
+        progs[progs.Key(POLICY_PROG_INDEX)] = progs.Leaf(functions["calico_policy"].fd)
+        maps = {p.name: BpfMap.open_pinned(p, config.pin_dir) for p in ALL_MAPS}
+    except Exception:
+        b.cleanup()
+        raise
+    t2 = time.monotonic()
+    log.info("BPF programs loaded in %.2fs (compile %.2fs, verify %.2fs), abi %s",
+             t2 - t0, t1 - t0, t2 - t1, abi)
+    return LoadedDataplane(
+        config=config, abi=abi, bpf=b, functions=functions, maps=maps,
+        compile_seconds=t1 - t0, load_seconds=t2 - t1, replaced_pins=replaced,
+    )
+
+
+def _load_func(b: Any, name: str, prog_type: int) -> Any:
+    try:
+        return b.load_func(name.encode(), prog_type)
+    except Exception as e:
+        raise LoaderError(
+            f"BPF program {name!r} failed to load (the verifier log is on stderr): {e}"
+        ) from e

@@ -1,0 +1,70 @@
+"""The `config` map: dataplane-wide settings in one array entry (bpf/include/config.h).
+
+endpoint_to_host_action is Felix's DefaultEndpointToHostAction for new flows from a workload
+to this host: DROP (the zero value, Felix's default), ACCEPT, or RETURN (treated as ACCEPT:
+the tc programs have no host-endpoint policy yet).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import os
+import struct
+
+from agent.bpf.maps.base import BpfMap, MapParams, MapType
+
+
+class EndpointToHostAction(enum.IntEnum):
+    """must match EP_TO_HOST_* in bpf/include/config.h"""
+
+    DROP = 0
+    ACCEPT = 1
+    RETURN = 2
+
+
+class Value(ctypes.Structure):
+    """must match struct config_value in bpf/include/config.h"""
+
+    _fields_ = [("flags", ctypes.c_uint32), ("endpoint_to_host_action", ctypes.c_uint32)]
+
+
+PARAMS = MapParams(
+    name="config", map_type=MapType.ARRAY, key_type=ctypes.c_uint32, value_type=Value,
+    max_entries=1, version=1, header="config.h",
+)
+
+KEY = struct.pack("=I", 0)
+_VALUE = struct.Struct("=II")
+
+
+def encode_value(endpoint_to_host_action: EndpointToHostAction) -> bytes:
+    return _VALUE.pack(0, int(endpoint_to_host_action))
+
+
+def action_from_felix(text: str) -> EndpointToHostAction:
+    """Felix's config string ("Drop" | "Accept" | "Return") -> the map's enum."""
+    try:
+        return EndpointToHostAction[text.strip().upper()]
+    except KeyError:
+        raise ValueError(
+            f"DefaultEndpointToHostAction: {text!r} is not one of Drop, Accept, Return"
+        ) from None
+
+
+def decode_value(raw: bytes) -> dict:
+    flags, action = _VALUE.unpack(raw)
+    try:
+        name = EndpointToHostAction(action).name
+    except ValueError:
+        name = str(action)
+    return {"flags": flags, "endpoint_to_host_action": name}
+
+
+def open_pinned(pin_dir: str | os.PathLike[str]) -> BpfMap:
+    return BpfMap.open_pinned(PARAMS, pin_dir)
+
+
+def dump(m: BpfMap) -> list[dict]:
+    raw = m.lookup(KEY)
+    return [decode_value(raw)] if raw is not None else []

@@ -1,0 +1,106 @@
+"""The `ipsets` map: every IP set's members in one LPM trie (bpf/include/ipsets.h).
+
+Key = (set id, proto, port, IPv4 prefix), trie prefixlen = 64 + address prefix length, so a
+lookup can only match members of its own set. "net" sets have proto = port = 0; "ip_port"
+(named port) sets carry the member's protocol and port. Numeric set ids come from the ids
+map (agent.bpf.maps.ids); 0 means "no set" and is never used.
+
+Members are the calc graph's strings: "10.0.0.0/24", "10.0.0.1" (= /32) or
+"10.0.0.1/32,tcp:8080". IPv6 members are not representable here: `member_key` returns None
+for them (the IPv4 dataplane skips them); malformed members raise ValueError naming them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+import os
+import struct
+
+from agent.bpf.maps.base import BpfMap, MapParams, MapType, be32_to_ip, ip_to_be32
+
+KEY_FIXED_BITS = 64  # must match IPSET_KEY_FIXED_BITS
+PROTOCOLS = {"tcp": 6, "udp": 17, "sctp": 132}
+PROTOCOL_NAMES = {v: k for k, v in PROTOCOLS.items()}
+
+
+class Key(ctypes.Structure):
+    """must match struct ipset_key in bpf/include/ipsets.h"""
+
+    _fields_ = [
+        ("prefixlen", ctypes.c_uint32),
+        ("set_id", ctypes.c_uint32),
+        ("proto", ctypes.c_uint8),
+        ("pad", ctypes.c_uint8),
+        ("port", ctypes.c_uint16),
+        ("addr", ctypes.c_uint32),  # network byte order in memory
+    ]
+
+
+class Value(ctypes.Structure):
+    """must match struct ipset_value in bpf/include/ipsets.h"""
+
+    _fields_ = [("flags", ctypes.c_uint32)]
+
+
+PARAMS = MapParams(
+    name="ipsets", map_type=MapType.LPM_TRIE, key_type=Key, value_type=Value,
+    max_entries=1 << 20, version=1, flags=1, header="ipsets.h",
+)
+
+VALUE = bytes(Value())
+_KEY = struct.Struct("=IIBBHI")
+
+
+def parse_member(member: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, int, int]:
+    """'cidr[,proto:port]' -> (network, proto number, port). Raises ValueError."""
+    text = member.strip()
+    proto = port = 0
+    if "," in text:
+        text, _, pp = text.partition(",")
+        pname, _, pstr = pp.partition(":")
+        if pname.lower() not in PROTOCOLS:
+            raise ValueError(f"IP set member {member!r}: unknown protocol {pname!r}")
+        proto = PROTOCOLS[pname.lower()]
+        if not pstr.isdigit() or not 0 <= int(pstr) <= 65535:
+            raise ValueError(f"IP set member {member!r}: bad port {pstr!r}")
+        port = int(pstr)
+    try:
+        net = ipaddress.ip_network(text, strict=False)
+    except ValueError as e:
+        raise ValueError(f"IP set member {member!r}: {e}") from None
+    return net, proto, port
+
+
+def key_for(set_id: int, net: ipaddress.IPv4Network, proto: int = 0, port: int = 0) -> bytes:
+    return _KEY.pack(
+        KEY_FIXED_BITS + net.prefixlen, set_id, proto, 0, port,
+        ip_to_be32(net.network_address),
+    )
+
+
+def member_key(set_id: int, member: str) -> bytes | None:
+    """The trie key of one member string, or None for an IPv6 member."""
+    net, proto, port = parse_member(member)
+    if net.version != 4:
+        return None
+    return key_for(set_id, net, proto, port)
+
+
+def decode_key(raw: bytes) -> dict:
+    prefixlen, set_id, proto, _pad, port, addr = _KEY.unpack(raw)
+    plen = prefixlen - KEY_FIXED_BITS
+    member = f"{be32_to_ip(addr)}/{plen}"
+    if proto:
+        member += f",{PROTOCOL_NAMES.get(proto, str(proto))}:{port}"
+    return {"set_id": set_id, "member": member}
+
+
+def open_pinned(pin_dir: str | os.PathLike[str]) -> BpfMap:
+    return BpfMap.open_pinned(PARAMS, pin_dir)
+
+
+def dump(m: BpfMap) -> list[dict]:
+    """[{"set_id": n, "member": "10.0.0.1/32[,tcp:80]"}], sorted by set id then member."""
+    rows = [decode_key(k) for k, _ in m.items()]
+    return sorted(rows, key=lambda r: (r["set_id"], r["member"]))

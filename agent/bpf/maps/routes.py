@@ -1,0 +1,84 @@
+"""The `routes` map: destination prefix -> flags, ifindex, next hop (bpf/include/routes.h).
+
+Filled from RouteUpdate and IP pools by the compiler; each entry's flags include the pool
+flags of every pool containing it (a longest-prefix match returns one entry only).
+The programs currently read only RT_F_LOCAL_HOST (endpoint-to-host action).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import ipaddress
+import os
+import struct
+
+from agent.bpf.maps.base import BpfMap, MapParams, MapType, be32_to_ip, ip_to_be32
+
+
+class RouteFlags(enum.IntFlag):
+    """must match RT_F_* in bpf/include/routes.h"""
+
+    LOCAL_HOST = 0x01
+    LOCAL_WORKLOAD = 0x02
+    REMOTE_WORKLOAD = 0x04
+    REMOTE_HOST = 0x08
+    IN_POOL = 0x10
+    NAT_OUTGOING = 0x20
+    TUNNEL_VXLAN = 0x40
+    TUNNEL_IPIP = 0x80
+
+
+class Key(ctypes.Structure):
+    """must match struct route_key in bpf/include/routes.h"""
+
+    _fields_ = [("prefixlen", ctypes.c_uint32), ("addr", ctypes.c_uint32)]
+
+
+class Value(ctypes.Structure):
+    """must match struct route_value in bpf/include/routes.h"""
+
+    _fields_ = [
+        ("flags", ctypes.c_uint32),
+        ("ifindex", ctypes.c_uint32),
+        ("next_hop", ctypes.c_uint32),
+    ]
+
+
+PARAMS = MapParams(
+    name="routes", map_type=MapType.LPM_TRIE, key_type=Key, value_type=Value,
+    max_entries=65536, version=1, flags=1, header="routes.h",
+)
+
+_KEY = struct.Struct("=II")
+_VALUE = struct.Struct("=III")
+
+
+def encode_key(cidr: str | ipaddress.IPv4Network) -> bytes:
+    net = ipaddress.IPv4Network(cidr, strict=False)
+    return _KEY.pack(net.prefixlen, ip_to_be32(net.network_address))
+
+
+def decode_key(raw: bytes) -> str:
+    plen, addr = _KEY.unpack(raw)
+    return f"{be32_to_ip(addr)}/{plen}"
+
+
+def encode_value(flags: RouteFlags | int, ifindex: int = 0, next_hop: str = "") -> bytes:
+    return _VALUE.pack(int(flags), ifindex, ip_to_be32(next_hop) if next_hop else 0)
+
+
+def decode_value(raw: bytes) -> dict:
+    flags, ifindex, nh = _VALUE.unpack(raw)
+    names = [f.name.lower() for f in RouteFlags if f & flags and f.name]
+    return {"flags": sorted(names), "ifindex": ifindex, "next_hop": be32_to_ip(nh) if nh else ""}
+
+
+def open_pinned(pin_dir: str | os.PathLike[str]) -> BpfMap:
+    return BpfMap.open_pinned(PARAMS, pin_dir)
+
+
+def dump(m: BpfMap) -> list[dict]:
+    """[{"dst": "10.65.0.0/26", "flags": ["in_pool", ...], "ifindex": 0, "next_hop": ""}]."""
+    rows = [{"dst": decode_key(k), **decode_value(v)} for k, v in m.items()]
+    return sorted(rows, key=lambda r: ipaddress.IPv4Network(r["dst"]))

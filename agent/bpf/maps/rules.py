@@ -1,0 +1,322 @@
+"""The `rules` map: policy chains as rule records in one array (bpf/include/policy.h).
+
+A chain is [start, start + len) of this array; the endpoints map points at one chain per
+direction. `RuleRecord` is the Python form of one `struct policy_rule`: plain values, frozen
+and hashable, so a chain is a tuple of records and chains are shared by content.
+policy.h documents the match semantics and the action set; the compiler (agent.bpf.compiler)
+is the only producer.
+
+Invariants: unused slots are 0; jumps are relative to the chain start and go forward;
+counter id 0 = not counted; set id 0 = no set.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import os
+import struct
+from dataclasses import dataclass
+
+from agent.bpf.maps.base import BpfMap, MapParams, MapType
+
+PORT_SLOTS = 8  # must match RULE_PORT_SLOTS
+SET_SLOTS = 2  # must match RULE_SET_SLOTS
+NAMED_PORT_SLOTS = 2  # must match RULE_NAMED_PORT_SLOTS
+MAX_TAIL_CALLS = 32  # must match POLICY_MAX_TAIL_CALLS
+DEFAULT_RULES_PER_PROG = 64  # must match the default POLICY_RULES_PER_PROG
+
+
+def max_chain_records(rules_per_prog: int = DEFAULT_RULES_PER_PROG) -> int:
+    """Longest chain the walker can finish (POLICY_MAX_CHAIN_RECORDS)."""
+    return MAX_TAIL_CALLS * rules_per_prog
+
+
+class Action(enum.IntEnum):
+    """must match RULE_ACTION_* in bpf/include/policy.h"""
+
+    ALLOW = 1
+    DENY = 2
+    PASS = 3
+    LOG = 4
+    SKIP = 5
+
+
+class Match(enum.IntFlag):
+    """must match RM_* in bpf/include/policy.h"""
+
+    PROTOCOL = 0x00001
+    NOT_PROTOCOL = 0x00002
+    SRC_NET = 0x00004
+    NOT_SRC_NET = 0x00008
+    DST_NET = 0x00010
+    NOT_DST_NET = 0x00020
+    SRC_SETS = 0x00040
+    NOT_SRC_SETS = 0x00080
+    DST_SETS = 0x00100
+    NOT_DST_SETS = 0x00200
+    SRC_PORTS = 0x00400
+    NOT_SRC_PORTS = 0x00800
+    DST_PORTS = 0x01000
+    NOT_DST_PORTS = 0x02000
+    ICMP_TYPE = 0x04000
+    ICMP_CODE = 0x08000
+    NOT_ICMP_TYPE = 0x10000
+    NOT_ICMP_CODE = 0x20000
+
+
+class PortRangeC(ctypes.Structure):
+    """must match struct port_range in bpf/include/policy.h"""
+
+    _fields_ = [("first", ctypes.c_uint16), ("last", ctypes.c_uint16)]
+
+
+class PortMatchC(ctypes.Structure):
+    """must match struct port_match in bpf/include/policy.h"""
+
+    _fields_ = [
+        ("n_ranges", ctypes.c_uint8),
+        ("pad", ctypes.c_uint8 * 3),
+        ("named_sets", ctypes.c_uint32 * NAMED_PORT_SLOTS),
+        ("ranges", PortRangeC * PORT_SLOTS),
+    ]
+
+
+class Value(ctypes.Structure):
+    """must match struct policy_rule in bpf/include/policy.h"""
+
+    _fields_ = [
+        ("match_flags", ctypes.c_uint32),
+        ("action", ctypes.c_uint8),
+        ("protocol", ctypes.c_uint8),
+        ("not_protocol", ctypes.c_uint8),
+        ("icmp_type", ctypes.c_uint8),
+        ("icmp_code", ctypes.c_uint8),
+        ("not_icmp_type", ctypes.c_uint8),
+        ("not_icmp_code", ctypes.c_uint8),
+        ("pad", ctypes.c_uint8),
+        ("jump", ctypes.c_uint32),
+        ("counter_id", ctypes.c_uint32),
+        ("src_net", ctypes.c_uint32),
+        ("not_src_net", ctypes.c_uint32),
+        ("dst_net", ctypes.c_uint32),
+        ("not_dst_net", ctypes.c_uint32),
+        ("src_sets", ctypes.c_uint32 * SET_SLOTS),
+        ("not_src_sets", ctypes.c_uint32 * SET_SLOTS),
+        ("dst_sets", ctypes.c_uint32 * SET_SLOTS),
+        ("not_dst_sets", ctypes.c_uint32 * SET_SLOTS),
+        ("src_ports", PortMatchC),
+        ("not_src_ports", PortMatchC),
+        ("dst_ports", PortMatchC),
+        ("not_dst_ports", PortMatchC),
+    ]
+
+
+PARAMS = MapParams(
+    name="rules", map_type=MapType.ARRAY, key_type=ctypes.c_uint32, value_type=Value,
+    max_entries=32768, version=1, header="policy.h",
+)
+
+
+@dataclass(frozen=True)
+class PortMatch:
+    """One port group: ANY range OR ANY named-port set (≤ PORT_SLOTS / NAMED_PORT_SLOTS)."""
+
+    ranges: tuple[tuple[int, int], ...] = ()
+    named_sets: tuple[int, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.ranges or self.named_sets)
+
+
+@dataclass(frozen=True)
+class RuleRecord:
+    """One record. Fields left at their defaults are unconstrained; `match_flags` is derived."""
+
+    action: Action
+    jump: int = 0
+    counter_id: int = 0
+    protocol: int | None = None
+    not_protocol: int | None = None
+    src_net: int = 0
+    not_src_net: int = 0
+    dst_net: int = 0
+    not_dst_net: int = 0
+    src_sets: tuple[int, ...] = ()
+    not_src_sets: tuple[int, ...] = ()
+    dst_sets: tuple[int, ...] = ()
+    not_dst_sets: tuple[int, ...] = ()
+    src_ports: PortMatch = PortMatch()
+    not_src_ports: PortMatch = PortMatch()
+    dst_ports: PortMatch = PortMatch()
+    not_dst_ports: PortMatch = PortMatch()
+    icmp_type: int | None = None
+    icmp_code: int | None = None
+    not_icmp_type: int | None = None
+    not_icmp_code: int | None = None
+
+    @property
+    def match_flags(self) -> Match:
+        m = Match(0)
+        pairs = [
+            (self.protocol is not None, Match.PROTOCOL),
+            (self.not_protocol is not None, Match.NOT_PROTOCOL),
+            (self.src_net != 0, Match.SRC_NET),
+            (self.not_src_net != 0, Match.NOT_SRC_NET),
+            (self.dst_net != 0, Match.DST_NET),
+            (self.not_dst_net != 0, Match.NOT_DST_NET),
+            (bool(self.src_sets), Match.SRC_SETS),
+            (bool(self.not_src_sets), Match.NOT_SRC_SETS),
+            (bool(self.dst_sets), Match.DST_SETS),
+            (bool(self.not_dst_sets), Match.NOT_DST_SETS),
+            (bool(self.src_ports), Match.SRC_PORTS),
+            (bool(self.not_src_ports), Match.NOT_SRC_PORTS),
+            (bool(self.dst_ports), Match.DST_PORTS),
+            (bool(self.not_dst_ports), Match.NOT_DST_PORTS),
+            (self.icmp_type is not None, Match.ICMP_TYPE),
+            (self.icmp_code is not None, Match.ICMP_CODE),
+            (self.not_icmp_type is not None, Match.NOT_ICMP_TYPE),
+            (self.not_icmp_code is not None, Match.NOT_ICMP_CODE),
+        ]
+        for present, flag in pairs:
+            if present:
+                m |= flag
+        return m
+
+
+def _fill_ports(dst: PortMatchC, pm: PortMatch, what: str) -> None:
+    if len(pm.ranges) > PORT_SLOTS or len(pm.named_sets) > NAMED_PORT_SLOTS:
+        raise ValueError(f"rule record {what}: more than {PORT_SLOTS} ranges or "
+                         f"{NAMED_PORT_SLOTS} named-port sets")
+    dst.n_ranges = len(pm.ranges)
+    for i, (first, last) in enumerate(pm.ranges):
+        dst.ranges[i].first, dst.ranges[i].last = first, last
+    for i, s in enumerate(pm.named_sets):
+        dst.named_sets[i] = s
+
+
+def _fill_sets(dst: ctypes.Array, sets: tuple[int, ...], what: str) -> None:
+    if len(sets) > SET_SLOTS:
+        raise ValueError(f"rule record {what}: more than {SET_SLOTS} sets")
+    for i, s in enumerate(sets):
+        dst[i] = s
+
+
+def encode(rec: RuleRecord) -> bytes:
+    """RuleRecord -> struct policy_rule bytes. Raises ValueError if a slot overflows."""
+    v = Value()
+    v.match_flags = int(rec.match_flags)
+    v.action = int(rec.action)
+    v.jump = rec.jump
+    v.counter_id = rec.counter_id
+    v.protocol = rec.protocol or 0
+    v.not_protocol = rec.not_protocol or 0
+    v.icmp_type = rec.icmp_type or 0
+    v.icmp_code = rec.icmp_code or 0
+    v.not_icmp_type = rec.not_icmp_type or 0
+    v.not_icmp_code = rec.not_icmp_code or 0
+    v.src_net, v.not_src_net = rec.src_net, rec.not_src_net
+    v.dst_net, v.not_dst_net = rec.dst_net, rec.not_dst_net
+    _fill_sets(v.src_sets, rec.src_sets, "src_sets")
+    _fill_sets(v.not_src_sets, rec.not_src_sets, "not_src_sets")
+    _fill_sets(v.dst_sets, rec.dst_sets, "dst_sets")
+    _fill_sets(v.not_dst_sets, rec.not_dst_sets, "not_dst_sets")
+    _fill_ports(v.src_ports, rec.src_ports, "src_ports")
+    _fill_ports(v.not_src_ports, rec.not_src_ports, "not_src_ports")
+    _fill_ports(v.dst_ports, rec.dst_ports, "dst_ports")
+    _fill_ports(v.not_dst_ports, rec.not_dst_ports, "not_dst_ports")
+    return bytes(v)
+
+
+def _ports(pm: PortMatchC) -> PortMatch:
+    n = min(pm.n_ranges, PORT_SLOTS)
+    return PortMatch(
+        ranges=tuple((pm.ranges[i].first, pm.ranges[i].last) for i in range(n)),
+        named_sets=tuple(s for s in pm.named_sets if s),
+    )
+
+
+def decode(raw: bytes) -> RuleRecord:
+    v = Value.from_buffer_copy(raw)
+    m = Match(v.match_flags)
+    try:
+        action = Action(v.action)
+    except ValueError:
+        action = Action.LOG  # what the walker does with an unknown action
+    return RuleRecord(
+        action=action, jump=v.jump, counter_id=v.counter_id,
+        protocol=v.protocol if m & Match.PROTOCOL else None,
+        not_protocol=v.not_protocol if m & Match.NOT_PROTOCOL else None,
+        src_net=v.src_net, not_src_net=v.not_src_net, dst_net=v.dst_net,
+        not_dst_net=v.not_dst_net,
+        src_sets=tuple(s for s in v.src_sets if s),
+        not_src_sets=tuple(s for s in v.not_src_sets if s),
+        dst_sets=tuple(s for s in v.dst_sets if s),
+        not_dst_sets=tuple(s for s in v.not_dst_sets if s),
+        src_ports=_ports(v.src_ports), not_src_ports=_ports(v.not_src_ports),
+        dst_ports=_ports(v.dst_ports), not_dst_ports=_ports(v.not_dst_ports),
+        icmp_type=v.icmp_type if m & Match.ICMP_TYPE else None,
+        icmp_code=v.icmp_code if m & Match.ICMP_CODE else None,
+        not_icmp_type=v.not_icmp_type if m & Match.NOT_ICMP_TYPE else None,
+        not_icmp_code=v.not_icmp_code if m & Match.NOT_ICMP_CODE else None,
+    )
+
+
+_U32 = struct.Struct("=I")
+
+
+def encode_index(i: int) -> bytes:
+    return _U32.pack(i)
+
+
+def describe(rec: RuleRecord) -> dict:
+    """A record as a plain dict with only its set fields (for dumps and debugging)."""
+    out: dict = {"action": rec.action.name.lower()}
+    if rec.action in (Action.PASS, Action.SKIP):
+        out["jump"] = rec.jump
+    if rec.counter_id:
+        out["counter_id"] = rec.counter_id
+    for name in ("protocol", "not_protocol", "icmp_type", "icmp_code", "not_icmp_type",
+                 "not_icmp_code"):
+        if getattr(rec, name) is not None:
+            out[name] = getattr(rec, name)
+    for name in ("src_net", "not_src_net", "dst_net", "not_dst_net"):
+        if getattr(rec, name):
+            out[name] = getattr(rec, name)
+    for name in ("src_sets", "not_src_sets", "dst_sets", "not_dst_sets"):
+        if getattr(rec, name):
+            out[name] = list(getattr(rec, name))
+    for name in ("src_ports", "not_src_ports", "dst_ports", "not_dst_ports"):
+        pm: PortMatch = getattr(rec, name)
+        if pm:
+            out[name] = {"ranges": [list(r) for r in pm.ranges], "named_sets": list(pm.named_sets)}
+    return out
+
+
+def open_pinned(pin_dir: str | os.PathLike[str]) -> BpfMap:
+    return BpfMap.open_pinned(PARAMS, pin_dir)
+
+
+def read_chain(m: BpfMap, start: int, length: int) -> tuple[RuleRecord, ...]:
+    out = []
+    for i in range(start, start + length):
+        raw = m.lookup(encode_index(i))
+        if raw is None:
+            raise IndexError(f"rules map: index {i} outside the array")
+        out.append(decode(raw))
+    return tuple(out)
+
+
+def dump(m: BpfMap, chains: list[tuple[int, int]] | None = None) -> list[dict]:
+    """Records of the given (start, len) chains, or every non-empty record:
+    [{"index": n, "action": "allow", ...}]."""
+    rows = []
+    if chains is None:
+        for k, v in m.items():
+            if any(v):
+                rows.append({"index": _U32.unpack(k)[0], **describe(decode(v))})
+    else:
+        for start, length in sorted(set(chains)):
+            for i, rec in enumerate(read_chain(m, start, length)):
+                rows.append({"index": start + i, **describe(rec)})
+    return sorted(rows, key=lambda r: r["index"])

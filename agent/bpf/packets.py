@@ -1,0 +1,112 @@
+"""Packet builders for BPF_PROG_TEST_RUN: Ethernet + IPv4 + TCP/UDP/SCTP/ICMP, plus IPv6 and
+ARP frames. Pure functions returning bytes; IPv4 header checksums are correct, L4 checksums
+are left 0 (the programs never check them).
+
+Inputs are dotted-quad strings and ints; a bad address raises ValueError (ipaddress).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import struct
+
+ETH_P_IP = 0x0800
+ETH_P_IPV6 = 0x86DD
+ETH_P_ARP = 0x0806
+SRC_MAC = bytes.fromhex("02000000aa01")
+DST_MAC = bytes.fromhex("02000000bb02")
+
+TCP_FIN, TCP_SYN, TCP_RST, TCP_PSH, TCP_ACK = 0x01, 0x02, 0x04, 0x08, 0x10
+_TCP_FLAG_LETTERS = {"F": TCP_FIN, "S": TCP_SYN, "R": TCP_RST, "P": TCP_PSH, "A": TCP_ACK}
+
+
+def ethernet(ethertype: int, payload: bytes) -> bytes:
+    return DST_MAC + SRC_MAC + struct.pack("!H", ethertype) + payload
+
+
+def _checksum(data: bytes) -> int:
+    if len(data) % 2:
+        data += b"\0"
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def ipv4_header(src: str, dst: str, proto: int, payload_len: int, *, ttl: int = 64,
+                frag_off: int = 0, options: bytes = b"") -> bytes:
+    """An IPv4 header; frag_off is the raw 16-bit field (flags << 13 | offset)."""
+    if len(options) % 4:
+        raise ValueError("IPv4 options must be a multiple of 4 bytes")
+    ihl = 5 + len(options) // 4
+    hdr = struct.pack(
+        "!BBHHHBBH4s4s", (4 << 4) | ihl, 0, ihl * 4 + payload_len, 0x1234, frag_off, ttl,
+        proto, 0, ipaddress.IPv4Address(src).packed, ipaddress.IPv4Address(dst).packed,
+    ) + options
+    csum = _checksum(hdr)
+    return hdr[:10] + struct.pack("!H", csum) + hdr[12:]
+
+
+def ipv4(src: str, dst: str, proto: int, l4: bytes, **kw: object) -> bytes:
+    """Ethernet + IPv4 + the given L4 bytes."""
+    return ethernet(ETH_P_IP, ipv4_header(src, dst, proto, len(l4), **kw) + l4)  # type: ignore[arg-type]
+
+
+def tcp_flags(flags: str | int) -> int:
+    if isinstance(flags, int):
+        return flags
+    out = 0
+    for letter in flags.upper():
+        out |= _TCP_FLAG_LETTERS[letter]
+    return out
+
+
+def tcp_segment(sport: int, dport: int, flags: str | int = "S", payload: bytes = b"") -> bytes:
+    return struct.pack("!HHIIBBHHH", sport, dport, 1000, 0, 5 << 4, tcp_flags(flags),
+                       65535, 0, 0) + payload
+
+
+def tcp(src: str, dst: str, sport: int, dport: int, flags: str | int = "S",
+        payload: bytes = b"", **kw: object) -> bytes:
+    return ipv4(src, dst, 6, tcp_segment(sport, dport, flags, payload), **kw)
+
+
+def udp(src: str, dst: str, sport: int, dport: int, payload: bytes = b"x", **kw: object) -> bytes:
+    return ipv4(src, dst, 17, struct.pack("!HHHH", sport, dport, 8 + len(payload), 0) + payload,
+                **kw)
+
+
+def sctp(src: str, dst: str, sport: int, dport: int, **kw: object) -> bytes:
+    # common header (ports, verification tag, checksum) + an empty DATA-less INIT stub
+    return ipv4(src, dst, 132, struct.pack("!HHII", sport, dport, 0, 0) + bytes(4), **kw)
+
+
+def icmp(src: str, dst: str, icmp_type: int = 8, code: int = 0, ident: int = 7,
+         seq: int = 1, payload: bytes = b"ping", **kw: object) -> bytes:
+    body = struct.pack("!BBHHH", icmp_type, code, 0, ident, seq) + payload
+    return ipv4(src, dst, 1, body, **kw)
+
+
+def icmp_error(src: str, dst: str, inner: bytes, icmp_type: int = 3, code: int = 3,
+               **kw: object) -> bytes:
+    """An ICMP error from src to dst quoting `inner` (an Ethernet frame as built here: its
+    IP header and first 8 L4 bytes are quoted)."""
+    ip_start = 14
+    ihl = (inner[ip_start] & 0x0F) * 4
+    quoted = inner[ip_start: ip_start + ihl + 8]
+    body = struct.pack("!BBHI", icmp_type, code, 0, 0) + quoted
+    return ipv4(src, dst, 1, body, **kw)
+
+
+def ipv6_udp(src: str, dst: str, sport: int, dport: int, payload: bytes = b"x") -> bytes:
+    l4 = struct.pack("!HHHH", sport, dport, 8 + len(payload), 0) + payload
+    hdr = struct.pack("!IHBB16s16s", 6 << 28, len(l4), 17, 64,
+                      ipaddress.IPv6Address(src).packed, ipaddress.IPv6Address(dst).packed)
+    return ethernet(ETH_P_IPV6, hdr + l4)
+
+
+def arp_request(sender: str, target: str) -> bytes:
+    body = struct.pack("!HHBBH6s4s6s4s", 1, ETH_P_IP, 6, 4, 1, SRC_MAC,
+                       ipaddress.IPv4Address(sender).packed, bytes(6),
+                       ipaddress.IPv4Address(target).packed)
+    return ethernet(ETH_P_ARP, body)

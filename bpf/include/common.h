@@ -1,0 +1,219 @@
+/* common.h: shared definitions and packet parsing for pyfelix's tc and XDP programs.
+ *
+ * Everything here is compiled by BCC as part of ONE module (bpf/module.c), with
+ * `-I bpf/include` and these macros from the loader (agent/bpf/loader.py):
+ *   PIN_DIR       "/sys/fs/bpf/<dir>"  where data maps are pinned (string literal)
+ *   PROG_ABI      "<hex>"              a hash of the sources; names the pins of the
+ *                                      maps private to one build (prog array, scratch)
+ *   <MAP>_MAX_ENTRIES                   per-map sizes (defaults in each map's header)
+ *   POLICY_RULES_PER_PROG               rule records walked per tail call (policy.h)
+ *
+ * Parsing: Ethernet -> IPv4 (options allowed) -> TCP/UDP/SCTP ports or ICMP type/code.
+ * Anything that is not IPv4 (IPv6, ARP, ...) is reported as PARSE_NOT_IPV4 and the
+ * programs let it PASS, counting it (see counters.h): IPv6 policy is not implemented yet,
+ * and ARP must flow. A truncated or malformed IPv4 packet is PARSE_MALFORMED (dropped).
+ * Non-first fragments carry no L4 header: they are parsed with PKT_F_PORTS clear, so rules
+ * with port constraints never match them and conntrack cannot find them.
+ *
+ * Ports are kept in HOST byte order everywhere (maps, structs); addresses stay in NETWORK
+ * byte order (as on the wire), which is what LPM tries need.
+ */
+#ifndef PYFELIX_COMMON_H
+#define PYFELIX_COMMON_H
+
+#include <uapi/linux/bpf.h>
+#include <uapi/linux/pkt_cls.h>
+#include <uapi/linux/if_ether.h>
+#include <uapi/linux/ip.h>
+#include <uapi/linux/in.h>
+#include <uapi/linux/tcp.h>
+#include <uapi/linux/udp.h>
+#include <uapi/linux/icmp.h>
+
+#ifndef PIN_DIR
+#error "PIN_DIR must be defined by the loader, e.g. -DPIN_DIR=\"/sys/fs/bpf/pyfelix\""
+#endif
+#ifndef PROG_ABI
+#error "PROG_ABI must be defined by the loader (a hash of the sources)"
+#endif
+
+#define PF_INLINE static __always_inline
+
+#define pf_ntohs(x) __builtin_bswap16(x)
+#define pf_ntohl(x) __builtin_bswap32(x)
+
+/* IP protocol numbers we parse ports for. */
+#define PF_IPPROTO_ICMP 1
+#define PF_IPPROTO_TCP 6
+#define PF_IPPROTO_UDP 17
+#define PF_IPPROTO_SCTP 132
+
+/* The two tc hooks of a workload interface (host side of the veth). */
+#define HOOK_FROM_WEP 0 /* tc ingress of the host veth: packets the pod SENDS (pod egress) */
+#define HOOK_TO_WEP 1   /* tc egress of the host veth: packets the pod RECEIVES (pod ingress) */
+
+/* pkt_info.flags */
+#define PKT_F_PORTS 0x01    /* TCP/UDP/SCTP: sport/dport are the packet's ports */
+#define PKT_F_FRAGMENT 0x02 /* an IPv4 fragment (first or not) */
+#define PKT_F_ICMP_ERR 0x04 /* an ICMP error carrying an inner IPv4 header (inner_* valid) */
+#define PKT_F_ICMP 0x08     /* ICMP: icmp_type/icmp_code valid (sport/dport = echo id or 0) */
+
+/* TCP flags as in the TCP header's 13th byte. */
+#define PF_TCP_FIN 0x01
+#define PF_TCP_SYN 0x02
+#define PF_TCP_RST 0x04
+#define PF_TCP_ACK 0x10
+
+/* parse_ipv4() results */
+#define PARSE_OK 0
+#define PARSE_NOT_IPV4 1
+#define PARSE_MALFORMED 2
+
+/* What the programs know about a packet. For ICMP echo request/reply the echo identifier is
+ * put in BOTH sport and dport so that a reply's reversed tuple equals the request's tuple. */
+struct pkt_info {
+	__be32 saddr;
+	__be32 daddr;
+	__u16 sport;
+	__u16 dport;
+	__u8 proto;
+	__u8 flags;
+	__u8 icmp_type;
+	__u8 icmp_code;
+	__u8 tcp_flags;
+	__u8 pad[3];
+	__u32 len; /* skb->len / XDP frame length, for byte counters */
+	/* inner tuple of an ICMP error (PKT_F_ICMP_ERR) */
+	__be32 inner_saddr;
+	__be32 inner_daddr;
+	__u16 inner_sport;
+	__u16 inner_dport;
+	__u8 inner_proto;
+	__u8 inner_pad[3];
+};
+
+struct pf_l4_ports {
+	__be16 source;
+	__be16 dest;
+};
+
+struct pf_icmp_hdr {
+	__u8 type;
+	__u8 code;
+	__u16 checksum;
+	__be16 id;
+	__be16 seq;
+};
+
+PF_INLINE int icmp_is_error(__u8 type)
+{
+	/* destination unreachable, source quench, redirect, time exceeded, parameter problem */
+	return type == 3 || type == 4 || type == 5 || type == 11 || type == 12;
+}
+
+/* Parse the inner IPv4 header + first 8 bytes of an ICMP error's payload. */
+PF_INLINE void parse_icmp_inner(void *inner, void *data_end, struct pkt_info *pkt)
+{
+	struct iphdr *iph = inner;
+	if ((void *)(iph + 1) > data_end)
+		return;
+	if (iph->version != 4 || iph->ihl < 5)
+		return;
+	__u32 ihl = iph->ihl * 4;
+	if (ihl > 60)
+		return;
+	void *l4 = inner + ihl;
+	if (l4 + 8 > data_end)
+		return;
+	pkt->inner_saddr = iph->saddr;
+	pkt->inner_daddr = iph->daddr;
+	pkt->inner_proto = iph->protocol;
+	if (iph->protocol == PF_IPPROTO_TCP || iph->protocol == PF_IPPROTO_UDP ||
+	    iph->protocol == PF_IPPROTO_SCTP) {
+		struct pf_l4_ports *p = l4;
+		pkt->inner_sport = pf_ntohs(p->source);
+		pkt->inner_dport = pf_ntohs(p->dest);
+	} else if (iph->protocol == PF_IPPROTO_ICMP) {
+		struct pf_icmp_hdr *ic = l4;
+		if (ic->type == 0 || ic->type == 8) {
+			pkt->inner_sport = pf_ntohs(ic->id);
+			pkt->inner_dport = pkt->inner_sport;
+		}
+	}
+	pkt->flags |= PKT_F_ICMP_ERR;
+}
+
+/* Parse an Ethernet frame in [data, data_end). Fills pkt; returns PARSE_*. */
+PF_INLINE int parse_ipv4(void *data, void *data_end, struct pkt_info *pkt)
+{
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > data_end)
+		return PARSE_MALFORMED;
+	if (eth->h_proto != __constant_htons(ETH_P_IP))
+		return PARSE_NOT_IPV4;
+
+	struct iphdr *iph = (void *)(eth + 1);
+	if ((void *)(iph + 1) > data_end)
+		return PARSE_MALFORMED;
+	if (iph->version != 4 || iph->ihl < 5)
+		return PARSE_MALFORMED;
+	__u32 ihl = iph->ihl * 4;
+	if (ihl > 60)
+		return PARSE_MALFORMED;
+	void *l4 = (void *)iph + ihl;
+	if (l4 > data_end)
+		return PARSE_MALFORMED;
+
+	pkt->saddr = iph->saddr;
+	pkt->daddr = iph->daddr;
+	pkt->proto = iph->protocol;
+
+	__u16 frag = pf_ntohs(iph->frag_off);
+	if (frag & 0x3fff) /* MF set or offset != 0 */
+		pkt->flags |= PKT_F_FRAGMENT;
+	if (frag & 0x1fff) /* not the first fragment: no L4 header */
+		return PARSE_OK;
+
+	switch (iph->protocol) {
+	case PF_IPPROTO_TCP: {
+		struct tcphdr *tcp = l4;
+		if ((void *)(tcp + 1) > data_end)
+			return PARSE_MALFORMED;
+		pkt->sport = pf_ntohs(tcp->source);
+		pkt->dport = pf_ntohs(tcp->dest);
+		pkt->tcp_flags = ((__u8 *)tcp)[13];
+		pkt->flags |= PKT_F_PORTS;
+		break;
+	}
+	case PF_IPPROTO_UDP:
+	case PF_IPPROTO_SCTP: {
+		struct pf_l4_ports *p = l4;
+		if ((void *)(p + 1) > data_end)
+			return PARSE_MALFORMED;
+		pkt->sport = pf_ntohs(p->source);
+		pkt->dport = pf_ntohs(p->dest);
+		pkt->flags |= PKT_F_PORTS;
+		break;
+	}
+	case PF_IPPROTO_ICMP: {
+		struct pf_icmp_hdr *ic = l4;
+		if ((void *)(ic + 1) > data_end)
+			return PARSE_MALFORMED;
+		pkt->icmp_type = ic->type;
+		pkt->icmp_code = ic->code;
+		pkt->flags |= PKT_F_ICMP;
+		if (ic->type == 0 || ic->type == 8) {
+			pkt->sport = pf_ntohs(ic->id);
+			pkt->dport = pkt->sport;
+		} else if (icmp_is_error(ic->type)) {
+			parse_icmp_inner((void *)(ic + 1), data_end, pkt);
+		}
+		break;
+	}
+	default:
+		break;
+	}
+	return PARSE_OK;
+}
+
+#endif /* PYFELIX_COMMON_H */

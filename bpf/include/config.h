@@ -1,0 +1,27 @@
+/* config.h: dataplane-wide settings, one array entry written by Python.
+ *
+ * Python twin: agent/bpf/maps/config.py (struct config_value must match).
+ *
+ * endpoint_to_host_action: what happens to a NEW flow from a workload to an address of this
+ * host (routes.h entry with RT_F_LOCAL_HOST) after the workload's egress policy allowed it.
+ * Felix's DefaultEndpointToHostAction: Drop (the zero value, so an unwritten map is safe),
+ * Accept, or Return. There is no host-endpoint policy in the tc programs yet, so Return
+ * behaves like Accept (documented in bpf/README.md).
+ */
+#ifndef PYFELIX_CONFIG_H
+#define PYFELIX_CONFIG_H
+
+#include "common.h"
+
+#define EP_TO_HOST_DROP 0
+#define EP_TO_HOST_ACCEPT 1
+#define EP_TO_HOST_RETURN 2
+
+struct config_value {
+	__u32 flags; /* reserved, 0 */
+	__u32 endpoint_to_host_action; /* EP_TO_HOST_* */
+};
+
+BPF_TABLE_PINNED("array", __u32, struct config_value, config, 1, PIN_DIR "/config_v1");
+
+#endif /* PYFELIX_CONFIG_H */

@@ -1,0 +1,250 @@
+/* policy.h: policy as data. Rule records, the rules array, and how one record matches.
+ *
+ * Python twin: agent/bpf/maps/rules.py (struct policy_rule, struct port_match and every
+ * RULE_* / RM_* constant must match); the compiler is agent/bpf/compiler.py.
+ *
+ * A CHAIN is a run of records [start, start + len) in the `rules` array; endpoints.h says
+ * which chain each endpoint uses per direction. The compiler flattens, per endpoint and
+ * direction:
+ *     for each tier (in order) that has policies in this direction:
+ *         each policy's rules (in order), then a tier-end DENY record
+ *         (no record if the tier's defaultAction is Pass)
+ *     each profile's rules (in order)
+ *     a final DENY record
+ * and the walker takes the FIRST record that matches:
+ *     ALLOW / DENY  final verdict;
+ *     PASS          continue at `jump` (the start of the next tier, or of the next profile);
+ *     LOG           count, continue with the next record;
+ *     SKIP          continue at `jump`, uncounted: a "guard" the compiler emits in front of a
+ *                   rule whose AND-constraints overflow the fixed slots (see below).
+ * `jump` is RELATIVE to the chain start, so a chain's bytes do not depend on where it is
+ * placed, and chains are shared by content. Jumps always go forward (the walker denies a
+ * backward jump). Walking past the end of the chain denies.
+ *
+ * A record matches when EVERY constraint whose RM_* bit is set in match_flags holds:
+ *   protocol / not_protocol;
+ *   src_net / dst_net: address in that set (a rule's nets become one compiler-made set);
+ *   not_src_net / not_dst_net: address not in that set;
+ *   *_sets: address in EVERY non-zero slot; not_*_sets: in NO non-zero slot;
+ *   *_ports (port_match): the packet has ports (TCP/UDP/SCTP) and the port is in ANY of the
+ *       first n_ranges ranges OR (addr, proto, port) is in ANY non-zero named-port set;
+ *   not_*_ports: the packet has ports and NONE of the above holds;
+ *   icmp_type [+ icmp_code]: the packet is ICMP with that type [and code];
+ *   not_icmp_type [+ not_icmp_code]: the packet is ICMP and NOT (type [and code]).
+ * Slots are fixed (RULE_*_SLOTS). The compiler handles a rule that needs more:
+ *   - more positive port ranges / named-port sets (OR): several records, each with a share
+ *     of the alternatives (first match wins, so OR is preserved);
+ *   - more selector sets (AND) or more negative ports/sets (AND of "not"): guard records in
+ *     front, e.g. "addr NOT in set S -> SKIP past this rule", which skip the rule exactly
+ *     when the overflowing constraint fails.
+ *
+ * The walker (calico_policy in tc.c) evaluates POLICY_RULES_PER_PROG records per program
+ * run and tail-calls itself to continue; the kernel allows 33 tail calls, so a chain can
+ * hold up to 32 * POLICY_RULES_PER_PROG records (POLICY_MAX_CHAIN_RECORDS; the compiler
+ * refuses longer chains). Walker state lives in the per-CPU `policy_scratch` map.
+ */
+#ifndef PYFELIX_POLICY_H
+#define PYFELIX_POLICY_H
+
+#include "common.h"
+#include "ipsets.h"
+
+#ifndef RULES_MAX_ENTRIES
+#define RULES_MAX_ENTRIES 32768
+#endif
+#ifndef POLICY_RULES_PER_PROG
+#define POLICY_RULES_PER_PROG 64
+#endif
+#define POLICY_MAX_TAIL_CALLS 32
+#define POLICY_MAX_CHAIN_RECORDS (POLICY_MAX_TAIL_CALLS * POLICY_RULES_PER_PROG)
+
+#define RULE_PORT_SLOTS 8
+#define RULE_SET_SLOTS 2
+#define RULE_NAMED_PORT_SLOTS 2
+
+#define RULE_ACTION_ALLOW 1
+#define RULE_ACTION_DENY 2
+#define RULE_ACTION_PASS 3
+#define RULE_ACTION_LOG 4
+#define RULE_ACTION_SKIP 5
+
+#define RM_PROTOCOL 0x00001
+#define RM_NOT_PROTOCOL 0x00002
+#define RM_SRC_NET 0x00004
+#define RM_NOT_SRC_NET 0x00008
+#define RM_DST_NET 0x00010
+#define RM_NOT_DST_NET 0x00020
+#define RM_SRC_SETS 0x00040
+#define RM_NOT_SRC_SETS 0x00080
+#define RM_DST_SETS 0x00100
+#define RM_NOT_DST_SETS 0x00200
+#define RM_SRC_PORTS 0x00400
+#define RM_NOT_SRC_PORTS 0x00800
+#define RM_DST_PORTS 0x01000
+#define RM_NOT_DST_PORTS 0x02000
+#define RM_ICMP_TYPE 0x04000
+#define RM_ICMP_CODE 0x08000
+#define RM_NOT_ICMP_TYPE 0x10000
+#define RM_NOT_ICMP_CODE 0x20000
+
+#define RM_ANY_PORTS (RM_SRC_PORTS | RM_NOT_SRC_PORTS | RM_DST_PORTS | RM_NOT_DST_PORTS)
+#define RM_ANY_ICMP (RM_ICMP_TYPE | RM_ICMP_CODE | RM_NOT_ICMP_TYPE | RM_NOT_ICMP_CODE)
+
+struct port_range {
+	__u16 first; /* inclusive, host byte order */
+	__u16 last;  /* inclusive */
+};
+
+struct port_match {
+	__u8 n_ranges; /* used entries of ranges[] */
+	__u8 pad[3];
+	__u32 named_sets[RULE_NAMED_PORT_SLOTS]; /* ip_port set ids, 0 = unused */
+	struct port_range ranges[RULE_PORT_SLOTS];
+};
+
+struct policy_rule {
+	__u32 match_flags; /* RM_* */
+	__u8 action;       /* RULE_ACTION_* */
+	__u8 protocol;
+	__u8 not_protocol;
+	__u8 icmp_type;
+	__u8 icmp_code;
+	__u8 not_icmp_type;
+	__u8 not_icmp_code;
+	__u8 pad;
+	__u32 jump;       /* PASS/SKIP: next record index, relative to the chain start */
+	__u32 counter_id; /* rule_counters index, 0 = not counted */
+	__u32 src_net;
+	__u32 not_src_net;
+	__u32 dst_net;
+	__u32 not_dst_net;
+	__u32 src_sets[RULE_SET_SLOTS];
+	__u32 not_src_sets[RULE_SET_SLOTS];
+	__u32 dst_sets[RULE_SET_SLOTS];
+	__u32 not_dst_sets[RULE_SET_SLOTS];
+	struct port_match src_ports;
+	struct port_match not_src_ports;
+	struct port_match dst_ports;
+	struct port_match not_dst_ports;
+};
+
+BPF_TABLE_PINNED("array", __u32, struct policy_rule, rules, RULES_MAX_ENTRIES,
+		 PIN_DIR "/rules_v1");
+
+/* Walker state, carried across tail calls. Private to one build (pinned by PROG_ABI). */
+struct policy_state {
+	struct pkt_info pkt;
+	__u32 ifindex;
+	__u32 endpoint_id;
+	__u32 chain_start;
+	__u32 chain_len;
+	__u32 idx; /* next record, relative to chain_start */
+	__u32 tail_calls;
+	__u8 hook; /* HOOK_* */
+	__u8 pad[3];
+};
+
+BPF_TABLE_PINNED("percpu_array", __u32, struct policy_state, policy_scratch, 1,
+		 PIN_DIR "/scratch_" PROG_ABI);
+
+#define PROG_IDX_POLICY 0
+BPF_TABLE_PINNED("prog", __u32, __u32, policy_progs, 4, PIN_DIR "/progs_" PROG_ABI);
+
+PF_INLINE int port_match_hit(const struct port_match *pm, __u8 proto, __u16 port, __be32 addr)
+{
+	__u8 n = pm->n_ranges;
+#pragma unroll
+	for (int i = 0; i < RULE_PORT_SLOTS; i++) {
+		if (i >= n)
+			break;
+		if (port >= pm->ranges[i].first && port <= pm->ranges[i].last)
+			return 1;
+	}
+#pragma unroll
+	for (int i = 0; i < RULE_NAMED_PORT_SLOTS; i++) {
+		__u32 set_id = pm->named_sets[i];
+		if (set_id && ipset_contains(set_id, proto, port, addr))
+			return 1;
+	}
+	return 0;
+}
+
+PF_INLINE int sets_all_contain(const __u32 *sets, __be32 addr)
+{
+#pragma unroll
+	for (int i = 0; i < RULE_SET_SLOTS; i++) {
+		__u32 set_id = sets[i];
+		if (set_id && !ipset_contains(set_id, 0, 0, addr))
+			return 0;
+	}
+	return 1;
+}
+
+PF_INLINE int sets_any_contain(const __u32 *sets, __be32 addr)
+{
+#pragma unroll
+	for (int i = 0; i < RULE_SET_SLOTS; i++) {
+		__u32 set_id = sets[i];
+		if (set_id && ipset_contains(set_id, 0, 0, addr))
+			return 1;
+	}
+	return 0;
+}
+
+/* Does record r match the packet? Cheap header checks first, trie lookups last. */
+PF_INLINE int rule_matches(const struct policy_rule *r, const struct pkt_info *pkt)
+{
+	__u32 m = r->match_flags;
+	if (!m)
+		return 1;
+	if ((m & RM_PROTOCOL) && pkt->proto != r->protocol)
+		return 0;
+	if ((m & RM_NOT_PROTOCOL) && pkt->proto == r->not_protocol)
+		return 0;
+	if (m & RM_ANY_ICMP) {
+		if (!(pkt->flags & PKT_F_ICMP))
+			return 0;
+		if ((m & RM_ICMP_TYPE) && pkt->icmp_type != r->icmp_type)
+			return 0;
+		if ((m & RM_ICMP_CODE) && pkt->icmp_code != r->icmp_code)
+			return 0;
+		if ((m & RM_NOT_ICMP_TYPE) && pkt->icmp_type == r->not_icmp_type &&
+		    (!(m & RM_NOT_ICMP_CODE) || pkt->icmp_code == r->not_icmp_code))
+			return 0;
+	}
+	if (m & RM_ANY_PORTS) {
+		if (!(pkt->flags & PKT_F_PORTS))
+			return 0;
+		if ((m & RM_SRC_PORTS) &&
+		    !port_match_hit(&r->src_ports, pkt->proto, pkt->sport, pkt->saddr))
+			return 0;
+		if ((m & RM_DST_PORTS) &&
+		    !port_match_hit(&r->dst_ports, pkt->proto, pkt->dport, pkt->daddr))
+			return 0;
+		if ((m & RM_NOT_SRC_PORTS) &&
+		    port_match_hit(&r->not_src_ports, pkt->proto, pkt->sport, pkt->saddr))
+			return 0;
+		if ((m & RM_NOT_DST_PORTS) &&
+		    port_match_hit(&r->not_dst_ports, pkt->proto, pkt->dport, pkt->daddr))
+			return 0;
+	}
+	if ((m & RM_SRC_NET) && !ipset_contains(r->src_net, 0, 0, pkt->saddr))
+		return 0;
+	if ((m & RM_DST_NET) && !ipset_contains(r->dst_net, 0, 0, pkt->daddr))
+		return 0;
+	if ((m & RM_NOT_SRC_NET) && ipset_contains(r->not_src_net, 0, 0, pkt->saddr))
+		return 0;
+	if ((m & RM_NOT_DST_NET) && ipset_contains(r->not_dst_net, 0, 0, pkt->daddr))
+		return 0;
+	if ((m & RM_SRC_SETS) && !sets_all_contain(r->src_sets, pkt->saddr))
+		return 0;
+	if ((m & RM_DST_SETS) && !sets_all_contain(r->dst_sets, pkt->daddr))
+		return 0;
+	if ((m & RM_NOT_SRC_SETS) && sets_any_contain(r->not_src_sets, pkt->saddr))
+		return 0;
+	if ((m & RM_NOT_DST_SETS) && sets_any_contain(r->not_dst_sets, pkt->daddr))
+		return 0;
+	return 1;
+}
+
+#endif /* PYFELIX_POLICY_H */

@@ -1,0 +1,189 @@
+/* tc.c: policy programs for workload interfaces (host side of each pod's veth).
+ *
+ *   calico_from_wep  tc INGRESS of the host veth: packets the pod sends -> pod EGRESS policy
+ *   calico_to_wep    tc EGRESS of the host veth: packets to the pod     -> pod INGRESS policy
+ *   calico_policy    the rule-chain walker both of them tail-call (policy_progs[0])
+ *
+ * Per packet: parse (common.h) -> non-IPv4 passes, malformed drops -> endpoint by ifindex
+ * (none: drop) -> admin-down drops -> conntrack hit or related ICMP error: allow ->
+ * otherwise walk the endpoint's chain for this direction (policy.h); on allow create a
+ * conntrack entry, and for a flow from the pod to this host apply endpoint_to_host_action.
+ * Counters: counters.h. Verdicts are TC_ACT_OK / TC_ACT_SHOT.
+ */
+#include "common.h"
+#include "counters.h"
+#include "ipsets.h"
+#include "policy.h"
+#include "endpoints.h"
+#include "conntrack.h"
+#include "routes.h"
+#include "config.h"
+#include "ids.h"
+
+/* Enough linear bytes for Ethernet + IPv4 with options + an ICMP error's inner headers. */
+#define PF_PULL_LEN 128
+
+PF_INLINE int ep_to_host_allowed(struct pkt_info *pkt)
+{
+	if (!(route_flags(pkt->daddr) & RT_F_LOCAL_HOST))
+		return 1;
+	__u32 zero = 0;
+	struct config_value *cfg = config.lookup(&zero);
+	if (cfg && cfg->endpoint_to_host_action != EP_TO_HOST_DROP)
+		return 1; /* Accept, or Return (no host-endpoint policy here yet) */
+	count_global(GCNT_EP_TO_HOST_DROPPED);
+	return 0;
+}
+
+/* Final verdict of the chain walk: counters, conntrack, endpoint-to-host. */
+PF_INLINE int policy_verdict(struct policy_state *st, int allowed, __u32 counter_id)
+{
+	count_rule(counter_id, st->pkt.len);
+	if (allowed && st->hook == HOOK_FROM_WEP && !ep_to_host_allowed(&st->pkt))
+		allowed = 0;
+	count_endpoint(st->endpoint_id, st->hook, allowed, st->pkt.len);
+	if (!allowed) {
+		count_global(GCNT_POLICY_DENIED);
+		return TC_ACT_SHOT;
+	}
+	count_global(GCNT_POLICY_ALLOWED);
+	ct_create(&st->pkt, st->ifindex, st->hook, bpf_ktime_get_ns(), counter_id);
+	return TC_ACT_OK;
+}
+
+int calico_policy(struct __sk_buff *skb)
+{
+	__u32 zero = 0;
+	struct policy_state *st = policy_scratch.lookup(&zero);
+	if (!st)
+		return TC_ACT_SHOT;
+	__u32 walked = 0;
+	for (int i = 0; i < POLICY_RULES_PER_PROG; i++) {
+		__u32 idx = st->idx;
+		if (idx >= st->chain_len) {
+			count_global_n(GCNT_RULE_RECORDS_WALKED, walked);
+			return policy_verdict(st, 0, 0); /* ran off the end */
+		}
+		__u32 abs_idx = st->chain_start + idx;
+		struct policy_rule *r = rules.lookup(&abs_idx);
+		if (!r) {
+			count_global(GCNT_BAD_RULE_INDEX);
+			return policy_verdict(st, 0, 0);
+		}
+		walked++;
+		if (!rule_matches(r, &st->pkt)) {
+			st->idx = idx + 1;
+			continue;
+		}
+		__u8 action = r->action;
+		if (action == RULE_ACTION_ALLOW || action == RULE_ACTION_DENY) {
+			count_global_n(GCNT_RULE_RECORDS_WALKED, walked);
+			return policy_verdict(st, action == RULE_ACTION_ALLOW, r->counter_id);
+		}
+		if (action == RULE_ACTION_PASS || action == RULE_ACTION_SKIP) {
+			__u32 jump = r->jump;
+			if (jump <= idx) {
+				count_global(GCNT_BAD_RULE_INDEX);
+				return policy_verdict(st, 0, 0);
+			}
+			if (action == RULE_ACTION_PASS)
+				count_rule(r->counter_id, st->pkt.len);
+			st->idx = jump;
+		} else {
+			/* LOG (and any unknown action): count and continue */
+			count_rule(r->counter_id, st->pkt.len);
+			st->idx = idx + 1;
+		}
+	}
+	count_global_n(GCNT_RULE_RECORDS_WALKED, walked);
+	st->tail_calls += 1;
+	policy_progs.call(skb, PROG_IDX_POLICY);
+	/* only reached if the tail call failed: limit hit or walker missing */
+	count_global(GCNT_TAIL_CALL_FAILED);
+	return policy_verdict(st, 0, 0);
+}
+
+PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	__u32 linear = data_end - data;
+	if (linear < PF_PULL_LEN && skb->len > linear) {
+		bpf_skb_pull_data(skb, skb->len < PF_PULL_LEN ? skb->len : PF_PULL_LEN);
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+	}
+
+	struct pkt_info pkt = {};
+	int rc = parse_ipv4(data, data_end, &pkt);
+	if (rc == PARSE_NOT_IPV4) {
+		count_global(GCNT_NOT_IPV4_PASSED);
+		return TC_ACT_OK;
+	}
+	if (rc != PARSE_OK) {
+		count_global(GCNT_MALFORMED_DROPPED);
+		return TC_ACT_SHOT;
+	}
+	pkt.len = skb->len;
+	if (pkt.flags & PKT_F_FRAGMENT)
+		count_global(GCNT_FRAGMENTS);
+
+	__u32 ifindex = skb->ifindex;
+	struct endpoint_key ek = {};
+	ek.ifindex = ifindex;
+	struct endpoint_value *ep = endpoints.lookup(&ek);
+	if (!ep) {
+		count_global(GCNT_NO_ENDPOINT_DROPPED);
+		return TC_ACT_SHOT;
+	}
+	__u32 endpoint_id = ep->endpoint_id;
+	if (ep->flags & EP_F_ADMIN_DOWN) {
+		count_global(GCNT_ADMIN_DOWN_DROPPED);
+		count_endpoint(endpoint_id, hook, 0, pkt.len);
+		return TC_ACT_SHOT;
+	}
+
+	__u64 now = bpf_ktime_get_ns();
+	if (ct_lookup_update(&pkt, ifindex, hook, now)) {
+		count_global(GCNT_CT_HIT);
+		count_endpoint(endpoint_id, hook, 1, pkt.len);
+		return TC_ACT_OK;
+	}
+	if (ct_is_related(&pkt, ifindex, now)) {
+		count_global(GCNT_CT_RELATED);
+		count_endpoint(endpoint_id, hook, 1, pkt.len);
+		return TC_ACT_OK;
+	}
+
+	__u32 zero = 0;
+	struct policy_state *st = policy_scratch.lookup(&zero);
+	if (!st)
+		return TC_ACT_SHOT;
+	__builtin_memcpy(&st->pkt, &pkt, sizeof(pkt));
+	st->ifindex = ifindex;
+	st->endpoint_id = endpoint_id;
+	st->hook = hook;
+	st->idx = 0;
+	st->tail_calls = 0;
+	if (hook == HOOK_TO_WEP) {
+		st->chain_start = ep->ingress_start;
+		st->chain_len = ep->ingress_len;
+	} else {
+		st->chain_start = ep->egress_start;
+		st->chain_len = ep->egress_len;
+	}
+	policy_progs.call(skb, PROG_IDX_POLICY);
+	count_global(GCNT_TAIL_CALL_FAILED);
+	count_endpoint(endpoint_id, hook, 0, pkt.len);
+	return TC_ACT_SHOT;
+}
+
+int calico_from_wep(struct __sk_buff *skb)
+{
+	return policy_entry(skb, HOOK_FROM_WEP);
+}
+
+int calico_to_wep(struct __sk_buff *skb)
+{
+	return policy_entry(skb, HOOK_TO_WEP);
+}

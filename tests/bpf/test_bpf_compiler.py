@@ -1,0 +1,477 @@
+"""The policy compiler without a kernel: chain structure, sharing, id stability, adoption,
+fail-closed problems, and (property test) that the compiled records decide exactly as
+Calico's semantics say, via a Python mirror of the BPF walker."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent import proto as p
+from agent.bpf import compiler as c
+from agent.bpf.maps import endpoints as endpoints_map
+from agent.bpf.maps import ids as ids_map
+from agent.bpf.maps import ipsets as ipsets_map
+from agent.bpf.maps import routes as routes_map
+from agent.bpf.maps import rules as rules_map
+from agent.bpf.maps import untracked as untracked_map
+from agent.bpf.maps.base import FakeMap, MapFullError
+from agent.bpf.maps.rules import Action
+from tests.bpf.bpf_reference import Pkt, Trie, expected_verdict, walk_chain
+
+WID = p.WorkloadEndpointID("k8s", "default/pod1", "eth0")
+WID2 = p.WorkloadEndpointID("k8s", "default/pod2", "eth0")
+
+
+def ep(tiers=(), profiles=("kns.default",), iface="cali1", state="active"):
+    return p.WorkloadEndpoint(state=state, name=iface, profile_ids=profiles, tiers=tiers)
+
+
+def base_state() -> c.DataplaneState:
+    s = c.DataplaneState(hostname="node1")
+    s.apply(p.ActiveProfileUpdate("kns.default", p.Profile(
+        inbound_rules=(p.Rule("allow"),), outbound_rules=(p.Rule("allow"),))))
+    return s
+
+
+def policy(name, inbound=(), outbound=(), tier="default"):
+    return p.ActivePolicyUpdate(p.PolicyID(tier, name),
+                                p.Policy(inbound_rules=inbound, outbound_rules=outbound))
+
+
+def actions(chain):
+    return [r.action.name.lower() for r in chain]
+
+
+def test_tiers_policies_tier_end_profiles_and_final_deny_in_order():
+    s = base_state()
+    s.apply(policy("a", inbound=(p.Rule("pass", protocol=17), p.Rule("allow", protocol=6))))
+    s.apply(policy("b", inbound=(p.Rule("log"),), tier="t2"))
+    s.apply(p.WorkloadEndpointUpdate(WID, ep(tiers=(
+        p.TierInfo("default", ingress_policies=("a",)),
+        p.TierInfo("t2", ingress_policies=("b",), default_action="pass"),
+        p.TierInfo("t3", egress_policies=("zzz",)),  # no ingress policies: no records
+    ))))
+    out = c.PolicyCompiler().compile(s, {"cali1": 7})
+    chain = out.programs[WID].ingress.records
+    assert actions(chain) == ["pass", "allow", "deny", "log", "allow", "deny"]
+    assert chain[0].jump == 3  # past tier "default"'s tier-end deny, to tier t2
+    assert chain[2].counter_id != chain[5].counter_id  # tier-end vs final deny
+    assert out.problems == ["endpoint k8s/default/pod1/eth0: policy t3/zzz (egress): "
+                            "unknown policy; denying all egress traffic"]
+    assert actions(out.programs[WID].egress.records) == ["deny"]
+
+
+def test_pass_in_a_profile_goes_to_the_next_profile():
+    s = base_state()
+    s.apply(p.ActiveProfileUpdate("first", p.Profile(
+        inbound_rules=(p.Rule("pass", protocol=6), p.Rule("deny")))))
+    s.apply(p.WorkloadEndpointUpdate(WID, ep(profiles=("first", "kns.default"))))
+    chain = c.PolicyCompiler().compile(s, {}).programs[WID].ingress.records
+    assert actions(chain) == ["pass", "deny", "allow", "deny"]
+    assert chain[0].jump == 2
+
+
+def test_no_policy_and_no_profile_is_a_single_deny():
+    s = base_state()
+    s.apply(p.WorkloadEndpointUpdate(WID, ep(profiles=())))
+    out = c.PolicyCompiler().compile(s, {"cali1": 3})
+    assert actions(out.programs[WID].ingress.records) == ["deny"]
+    assert out.pending_interfaces == []
+
+
+def test_identical_endpoints_share_one_chain_and_interfaces_without_ifindex_are_pending():
+    s = base_state()
+    s.apply(p.WorkloadEndpointUpdate(WID, ep(iface="cali1")))
+    s.apply(p.WorkloadEndpointUpdate(WID2, ep(iface="cali2")))
+    out = c.PolicyCompiler().compile(s, {"cali1": 3})
+    a, b = out.programs[WID], out.programs[WID2]
+    assert a.ingress.start == b.ingress.start and a.ingress.records == b.ingress.records
+    assert a.endpoint_id != b.endpoint_id
+    assert out.pending_interfaces == ["cali2"]
+    assert list(out.endpoints) == [endpoints_map.encode_key(3)]
+    # two chains (ingress, egress: their rules have different counters) for four references
+    assert len(out.rules) == 4 and len(out.chains_in_use) == 2
+
+
+def test_admin_down_endpoint_has_flag_and_empty_chains():
+    s = base_state()
+    s.apply(p.WorkloadEndpointUpdate(WID, ep(state="inactive")))
+    out = c.PolicyCompiler().compile(s, {"cali1": 3})
+    val = endpoints_map.decode_value(out.endpoints[endpoints_map.encode_key(3)])
+    assert val["admin_down"] and val["ingress"]["len"] == 0 and val["egress"]["len"] == 0
+
+
+def test_numbers_are_stable_and_freed_only_on_commit():
+    s = base_state()
+    s.apply(p.IPSetUpdate("s-a", "net", frozenset({"10.0.0.1/32"})))
+    s.apply(p.IPSetUpdate("s-b", "net", frozenset({"10.0.0.2/32"})))
+    comp = c.PolicyCompiler()
+    first = comp.compile(s, {})
+    ids_a = comp.set_ids.get("s-a", ids_map.IdKind.IPSET)
+    assert (ids_a, comp.set_ids.get("s-b", ids_map.IdKind.IPSET)) == (1, 2)
+    comp.commit(first)
+    s.apply(p.IPSetRemove("s-a"))
+    s.apply(p.IPSetUpdate("s-c", "net", frozenset({"10.0.0.3/32"})))
+    second = comp.compile(s, {})
+    # s-a's number is not reused before the kernel stopped using it (commit)
+    assert comp.set_ids.get("s-c", ids_map.IdKind.IPSET) == 3
+    comp.commit(second)
+    s.apply(p.IPSetUpdate("s-d", "net", frozenset()))
+    comp.compile(s, {})
+    assert comp.set_ids.get("s-d", ids_map.IdKind.IPSET) == 1  # freed number reused
+    assert ipsets_map.member_key(2, "10.0.0.2/32") in second.ipsets
+
+
+def test_rule_nets_become_shared_net_sets_in_the_trie():
+    s = base_state()
+    nets = ("10.1.0.0/16", "10.2.0.0/16")
+    s.apply(policy("a", inbound=(p.Rule("allow", src_nets=nets),
+                                 p.Rule("deny", dst_nets=nets[::-1]))))
+    s.apply(p.WorkloadEndpointUpdate(WID, ep(tiers=(p.TierInfo("default", ("a",)),))))
+    out = c.PolicyCompiler().compile(s, {})
+    chain = out.programs[WID].ingress.records
+    assert chain[0].src_net and chain[0].src_net == chain[1].dst_net
+    members = sorted(ipsets_map.decode_key(k)["member"] for k in out.ipsets)
+    assert members == ["10.1.0.0/16", "10.2.0.0/16"]
+
+
+def test_changed_chain_goes_to_a_new_region_and_old_region_is_reused_after_commit():
+    s = base_state()
+    s.apply(policy("a", inbound=(p.Rule("allow", protocol=6),)))
+    s.apply(p.WorkloadEndpointUpdate(WID, ep(tiers=(p.TierInfo("default", ("a",)),))))
+    comp = c.PolicyCompiler()
+    r1 = comp.compile(s, {"cali1": 3})
+    start1 = r1.programs[WID].ingress.start
+    comp.commit(r1)
+    s.apply(policy("a", inbound=(p.Rule("allow", protocol=17),)))
+    r2 = comp.compile(s, {"cali1": 3})
+    start2 = r2.programs[WID].ingress.start
+    old = set(range(start1, start1 + r1.programs[WID].ingress.length))
+    assert not old & set(range(start2, start2 + r2.programs[WID].ingress.length))
+    assert r2.rules  # the new region must be written before the endpoint moves
+    comp.commit(r2)
+    s.apply(policy("a", inbound=(p.Rule("allow", protocol=132),)))
+    r3 = comp.compile(s, {"cali1": 3})
+    assert r3.programs[WID].ingress.start == start1  # freed region reused
+
+
+def test_second_compile_of_same_state_writes_no_rules():
+    s = base_state()
+    s.apply(p.WorkloadEndpointUpdate(WID, ep()))
+    comp = c.PolicyCompiler()
+    r1 = comp.compile(s, {"cali1": 3})
+    comp.commit(r1)
+    r2 = comp.compile(s, {"cali1": 3})
+    assert r2.rules == {} and r2.endpoints == r1.endpoints and r2.ids == r1.ids
+    assert r2.all_rules() == r1.all_rules()
+
+
+def _program_into_fakes(out: c.CompiledDataplane) -> dict[str, FakeMap]:
+    fakes = {"ids": FakeMap(ids_map.PARAMS), "endpoints": FakeMap(endpoints_map.PARAMS),
+             "rules": FakeMap(rules_map.PARAMS)}
+    for name, entries in (("ids", out.ids), ("endpoints", out.endpoints),
+                          ("rules", out.all_rules())):
+        fakes[name].update_many(entries.items())
+    return fakes
+
+
+def test_restart_adopts_ids_and_chains_from_the_maps():
+    s = base_state()
+    s.apply(p.IPSetUpdate("s-x", "net", frozenset({"10.9.0.0/16"})))
+    s.apply(p.IPSetUpdate("s-y", "net", frozenset({"10.8.0.0/16"})))
+    s.apply(policy("a", inbound=(p.Rule("allow", src_ip_set_ids=("s-y",),
+                                        dst_ports=(p.PortRange(80, 80),)),)))
+    s.apply(p.WorkloadEndpointUpdate(WID, ep(tiers=(p.TierInfo("default", ("a",)),))))
+    comp = c.PolicyCompiler()
+    # make the allocation differ from what a fresh compiler would choose
+    comp.set_ids.allocate("something-else", ids_map.IdKind.IPSET)
+    first = comp.compile(s, {"cali1": 4})
+    fakes = _program_into_fakes(first)
+    adopted = c.AdoptedState.from_maps(fakes["ids"], fakes["endpoints"], fakes["rules"])
+    again = c.PolicyCompiler(adopted=adopted).compile(s, {"cali1": 4})
+    assert again.rules == {}  # every chain is already in place
+    assert again.endpoints == first.endpoints and again.ipsets == first.ipsets
+    assert again.ids == first.ids
+
+
+def test_bad_fields_fail_the_endpoint_closed_naming_the_field():
+    s = base_state()
+    s.apply(policy("a", inbound=(p.Rule("allow", src_nets=("10.0.0.300/8",)),)))
+    s.apply(policy("b", inbound=(p.Rule("allow", dst_ports=(p.PortRange(90, 80),)),)))
+    s.apply(policy("c", inbound=(p.Rule("allow", protocol=300),)))
+    s.apply(policy("d", inbound=(p.Rule("allow", src_ip_set_ids=("nope",)),)))
+    s.apply(policy("e", inbound=(p.Rule("jump"),)))
+    comp = c.PolicyCompiler()
+    for name, field in (("a", "src_nets"), ("b", "dst_ports"), ("c", "protocol"),
+                        ("d", "src_ip_set_ids"), ("e", "action")):
+        s.endpoints = {WID: ep(tiers=(p.TierInfo("default", (name,)),))}
+        out = comp.compile(s, {"cali1": 1})
+        assert out.programs[WID].ingress.records == c.DENY_ALL
+        assert len(out.problems) == 1
+        assert f"policy default/{name}" in out.problems[0]
+        assert f"field {field}" in out.problems[0]
+        assert out.programs[WID].egress.records != c.DENY_ALL  # other direction unaffected
+
+
+def test_ipv6_rules_and_nets_are_left_out_of_ipv4_chains():
+    s = base_state()
+    s.apply(p.IPSetUpdate("s6", "net", frozenset({"fd00::1/128", "10.0.0.1/32"})))
+    s.apply(policy("a", inbound=(
+        p.Rule("deny", ip_version=6),
+        p.Rule("deny", src_nets=("fd00::/64",)),
+        p.Rule("allow", src_nets=("fd00::/64", "10.0.0.0/8"), not_dst_nets=("fd00::/8",)),
+    )))
+    s.apply(p.WorkloadEndpointUpdate(WID, ep(tiers=(p.TierInfo("default", ("a",)),))))
+    out = c.PolicyCompiler().compile(s, {})
+    chain = out.programs[WID].ingress.records
+    assert actions(chain) == ["allow", "deny", "allow", "deny"]
+    assert chain[0].src_net and not chain[0].not_dst_net
+    members = sorted(ipsets_map.decode_key(k)["member"] for k in out.ipsets)
+    assert members == ["10.0.0.0/8", "10.0.0.1/32"]
+
+
+def test_port_ranges_are_merged_then_split_over_records():
+    s = base_state()
+    ports = tuple(p.PortRange(i, i) for i in range(100, 110))  # merges to one range
+    ports += tuple(p.PortRange(i * 10, i * 10) for i in range(20, 40))  # 20 single ports
+    s.apply(policy("a", inbound=(p.Rule("allow", protocol=6, dst_ports=ports),)))
+    s.apply(p.WorkloadEndpointUpdate(WID, ep(tiers=(p.TierInfo("default", ("a",)),))))
+    out = c.PolicyCompiler().compile(s, {})
+    chain = out.programs[WID].ingress.records
+    mains = [r for r in chain if r.action == Action.ALLOW and r.protocol == 6]
+    assert len(mains) == 3  # 21 ranges / 8 slots
+    assert (100, 109) in [rg for r in mains for rg in r.dst_ports.ranges]
+    assert len({r.counter_id for r in mains}) == 1
+    _assert_walk_matches_semantics(s, out, range(95, 400))
+
+
+def _assert_walk_matches_semantics(s, out, ports, srcs=("10.0.0.1",)):
+    trie = Trie(out.ipsets)
+    chain = out.programs[WID].ingress.records
+    seen = set()
+    for src in srcs:
+        for port in ports:
+            pkt = Pkt(src, "10.0.5.5", 6, sport=1000, dport=port)
+            want = expected_verdict(s, s.endpoints[WID], "ingress", pkt)
+            assert walk_chain(trie, chain, pkt)[0] == want, pkt
+            seen.add(want)
+    assert seen == {"allow", "deny"}  # the sample exercises both outcomes
+
+
+def test_overflowing_and_constraints_become_guards_skipping_the_rule():
+    s = base_state()
+    nested = {"s0": "10.0.0.0/16", "s1": "10.0.0.0/17", "s2": "10.0.0.0/18",
+              "s3": "10.0.1.0/24", "s4": "10.0.2.0/24", "s5": "10.0.3.0/24"}
+    for name, net in nested.items():
+        s.apply(p.IPSetUpdate(name, "net", frozenset({net})))
+    not_ports = tuple(p.PortRange(i * 10, i * 10) for i in range(1, 12))
+    s.apply(policy("a", inbound=(p.Rule("allow", src_ip_set_ids=("s0", "s1", "s2"),
+                                        not_src_ip_set_ids=("s3", "s4", "s5"),
+                                        not_dst_ports=not_ports),)))
+    s.apply(p.WorkloadEndpointUpdate(WID, ep(tiers=(p.TierInfo("default", ("a",)),))))
+    out = c.PolicyCompiler().compile(s, {})
+    chain = out.programs[WID].ingress.records
+    guards = [r for r in chain if r.action == Action.SKIP]
+    assert len(guards) == 3  # one set, one not-set, one chunk of 3 not-ports
+    assert all(g.jump == len(guards) + 1 and g.counter_id == 0 for g in guards)
+    srcs = [f"10.0.{i}.{j}" for i in range(5) for j in (1, 200)]
+    srcs += ["10.0.64.1", "10.0.200.1", "10.1.0.1"]
+    _assert_walk_matches_semantics(s, out, range(0, 130, 5), srcs=srcs)
+
+
+def test_chain_longer_than_the_walker_can_finish_denies_all():
+    s = base_state()
+    s.apply(policy("big", inbound=tuple(p.Rule("allow", protocol=6, dst_ports=(
+        p.PortRange(i, i),)) for i in range(1, 40))))
+    s.apply(p.WorkloadEndpointUpdate(WID, ep(tiers=(p.TierInfo("default", ("big",)),))))
+    out = c.PolicyCompiler(max_chain_records=20).compile(s, {})
+    assert out.programs[WID].ingress.records == c.DENY_ALL
+    assert "more than the 20" in out.problems[0]
+
+
+def test_rules_array_full_raises_map_full_error_naming_the_map():
+    s = base_state()
+    s.apply(policy("big", inbound=tuple(p.Rule("allow", protocol=i) for i in range(10))))
+    s.apply(p.WorkloadEndpointUpdate(WID, ep(tiers=(p.TierInfo("default", ("big",)),))))
+    with pytest.raises(MapFullError, match="'rules'"):
+        c.PolicyCompiler(rules_capacity=8).compile(s, {})
+
+
+def test_counter_ids_exhausted_degrade_to_uncounted_with_a_problem():
+    s = base_state()
+    s.apply(policy("a", inbound=tuple(p.Rule("allow", protocol=i) for i in range(5))))
+    s.apply(p.WorkloadEndpointUpdate(WID, ep(tiers=(p.TierInfo("default", ("a",)),))))
+    out = c.PolicyCompiler(rule_counters=3).compile(s, {})
+    chain = out.programs[WID].ingress.records
+    assert [r.counter_id for r in chain[:3]] == [1, 2, 0]
+    assert any("not counted" in x for x in out.problems)
+
+
+def test_routes_pools_host_ips_and_config():
+    s = base_state()
+    s.apply(p.HostMetadataUpdate("node1", "198.18.0.1"))
+    s.apply(p.HostMetadataUpdate("node2", "198.18.0.2"))
+    s.apply(p.IPAMPoolUpdate("10.65.0.0/16", "10.65.0.0/16", masquerade=True))
+    s.apply(p.RouteUpdate("10.65.1.0/26", "remote_workload", dst_node="node2",
+                          dst_node_ip="198.18.0.2"))
+    s.apply(p.RouteUpdate("10.65.0.5/32", "local_workload", local_workload_iface="cali1"))
+    s.apply(p.RouteUpdate("fd00::/64", "remote_workload"))
+    s.apply(p.ConfigUpdate((("DefaultEndpointToHostAction", "Accept"),)))
+    out = c.PolicyCompiler().compile(s, {"cali1": 9})
+    rows = {routes_map.decode_key(k): routes_map.decode_value(v) for k, v in out.routes.items()}
+    assert rows["198.18.0.1/32"]["flags"] == ["local_host"]
+    assert rows["198.18.0.2/32"] == {"flags": ["remote_host"], "ifindex": 0,
+                                     "next_hop": "198.18.0.2"}
+    assert rows["10.65.1.0/26"]["flags"] == ["in_pool", "nat_outgoing", "remote_workload"]
+    assert rows["10.65.1.0/26"]["next_hop"] == "198.18.0.2"
+    assert rows["10.65.0.5/32"]["ifindex"] == 9
+    assert len(rows) == 5  # 2 hosts, pool, 2 routes; the IPv6 route is skipped
+    assert list(out.config.values()) == [bytes([0] * 4 + [1, 0, 0, 0])]
+    s.apply(p.ConfigUpdate((("DefaultEndpointToHostAction", "Bogus"),)))
+    out = c.PolicyCompiler().compile(s, {})
+    assert "DefaultEndpointToHostAction: 'Bogus'" in out.problems[0]
+
+
+def test_untracked_xdp_entries_stop_at_the_first_rule_xdp_cannot_express():
+    s = base_state()
+    s.apply(p.IPSetUpdate("bad-guys", "net", frozenset({"203.0.113.0/24", "192.0.2.7"})))
+    s.apply(policy("untr", inbound=(
+        p.Rule("deny", src_nets=("198.51.100.0/24",)),
+        p.Rule("log"),
+        p.Rule("deny", src_ip_set_ids=("bad-guys",)),
+        p.Rule("allow", src_nets=("10.0.0.0/8",)),
+        p.Rule("deny", src_nets=("10.1.0.0/16",)),  # after an allow: not for XDP
+    )))
+    s.apply(p.HostEndpointUpdate(p.HostEndpointID("eth0-hep"), p.HostEndpoint(
+        name="eth0", untracked_tiers=(p.TierInfo("default", ("untr",)),))))
+    s.apply(p.HostEndpointUpdate(p.HostEndpointID("all"), p.HostEndpoint(
+        name="*", untracked_tiers=(p.TierInfo("default", ("untr",)),))))
+    out = c.PolicyCompiler().compile(s, {"eth0": 2})
+    rows = sorted((untracked_map.decode_key(k)["ifindex"], untracked_map.decode_key(k)["src"])
+                  for k in out.untracked)
+    srcs = ["192.0.2.7/32", "198.51.100.0/24", "203.0.113.0/24"]
+    assert rows == [(0, x) for x in srcs] + [(2, x) for x in srcs]
+
+
+def test_delta_for_unknown_ip_set_is_a_clear_error():
+    with pytest.raises(c.CompileError, match="'ghost'"):
+        c.DataplaneState().apply(p.IPSetDeltaUpdate("ghost", added=frozenset({"1.1.1.1/32"})))
+
+
+def test_long_names_are_stored_as_digests_and_still_match():
+    long_name = "x" * 300
+    comp = c.PolicyCompiler()
+    n = comp.set_ids.allocate(long_name, ids_map.IdKind.IPSET)
+    assert comp.set_ids.get(long_name, ids_map.IdKind.IPSET) == n
+    value = comp.set_ids.entries([n])[ids_map.encode_key(ids_map.IdKind.IPSET, n)]
+    assert ids_map.decode_value(value).startswith("sha256:")
+
+
+# --- property: compiled records decide as Calico's semantics say ------------------------------
+
+SETS = {
+    "sA": ("net", frozenset({"10.0.0.0/30", "10.0.1.1/32"})),
+    "sB": ("net", frozenset({"10.0.0.2/31", "10.0.2.0/24"})),
+    "sC": ("net", frozenset({"10.0.1.0/24"})),
+    "npA": ("ip_port", frozenset({"10.0.0.1/32,tcp:80", "10.0.1.1/32,udp:53",
+                                  "10.0.2.2/32,tcp:8080"})),
+    "npB": ("ip_port", frozenset({"10.0.0.2/32,tcp:81", "10.0.2.2/32,sctp:80"})),
+    "npC": ("ip_port", frozenset({"10.0.1.1/32,tcp:80"})),
+}
+ADDRS = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.1.1", "10.0.2.2", "10.9.9.9"]
+PROTOS = [1, 6, 17, 132]
+PORTS = [53, 79, 80, 81, 8080]
+
+port_ranges = st.lists(st.sampled_from(PORTS).flatmap(
+    lambda a: st.sampled_from([x for x in PORTS if x >= a]).map(lambda b: p.PortRange(a, b))),
+    max_size=10).map(tuple)
+net_lists = st.lists(st.sampled_from(["10.0.0.0/31", "10.0.1.0/24", "10.0.0.3/32",
+                                      "fd00::/8"]), max_size=2).map(tuple)
+net_sets = st.lists(st.sampled_from(["sA", "sB", "sC"]), max_size=3).map(tuple)
+np_sets = st.lists(st.sampled_from(["npA", "npB", "npC"]), max_size=3).map(tuple)
+opt_proto = st.none() | st.sampled_from(PROTOS)
+opt_byte = st.none() | st.sampled_from([0, 3, 8])
+
+
+@st.composite
+def rules(draw):
+    kw = dict(
+        action=draw(st.sampled_from(["allow", "deny", "pass", "log"])),
+        protocol=draw(opt_proto), not_protocol=draw(opt_proto),
+        src_nets=draw(net_lists), not_src_nets=draw(net_lists),
+        dst_nets=draw(net_lists), not_dst_nets=draw(net_lists),
+        src_ip_set_ids=draw(net_sets), not_src_ip_set_ids=draw(net_sets),
+        dst_ip_set_ids=draw(net_sets), not_dst_ip_set_ids=draw(net_sets),
+        src_ports=draw(port_ranges), not_src_ports=draw(port_ranges),
+        dst_ports=draw(port_ranges), not_dst_ports=draw(port_ranges),
+        src_named_port_ip_set_ids=draw(np_sets), dst_named_port_ip_set_ids=draw(np_sets),
+        not_src_named_port_ip_set_ids=draw(np_sets), not_dst_named_port_ip_set_ids=draw(np_sets),
+    )
+    icmp_type = draw(opt_byte)
+    not_icmp_type = draw(opt_byte)
+    kw.update(icmp_type=icmp_type, icmp_code=draw(opt_byte) if icmp_type is not None else None,
+              not_icmp_type=not_icmp_type,
+              not_icmp_code=draw(opt_byte) if not_icmp_type is not None else None)
+    # keep most rules simple so that a good share of packets match something
+    simple = draw(st.sets(st.sampled_from(list(kw)[1:]), max_size=3))
+    for key in list(kw)[1:]:
+        if key not in simple and key not in ("icmp_code", "not_icmp_code"):
+            kw[key] = None if key in ("protocol", "not_protocol", "icmp_type",
+                                      "not_icmp_type") else ()
+    if kw["icmp_type"] is None:
+        kw["icmp_code"] = None
+    if kw["not_icmp_type"] is None:
+        kw["not_icmp_code"] = None
+    return p.Rule(**kw)
+
+
+packets = st.builds(
+    Pkt, src=st.sampled_from(ADDRS), dst=st.sampled_from(ADDRS), proto=st.sampled_from(PROTOS),
+    sport=st.sampled_from(PORTS), dport=st.sampled_from(PORTS),
+    icmp_type=st.sampled_from([0, 3, 8]), icmp_code=st.sampled_from([0, 3]),
+)
+
+
+@st.composite
+def scenarios(draw):
+    s = c.DataplaneState()
+    for name, (typ, members) in SETS.items():
+        s.apply(p.IPSetUpdate(name, typ, members))
+    tiers = []
+    for t in range(draw(st.integers(0, 3))):
+        names = []
+        for i in range(draw(st.integers(0, 2))):
+            name = f"t{t}p{i}"
+            s.apply(policy(name, tier=f"t{t}",
+                           inbound=tuple(draw(st.lists(rules(), max_size=4))),
+                           outbound=tuple(draw(st.lists(rules(), max_size=2)))))
+            names.append(name)
+        tiers.append(p.TierInfo(f"t{t}", ingress_policies=tuple(names),
+                                egress_policies=tuple(names[:1]),
+                                default_action=draw(st.sampled_from(["deny", "pass"]))))
+    profiles = []
+    for i in range(draw(st.integers(0, 2))):
+        s.apply(p.ActiveProfileUpdate(f"prof{i}", p.Profile(
+            inbound_rules=tuple(draw(st.lists(rules(), max_size=3))),
+            outbound_rules=tuple(draw(st.lists(rules(), max_size=3))))))
+        profiles.append(f"prof{i}")
+    endpoint = ep(tiers=tuple(tiers), profiles=tuple(profiles))
+    s.apply(p.WorkloadEndpointUpdate(WID, endpoint))
+    return s, endpoint
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenarios(), st.lists(packets, min_size=1, max_size=8))
+def test_compiled_chains_decide_like_calico_semantics(scenario, pkts):
+    state, endpoint = scenario
+    out = c.PolicyCompiler().compile(state, {"cali1": 1})
+    assert out.problems == []
+    trie = Trie(out.ipsets)
+    prog = out.programs[WID]
+    for pkt in pkts:
+        for direction, ref in (("ingress", prog.ingress), ("egress", prog.egress)):
+            want = expected_verdict(state, endpoint, direction, pkt)
+            got, _ = walk_chain(trie, ref.records, pkt)
+            assert got == want, (direction, pkt, [rules_map.describe(r) for r in ref.records])

@@ -1,0 +1,202 @@
+"""Map modules without a kernel: constants agree with the C headers, encodings round-trip,
+the fake map enforces its size, the conntrack cleaner deletes exactly the expired flows."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.bpf.conntrack import ConntrackCleaner
+from agent.bpf.maps import ALL_MAPS
+from agent.bpf.maps import config as config_map
+from agent.bpf.maps import conntrack as ct_map
+from agent.bpf.maps import counters as counters_map
+from agent.bpf.maps import endpoints as endpoints_map
+from agent.bpf.maps import ids as ids_map
+from agent.bpf.maps import ipsets as ipsets_map
+from agent.bpf.maps import routes as routes_map
+from agent.bpf.maps import rules as rules_map
+from agent.bpf.maps import untracked as untracked_map
+from agent.bpf.maps.base import FakeMap, MapFullError
+from agent.bpf.maps.rules import Action, PortMatch, RuleRecord
+
+INCLUDE = Path(__file__).resolve().parents[2] / "bpf" / "include"
+
+
+def c_defines() -> dict[str, str]:
+    out = {}
+    for header in INCLUDE.glob("*.h"):
+        for m in re.finditer(r"^#define\s+(\w+)\s+(.+?)\s*(?:/\*.*)?$", header.read_text(),
+                             re.M):
+            out[m.group(1)] = m.group(2)
+    return out
+
+
+def c_int(defines: dict[str, str], name: str) -> int:
+    return int(defines[name], 0)
+
+
+def test_python_constants_match_the_c_headers():
+    d = c_defines()
+    pairs = [
+        ("RULE_PORT_SLOTS", rules_map.PORT_SLOTS), ("RULE_SET_SLOTS", rules_map.SET_SLOTS),
+        ("RULE_NAMED_PORT_SLOTS", rules_map.NAMED_PORT_SLOTS),
+        ("POLICY_MAX_TAIL_CALLS", rules_map.MAX_TAIL_CALLS),
+        ("POLICY_RULES_PER_PROG", rules_map.DEFAULT_RULES_PER_PROG),
+        ("IPSET_KEY_FIXED_BITS", ipsets_map.KEY_FIXED_BITS),
+        ("UNTRACKED_KEY_FIXED_BITS", untracked_map.KEY_FIXED_BITS),
+        ("ID_NAME_LEN", ids_map.NAME_LEN), ("EP_F_ADMIN_DOWN", endpoints_map.FLAG_ADMIN_DOWN),
+    ]
+    pairs += [(f"RULE_ACTION_{a.name}", a.value) for a in Action]
+    pairs += [(f"RM_{m.name}", m.value) for m in rules_map.Match]
+    pairs += [(f"GCNT_{g.name}", g.value) for g in counters_map.GlobalCounter]
+    pairs += [(f"CT_F_{f.name}", f.value) for f in ct_map.CtFlags]
+    pairs += [(f"RT_F_{f.name}", f.value) for f in routes_map.RouteFlags]
+    pairs += [(f"ID_KIND_{k.name}", k.value) for k in ids_map.IdKind]
+    pairs += [(f"EP_TO_HOST_{a.name}", a.value) for a in config_map.EndpointToHostAction]
+    pairs += [(f"EP_CNT_{n.upper()}", i) for i, n in enumerate(counters_map.EP_DIRECTIONS)]
+    timeouts = ct_map.DEFAULT_TIMEOUTS
+    pairs += [(f"CT_TIMEOUT_{k.upper()}", getattr(timeouts, k))
+              for k in timeouts.__dataclass_fields__]
+    mismatched = [(name, d.get(name), py) for name, py in pairs
+                  if name not in d or c_int(d, name) != py]
+    assert mismatched == []
+    assert c_int(d, "GCNT_COUNT") == len(counters_map.GlobalCounter)
+    assert c_int(d, "GCNT_COUNT") <= counters_map.GLOBAL_COUNTERS.max_entries
+
+
+C_MAP_TYPES = {"hash": 1, "array": 2, "percpu_array": 6, "lru_hash": 9, "lpm_trie": 11}
+
+
+def test_every_map_is_pinned_by_its_header_under_the_python_pin_name_and_default_size():
+    decl = re.compile(r'BPF_TABLE_PINNED7?\(\s*"(\w+)",[^;]*?,\s*(\w+),\s*(\w+),\s*'
+                      r'PIN_DIR "/(\w+)"')
+    declared = {}
+    for header in INCLUDE.glob("*.h"):
+        for m in decl.finditer(header.read_text()):
+            declared[m.group(2)] = (header.name, m.group(1), m.group(3), m.group(4))
+    d = c_defines()
+    for params in ALL_MAPS:
+        header, ctype, size, pin = declared[params.name]
+        assert (header, C_MAP_TYPES[ctype], pin) == (
+            params.header, params.map_type, params.pin_name), params.name
+        max_entries = c_int(d, size) if size in d else int(size)
+        assert max_entries == params.max_entries, params.name
+
+
+# --- encodings -----------------------------------------------------------------------------
+
+
+def test_ipset_member_keys():
+    key = ipsets_map.member_key(7, "10.1.2.0/24")
+    k = ipsets_map.Key.from_buffer_copy(key)
+    assert (k.prefixlen, k.set_id, k.proto, k.port) == (64 + 24, 7, 0, 0)
+    assert bytes(k)[12:] == bytes([10, 1, 2, 0])  # network byte order in memory
+    assert ipsets_map.decode_key(key) == {"set_id": 7, "member": "10.1.2.0/24"}
+    named = ipsets_map.member_key(9, "10.0.0.5,tcp:8080")
+    assert ipsets_map.decode_key(named) == {"set_id": 9, "member": "10.0.0.5/32,tcp:8080"}
+    assert ipsets_map.member_key(1, "fd00::1/128") is None
+    for bad in ("10.0.0.1/33", "10.0.0.1/32,icmp:1", "10.0.0.1/32,tcp:70000", "nonsense"):
+        with pytest.raises(ValueError, match=re.escape(bad)):
+            ipsets_map.member_key(1, bad)
+
+
+port_matches = st.builds(
+    PortMatch,
+    ranges=st.lists(st.tuples(st.integers(0, 65535), st.integers(0, 65535)).map(sorted).map(
+        tuple), max_size=rules_map.PORT_SLOTS).map(tuple),
+    named_sets=st.lists(st.integers(1, 2**32 - 1), max_size=rules_map.NAMED_PORT_SLOTS).map(
+        tuple),
+)
+set_lists = st.lists(st.integers(1, 2**32 - 1), max_size=rules_map.SET_SLOTS).map(tuple)
+opt_byte = st.none() | st.integers(0, 255)
+records = st.builds(
+    RuleRecord, action=st.sampled_from(list(Action)), jump=st.integers(0, 5000),
+    counter_id=st.integers(0, 2**32 - 1), protocol=opt_byte, not_protocol=opt_byte,
+    src_net=st.integers(0, 99), not_src_net=st.integers(0, 99), dst_net=st.integers(0, 99),
+    not_dst_net=st.integers(0, 99), src_sets=set_lists, not_src_sets=set_lists,
+    dst_sets=set_lists, not_dst_sets=set_lists, src_ports=port_matches,
+    not_src_ports=port_matches, dst_ports=port_matches, not_dst_ports=port_matches,
+    icmp_type=opt_byte, icmp_code=opt_byte, not_icmp_type=opt_byte, not_icmp_code=opt_byte,
+)
+
+
+@given(records)
+def test_rule_records_round_trip(rec):
+    raw = rules_map.encode(rec)
+    assert len(raw) == ctypes.sizeof(rules_map.Value)
+    assert rules_map.decode(raw) == rec
+
+
+def test_rule_record_slot_overflow_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match="dst_sets"):
+        rules_map.encode(RuleRecord(Action.ALLOW, dst_sets=(1, 2, 3)))
+
+
+def test_conntrack_normalisation_is_symmetric():
+    k1, a_to_b = ct_map.normalise(3, "10.0.0.2", "10.0.0.1", 80, 5000, 6)
+    k2, b_to_a = ct_map.normalise(3, "10.0.0.1", "10.0.0.2", 5000, 80, 6)
+    assert k1 == k2 and not a_to_b and b_to_a
+    assert k1.addr_a == "10.0.0.1" and k1.port_a == 5000
+    assert ct_map.decode_key(ct_map.encode_key(k1)) == k1
+    # same address: the lower port is side A
+    k3, src_is_a = ct_map.normalise(3, "10.0.0.1", "10.0.0.1", 9, 8, 17)
+    assert (k3.port_a, src_is_a) == (8, False)
+
+
+def test_endpoint_route_untracked_and_config_values_round_trip():
+    raw = endpoints_map.encode_value(5, 1, (10, 3), (20, 4))
+    assert endpoints_map.decode_value(raw) == {
+        "endpoint_id": 5, "flags": 1, "admin_down": True, "ingress": {"start": 10, "len": 3},
+        "egress": {"start": 20, "len": 4}}
+    assert routes_map.decode_key(routes_map.encode_key("10.65.0.0/16")) == "10.65.0.0/16"
+    assert routes_map.decode_value(routes_map.encode_value(
+        routes_map.RouteFlags.LOCAL_HOST, 0, "")) == {"flags": ["local_host"], "ifindex": 0,
+                                                      "next_hop": ""}
+    assert untracked_map.decode_key(untracked_map.encode_key(4, "192.0.2.0/24")) == {
+        "ifindex": 4, "src": "192.0.2.0/24"}
+    assert config_map.action_from_felix("accept") == config_map.EndpointToHostAction.ACCEPT
+    with pytest.raises(ValueError, match="DefaultEndpointToHostAction"):
+        config_map.action_from_felix("Maybe")
+
+
+def test_fake_map_enforces_max_entries():
+    m = FakeMap(endpoints_map.PARAMS, max_entries=2)
+    for i in range(2):
+        m.update(endpoints_map.encode_key(i), endpoints_map.encode_value(i, 0, (0, 0), (0, 0)))
+    m.update(endpoints_map.encode_key(1), endpoints_map.encode_value(9, 0, (0, 0), (0, 0)))
+    with pytest.raises(MapFullError, match="'endpoints' is full"):
+        m.update(endpoints_map.encode_key(5), endpoints_map.encode_value(5, 0, (0, 0), (0, 0)))
+
+
+def test_conntrack_cleaner_deletes_only_expired_flows():
+    now = 10_000 * ct_map.NS_PER_S
+    ct = FakeMap(ct_map.PARAMS)
+    flows = {
+        # (proto, flags, idle seconds) -> expected to survive?
+        (6, ct_map.CtFlags.SEEN_REPLY, 3000): True,        # established, < 1h
+        (6, ct_map.CtFlags.SEEN_REPLY, 4000): False,       # established, > 1h
+        (6, 0, 25): False,                                 # SYN only, > 20 s
+        (6, ct_map.CtFlags.SEEN_REPLY | ct_map.CtFlags.RST, 11): False,
+        (6, ct_map.CtFlags.SEEN_REPLY | ct_map.CtFlags.FIN_ORIG
+         | ct_map.CtFlags.FIN_REPLY, 20): True,
+        (17, 0, 59): True,
+        (17, 0, 61): False,
+        (1, 0, 6): False,
+        (132, 0, 30): True,
+    }
+    keys = {}
+    for i, (proto, flags, idle) in enumerate(flows):
+        key = ct_map.encode_key(ct_map.FlowKey(1, "10.0.0.1", "10.0.0.2", i, 80, proto))
+        ct.update(key, ct_map.encode_value(ct_map.FlowValue(
+            0, now - idle * ct_map.NS_PER_S, 1, 60, int(flags), 0)))
+        keys[key] = flows[(proto, flags, idle)]
+    stats = ConntrackCleaner(ct, clock_ns=lambda: now).run_once()
+    assert stats.scanned == len(flows)
+    assert stats.deleted == sum(not keep for keep in keys.values())
+    assert {k for k, keep in keys.items() if keep} == set(ct.data)
