@@ -18,13 +18,10 @@ import time
 
 import pytest
 
-from agent.dataplane.ifacemonitor import InterfaceMonitor
 from agent.dataplane.iptables.restore import BACKENDS, parse_save
-from agent.dataplane.loop import DataplaneLoop
+from agent.dataplane.linux import LinuxDataplane, LinuxDataplaneConfig
 from agent.dataplane.managers.ipsets import IPSetsManager
 from agent.dataplane.managers.iptables import IptablesManager
-from agent.dataplane.managers.routes import RouteManager
-from agent.dataplane.managers.sysctls import SysctlManager
 from agent.proto import (
     ActivePolicyUpdate,
     ActiveProfileUpdate,
@@ -213,17 +210,13 @@ def test_policy_allows_and_denies_real_tcp(make_netns, backend: str, record_prop
     policy = ActivePolicyUpdate(PolicyID("default", "web"), Policy(inbound_rules=(
         Rule(action="allow", protocol=6, src_ip_set_ids=("clients",),
              dst_ports=(PortRange(8080, 8080),)),)))
-    loop = DataplaneLoop([
-        IPSetsManager(netns=router), IptablesManager(netns=router, backend=backend),
-        RouteManager(netns=router), SysctlManager(netns=router),
-    ], resync_interval=3600)
-    mon = InterfaceMonitor(loop.enqueue, netns=router, resync_interval=3600, poll_interval=0.2)
+    dp = LinuxDataplane(netns=router, config=LinuxDataplaneConfig(iptables_backend=backend))
+    loop = dp.loop
     client, server = NetnsThread(client_ns), NetnsThread(server_ns)
     listeners = []
     try:
         listeners = [_listen(server, "10.65.0.2", p) for p in (8080, 9090)]
-        loop.start()
-        mon.start()
+        dp.start()
         for msg in [IPSetUpdate("clients", "net", frozenset({"10.65.0.1/32"})), OPEN, policy,
                     _ep("cali1", "10.65.0.1"),
                     _ep("cali2", "10.65.0.2", tiers=[TierInfo("default",
@@ -252,10 +245,7 @@ def test_policy_allows_and_denies_real_tcp(make_netns, backend: str, record_prop
             assert time.monotonic() < deadline, "TCP 9090 never allowed"
         assert not loop.fatal.is_set()
     finally:
-        mon.stop()
-        loop.stop()
-        for m in loop.managers:
-            m.close()  # type: ignore[attr-defined]
+        dp.stop()
         for s in listeners:
             s.close()
         client.close()
@@ -275,8 +265,8 @@ def test_drift_repaired_and_stale_state_swept_after_insync(make_netns, backend: 
     # drift: someone flushes one of our chains, deletes our FORWARD jump, empties a set
     restore = BACKENDS[backend].restore
     in_ns(ns, restore, "--noflush", input="*filter\n-F cali-tw-cali2\n-D FORWARD 1\nCOMMIT\n")
-    in_ns(ns, "ipset", "flush", [n for n in in_ns(ns, "ipset", "list", "-n").split()
-                                 if n.startswith("cali40s:")][0])
+    sets = in_ns(ns, "ipset", "list", "-n").split()
+    in_ns(ns, "ipset", "flush", next(n for n in sets if n.startswith("cali40s:")))
     for m in mgrs:
         m.request_resync()
     _apply_round(mgrs)

@@ -1,0 +1,135 @@
+"""Wiring of the Linux dataplane for one network namespace: managers in order, loop, monitor.
+
+Role: the one place that knows the managers' order (Felix's `InternalDataplane` constructor).
+The agent (or the lab, for a node namespace) builds a `LinuxDataplane`, starts it, feeds the
+calc graph's messages to `enqueue`, waits for `in_sync`, and stops it on shutdown (the
+programmed dataplane stays in place, as Felix leaves it on SIGTERM).
+
+Order of a round (phase 1 `apply`, then phase 2 `finish_apply` in the same order):
+
+    extra_managers (e.g. BPF maps, given by the caller, first: policy before plumbing)
+    IPSetsManager      creates/fills IP sets ........ phase 2: destroys unused sets
+    IptablesManager    rules referencing those sets (iptables mode only)
+    RouteManager       workload routes, blackholes for local blocks
+    SysctlManager      forwarding, proxy ARP, rp_filter (0 in BPF mode)
+
+In BPF mode the iptables and IP-set managers are left out (the BPF dataplane enforces policy);
+whoever switches modes must clean the other mode's state up (not done here yet).
+
+Settings keep Felix's names (`FelixConfiguration` / `FELIX_*`); `LinuxDataplaneConfig.from_felix`
+reads them from a mapping of strings and names the offending key on bad values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from agent.dataplane.ifacemonitor import InterfaceMonitor
+from agent.dataplane.loop import DataplaneLoop
+from agent.dataplane.manager import Manager
+from agent.dataplane.managers.ipsets import IPSetsManager
+from agent.dataplane.managers.iptables import IptablesManager
+from agent.dataplane.managers.routes import RouteManager
+from agent.dataplane.managers.sysctls import SysctlManager
+
+
+def _parse_seconds(config: Mapping[str, str], key: str, default: float) -> float:
+    raw = config.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw.rstrip("s"))
+    except ValueError as exc:
+        raise ValueError(f"{key}: {raw!r} is not a number of seconds") from exc
+    if value <= 0:
+        raise ValueError(f"{key}: must be > 0, got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class LinuxDataplaneConfig:
+    interface_prefixes: tuple[str, ...] = ("cali",)  # InterfacePrefix (comma-separated)
+    bpf_mode: bool = False  # BPFEnabled
+    endpoint_to_host_action: str = "Drop"  # DefaultEndpointToHostAction
+    iptables_backend: str = "auto"  # IptablesBackend: Auto | NFT | Legacy
+    max_ipset_size: int = 1048576  # MaxIpsetSize
+    resync_interval: float = 90.0  # IptablesRefreshInterval / RouteRefreshInterval
+    interface_refresh_interval: float = 90.0  # InterfaceRefreshInterval
+    fail_closed_after: float = 300.0  # how long policy may fail to program before exiting
+
+    @classmethod
+    def from_felix(cls, config: Mapping[str, str]) -> LinuxDataplaneConfig:
+        prefixes = tuple(p.strip() for p in config.get("InterfacePrefix", "cali").split(",")
+                         if p.strip())
+        if not prefixes:
+            raise ValueError("InterfacePrefix: empty")
+        bpf = config.get("BPFEnabled", "false").lower()
+        if bpf not in ("true", "false"):
+            raise ValueError(f"BPFEnabled: {bpf!r} is not true or false")
+        try:
+            max_size = int(config.get("MaxIpsetSize", "1048576"))
+        except ValueError as exc:
+            raise ValueError(f"MaxIpsetSize: {config['MaxIpsetSize']!r} is not an integer") \
+                from exc
+        return cls(
+            interface_prefixes=prefixes,
+            bpf_mode=bpf == "true",
+            endpoint_to_host_action=config.get("DefaultEndpointToHostAction", "Drop"),
+            iptables_backend=config.get("IptablesBackend", "auto"),
+            max_ipset_size=max_size,
+            resync_interval=_parse_seconds(config, "IptablesRefreshInterval", 90.0),
+            interface_refresh_interval=_parse_seconds(config, "InterfaceRefreshInterval", 90.0),
+        )
+
+
+class LinuxDataplane:
+    """Managers + driver loop + interface monitor for one namespace (None: our own)."""
+
+    def __init__(
+        self,
+        *,
+        netns: str | None = None,
+        config: LinuxDataplaneConfig | None = None,
+        extra_managers: Sequence[Manager] = (),
+        on_fatal: Callable[[str], None] | None = None,
+    ) -> None:
+        cfg = config or LinuxDataplaneConfig()
+        managers: list[Manager] = list(extra_managers)
+        if not cfg.bpf_mode:
+            managers += [
+                IPSetsManager(netns=netns, max_size=cfg.max_ipset_size),
+                IptablesManager(
+                    netns=netns,
+                    interface_prefixes=cfg.interface_prefixes,
+                    endpoint_to_host_action=cfg.endpoint_to_host_action,
+                    backend=cfg.iptables_backend,
+                ),
+            ]
+        managers += [
+            RouteManager(netns=netns),
+            SysctlManager(netns=netns, interface_prefixes=cfg.interface_prefixes,
+                          bpf_mode=cfg.bpf_mode),
+        ]
+        self.loop = DataplaneLoop(managers, resync_interval=cfg.resync_interval,
+                                  fail_closed_after=cfg.fail_closed_after, on_fatal=on_fatal)
+        self.monitor = InterfaceMonitor(self.loop.enqueue, netns=netns,
+                                        resync_interval=cfg.interface_refresh_interval)
+        self.in_sync = self.loop.in_sync
+        self.fatal = self.loop.fatal
+
+    def enqueue(self, msg: object) -> None:
+        self.loop.enqueue(msg)
+
+    def start(self) -> None:
+        self.loop.start()
+        self.monitor.start()
+
+    def stop(self) -> None:
+        """Stop the threads and release kernel handles; programmed state stays in place."""
+        self.monitor.stop()
+        self.loop.stop()
+        for manager in self.loop.managers:
+            close = getattr(manager, "close", None)
+            if close is not None:
+                close()
