@@ -1,0 +1,149 @@
+"""Where resources live in etcd: the key layout shared by the etcd syncer and the etcd client.
+
+Role: map a `ResourceKey` to its etcd key and back, and decode stored values.
+
+Layout (every value is the whole resource document as JSON, exactly as applied):
+- Calico kinds (`projectcalico.org/v3`), Calico's own v3 layout:
+  `/calico/resources/v3/projectcalico.org/<plural>/[<namespace>/]<name>`,
+  e.g. `/calico/resources/v3/projectcalico.org/globalnetworkpolicies/deny-all`;
+- Kubernetes kinds pyfelix accepts (`v1` Pod, Namespace, ServiceAccount and
+  `networking.k8s.io/v1` NetworkPolicy), which Calico never stores in etcd, under a
+  sibling directory no Calico tool reads:
+  `/calico/resources/v3/kubernetes/<plural>/[<namespace>/]<name>`, e.g.
+  `/calico/resources/v3/kubernetes/pods/shop/web-1`; Kubernetes NetworkPolicies use the
+  plural `kubernetesnetworkpolicies` (their pyfelix kind, so they never meet Calico's).
+Plurals and namespacing come from `agent.syncer.client.KINDS` (plus BlockAffinity, which
+Calico's IPAM writes and the route calculation reads), so the client and the syncer cannot
+disagree. One watch on `/calico/resources/v3/` therefore sees everything.
+
+Invariants: `etcd_key(parse_etcd_key(k)) == k` for every key `parse_etcd_key` accepts; a
+value decodes only if it is a JSON object whose own key (`key_of`) equals the key its path
+names, so a document stored under the wrong path is an error, not a silent rename.
+
+Easy to get wrong: keys under the prefix that are not ours (other Calico v3 kinds such as
+`clusterinformations`) must be skipped quietly, while a malformed key of a kind we know is
+an error worth reporting.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from agent.syncer.api import ResourceKey, key_of
+from agent.syncer.client import CALICO_API, KINDS
+
+ETCD_ROOT = "/calico/resources/v3/"
+CALICO_DIRECTORY = "projectcalico.org"
+KUBERNETES_DIRECTORY = "kubernetes"
+
+
+@dataclass(frozen=True)
+class KindLayout:
+    kind: str  # ResourceKey.kind
+    directory: str  # CALICO_DIRECTORY or KUBERNETES_DIRECTORY
+    plural: str
+    namespaced: bool
+
+    @property
+    def prefix(self) -> str:
+        return f"{ETCD_ROOT}{self.directory}/{self.plural}/"
+
+
+def _layouts() -> tuple[KindLayout, ...]:
+    layouts = [
+        KindLayout(info.kind,
+                   CALICO_DIRECTORY if info.api_version == CALICO_API else KUBERNETES_DIRECTORY,
+                   info.plural, info.namespaced)
+        for info in KINDS
+    ]
+    if not any(layout.kind == "BlockAffinity" for layout in layouts):
+        layouts.append(KindLayout("BlockAffinity", CALICO_DIRECTORY, "blockaffinities", False))
+    return tuple(layouts)
+
+
+LAYOUTS: tuple[KindLayout, ...] = _layouts()
+_BY_KIND = {layout.kind: layout for layout in LAYOUTS}
+_BY_DIRECTORY_PLURAL = {(layout.directory, layout.plural): layout for layout in LAYOUTS}
+
+
+class EtcdKeyError(ValueError):
+    """A key under our prefix, of a kind we know, that does not follow the layout."""
+
+
+def layout_of(kind: str) -> KindLayout:
+    layout = _BY_KIND.get(kind)
+    if layout is None:
+        raise EtcdKeyError(f"kind {kind!r} has no etcd layout")
+    return layout
+
+
+def _check_segment(what: str, value: str, key: ResourceKey) -> None:
+    if not value or "/" in value or value in (".", ".."):
+        raise EtcdKeyError(f"{key}: {what} {value!r} cannot be part of an etcd key "
+                           "(empty, '.', '..' or containing '/')")
+
+
+def etcd_key(key: ResourceKey) -> str:
+    """The etcd key of a resource; raises EtcdKeyError for an unusable name or kind."""
+    layout = layout_of(key.kind)
+    _check_segment("metadata.name", key.name, key)
+    if layout.namespaced:
+        _check_segment("metadata.namespace", key.namespace, key)
+        return f"{layout.prefix}{key.namespace}/{key.name}"
+    return f"{layout.prefix}{key.name}"
+
+
+def kind_prefix(kind: str, namespace: str | None = None) -> str:
+    """The etcd prefix holding every resource of a kind (or one namespace of it)."""
+    layout = layout_of(kind)
+    if namespace is not None and layout.namespaced:
+        return f"{layout.prefix}{namespace}/"
+    return layout.prefix
+
+
+def parse_etcd_key(path: str) -> ResourceKey | None:
+    """The resource key an etcd key names; None if it is not ours (another prefix or kind).
+
+    Raises EtcdKeyError if the key has one of our kinds but the wrong shape.
+    """
+    if not path.startswith(ETCD_ROOT):
+        return None
+    parts = path[len(ETCD_ROOT):].split("/")
+    if len(parts) < 2:
+        return None
+    layout = _BY_DIRECTORY_PLURAL.get((parts[0], parts[1]))
+    if layout is None:
+        return None
+    rest = parts[2:]
+    expected = 2 if layout.namespaced else 1
+    if len(rest) != expected or not all(rest):
+        shape = "<namespace>/<name>" if layout.namespaced else "<name>"
+        raise EtcdKeyError(f"etcd key {path!r} does not follow the layout "
+                           f"{layout.prefix}{shape}")
+    if layout.namespaced:
+        return ResourceKey(layout.kind, rest[0], rest[1])
+    return ResourceKey(layout.kind, "", rest[0])
+
+
+def encode_value(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def decode_value(path: str, key: ResourceKey, raw: bytes) -> dict[str, Any]:
+    """Decode a stored document; raises ValueError naming the etcd key and the problem."""
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"etcd key {path}: value is not UTF-8 JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise ValueError(f"etcd key {path}: value is a JSON {type(doc).__name__}, not an object")
+    try:
+        own_key = key_of(doc)
+    except ValueError as exc:
+        raise ValueError(f"etcd key {path}: {exc}") from exc
+    if own_key != key:
+        raise ValueError(f"etcd key {path}: the document inside is {own_key}, but the key "
+                         f"names {key}")
+    return doc
