@@ -288,3 +288,29 @@ def test_parse_save_reads_hashes_quoted_or_not() -> None:
         "-A cali-x -m comment --comment cali:def -j DROP\n-A cali-x -j ACCEPT\nCOMMIT\n")
     assert saved.chains == {"cali-x": ("def", None)}
     assert saved.base_ours == {"FORWARD": [(2, "abc")]}
+
+
+def test_ipset_members_that_normalise_alike_are_reference_counted() -> None:
+    h = Harness()
+    h.sync([IPSetUpdate("s", "net", frozenset({"10.0.0.1", "10.0.0.1/32", "10.0.0.0/8"}))])
+    name = ipset_name("s", "net")
+    h.feed([IPSetDeltaUpdate("s", removed=frozenset({"10.0.0.1"}))])
+    h.apply()
+    assert h.cmds.ipset.members(name) == {"10.0.0.1", "10.0.0.0/8"}
+    h.feed([IPSetDeltaUpdate("s", removed=frozenset({"10.0.0.1/32"}))])
+    h.apply()
+    assert h.cmds.ipset.members(name) == {"10.0.0.0/8"}
+    h.feed([IPSetUpdate("s", "net", frozenset({"10.0.0.0/8", "10.9.9.9"}))])
+    h.apply()
+    assert h.cmds.ipset.members(name) == {"10.0.0.0/8", "10.9.9.9"}
+
+
+def test_ipset_malformed_members_skipped_rest_programmed() -> None:
+    h = Harness()
+    h.sync([IPSetUpdate("s", "net", frozenset({"10.0.0.300", "banana", "10.0.0.2"})),
+            IPSetUpdate("n", "ip_port", frozenset({"10.0.0.1/32,icmp:0", "10.0.0.1,udp:99999",
+                                                   "10.0.0.1,udp:53"})),
+            IPSetUpdate("x", "weird", frozenset({"10.0.0.1"}))])
+    assert h.cmds.ipset.members(ipset_name("s", "net")) == {"10.0.0.2"}
+    assert h.cmds.ipset.members(ipset_name("n", "ip_port")) == {"10.0.0.1,udp:53"}
+    assert not any("weird" in n for n in h.cmds.ipset.sets)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import socket
 from dataclasses import dataclass
 
 from agent.dataplane.delta import DeltaTracker
@@ -56,8 +57,16 @@ class IPSetState:
 
 def _normalise_net(text: str) -> list[str] | None:
     """A CIDR/IP -> ipset's printed form(s); None when unparsable; [] when IPv6."""
+    text = text.strip()
+    addr, slash, plen = text.partition("/")
+    if (not slash or plen == "32") and ":" not in addr:
+        try:  # fast path for host entries, the bulk of every set
+            socket.inet_pton(socket.AF_INET, addr)
+        except OSError:
+            return None
+        return [addr]
     try:
-        net = ipaddress.ip_network(text.strip(), strict=False)
+        net = ipaddress.ip_network(text, strict=False)
     except ValueError:
         return None
     if net.version != 4:
@@ -104,6 +113,57 @@ def parse_ipset_save(text: str, prefix: str = IPSET_PREFIX) -> dict[str, IPSetSt
     return {name: IPSetState(types[name], frozenset(members.get(name, ()))) for name in types}
 
 
+class _SetMembers:
+    """One set's members: raw proto member -> kernel members, with reference counts (two raw
+    members can normalise to the same kernel member), so a delta costs O(delta)."""
+
+    def __init__(self, set_id: str, set_type: str) -> None:
+        self.set_id = set_id
+        self.set_type = set_type
+        self.raw: dict[str, tuple[str, ...]] = {}
+        self.counts: dict[str, int] = {}
+        self._skipped_ipv6 = 0
+
+    def add(self, member: str) -> None:
+        if member in self.raw:
+            return
+        norm = normalise_member(member, self.set_type)
+        if norm is None:
+            log.error("IP set %s: member %r is malformed; skipped", self.set_id, member)
+            return
+        if not norm:
+            self._skipped_ipv6 += 1
+        self.raw[member] = kernel_members = tuple(norm)
+        self._count(kernel_members)
+
+    def _count(self, kernel_members: tuple[str, ...]) -> None:
+        counts = self.counts
+        for kernel_member in kernel_members:
+            counts[kernel_member] = counts.get(kernel_member, 0) + 1
+
+    def remove(self, member: str) -> None:
+        for kernel_member in self.raw.pop(member, ()):
+            left = self.counts[kernel_member] - 1
+            if left:
+                self.counts[kernel_member] = left
+            else:
+                del self.counts[kernel_member]
+
+    def replace(self, members: frozenset[str], old: _SetMembers | None) -> None:
+        """Whole new membership; reuses `old`'s normalisations for members it already had."""
+        for member in members:
+            cached = old.raw.get(member) if old is not None else None
+            if cached is not None:
+                self.raw[member] = cached
+                self._count(cached)
+            else:
+                self.add(member)
+
+    def take_skipped_ipv6(self) -> int:
+        count, self._skipped_ipv6 = self._skipped_ipv6, 0
+        return count
+
+
 class IPSetsManager(ManagerBase):
     name = "ipsets"
     policy_critical = True
@@ -122,7 +182,7 @@ class IPSetsManager(ManagerBase):
         self._runner = runner or NetnsCommandRunner(netns)
         self._binary = ipset_binary
         self._max_size = max_size
-        self._sets: dict[str, tuple[str, set[str]]] = {}  # set id -> (proto type, members)
+        self._sets: dict[str, _SetMembers] = {}  # set id -> members, normalised as they come
         self._dirty: set[str] = set()
         self._tracker: DeltaTracker[str, IPSetState] = DeltaTracker()
         self.skipped_ipv6 = 0
@@ -137,23 +197,27 @@ class IPSetsManager(ManagerBase):
                           msg.id, msg.type)
                 return
             old = self._sets.get(msg.id)
-            if old is not None and old[0] != msg.type:
-                self._dirty.add(msg.id)  # old-typed name becomes unwanted
-                self._tracker.delete_desired(ipset_name(msg.id, old[0]))
-            self._sets[msg.id] = (msg.type, set(msg.members))
+            if old is not None and old.set_type != msg.type:
+                self._tracker.delete_desired(ipset_name(msg.id, old.set_type))
+                old = None
+            entry = _SetMembers(msg.id, msg.type)
+            entry.replace(msg.members, old)
+            self._sets[msg.id] = entry
             self._dirty.add(msg.id)
         elif isinstance(msg, IPSetDeltaUpdate):
             entry = self._sets.get(msg.id)
             if entry is None:
                 log.error("IPSetDeltaUpdate %s: unknown set; ignored", msg.id)
                 return
-            entry[1].difference_update(msg.removed)
-            entry[1].update(msg.added)
+            for member in msg.removed:
+                entry.remove(member)
+            for member in msg.added:
+                entry.add(member)
             self._dirty.add(msg.id)
         elif isinstance(msg, IPSetRemove):
             entry = self._sets.pop(msg.id, None)
             if entry is not None:
-                self._tracker.delete_desired(ipset_name(msg.id, entry[0]))
+                self._tracker.delete_desired(ipset_name(msg.id, entry.set_type))
             self._dirty.discard(msg.id)
         elif isinstance(msg, InSync):
             self._datastore_in_sync = True
@@ -163,19 +227,10 @@ class IPSetsManager(ManagerBase):
             entry = self._sets.get(set_id)
             if entry is None:
                 continue
-            set_type, raw = entry
-            members: set[str] = set()
-            for member in raw:
-                norm = normalise_member(member, set_type)
-                if norm is None:
-                    log.error("IP set %s: member %r is malformed; skipped", set_id, member)
-                elif not norm:
-                    self.skipped_ipv6 += 1
-                else:
-                    members.update(norm)
+            self.skipped_ipv6 += entry.take_skipped_ipv6()
             self._tracker.set_desired(
-                ipset_name(set_id, set_type),
-                IPSetState(KERNEL_IPSET_TYPES[set_type], frozenset(members)),
+                ipset_name(set_id, entry.set_type),
+                IPSetState(KERNEL_IPSET_TYPES[entry.set_type], frozenset(entry.counts)),
             )
         self._dirty.clear()
 
