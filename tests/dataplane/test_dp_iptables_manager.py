@@ -314,3 +314,15 @@ def test_ipset_malformed_members_skipped_rest_programmed() -> None:
     assert h.cmds.ipset.members(ipset_name("s", "net")) == {"10.0.0.2"}
     assert h.cmds.ipset.members(ipset_name("n", "ip_port")) == {"10.0.0.1,udp:53"}
     assert not any("weird" in n for n in h.cmds.ipset.sets)
+
+
+def test_table_remove_all_takes_out_every_chain_and_insert_of_ours_only() -> None:
+    h = Harness()
+    h.cmds.iptables.chains["FORWARD"].append("-j ACCEPT")
+    h.sync(_state())
+    table = h.iptables.table
+    table.remove_all()
+    assert table.apply(allow_deletes=True) is True
+    assert h.cmds.iptables.user_chains() == set()
+    assert h.cmds.iptables.chains["FORWARD"] == ["-j ACCEPT"]
+    assert h.cmds.iptables.chains["INPUT"] == []

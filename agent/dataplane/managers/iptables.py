@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 
-from agent.dataplane.iptables.names import endpoint_chain_name, valid_iface_name
+from agent.dataplane.iptables.names import valid_iface_name
 from agent.dataplane.iptables.render import (
     ENDPOINT_TO_HOST_ACTIONS,
     Marks,
@@ -208,8 +208,3 @@ class IptablesManager(ManagerBase):
             self.table.request_resync()
             self._resync_requested = False
         self.table.apply(allow_deletes=self._datastore_in_sync)
-
-    # --- introspection -------------------------------------------------------------------------
-
-    def endpoint_chain_names(self, iface: str) -> tuple[str, str]:
-        return (endpoint_chain_name(iface, True), endpoint_chain_name(iface, False))
