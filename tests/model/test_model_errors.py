@@ -57,6 +57,12 @@ CASES: list[tuple[str, Any, str, str, str]] = [
      "invalid label key"),
     ("bad-label-value", edit("Namespace", lambda d: d["metadata"]["labels"].update(
         env="a b")), "Namespace(prod)", "metadata.labels.env", "invalid label value"),
+    ("unknown-rule-field", rule(protcol="TCP"), "GlobalNetworkPolicy(bad)",
+     "spec.ingress[0].protcol", "unknown field"),
+    ("unknown-entity-field", rule(source={"selectr": "a == 'b'"}), "GlobalNetworkPolicy(bad)",
+     "spec.ingress[0].source.selectr", "unknown field"),
+    ("unknown-icmp-field", rule(protocol="ICMP", icmp={"typ": 8}), "GlobalNetworkPolicy(bad)",
+     "spec.ingress[0].icmp.typ", "unknown field"),
     ("bad-action", edit("NetworkPolicy", lambda d: spec_of(d)["ingress"][1].update(
         action="Accept")), "NetworkPolicy(prod/api-ingress)", "spec.ingress[1].action",
      "not one of Allow, Deny, Log, Pass"),
