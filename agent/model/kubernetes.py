@@ -150,8 +150,9 @@ def _pod_ips(top: Fields, meta: Metadata) -> tuple[str, ...]:
     status = top.sub("status")
     found: list[tuple[Fields, str, Any]] = []
     for item in status.items("podIPs"):
-        found.append((item, "ip", item.raw("ip")))
-    if not found and status.has("podIP"):
+        if item.raw("ip") != "":  # an empty entry means "not assigned yet"
+            found.append((item, "ip", item.raw("ip")))
+    if not found and status.raw("podIP") not in (None, ""):
         found.append((status, "podIP", status.raw("podIP")))
     if not found:
         annotations = meta.annotations_dict

@@ -197,6 +197,17 @@ def test_pod_ip_falls_back_to_pod_ip_then_calico_annotation() -> None:
     assert isinstance(pod, Pod) and pod.pod_ips == ("10.65.0.7", "fd00::7")
 
 
+def test_pod_with_empty_ip_fields_has_no_ip_yet() -> None:
+    pod = parse_resource(load("""
+apiVersion: v1
+kind: Pod
+metadata: {name: pending, namespace: prod}
+spec: {nodeName: node1}
+status: {phase: Pending, podIP: "", podIPs: [{ip: ""}]}
+"""))
+    assert isinstance(pod, Pod) and pod.pod_ips == () and pod.phase == "Pending"
+
+
 def test_pod_defaults_service_account_and_reads_deletion() -> None:
     doc = by_kind("Pod")
     del doc["spec"]["serviceAccountName"]
