@@ -70,29 +70,35 @@ class DataplaneUnavailable(RuntimeError):
 ManagersFactory = Callable[[Config], list[Manager]]
 
 
-def build_iptables_managers(config: Config) -> list[Manager]:
-    from agent.dataplane.managers.ipsets import IPSetsManager
-    from agent.dataplane.managers.iptables import IptablesManager
-    from agent.dataplane.managers.routes import RouteManager
-    from agent.dataplane.managers.sysctls import SysctlManager
+def linux_config(config: Config, *, bpf_mode: bool) -> Any:
+    from agent.dataplane.linux import LinuxDataplaneConfig
 
-    prefixes = tuple(p for p in config.interface_prefix.split(",") if p)
-    return [
-        SysctlManager(interface_prefixes=prefixes, bpf_mode=False),
-        RouteManager(protocol=config.route_table_protocol),
-        IPSetsManager(max_size=config.bpf_map_size_ip_sets),
-        IptablesManager(interface_prefixes=prefixes,
-                        endpoint_to_host_action=config.default_endpoint_to_host_action,
-                        backend=config.iptables_backend.lower()),
-    ]
+    return LinuxDataplaneConfig(
+        interface_prefixes=tuple(p for p in config.interface_prefix.split(",") if p),
+        bpf_mode=bpf_mode,
+        endpoint_to_host_action=config.default_endpoint_to_host_action,
+        iptables_backend=config.iptables_backend.lower(),
+        max_ipset_size=config.bpf_map_size_ip_sets,
+        resync_interval=config.iptables_refresh_interval,
+        fail_closed_after=config.dataplane_fail_closed_after,
+    )
+
+
+def build_iptables_managers(config: Config) -> list[Manager]:
+    from agent.dataplane.linux import linux_managers
+
+    return linux_managers(linux_config(config, bpf_mode=False))
 
 
 def build_bpf_managers(config: Config) -> list[Manager]:
+    """The BPF maps/programs managers first, then routes and sysctls (rp_filter 0)."""
+    from agent.dataplane.linux import linux_managers
+
     try:
         from agent.dataplane.bpf_dataplane import build_bpf_managers as build
     except ImportError as exc:
         raise DataplaneUnavailable(f"the BPF dataplane cannot be loaded: {exc}") from exc
-    return build(config)
+    return linux_managers(linux_config(config, bpf_mode=True), extra_managers=build(config))
 
 
 def select_managers(config: Config) -> tuple[str, list[Manager]]:

@@ -83,6 +83,28 @@ class LinuxDataplaneConfig:
         )
 
 
+def linux_managers(cfg: LinuxDataplaneConfig, *, netns: str | None = None,
+                   extra_managers: Sequence[Manager] = ()) -> list[Manager]:
+    """The managers of one namespace's dataplane, in the order a round applies them."""
+    managers: list[Manager] = list(extra_managers)
+    if not cfg.bpf_mode:
+        managers += [
+            IPSetsManager(netns=netns, max_size=cfg.max_ipset_size),
+            IptablesManager(
+                netns=netns,
+                interface_prefixes=cfg.interface_prefixes,
+                endpoint_to_host_action=cfg.endpoint_to_host_action,
+                backend=cfg.iptables_backend,
+            ),
+        ]
+    managers += [
+        RouteManager(netns=netns),
+        SysctlManager(netns=netns, interface_prefixes=cfg.interface_prefixes,
+                      bpf_mode=cfg.bpf_mode),
+    ]
+    return managers
+
+
 class LinuxDataplane:
     """Managers + driver loop + interface monitor for one namespace (None: our own)."""
 
@@ -95,22 +117,7 @@ class LinuxDataplane:
         on_fatal: Callable[[str], None] | None = None,
     ) -> None:
         cfg = config or LinuxDataplaneConfig()
-        managers: list[Manager] = list(extra_managers)
-        if not cfg.bpf_mode:
-            managers += [
-                IPSetsManager(netns=netns, max_size=cfg.max_ipset_size),
-                IptablesManager(
-                    netns=netns,
-                    interface_prefixes=cfg.interface_prefixes,
-                    endpoint_to_host_action=cfg.endpoint_to_host_action,
-                    backend=cfg.iptables_backend,
-                ),
-            ]
-        managers += [
-            RouteManager(netns=netns),
-            SysctlManager(netns=netns, interface_prefixes=cfg.interface_prefixes,
-                          bpf_mode=cfg.bpf_mode),
-        ]
+        managers = linux_managers(cfg, netns=netns, extra_managers=extra_managers)
         self.loop = DataplaneLoop(managers, resync_interval=cfg.resync_interval,
                                   fail_closed_after=cfg.fail_closed_after, on_fatal=on_fatal)
         self.monitor = InterfaceMonitor(self.loop.enqueue, netns=netns,
