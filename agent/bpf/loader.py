@@ -279,7 +279,7 @@ def load_dataplane(config: BuildConfig) -> LoadedDataplane:
             functions[name] = _load_func(b, name, bcc.BPF.SCHED_CLS)
         for name in XDP_PROGRAMS:
             functions[name] = _load_func(b, name, bcc.BPF.XDP)
-        progs = b["policy_progs"]
+        progs = b[b"policy_progs"]
         progs[progs.Key(POLICY_PROG_INDEX)] = progs.Leaf(functions["calico_policy"].fd)
         maps = {p.name: BpfMap.open_pinned(p, config.pin_dir) for p in ALL_MAPS}
     except Exception:

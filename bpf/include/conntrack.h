@@ -32,8 +32,8 @@
 #include "common.h"
 #include "counters.h"
 
-#ifndef CT_MAX_ENTRIES
-#define CT_MAX_ENTRIES 262144
+#ifndef CONNTRACK_MAX_ENTRIES
+#define CONNTRACK_MAX_ENTRIES 262144
 #endif
 
 /* Timeouts in seconds; the loader passes the values of agent/bpf/maps/conntrack.py. */
@@ -87,7 +87,7 @@ struct ct_value {
 	__u32 counter_id; /* rule counter of the rule that allowed the first packet, 0 if none */
 };
 
-BPF_TABLE_PINNED("lru_hash", struct ct_key, struct ct_value, conntrack, CT_MAX_ENTRIES,
+BPF_TABLE_PINNED("lru_hash", struct ct_key, struct ct_value, conntrack, CONNTRACK_MAX_ENTRIES,
 		 PIN_DIR "/conntrack_v1");
 
 /* Fill key from a tuple; returns 1 if the packet goes from side A to side B. */

@@ -209,7 +209,7 @@ class BpfMap:
 
     # many elements
 
-    def keys(self) -> Iterator[bytes]:
+    def iter_keys(self) -> Iterator[bytes]:
         """Every key (GET_NEXT_KEY walk). Deleting while iterating may restart a hash walk:
         collect keys first."""
         key = None
@@ -230,7 +230,7 @@ class BpfMap:
                 if not syscall.batch_unsupported(e):
                     raise
         out = []
-        for key in list(self.keys()):
+        for key in list(self.iter_keys()):
             value = self.lookup(key)
             if value is not None:
                 out.append((key, value))
@@ -272,10 +272,10 @@ class BpfMap:
         """Remove every entry (arrays: write zeros). Returns the number of entries touched."""
         if self.params.map_type in ARRAY_TYPES:
             zero = bytes(self.value_blob_size)
-            keys = list(self.keys())
+            keys = list(self.iter_keys())
             self.update_many((k, zero) for k in keys)
             return len(keys)
-        return self.delete_many(list(self.keys()))
+        return self.delete_many(list(self.iter_keys()))
 
 
 def layout_mismatch(params: MapParams, info: syscall.MapInfo) -> str:
@@ -332,7 +332,7 @@ class FakeMap:
         self.writes += 1
         return self.data.pop(key, None) is not None
 
-    def keys(self) -> Iterator[bytes]:
+    def iter_keys(self) -> Iterator[bytes]:
         return iter(list(self.data))
 
     def items(self) -> list[tuple[bytes, bytes]]:

@@ -1,0 +1,91 @@
+"""Fixtures for the real-kernel BPF tests.
+
+- `loaded` (session): ONE BCC build (compile ~3 s) with maps pinned under
+  /sys/fs/bpf/pyfelix-test-<random>/, small map sizes; unpinned and removed at the end, also
+  on failure.
+- `netns` (session): a namespace `pyfbpf-<pid>` with veth interfaces d1..d4, and a worker
+  thread inside it, so BPF_PROG_TEST_RUN can use their ifindexes; deleted at the end.
+- `harness` (per test): all maps emptied, a fresh compiler and state.
+- A session check that the root namespace's links, netns list and /sys/fs/bpf are unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from agent.bpf.loader import BuildConfig, LoadedDataplane, load_dataplane, remove_pin_dir
+from agent.bpf.testrun import NetnsThread
+from tests.privileged.bpf.bpf_harness import Harness, reset_maps
+
+IFACES = ("d1", "d2", "d3", "d4")
+TEST_MAP_SIZES = {"rules": 4096, "rule_counters": 4096, "ep_counters": 256, "endpoints": 256,
+                  "ipsets": 65536, "ids": 8192, "conntrack": 4096, "routes": 1024,
+                  "untracked": 1024}
+
+
+def sh(*argv: str) -> str:
+    return subprocess.run(argv, check=True, capture_output=True, text=True, timeout=60).stdout
+
+
+def _root_snapshot() -> dict[str, str]:
+    links = "\n".join(line.split("\\")[0] for line in sh("ip", "-o", "link").splitlines())
+    return {"links": links, "netns": sh("ip", "netns", "list"),
+            "bpffs": "\n".join(sorted(os.listdir("/sys/fs/bpf")))}
+
+
+@pytest.fixture(scope="session")
+def root_untouched() -> Iterator[None]:
+    if os.geteuid() != 0:
+        pytest.skip("BPF tests need root")
+    before = _root_snapshot()
+    yield
+    assert _root_snapshot() == before
+
+
+@pytest.fixture(scope="session")
+def pin_dir(root_untouched: None) -> Iterator[str]:
+    path = f"/sys/fs/bpf/pyfelix-test-{secrets.token_hex(4)}"
+    try:
+        yield path
+    finally:
+        remove_pin_dir(path)
+
+
+@pytest.fixture(scope="session")
+def loaded(pin_dir: str) -> Iterator[LoadedDataplane]:
+    dp = load_dataplane(BuildConfig(pin_dir=pin_dir, map_sizes=TEST_MAP_SIZES))
+    try:
+        yield dp
+    finally:
+        dp.close()
+
+
+@pytest.fixture(scope="session")
+def netns(root_untouched: None) -> Iterator[tuple[NetnsThread, dict[str, int]]]:
+    name = f"pyfbpf-{os.getpid()}"
+    sh("ip", "netns", "add", name)
+    try:
+        for iface in IFACES:
+            # veth pairs (this kernel has no dummy driver); d<n> plays the host side
+            sh("ip", "-n", name, "link", "add", iface, "type", "veth", "peer", "name",
+               f"{iface}p")
+        ifindexes = {}
+        for line in sh("ip", "-n", name, "-o", "link").splitlines():
+            idx, ifname = line.split(":")[:2]
+            ifindexes[ifname.strip().split("@")[0]] = int(idx)
+        with NetnsThread(f"/run/netns/{name}") as thread:
+            yield thread, ifindexes
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False, timeout=60)
+
+
+@pytest.fixture
+def harness(loaded: LoadedDataplane, netns: tuple[NetnsThread, dict[str, int]]) -> Harness:
+    reset_maps(loaded)
+    thread, ifindexes = netns
+    return Harness(loaded, thread, ifindexes)

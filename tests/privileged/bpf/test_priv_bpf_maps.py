@@ -1,0 +1,152 @@
+"""Real-kernel map tests: ctypes layouts equal what BCC built from the C, pins and adoption
+across a reload, the raw-syscall map API (batches, fallbacks, "map full")."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import secrets
+
+import pytest
+
+from agent.bpf import syscall
+from agent.bpf.loader import BuildConfig, load_dataplane, prepare_pins, remove_pin_dir
+from agent.bpf.maps import ALL_MAPS, endpoints, ipsets
+from agent.bpf.maps import conntrack as ct_map
+from agent.bpf.maps.base import BpfMap, MapFullError, MapParams, MapType
+
+pytestmark = pytest.mark.privileged
+
+
+def layout(t: type) -> object:
+    """(size, [(field, offset, layout of the field type)]) recursively; arrays as
+    (size, element layout)."""
+    if issubclass(t, ctypes.Structure):
+        fields = []
+        for f in t._fields_:
+            name, ftype = f[0], f[1]
+            fields.append((name, getattr(t, name).offset, layout(ftype)))
+        return (ctypes.sizeof(t), fields)
+    if issubclass(t, ctypes.Array):
+        return (ctypes.sizeof(t), layout(t._type_))
+    return ctypes.sizeof(t)
+
+
+@pytest.mark.parametrize("params", ALL_MAPS, ids=lambda p: p.name)
+def test_ctypes_layout_matches_what_bcc_built_from_the_c(loaded, params):
+    table = loaded.bpf[params.name.encode()]
+    leaf = table.Leaf
+    if params.percpu:  # BCC's per-CPU Leaf is an array of one value per possible CPU
+        assert issubclass(leaf, ctypes.Array) and leaf._length_ == syscall.possible_cpus()
+        leaf = leaf._type_
+    assert layout(params.key_type) == layout(table.Key)
+    assert layout(params.value_type) == layout(leaf)
+
+
+def test_every_map_is_pinned_under_its_versioned_name(loaded, pin_dir):
+    pins = set(os.listdir(pin_dir))
+    assert {p.pin_name for p in ALL_MAPS} | {f"progs_{loaded.abi}", f"scratch_{loaded.abi}"} \
+        == pins
+    for params in ALL_MAPS:
+        with BpfMap.open_pinned(params, pin_dir) as m:
+            info = syscall.map_info(m.fd)
+            assert info.map_type == params.map_type
+            assert info.max_entries == loaded.config.max_entries(params)
+
+
+def test_reload_adopts_the_pinned_maps_and_their_contents(loaded, harness):
+    key = endpoints.encode_key(4242)
+    value = endpoints.encode_value(7, 0, (1, 2), (3, 4))
+    loaded.maps["endpoints"].update(key, value)
+    before = syscall.map_info(loaded.maps["endpoints"].fd).map_id
+    with load_dataplane(loaded.config) as again:
+        assert again.abi == loaded.abi
+        assert syscall.map_info(again.maps["endpoints"].fd).map_id == before
+        assert again.maps["endpoints"].lookup(key) == value
+        assert again.replaced_pins == []
+
+
+def test_prepare_pins_replaces_a_pin_whose_layout_or_size_differs():
+    pin_dir = f"/sys/fs/bpf/pyfelix-test-{secrets.token_hex(4)}"
+    os.makedirs(pin_dir)
+    try:
+        wrong = syscall.map_create(MapType.HASH, 4, 8, 16)  # endpoints has a 24-byte value
+        syscall.obj_pin(wrong, endpoints.PARAMS.pin_path(pin_dir))
+        os.close(wrong)
+        small = syscall.map_create(MapType.LRU_HASH, ct_map.PARAMS.key_size,
+                                   ct_map.PARAMS.value_size, 16)
+        syscall.obj_pin(small, ct_map.PARAMS.pin_path(pin_dir))
+        os.close(small)
+        good = syscall.map_create(MapType.HASH, endpoints.PARAMS.key_size, 1, 1)
+        os.close(good)
+        replaced = prepare_pins(BuildConfig(pin_dir=pin_dir, map_sizes={"conntrack": 16}))
+        assert replaced == [endpoints.PARAMS.pin_name]  # conntrack fits the configured size
+        replaced = prepare_pins(BuildConfig(pin_dir=pin_dir))
+        assert replaced == [ct_map.PARAMS.pin_name]  # default size differs
+        assert os.listdir(pin_dir) == []
+    finally:
+        remove_pin_dir(pin_dir)
+
+
+def test_open_pinned_refuses_a_map_of_another_layout(tmp_path):
+    pin_dir = f"/sys/fs/bpf/pyfelix-test-{secrets.token_hex(4)}"
+    os.makedirs(pin_dir)
+    try:
+        fd = syscall.map_create(MapType.HASH, 4, 8, 16)
+        syscall.obj_pin(fd, endpoints.PARAMS.pin_path(pin_dir))
+        os.close(fd)
+        with pytest.raises(Exception, match="value_size 8 != 24"):
+            endpoints.open_pinned(pin_dir)
+        with pytest.raises(OSError, match="'ipsets'"):
+            ipsets.open_pinned(pin_dir)
+    finally:
+        remove_pin_dir(pin_dir)
+
+
+def test_batch_and_single_operations_agree(loaded, harness):
+    m = loaded.maps["endpoints"]
+    items = [(endpoints.encode_key(i), endpoints.encode_value(i, 0, (i, 1), (i, 2)))
+             for i in range(1, 201)]
+    m.update_many(items)  # one MAP_UPDATE_BATCH
+    assert sorted(m.items()) == sorted(items)  # MAP_LOOKUP_BATCH, 4096 per call
+    assert sorted(m.iter_keys()) == sorted(k for k, _ in items)
+    assert m.lookup(items[5][0]) == items[5][1]
+    assert m.delete_many([k for k, _ in items[:100]] + [endpoints.encode_key(999)]) == 100
+    assert len(m.items()) == 100
+    # LPM tries have no batch operations: the same calls fall back to one-by-one
+    t = loaded.maps["ipsets"]
+    keys = [ipsets.member_key(3, f"10.{i // 256}.{i % 256}.0/24") for i in range(300)]
+    t.update_many((k, ipsets.VALUE) for k in keys)
+    assert sorted(k for k, _ in t.items()) == sorted(keys)
+    assert ipsets.dump(t)[0] == {"set_id": 3, "member": "10.0.0.0/24"}
+
+
+def test_percpu_values_have_one_slot_per_possible_cpu(loaded):
+    m = loaded.maps["global_counters"]
+    assert m.ncpus == syscall.possible_cpus()
+    raw = m.lookup((0).to_bytes(4, "little"))
+    assert raw is not None and len(raw) == 8 * m.ncpus
+
+
+@pytest.mark.parametrize("map_type,key_size,flags", [
+    (MapType.HASH, 4, 0), (MapType.LPM_TRIE, 8, syscall.BPF_F_NO_PREALLOC)])
+def test_full_map_raises_map_full_error_naming_the_map(map_type, key_size, flags):
+    key_type = ctypes.c_uint32 if key_size == 4 else ctypes.c_uint64
+    params = MapParams(name="tiny", map_type=map_type, key_type=key_type,
+                       value_type=ctypes.c_uint32, max_entries=2, version=1, flags=flags)
+    fd = syscall.map_create(map_type, key_size, 4, 2, flags)
+    m = BpfMap(params, fd)
+    try:
+        def key(i: int) -> bytes:
+            # LPM: prefixlen 32 + a 4-byte address
+            return (32).to_bytes(4, "little") + i.to_bytes(4, "big") if key_size == 8 \
+                else i.to_bytes(4, "little")
+        m.update(key(1), bytes(4))
+        m.update(key(2), bytes(4))
+        with pytest.raises(MapFullError, match="'tiny' is full"):
+            m.update(key(3), bytes(4))
+        if map_type == MapType.HASH:
+            with pytest.raises(MapFullError, match="'tiny'"):
+                m.update_many([(key(4), bytes(4)), (key(5), bytes(4))])
+    finally:
+        m.close()
