@@ -1,0 +1,120 @@
+"""Quick cost figures for the tc programs, measured with BPF_PROG_TEST_RUN.
+
+Role: the measurement core a `bpf-verdict` benchmark can call (`measure_verdicts(loaded)`),
+and a standalone run: `python -m agent.bpf.measure` (root; builds its own pin directory
+under /sys/fs/bpf and removes it). Nothing here asserts a target: it reports.
+
+What is measured (the kernel's mean ns per run over `repeat` runs, one endpoint on the
+loopback ifindex, so no namespace is needed):
+- ct_hit_ns: an established TCP packet (conntrack hit, no policy walk);
+- first_packet_ns[N]: a TCP packet to port 80 evaluated against N rules
+  "allow tcp dport 80 from <IP set>" whose sets it is NOT in, so every rule costs a trie
+  lookup, then denied at the tier end (a deny creates no conntrack entry, so every
+  repetition walks the whole chain). The sets hold `set_members` members each
+  (`set_count` distinct sets shared round-robin by the rules).
+- compile_seconds / load_seconds of the build used.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import secrets
+import sys
+from typing import Any
+
+from agent import proto as p
+from agent.bpf import packets
+from agent.bpf.compiler import DataplaneState, PolicyCompiler
+from agent.bpf.loader import BuildConfig, LoadedDataplane, load_dataplane, remove_pin_dir
+from agent.bpf.testrun import TC_ACT_OK, TC_ACT_SHOT, run_tc
+
+LOOPBACK_IFINDEX = 1
+POD = "10.65.0.1"
+CLIENT = "10.66.0.1"  # in no set
+
+
+def _sync(m: Any, desired: dict[bytes, bytes]) -> None:
+    stale = [k for k in m.iter_keys() if k not in desired]
+    m.delete_many(stale)
+    m.update_many(desired.items())
+
+
+def _program(dp: LoadedDataplane, compiler: PolicyCompiler, state: DataplaneState) -> None:
+    out = compiler.compile(state, {"lo": LOOPBACK_IFINDEX})
+    if out.problems:
+        raise RuntimeError(f"measurement policy did not compile: {out.problems}")
+    for name in ("ids", "ipsets", "endpoints"):
+        _sync(dp.maps[name], getattr(out, name))
+    dp.maps["rules"].update_many(out.rules.items())
+    compiler.commit(out)
+
+
+def _set_members(index: int, count: int) -> frozenset[str]:
+    base = int(ipaddress.IPv4Address("11.0.0.0")) + index * (1 << 20)
+    return frozenset(str(ipaddress.IPv4Address(base + i)) + "/32" for i in range(count))
+
+
+def measure_verdicts(dp: LoadedDataplane, *, rule_counts: tuple[int, ...] = (1, 10, 100, 1000),
+                     set_members: int = 10_000, set_count: int = 10,
+                     repeat: int = 20_000) -> dict[str, Any]:
+    """Figures as described in the module docstring. Overwrites the maps' contents."""
+    from_wep = dp.prog_fd("calico_from_wep")
+    to_wep = dp.prog_fd("calico_to_wep")
+    for m in dp.maps.values():
+        if m.params.name in ("conntrack", "endpoints", "ipsets", "ids"):
+            m.clear()
+    state = DataplaneState()
+    compiler = PolicyCompiler(rules_capacity=dp.maps["rules"].max_entries,
+                              max_chain_records=32 * dp.config.rules_per_prog)
+    for i in range(set_count):
+        state.apply(p.IPSetUpdate(f"bench-set-{i}", "net", _set_members(i, set_members)))
+    wid = p.WorkloadEndpointID("bench", "bench/pod", "eth0")
+    figures: dict[str, Any] = {"first_packet_ns": {}}
+
+    # conntrack hit: allow everything, open the flow once, then time established packets
+    state.apply(p.ActiveProfileUpdate("allow", p.Profile(
+        inbound_rules=(p.Rule("allow"),), outbound_rules=(p.Rule("allow"),))))
+    state.apply(p.WorkloadEndpointUpdate(wid, p.WorkloadEndpoint(
+        "active", "lo", profile_ids=("allow",))))
+    _program(dp, compiler, state)
+    syn = packets.tcp(POD, CLIENT, 40000, 80, "S")
+    assert run_tc(from_wep, syn, ifindex=LOOPBACK_IFINDEX).retval == TC_ACT_OK
+    ack = packets.tcp(CLIENT, POD, 80, 40000, "A")
+    out = run_tc(to_wep, ack, ifindex=LOOPBACK_IFINDEX, repeat=repeat)
+    assert out.retval == TC_ACT_OK
+    figures["ct_hit_ns"] = out.duration_ns
+
+    # first packets: N non-matching rules with large sets, then the tier-end deny
+    pkt = packets.tcp(CLIENT, POD, 40001, 80, "S")
+    for n in rule_counts:
+        rules = tuple(p.Rule("allow", protocol=6, dst_ports=(p.PortRange(80, 80),),
+                             src_ip_set_ids=(f"bench-set-{i % set_count}",))
+                      for i in range(n))
+        state.apply(p.ActivePolicyUpdate(p.PolicyID("default", "bench"),
+                                         p.Policy(inbound_rules=rules)))
+        state.apply(p.WorkloadEndpointUpdate(wid, p.WorkloadEndpoint(
+            "active", "lo", tiers=(p.TierInfo("default", ingress_policies=("bench",)),))))
+        _program(dp, compiler, state)
+        reps = max(200, repeat // max(1, n))
+        out = run_tc(to_wep, pkt, ifindex=LOOPBACK_IFINDEX, repeat=reps)
+        assert out.retval == TC_ACT_SHOT
+        figures["first_packet_ns"][str(n)] = out.duration_ns
+    figures["compile_seconds"] = round(dp.compile_seconds, 2)
+    figures["load_seconds"] = round(dp.load_seconds, 2)
+    figures["trie_members"] = set_members * set_count
+    return figures
+
+
+def main() -> int:
+    pin_dir = f"/sys/fs/bpf/pyfelix-measure-{secrets.token_hex(4)}"
+    try:
+        with load_dataplane(BuildConfig(pin_dir=pin_dir, map_sizes={"rules": 8192})) as dp:
+            print(json.dumps(measure_verdicts(dp), indent=2))
+    finally:
+        remove_pin_dir(pin_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
