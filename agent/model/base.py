@@ -14,7 +14,6 @@ rejected.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from typing import Any
 
 from agent.model.fields import Fields, ValidationError
 from agent.model.names import is_dns_label, is_dns_subdomain, qualified_name_problem
-from agent.model.rules import parse_net
+from agent.model.rules import normalise_ip, parse_net
 from agent.syncer.api import ResourceKey, key_of
 
 # Calico's policy name rules (libcalico-go validator).
@@ -142,10 +141,10 @@ def with_labels(meta: Metadata, extra: dict[str, str]) -> Metadata:
 def ip_address_field(text: Any, fields: Fields, key: str) -> str:
     if not isinstance(text, str):
         fields.fail(key, f"expected an IP address string, got {type(text).__name__}")
-    try:
-        return str(ipaddress.ip_address(text.strip()))
-    except ValueError:
+    address = normalise_ip(text.strip())
+    if address is None:
         fields.fail(key, f"invalid IP address {text[:60]!r}")
+    return address
 
 
 def ip_address_list(spec: Fields, key: str) -> tuple[str, ...]:

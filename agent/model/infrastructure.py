@@ -437,7 +437,8 @@ def parse_bgp_peer(spec: Fields, key: ResourceKey, meta: Metadata) -> BGPPeer:
 
 def _settings(spec: Fields) -> tuple[tuple[str, str], ...]:
     out = []
-    for k, v in spec.data.items():
+    for k in spec.field_names():
+        v = spec.data[k]
         if not _FELIX_SETTING_RE.match(k):
             spec.fail(k, "not a FelixConfiguration setting name")
         if isinstance(v, dict | list):

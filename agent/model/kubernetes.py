@@ -32,7 +32,7 @@ from agent.model.names import (
     label_value_problem,
     qualified_name_problem,
 )
-from agent.model.rules import parse_net, protocol_number
+from agent.model.rules import normalise_ip, parse_net, protocol_number
 from agent.syncer.api import ResourceKey
 
 
@@ -166,10 +166,11 @@ def _pod_ips(top: Fields, meta: Metadata) -> tuple[str, ...]:
     for fields, key, text in found:
         if not isinstance(text, str) or not text:
             fields.fail(key, "missing or not a string")
-        try:
-            ips.append(str(ipaddress.ip_interface(text.strip()).ip))
-        except ValueError:
+        address, _, prefix = text.strip().partition("/")  # annotations carry "/32"
+        normalised = normalise_ip(address)
+        if normalised is None or (prefix and not is_decimal(prefix)):
             fields.fail(key, f"invalid IP address {text[:60]!r}")
+        ips.append(normalised)
     return tuple(dict.fromkeys(ips))
 
 

@@ -12,6 +12,8 @@ Rules (from Kubernetes' `validation` package, which Calico's validator reuses):
 - port name (IANA service name): at most 15 characters of `[a-z0-9-]`, at least one letter,
   no leading, trailing or doubled `-`.
 
+The checks are cached (label keys, values and port names repeat across thousands of pods).
+
 Invariant that the Kubernetes conversion relies on: every valid label key matches the
 selector language's key syntax `[A-Za-z0-9_./-]+`, and no valid label value contains a quote,
 so keys and values that passed these checks can be written into selector text verbatim.
@@ -19,6 +21,7 @@ so keys and values that passed these checks can be written into selector text ve
 
 from __future__ import annotations
 
+import functools
 import re
 
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -43,6 +46,7 @@ def is_dns_subdomain(text: str) -> bool:
     return len(text) <= DNS_SUBDOMAIN_MAX and bool(_DNS_SUBDOMAIN_RE.match(text))
 
 
+@functools.lru_cache(maxsize=16384)
 def qualified_name_problem(key: str) -> str | None:
     """Why `key` is not a valid label/annotation key, or None when it is."""
     prefix, slash, name = key.rpartition("/")
@@ -60,6 +64,7 @@ def qualified_name_problem(key: str) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=16384)
 def label_value_problem(value: str) -> str | None:
     """Why `value` is not a valid label value, or None when it is."""
     if value == "":
@@ -72,6 +77,7 @@ def label_value_problem(value: str) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=4096)
 def is_port_name(text: str) -> bool:
     return (
         len(text) <= PORT_NAME_MAX

@@ -92,9 +92,9 @@ from agent.model.labels import (
 from agent.model.names import is_dns_label, is_interface_name, is_port_name
 from agent.model.rules import (
     RULE_FIELDS,
-    Network,
     Rule,
     no_global,
+    normalise_ip,
     parse_net,
     parse_network,
     parse_rules,
@@ -353,16 +353,22 @@ WORKLOAD_ENDPOINT_FIELDS = frozenset({
 })
 
 
-def _single_address_networks(spec: Fields, key: str) -> dict[str, Network]:
-    """{normalised text: network} of a workload's addresses (each /32 or /128)."""
-    nets = {}
+def _single_address_networks(spec: Fields, key: str) -> tuple[str, ...]:
+    """A workload's addresses as normalised /32 or /128 networks."""
+    nets = []
     for i, text in enumerate(spec.list(key)):
+        if isinstance(text, str):  # fast path: "a.b.c.d" or "a.b.c.d/32"
+            address, slash, prefix = text.strip().partition("/")
+            normalised = normalise_ip(address) if ":" not in address else None
+            if normalised is not None and (not slash or prefix == "32"):
+                nets.append(f"{normalised}/32")
+                continue
         net = parse_network(text, spec, f"{key}[{i}]")
         if net.prefixlen != net.max_prefixlen:
             spec.fail(f"{key}[{i}]", f"{net} contains several addresses; a workload's "
                       "networks must be /32 (IPv4) or /128 (IPv6)")
-        nets[parse_net(text, spec, key)] = net
-    return nets
+        nets.append(parse_net(text, spec, key))
+    return tuple(nets)
 
 
 def _interface(spec: Fields, key: str, *, allow_wildcard: bool = False) -> str:
@@ -385,7 +391,8 @@ def _wep(spec: Fields, key: ResourceKey, meta: Metadata) -> WorkloadEndpoint:
         external = ip_address_field(item.raw("externalIP"), item, "externalIP")
         if ipaddress.ip_address(internal).version != ipaddress.ip_address(external).version:
             item.fail("externalIP", "internal and external IP versions differ")
-        if not any(ipaddress.ip_address(internal) in n for n in ip_networks.values()):
+        if not any(ipaddress.ip_address(internal) in ipaddress.ip_network(n)
+                   for n in ip_networks):
             item.fail("internalIP", f"{internal} is not one of the endpoint's ipNetworks")
         nats.append(IPNAT(internal, external))
     gateways = {}

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import re
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,9 @@ from agent.model.names import is_decimal, is_port_name
 ACTIONS = ("Allow", "Deny", "Log", "Pass")
 PROTOCOL_NUMBERS = {"TCP": 6, "UDP": 17, "ICMP": 1, "ICMPv6": 58, "SCTP": 132, "UDPLite": 136}
 PROTOCOL_NAMES = {v: k for k, v in PROTOCOL_NUMBERS.items()}
+# Accepted spellings: as documented, lower case, upper case.
+_PROTOCOL_SPELLINGS = {spelling: number for name, number in PROTOCOL_NUMBERS.items()
+                       for spelling in (name, name.lower(), name.upper())}
 PROTOCOLS_WITH_PORTS = frozenset({6, 17, 132, 136})
 ICMP_PROTOCOLS = frozenset({1, 58})
 PROTO_ICMP = 1
@@ -115,9 +119,9 @@ def protocol_number(value: object, fields: Fields, key: str) -> int | None:
             return value
         fields.fail(key, f"protocol number {value} is out of range [1, 255]")
     if isinstance(value, str):
-        for name, number in PROTOCOL_NUMBERS.items():
-            if value in (name, name.lower(), name.upper()):
-                return number
+        number = _PROTOCOL_SPELLINGS.get(value)
+        if number is not None:
+            return number
         if is_decimal(value) and len(value) <= 3 and 1 <= int(value) <= 255:
             return int(value)
     shown = repr(value) if isinstance(value, str | int | float) else type(value).__name__
@@ -139,6 +143,24 @@ def cached_network(text: str) -> tuple[str, Network] | None:
     except ValueError:
         return None
     return str(network), network
+
+
+def normalise_ip(text: str) -> str | None:
+    """Canonical text of a single IPv4/IPv6 address, or None when `text` is not one.
+
+    IPv4 goes through `inet_pton` (~20x faster than `ipaddress`; every pod and endpoint
+    carries an address); anything it rejects, and all IPv6 (whose text forms must stay
+    exactly `ipaddress`'s), goes through `ipaddress`, the reference.
+    """
+    if ":" not in text:
+        try:
+            return socket.inet_ntop(socket.AF_INET, socket.inet_pton(socket.AF_INET, text))
+        except (OSError, ValueError):
+            pass
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        return None
 
 
 def parse_network(text: Any, fields: Fields, key: str) -> Network:
@@ -347,6 +369,7 @@ __all__ = [
     "ServiceAccountMatch",
     "cached_network",
     "checked_int",
+    "normalise_ip",
     "parse_net",
     "parse_network",
     "parse_port",

@@ -63,6 +63,8 @@ CASES: list[tuple[str, Any, str, str, str]] = [
      "spec.ingress[0].source.selectr", "unknown field"),
     ("unknown-icmp-field", rule(protocol="ICMP", icmp={"typ": 8}), "GlobalNetworkPolicy(bad)",
      "spec.ingress[0].icmp.typ", "unknown field"),
+    ("non-string-field-name", gnp({1: "x"}), "GlobalNetworkPolicy(bad)", "spec",
+     "field name 1 is not a string"),
     ("bad-action", edit("NetworkPolicy", lambda d: spec_of(d)["ingress"][1].update(
         action="Accept")), "NetworkPolicy(prod/api-ingress)", "spec.ingress[1].action",
      "not one of Allow, Deny, Log, Pass"),
