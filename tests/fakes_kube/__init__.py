@@ -1,0 +1,1 @@
+"""Test fixtures for the Kubernetes datastore: an in-process fake API server (server.py)."""
