@@ -11,6 +11,7 @@ that the manifests and systemd units run against the real click CLI in `cli.main
   `UnsupportedKustomization`, so a new feature is never silently ignored here.
 - `strategic_merge(base, patch)`: Kubernetes strategic merge for the list fields the patches
   touch (merge keys below); every other list is replaced whole, as for `command`.
+- `load_vmlab()`: vagrant/demo/vmlab.py (a script beside the Vagrantfile) as a module.
 - `command_problems(argv)`: why `argv` is not a valid pyfelix invocation ([] when it is):
   the subcommand must be in `cli.main.COMMANDS`, and its options must parse with click
   (unknown options and missing required ones are problems; nothing is run).
@@ -22,8 +23,11 @@ Easy to get wrong: the merge key of `volumeMounts` is `mountPath` and of `ports`
 from __future__ import annotations
 
 import copy
+import importlib.util
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import click
@@ -184,3 +188,15 @@ def command_problems(argv: Sequence[str]) -> list[str]:
         if sub is None:
             return [f"pyfelix {name} has no subcommand {sub_name!r}"]
         parent, command, name = ctx, sub, sub_name
+
+
+def load_vmlab() -> ModuleType:
+    """vagrant/demo/vmlab.py imported as module `vmlab` (once per process)."""
+    if "vmlab" in sys.modules:
+        return sys.modules["vmlab"]
+    spec = importlib.util.spec_from_file_location("vmlab", VAGRANT_DIR / "demo" / "vmlab.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["vmlab"] = module
+    spec.loader.exec_module(module)
+    return module
