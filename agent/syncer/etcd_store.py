@@ -189,3 +189,13 @@ class EtcdDatastore:
             raise DatastoreClientError(str(exc)) from exc
         if not self._call(lambda c: c.delete(path.encode())):
             raise ResourceNotFound(f"{key} not found in {self.description}")
+
+
+def open_etcd_datastore(endpoints: Sequence[str], *, validate: Validator = minimal_validate,
+                        ca_cert: str | None = None, cert_file: str | None = None,
+                        key_file: str | None = None,
+                        request_timeout: float = 5.0) -> EtcdDatastore:
+    """The client for `--datastore etcd3://HOST:PORT[,...]`; TLS as `make_etcd_syncer`."""
+    config = EtcdConfig.from_options(endpoints, ca_cert=ca_cert, cert_file=cert_file,
+                                     key_file=key_file, request_timeout=request_timeout)
+    return EtcdDatastore(config, validate=validate)

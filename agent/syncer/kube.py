@@ -58,6 +58,7 @@ from agent.syncer.api import (
     key_of,
 )
 from agent.syncer.backoff import Backoff
+from agent.syncer.client import DatastoreClientError
 from agent.syncer.kube_api import (
     KubeAPI,
     KubeError,
@@ -381,3 +382,15 @@ class KubeSyncer:
                 unsynced.discard(report.rtype)
                 if not unsynced:
                     self._set_status(callbacks, SyncStatus.IN_SYNC)
+
+
+def make_kube_syncer(*, kubeconfig: str | None = None, context: str | None = None,
+                     request_timeout: float = 10.0, **options: Any) -> KubeSyncer:
+    """The syncer for `--datastore kubernetes`: credentials from `kubeconfig`, $KUBECONFIG,
+    the in-cluster service account, or ~/.kube/config (in that order); `options` go to
+    WatchOptions. Raises DatastoreClientError if no credentials can be loaded."""
+    try:
+        api = KubeAPI.from_environment(kubeconfig, context, request_timeout=request_timeout)
+    except KubeError as exc:
+        raise DatastoreClientError(str(exc)) from exc
+    return KubeSyncer(api, options=WatchOptions(**options))

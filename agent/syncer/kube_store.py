@@ -170,3 +170,13 @@ class KubeDatastore:
             raise ResourceNotFound(f"{key} not found in {self.description}") from exc
         except KubeError as exc:
             raise DatastoreClientError(str(exc)) from exc
+
+
+def open_kube_datastore(*, validate: Validator = minimal_validate, kubeconfig: str | None = None,
+                        context: str | None = None) -> KubeDatastore:
+    """The client for `--datastore kubernetes` (credentials as `make_kube_syncer`)."""
+    try:
+        api = KubeAPI.from_environment(kubeconfig, context)
+    except KubeError as exc:
+        raise DatastoreClientError(str(exc)) from exc
+    return KubeDatastore(api, validate=validate)

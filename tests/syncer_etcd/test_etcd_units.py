@@ -147,3 +147,17 @@ def test_catch_up_waits_for_every_changed_and_vanished_key() -> None:
     catch_up.observe(b"/b", 12)
     assert catch_up.done
     assert _CatchUp({}, set()).done
+
+
+def test_factories_build_from_url_parts_and_reject_bad_tls(tmp_path: Path) -> None:
+    from agent.syncer.etcd import EtcdSyncer, make_etcd_syncer
+    from agent.syncer.etcd_store import EtcdDatastore, open_etcd_datastore
+
+    syncer = make_etcd_syncer(["127.0.0.1:2379", "127.0.0.1:22379"], page_size=10)
+    assert isinstance(syncer, EtcdSyncer)
+    assert syncer.config.endpoints == ("127.0.0.1:2379", "127.0.0.1:22379")
+    store = open_etcd_datastore(["127.0.0.1:2379"])
+    assert isinstance(store, EtcdDatastore)
+    assert store.description == "etcd3 datastore etcd3://127.0.0.1:2379"
+    with pytest.raises(DatastoreURLError, match="ca_cert '/nope'"):
+        make_etcd_syncer(["h:1"], ca_cert="/nope")

@@ -106,3 +106,18 @@ def test_what_apply_writes_the_syncer_reads_back(fake_kube: FakeKubeAPIServer,
     recorder.wait_for(lambda r: ResourceKey("GlobalNetworkPolicy", "", "late") in r.state,
                       "late")
     assert recorder.state[ResourceKey("GlobalNetworkPolicy", "", "late")] == gnp("late")
+
+
+def test_factories_load_credentials_or_say_where_they_looked(
+        fake_kube: FakeKubeAPIServer, tmp_path: Any) -> None:
+    from agent.syncer.kube import KubeSyncer, make_kube_syncer
+    from agent.syncer.kube_store import open_kube_datastore
+
+    kubeconfig = fake_kube.write_kubeconfig(str(tmp_path / "kc"))
+    assert isinstance(make_kube_syncer(kubeconfig=kubeconfig, page_size=10), KubeSyncer)
+    store = open_kube_datastore(kubeconfig=kubeconfig)
+    assert store.description == f"kubernetes datastore {fake_kube.url}"
+    assert store.get("IPPool") == []
+    with pytest.raises(DatastoreClientError, match="cannot load Kubernetes credentials from "
+                                                   "/nowhere/kubeconfig"):
+        make_kube_syncer(kubeconfig="/nowhere/kubeconfig")
