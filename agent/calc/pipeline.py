@@ -21,11 +21,13 @@ pipeline (it is logged and kept in `errors`).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import queue
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from agent.calc.event_sequencer import EventSequencer
@@ -35,6 +37,24 @@ from agent.syncer.api import DatastoreError, RawUpdate, SyncStatus
 log = logging.getLogger(__name__)
 
 _STOP = object()
+
+
+@contextlib.contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while a batch is processed.
+
+    The graph's state is large (10,000s of small dicts, sets and frozen dataclasses) and
+    acyclic: reference counting frees what the graph drops. Left running, the collector's
+    full passes rescan all of that state many times during a big batch (the initial load
+    spent ~40% of its time there). Cycles made meanwhile are collected once it resumes.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class CalcPipeline:
@@ -127,16 +147,17 @@ class CalcPipeline:
 
     def _process_available(self, item: Any) -> bool:
         """Process `item` and everything queued behind it, then flush. False on stop."""
-        while True:
-            if item is _STOP:
-                self._maybe_flush()
-                return False
-            self._process(item)
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-        self._maybe_flush()
+        with _cyclic_gc_paused():
+            while True:
+                if item is _STOP:
+                    self._maybe_flush()
+                    return False
+                self._process(item)
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            self._maybe_flush()
         return True
 
     def _process(self, item: Any) -> None:

@@ -48,8 +48,38 @@ LOCAL_HOST = "local_host"
 REMOTE_HOST = "remote_host"
 _TYPE_RANK = {LOCAL_WORKLOAD: 0, REMOTE_WORKLOAD: 1, LOCAL_HOST: 2, REMOTE_HOST: 3}
 
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Source = tuple[str, Any]
+
+
+class Network(tuple):
+    """A CIDR as (version, network integer, prefix length, canonical text): containment is
+    integer arithmetic (`ipaddress` objects are too slow for 10,000s of endpoints)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def parse(cls, text: str) -> Network:
+        address, _, length = text.partition("/")
+        if ":" not in address:
+            a, b, c, d = (int(part) for part in address.split("."))
+            prefix = int(length) if length else 32
+            host = (a << 24) | (b << 16) | (c << 8) | d
+            value = host >> (32 - prefix) << (32 - prefix)
+            if value != host:  # host bits set: let ipaddress render the network
+                return cls((4, value, prefix, str(ipaddress.ip_network(text, strict=False))))
+            return cls((4, value, prefix, f"{a}.{b}.{c}.{d}/{prefix}"))
+        net = ipaddress.ip_network(text, strict=False)
+        return cls((6, int(net.network_address), net.prefixlen, str(net)))
+
+    def within(self, outer: Network) -> bool:
+        version, value, prefix, _ = self
+        if version != outer[0] or prefix < outer[2]:
+            return False
+        shift = (32 if version == 4 else 128) - outer[2]
+        return value >> shift == outer[1] >> shift
+
+    def __str__(self) -> str:
+        return self[3]
 
 
 class RouteSink(Protocol):
@@ -86,7 +116,7 @@ class RouteResolver:
         if old is not None:
             _discard(self._weps_of_node, old[0], key)
         if isinstance(wep, WorkloadEndpoint):
-            nets = tuple(ipaddress.ip_network(n) for n in wep.ip_networks)
+            nets = tuple(Network.parse(n) for n in wep.ip_networks)
             self._weps[key] = (wep.node, nets, wep.interface_name)
             self._weps_of_node.setdefault(wep.node, set()).add(key)
         self._dirty_sources.add(("wep", key))
@@ -110,7 +140,7 @@ class RouteResolver:
             _discard(self._blocks_of_node, old[0], key)
             self._mark_node_dirty(old[0])
         if isinstance(block, BlockAffinity) and block.state == "confirmed" and not block.deleted:
-            self._blocks[key] = (block.node, ipaddress.ip_network(block.cidr))
+            self._blocks[key] = (block.node, Network.parse(block.cidr))
             self._blocks_of_node.setdefault(block.node, set()).add(key)
             self._mark_node_dirty(block.node)
 
@@ -118,7 +148,7 @@ class RouteResolver:
         if update.value is None:
             self._pools.pop(update.key, None)
         else:
-            self._pools[update.key] = (ipaddress.ip_network(update.value.cidr), update.value)
+            self._pools[update.key] = (Network.parse(update.value.cidr), update.value)
         for node in set(self._weps_of_node) | set(self._blocks_of_node) | set(self._host_ips):
             self._mark_node_dirty(node)
 
@@ -159,7 +189,7 @@ class RouteResolver:
                 return {str(n): self._route(n, LOCAL_WORKLOAD, node, iface) for n in nets}
             blocks = [self._blocks[b][1] for b in self._blocks_of_node.get(node, ())]
             return {str(n): self._route(n, REMOTE_WORKLOAD, node) for n in nets
-                    if not any(_within(n, b) for b in blocks)}
+                    if not any(n.within(b) for b in blocks)}
         if kind == "block":
             block = self._blocks.get(ident)
             if block is None or block[0] == self.hostname:
@@ -168,7 +198,7 @@ class RouteResolver:
         address = self._host_ips.get(ident)
         if not address:
             return {}
-        net = ipaddress.ip_network(address)
+        net = Network.parse(address)
         kind = LOCAL_HOST if ident == self.hostname else REMOTE_HOST
         return {str(net): self._route(net, kind, ident)}
 
@@ -189,7 +219,7 @@ class RouteResolver:
                               and route_type != REMOTE_HOST))
 
     def _pool_for(self, dst: Network) -> IPPool | None:
-        found = [(k, p) for k, (net, p) in self._pools.items() if _within(dst, net)]
+        found = [(k, p) for k, (net, p) in self._pools.items() if dst.within(net)]
         return min(found)[1] if found else None
 
     def _set_contribution(self, source: Source, routes: dict[str, proto.RouteUpdate]) -> None:
@@ -210,14 +240,10 @@ class RouteResolver:
 
     def _best_route(self, dst: str) -> proto.RouteUpdate | None:
         candidates = [self._contrib[s][dst] for s in self._sources_of_dst.get(dst, ())]
-        if not candidates:
-            return None
+        if len(candidates) <= 1:
+            return candidates[0] if candidates else None
         return min(candidates, key=lambda r: (r.dst_node != self.hostname,
                                               _TYPE_RANK[r.type], r.dst_node, repr(r)))
-
-
-def _within(inner: Network, outer: Network) -> bool:
-    return inner.version == outer.version and inner.subnet_of(outer)  # type: ignore[arg-type]
 
 
 def _discard(index: dict, key: Any, member: Any) -> None:

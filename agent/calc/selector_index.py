@@ -14,6 +14,8 @@ their (key, value) pairs and keys. When an item changes, only selectors anchored
 its labels (plus the unanchored ones) are evaluated; when a selector changes, only items in
 its anchor's buckets are. The anchor is the requirement with the fewest items at the time
 the selector arrives (namespace / profile-derived keys lose ties: they are shared widely).
+Items are filed only under label keys some selector has required (the first selector to
+require a key pays one scan of the items), so labels nobody selects on cost nothing.
 
 `naive=True` keeps the all-pairs behaviour (every selector against every item) for the
 benchmark's comparison and for tests that check both modes agree.
@@ -53,6 +55,8 @@ class SelectorIndex:
         self._items: dict[Hashable, Mapping[str, str]] = {}
         self._items_by_value: dict[tuple[str, str], set[Hashable]] = {}
         self._items_by_key: dict[str, set[Hashable]] = {}
+        # label keys some selector has required: only these are filed (see _index_key)
+        self._indexed_keys: set[str] = set()
         self._matches_of_item: dict[Hashable, set[Hashable]] = {}
         self._matches_of_sel: dict[Hashable, set[Hashable]] = {}
         self.evaluations = 0  # selector evaluations performed (for benchmarks and tests)
@@ -93,9 +97,10 @@ class SelectorIndex:
         if old is not None:
             if old == labels:
                 return
-            self._unfile_item(item, old)
+            self._refile_item(item, old, labels)
+        else:
+            self._file_item(item, labels)
         self._items[item] = labels
-        self._file_item(item, labels)
         selectors = self._selectors
         candidates = self._candidate_selectors(labels)
         self.evaluations += len(candidates)
@@ -153,6 +158,7 @@ class SelectorIndex:
         for key, values in selector.required_labels().items():
             if values is not None and not values:
                 return ("never",)
+            self._index_key(key)
             if values is None:
                 size = len(self._items_by_key.get(key, ()))
                 anchor: Anchor = ("key", key)
@@ -188,23 +194,56 @@ class SelectorIndex:
         elif kind == "none":
             self._sels_unanchored.discard(sel_id)
 
+    def _index_key(self, key: str) -> None:
+        """Start filing items under `key` (once per key: a scan of the items)."""
+        if key in self._indexed_keys:
+            return
+        self._indexed_keys.add(key)
+        for item, labels in self._items.items():
+            value = labels.get(key)
+            if value is not None:
+                self._items_by_value.setdefault((key, value), set()).add(item)
+                self._items_by_key.setdefault(key, set()).add(item)
+
     def _file_item(self, item: Hashable, labels: Mapping[str, str]) -> None:
-        for pair in labels.items():
-            bucket = self._items_by_value.get(pair)
+        indexed = self._indexed_keys
+        by_value = self._items_by_value
+        by_key = self._items_by_key
+        for key, value in labels.items():
+            if key not in indexed:
+                continue
+            bucket = by_value.get((key, value))
             if bucket is None:
-                self._items_by_value[pair] = {item}
+                by_value[(key, value)] = {item}
             else:
                 bucket.add(item)
-            bucket = self._items_by_key.get(pair[0])
+            bucket = by_key.get(key)
             if bucket is None:
-                self._items_by_key[pair[0]] = {item}
+                by_key[key] = {item}
             else:
                 bucket.add(item)
 
+    def _refile_item(self, item: Hashable, old: Mapping[str, str],
+                     new: Mapping[str, str]) -> None:
+        """Move `item` between buckets for the indexed labels that changed only."""
+        indexed = self._indexed_keys
+        for key, value in old.items():
+            if key in indexed and new.get(key) != value:
+                _discard(self._items_by_value, (key, value), item)
+                if key not in new:
+                    _discard(self._items_by_key, key, item)
+        for key, value in new.items():
+            if key in indexed and old.get(key) != value:
+                self._items_by_value.setdefault((key, value), set()).add(item)
+                if key not in old:
+                    self._items_by_key.setdefault(key, set()).add(item)
+
     def _unfile_item(self, item: Hashable, labels: Mapping[str, str]) -> None:
-        for pair in labels.items():
-            _discard(self._items_by_value, pair, item)
-            _discard(self._items_by_key, pair[0], item)
+        indexed = self._indexed_keys
+        for key, value in labels.items():
+            if key in indexed:
+                _discard(self._items_by_value, (key, value), item)
+                _discard(self._items_by_key, key, item)
 
     def _candidate_items(self, sel_id: Hashable) -> set[Hashable] | dict:
         anchor = self._anchors[sel_id]
