@@ -46,6 +46,7 @@ from deploy_checks import (
 )
 from kubernetes_validate.utils import all_versions
 
+from agent.config import ConfigError, load_config
 from agent.model import KNOWN_KINDS
 
 # The oldest Kubernetes minor version the manifests promise to work with (deploy/README.md).
@@ -351,6 +352,23 @@ def test_config_map_holds_only_felix_settings_as_strings(config: dict[str, str])
     for name, value in config.items():
         assert re.fullmatch(r"FELIX_[A-Z0-9]+", name), name
         assert isinstance(value, str), name
+
+
+def test_agent_environment_is_accepted_by_the_agent_config(
+        base: list[Document], config: dict[str, str]) -> None:
+    agent = _container(base, "pyfelix-node", "agent")
+    environ = {**config, **{e["name"]: e["value"] for e in agent["env"] if "value" in e}}
+    settings = load_config(environ=environ)  # raises ConfigError naming a bad setting
+    http = agent["readinessProbe"]["httpGet"]
+    assert settings.health_enabled is True
+    assert (settings.health_host, settings.health_port) == (http["host"], http["port"])
+    if settings.prometheus_metrics_enabled:
+        assert settings.prometheus_metrics_port in {p["containerPort"] for p in agent["ports"]}
+
+
+def test_agent_config_check_rejects_a_misspelt_setting(config: dict[str, str]) -> None:
+    with pytest.raises(ConfigError, match="HEALTHPROT"):
+        load_config(environ={**config, "FELIX_HEALTHPROT": "9099"})
 
 
 def _option(command: list[str], option: str) -> str:

@@ -42,6 +42,7 @@ from deploy_checks import (
     load_vmlab,
 )
 
+from agent.config import load_config
 from agent.model import parse_resource
 from agent.syncer.file import load_path, load_text
 from confd.bird import BirdTools
@@ -315,6 +316,7 @@ def test_node_settings_equal_the_kubernetes_config_map() -> None:
     config_map = find(load_documents(DEPLOY_DIR / "base" / "configmap.yaml"), "ConfigMap",
                       "pyfelix-config")
     assert settings == config_map["data"]
+    load_config(environ=settings)  # the agent accepts them (raises ConfigError otherwise)
 
 
 @pytest.mark.parametrize("name", ["cluster.yaml", "policy.yaml"])
