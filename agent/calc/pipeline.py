@@ -14,6 +14,10 @@ callable). Nothing is flushed before the datastore has first been in sync: the i
 load is coalesced into one batch (as Felix's PolicyResolver waits for in-sync), and that
 first flush ends with `InSync`; `in_sync` (a threading.Event) is set once it is sent.
 
+`on_batch(seconds, messages)` (optional) is called after every processed batch, for the
+agent's `felix_calc_graph_update_time_seconds`; `is_alive()`, `idle()` and `failure` are for
+its health and status reporting.
+
 Invariants: the validator, graph and sequencer are touched by one thread only; the
 dataplane receives messages only from `flush()`; a datastore error never stops the
 pipeline (it is logged and kept in `errors`).
@@ -27,7 +31,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from agent.calc.event_sequencer import EventSequencer
@@ -59,7 +63,8 @@ def _cyclic_gc_paused() -> Iterator[None]:
 
 class CalcPipeline:
     def __init__(self, hostname: str, target: Any, *, validator: Any = None,
-                 naive_ipsets: bool = False) -> None:
+                 naive_ipsets: bool = False,
+                 on_batch: Callable[[float, int], None] | None = None) -> None:
         if validator is None:
             from agent.validator import Validator
 
@@ -75,9 +80,11 @@ class CalcPipeline:
         self.in_sync = threading.Event()
         self.batches_flushed = 0
         self.flush_seconds = 0.0
+        self._on_batch = on_batch
         self._queue: queue.Queue[Any] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
+        self._busy = False
 
     # --- SyncerCallbacks (any thread) ---------------------------------------------------
 
@@ -104,6 +111,19 @@ class CalcPipeline:
         self._queue.put(_STOP)
         self._thread.join(timeout)
         self._thread = None
+
+    def is_alive(self) -> bool:
+        """True while the pipeline's own thread runs (False if it died or never started)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def idle(self) -> bool:
+        """Nothing queued and no batch being processed right now."""
+        return not self._busy and self._queue.empty()
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The exception that ended the pipeline thread, if one did."""
+        return self._failure
 
     def wait_in_sync(self, timeout: float) -> bool:
         """Wait until InSync has been sent; re-raises a failure of the pipeline thread."""
@@ -147,17 +167,26 @@ class CalcPipeline:
 
     def _process_available(self, item: Any) -> bool:
         """Process `item` and everything queued behind it, then flush. False on stop."""
-        with _cyclic_gc_paused():
-            while True:
-                if item is _STOP:
-                    self._maybe_flush()
-                    return False
-                self._process(item)
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-            self._maybe_flush()
+        self._busy = True
+        started = time.perf_counter()
+        sent_before = self.sequencer.messages_sent
+        try:
+            with _cyclic_gc_paused():
+                while True:
+                    if item is _STOP:
+                        self._maybe_flush()
+                        return False
+                    self._process(item)
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                self._maybe_flush()
+        finally:
+            self._busy = False
+            if self._on_batch is not None:
+                self._on_batch(time.perf_counter() - started,
+                               self.sequencer.messages_sent - sent_before)
         return True
 
     def _process(self, item: Any) -> None:

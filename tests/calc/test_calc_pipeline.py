@@ -147,3 +147,39 @@ def test_same_destination_on_two_nodes_prefers_the_local_one() -> None:
     assert replayer.dataplane.routes["10.65.0.50/32"].type == "local_workload"
     replayer.go_to([there])
     assert replayer.dataplane.routes["10.65.0.50/32"].type == "remote_workload"
+
+
+def test_batch_callback_liveness_and_idleness() -> None:
+    batches: list[tuple[float, int]] = []
+    state = DataplaneState()
+    pipeline = CalcPipeline("node1", state, on_batch=lambda s, n: batches.append((s, n)))
+    assert not pipeline.is_alive() and pipeline.idle()
+    doc = wep("prod", "a", "node1", "10.65.0.1")
+    pipeline.on_updates([RawUpdate(key_of(doc), doc, "t")])
+    assert not pipeline.idle()
+    pipeline.start()
+    assert pipeline.is_alive()
+    pipeline.on_status(SyncStatus.IN_SYNC)
+    assert pipeline.wait_in_sync(10.0)
+    assert _wait_for(pipeline.idle)
+    pipeline.stop()
+    assert not pipeline.is_alive() and pipeline.failure is None
+    assert sum(n for _, n in batches) == len(state.messages) and all(s >= 0 for s, _ in batches)
+
+
+def test_a_failing_dataplane_target_stops_the_thread_visibly() -> None:
+    def broken(message: object) -> None:
+        raise OSError("dataplane gone")
+
+    pipeline = CalcPipeline("node1", broken)
+    pipeline.start()
+    pipeline.on_status(SyncStatus.IN_SYNC)
+    try:
+        pipeline.wait_in_sync(10.0)
+    except RuntimeError as exc:
+        assert isinstance(exc.__cause__, OSError)
+    else:
+        raise AssertionError("wait_in_sync did not report the failure")
+    assert _wait_for(lambda: not pipeline.is_alive())
+    assert isinstance(pipeline.failure, OSError)
+    pipeline.stop()
