@@ -325,6 +325,22 @@ def test_volumes_mounts_and_propagation_agree(overlay: Path) -> None:
         assert used == declared, f"{doc['metadata']['name']}: unused volumes {declared - used}"
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
+def test_non_root_containers_can_read_their_secrets(overlay: Path) -> None:
+    for doc, spec in pod_templates(render_kustomization(overlay)):
+        secrets = {v["name"]: v["secret"] for v in spec.get("volumes", []) if "secret" in v}
+        for container in spec["containers"]:
+            uid = container.get("securityContext", {}).get("runAsUser", 0)
+            for mount in container.get("volumeMounts", []):
+                if uid == 0 or mount["name"] not in secrets:
+                    continue
+                mode = secrets[mount["name"]].get("defaultMode", 0o644)
+                group = spec.get("securityContext", {}).get("fsGroup")
+                readable = mode & 0o004 or (group is not None and mode & 0o040)
+                assert readable, f"{doc['metadata']['name']}/{container['name']}: uid {uid} " \
+                                 f"cannot read secret volume {mount['name']} (mode {mode:o})"
+
+
 def test_every_container_requests_resources(base: list[Document],
                                             with_typha: list[Document]) -> None:
     for where, container in _containers(base) + _containers(with_typha):
