@@ -179,6 +179,15 @@ PARAMS: tuple[Param, ...] = (
           help="Write sync/apply status as JSON to this file (used by the lab)."),
     Param("ConfdEnabled", False, parse_bool, restart=True,
           help="Run confd (BIRD config) inside the agent process."),
+    # Typha client settings (Felix's names); bootstrap-only, like the datastore itself.
+    Param("TyphaAddr", "", parse_str, restart=True, datastore=False),
+    Param("TyphaK8sServiceName", "", parse_str, restart=True, datastore=False),
+    Param("TyphaK8sNamespace", "kube-system", parse_str, restart=True, datastore=False),
+    Param("TyphaCAFile", "", parse_str, restart=True, datastore=False),
+    Param("TyphaCertFile", "", parse_str, restart=True, datastore=False),
+    Param("TyphaKeyFile", "", parse_str, restart=True, datastore=False),
+    Param("TyphaCN", "", parse_str, restart=True, datastore=False),
+    Param("TyphaURISAN", "", parse_str, restart=True, datastore=False),
 )
 PARAMS_BY_KEY = {p.name.lower(): p for p in PARAMS}
 
