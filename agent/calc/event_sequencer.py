@@ -24,6 +24,7 @@ sequencer's idea of what the dataplane has (`sent_*`) matches the messages it se
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -321,14 +322,14 @@ class EventSequencer:
         self._pending_endpoints.clear()
 
     def _flush_endpoint_removes(self) -> None:
-        live_ids = {m.id for m in self._sent_endpoints.values()}
+        live = Counter(m.id for m in self._sent_endpoints.values())
         for key in sorted(self._pending_endpoint_removes):
             remove = self._pending_endpoint_removes[key]
             sent = self._sent_endpoints.get(key)
             if sent is not None and sent.id == remove.id:
                 del self._sent_endpoints[key]
-                live_ids = {m.id for m in self._sent_endpoints.values()}
-            if remove.id not in live_ids:  # another key may have taken over the same id
+                live[remove.id] -= 1
+            if live[remove.id] <= 0:  # another key may have taken over the same id
                 self._emit(remove)
         self._pending_endpoint_removes.clear()
 

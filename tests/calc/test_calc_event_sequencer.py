@@ -154,3 +154,20 @@ def test_strict_dataplane_rejects_dangling_references() -> None:
     lenient = DataplaneState(strict=False)
     lenient.send(proto.IPSetRemove("nope"))
     assert lenient.violations
+
+
+def test_endpoint_id_taken_over_by_another_key_is_not_removed() -> None:
+    seq, dp = _setup()
+    doc = wep("prod", "a", "node1", "10.65.0.1")
+    seq.on_endpoint_tiers(KEY, parse_resource(doc), EndpointTiers())
+    seq.flush()
+    renamed = dict(doc, metadata={**doc["metadata"], "name": "wep-a-renamed"})
+    other_key = ResourceKey("WorkloadEndpoint", "prod", "wep-a-renamed")
+    seq.on_endpoint_tiers(KEY, None, EndpointTiers())
+    seq.on_endpoint_tiers(other_key, parse_resource(renamed), EndpointTiers())
+    seq.flush()
+    assert _names(dp) == ["WorkloadEndpointUpdate", "WorkloadEndpointUpdate"]
+    assert [i.workload for i in dp.workload_endpoints] == ["prod/a"]
+    seq.on_endpoint_tiers(other_key, None, EndpointTiers())
+    seq.flush()
+    assert _names(dp)[-1] == "WorkloadEndpointRemove" and not dp.workload_endpoints
