@@ -71,7 +71,7 @@ int calico_policy(struct __sk_buff *skb)
 			return policy_verdict(st, 0, 0);
 		}
 		walked++;
-		if (!rule_matches(r, &st->pkt)) {
+		if (!rule_matches(r, st)) {
 			st->idx = idx + 1;
 			continue;
 		}
@@ -165,6 +165,7 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 	st->hook = hook;
 	st->idx = 0;
 	st->tail_calls = 0;
+	__builtin_memset(st->cache_key, 0, sizeof(st->cache_key));
 	if (hook == HOOK_TO_WEP) {
 		st->chain_start = ep->ingress_start;
 		st->chain_len = ep->ingress_len;

@@ -55,10 +55,11 @@ from agent.bpf.maps.routes import RouteFlags
 from agent.bpf.maps.rules import (
     NAMED_PORT_SLOTS,
     PORT_SLOTS,
-    SET_SLOTS,
+    SET_CHECKS,
     Action,
     PortMatch,
     RuleRecord,
+    SetCheck,
 )
 
 INGRESS = "ingress"  # the POD's ingress: inbound rules, to_wep hook
@@ -422,6 +423,21 @@ class _RuleLowerer:
         dst_ports = _ports(rule.dst_ports, f"{where}: field dst_ports")
         not_dst_ports = _ports(rule.not_dst_ports, f"{where}: field not_dst_ports")
 
+        # Address constraints, all ANDed: nets (one compiler-made set per list), selectors.
+        checks: list[SetCheck] = []
+        if src_nets:
+            checks.append(SetCheck(self.net_set(src_nets), src=True))
+        if dst_nets:
+            checks.append(SetCheck(self.net_set(dst_nets), src=False))
+        checks += [SetCheck(x, src=True) for x in src_sets]
+        checks += [SetCheck(x, src=False) for x in dst_sets]
+        if not_src_nets:
+            checks.append(SetCheck(self.net_set(not_src_nets), src=True, negate=True))
+        if not_dst_nets:
+            checks.append(SetCheck(self.net_set(not_dst_nets), src=False, negate=True))
+        checks += [SetCheck(x, src=True, negate=True) for x in not_src_sets]
+        checks += [SetCheck(x, src=False, negate=True) for x in not_dst_sets]
+
         base = dict(
             protocol=_byte(rule.protocol, f"{where}: field protocol"),
             not_protocol=_byte(rule.not_protocol, f"{where}: field not_protocol"),
@@ -429,26 +445,16 @@ class _RuleLowerer:
             icmp_code=_byte(rule.icmp_code, f"{where}: field icmp_code"),
             not_icmp_type=_byte(rule.not_icmp_type, f"{where}: field not_icmp_type"),
             not_icmp_code=_byte(rule.not_icmp_code, f"{where}: field not_icmp_code"),
-            src_net=self.net_set(src_nets) if src_nets else 0,
-            dst_net=self.net_set(dst_nets) if dst_nets else 0,
-            not_src_net=self.net_set(not_src_nets) if not_src_nets else 0,
-            not_dst_net=self.net_set(not_dst_nets) if not_dst_nets else 0,
-            src_sets=src_sets[:SET_SLOTS], dst_sets=dst_sets[:SET_SLOTS],
-            not_src_sets=not_src_sets[:SET_SLOTS], not_dst_sets=not_dst_sets[:SET_SLOTS],
+            set_checks=tuple(checks[:SET_CHECKS]),
             not_src_ports=PortMatch(not_src_ports[:PORT_SLOTS], not_src_np[:NAMED_PORT_SLOTS]),
             not_dst_ports=PortMatch(not_dst_ports[:PORT_SLOTS], not_dst_np[:NAMED_PORT_SLOTS]),
         )
 
         # Guards: each skips the whole rule when one overflowing AND-constraint fails.
         guards: list[RuleRecord] = []
-        for s in src_sets[SET_SLOTS:]:
-            guards.append(RuleRecord(Action.SKIP, not_src_sets=(s,)))
-        for s in dst_sets[SET_SLOTS:]:
-            guards.append(RuleRecord(Action.SKIP, not_dst_sets=(s,)))
-        for s in not_src_sets[SET_SLOTS:]:
-            guards.append(RuleRecord(Action.SKIP, src_sets=(s,)))
-        for s in not_dst_sets[SET_SLOTS:]:
-            guards.append(RuleRecord(Action.SKIP, dst_sets=(s,)))
+        for chk in checks[SET_CHECKS:]:
+            inverse = SetCheck(chk.set_id, src=chk.src, negate=not chk.negate)
+            guards.append(RuleRecord(Action.SKIP, set_checks=(inverse,)))
         for chunk in _chunks(not_src_ports[PORT_SLOTS:], PORT_SLOTS):
             guards.append(RuleRecord(Action.SKIP, src_ports=PortMatch(ranges=chunk)))
         for chunk in _chunks(not_dst_ports[PORT_SLOTS:], PORT_SLOTS):

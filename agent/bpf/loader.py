@@ -82,10 +82,10 @@ class BuildConfig:
         for name, size in self.map_sizes.items():
             if name in FIXED_SIZE_MAPS or int(size) < 1:
                 raise ValueError(f"BuildConfig.map_sizes[{name!r}]: bad size {size!r}")
-        if not 1 <= self.rules_per_prog <= 96:
+        if not 1 <= self.rules_per_prog <= 256:
             raise ValueError(
-                f"BuildConfig.rules_per_prog: {self.rules_per_prog} outside 1..96 (above ~100 "
-                "the verifier rejects the walker: too many pending branches)"
+                f"BuildConfig.rules_per_prog: {self.rules_per_prog} outside 1..256 (the "
+                "verifier's limit on pending branches is near 300 with this walker)"
             )
 
     def cflags(self, abi: str | None = None) -> list[str]:

@@ -34,18 +34,19 @@ POD = "10.65.0.1"
 CLIENT = "10.66.0.1"  # in no set
 
 
-def _sync(m: Any, desired: dict[bytes, bytes]) -> None:
-    stale = [k for k in m.iter_keys() if k not in desired]
-    m.delete_many(stale)
-    m.update_many(desired.items())
-
-
-def _program(dp: LoadedDataplane, compiler: PolicyCompiler, state: DataplaneState) -> None:
+def _program(dp: LoadedDataplane, compiler: PolicyCompiler, state: DataplaneState,
+             written: dict[str, dict[bytes, bytes]]) -> None:
+    """Compile and write only what changed since the previous call (`written`)."""
     out = compiler.compile(state, {"lo": LOOPBACK_IFINDEX})
     if out.problems:
         raise RuntimeError(f"measurement policy did not compile: {out.problems}")
     for name in ("ids", "ipsets", "endpoints"):
-        _sync(dp.maps[name], getattr(out, name))
+        desired: dict[bytes, bytes] = getattr(out, name)
+        before = written.get(name, {})
+        m = dp.maps[name]
+        m.update_many((k, v) for k, v in desired.items() if before.get(k) != v)
+        m.delete_many([k for k in before if k not in desired])
+        written[name] = desired
     dp.maps["rules"].update_many(out.rules.items())
     compiler.commit(out)
 
@@ -70,6 +71,7 @@ def measure_verdicts(dp: LoadedDataplane, *, rule_counts: tuple[int, ...] = (1, 
     for i in range(set_count):
         state.apply(p.IPSetUpdate(f"bench-set-{i}", "net", _set_members(i, set_members)))
     wid = p.WorkloadEndpointID("bench", "bench/pod", "eth0")
+    written: dict[str, dict[bytes, bytes]] = {}
     figures: dict[str, Any] = {"first_packet_ns": {}}
 
     # conntrack hit: allow everything, open the flow once, then time established packets
@@ -77,7 +79,7 @@ def measure_verdicts(dp: LoadedDataplane, *, rule_counts: tuple[int, ...] = (1, 
         inbound_rules=(p.Rule("allow"),), outbound_rules=(p.Rule("allow"),))))
     state.apply(p.WorkloadEndpointUpdate(wid, p.WorkloadEndpoint(
         "active", "lo", profile_ids=("allow",))))
-    _program(dp, compiler, state)
+    _program(dp, compiler, state, written)
     syn = packets.tcp(POD, CLIENT, 40000, 80, "S")
     assert run_tc(from_wep, syn, ifindex=LOOPBACK_IFINDEX).retval == TC_ACT_OK
     ack = packets.tcp(CLIENT, POD, 80, 40000, "A")
@@ -95,7 +97,7 @@ def measure_verdicts(dp: LoadedDataplane, *, rule_counts: tuple[int, ...] = (1, 
                                          p.Policy(inbound_rules=rules)))
         state.apply(p.WorkloadEndpointUpdate(wid, p.WorkloadEndpoint(
             "active", "lo", tiers=(p.TierInfo("default", ingress_policies=("bench",)),))))
-        _program(dp, compiler, state)
+        _program(dp, compiler, state, written)
         reps = max(200, repeat // max(1, n))
         out = run_tc(to_wep, pkt, ifindex=LOOPBACK_IFINDEX, repeat=reps)
         assert out.retval == TC_ACT_SHOT

@@ -21,22 +21,26 @@
  * placed, and chains are shared by content. Jumps always go forward (the walker denies a
  * backward jump). Walking past the end of the chain denies.
  *
- * A record matches when EVERY constraint whose RM_* bit is set in match_flags holds:
+ * A record matches when EVERY constraint whose RM_* bit is set in match_flags holds, and
+ * every one of its first n_set_checks set checks holds:
  *   protocol / not_protocol;
- *   src_net / dst_net: address in that set (a rule's nets become one compiler-made set);
- *   not_src_net / not_dst_net: address not in that set;
- *   *_sets: address in EVERY non-zero slot; not_*_sets: in NO non-zero slot;
+ *   set_checks[i]: the source (SET_CHECK_SRC) or destination address is in set set_id, or
+ *       NOT in it (SET_CHECK_NEGATE). A rule's nets / notNets become compiler-made sets, its
+ *       selectors / notSelectors are IP sets: all are set checks (AND);
  *   *_ports (port_match): the packet has ports (TCP/UDP/SCTP) and the port is in ANY of the
  *       first n_ranges ranges OR (addr, proto, port) is in ANY non-zero named-port set;
  *   not_*_ports: the packet has ports and NONE of the above holds;
  *   icmp_type [+ icmp_code]: the packet is ICMP with that type [and code];
  *   not_icmp_type [+ not_icmp_code]: the packet is ICMP and NOT (type [and code]).
- * Slots are fixed (RULE_*_SLOTS). The compiler handles a rule that needs more:
+ * Slots are fixed (RULE_*). The compiler handles a rule that needs more:
  *   - more positive port ranges / named-port sets (OR): several records, each with a share
  *     of the alternatives (first match wins, so OR is preserved);
- *   - more selector sets (AND) or more negative ports/sets (AND of "not"): guard records in
- *     front, e.g. "addr NOT in set S -> SKIP past this rule", which skip the rule exactly
- *     when the overflowing constraint fails.
+ *   - more set checks (AND) or more negative ports / named ports (AND of "not"): guard
+ *     records in front, e.g. "addr NOT in set S -> SKIP past this rule", which skip the
+ *     rule exactly when the overflowing constraint fails.
+ *
+ * Set lookups are cached per packet (policy_state.cache_*: SET_CACHE_SLOTS direct-mapped
+ * entries keyed by set id and side), so rules sharing a selector cost one trie lookup.
  *
  * The walker (calico_policy in tc.c) evaluates POLICY_RULES_PER_PROG records per program
  * run and tail-calls itself to continue; the kernel allows 33 tail calls, so a chain can
@@ -53,14 +57,18 @@
 #define RULES_MAX_ENTRIES 32768
 #endif
 #ifndef POLICY_RULES_PER_PROG
-#define POLICY_RULES_PER_PROG 64
+#define POLICY_RULES_PER_PROG 128
 #endif
 #define POLICY_MAX_TAIL_CALLS 32
 #define POLICY_MAX_CHAIN_RECORDS (POLICY_MAX_TAIL_CALLS * POLICY_RULES_PER_PROG)
 
 #define RULE_PORT_SLOTS 8
-#define RULE_SET_SLOTS 2
+#define RULE_SET_CHECKS 6
 #define RULE_NAMED_PORT_SLOTS 2
+#define SET_CACHE_SLOTS 16
+
+#define SET_CHECK_SRC 0x01    /* check the source address (else the destination) */
+#define SET_CHECK_NEGATE 0x02 /* the address must NOT be in the set */
 
 #define RULE_ACTION_ALLOW 1
 #define RULE_ACTION_DENY 2
@@ -70,14 +78,6 @@
 
 #define RM_PROTOCOL 0x00001
 #define RM_NOT_PROTOCOL 0x00002
-#define RM_SRC_NET 0x00004
-#define RM_NOT_SRC_NET 0x00008
-#define RM_DST_NET 0x00010
-#define RM_NOT_DST_NET 0x00020
-#define RM_SRC_SETS 0x00040
-#define RM_NOT_SRC_SETS 0x00080
-#define RM_DST_SETS 0x00100
-#define RM_NOT_DST_SETS 0x00200
 #define RM_SRC_PORTS 0x00400
 #define RM_NOT_SRC_PORTS 0x00800
 #define RM_DST_PORTS 0x01000
@@ -102,6 +102,12 @@ struct port_match {
 	struct port_range ranges[RULE_PORT_SLOTS];
 };
 
+struct set_check {
+	__u32 set_id; /* ipsets.h set id (< 2^31) */
+	__u8 flags;   /* SET_CHECK_* */
+	__u8 pad[3];
+};
+
 struct policy_rule {
 	__u32 match_flags; /* RM_* */
 	__u8 action;       /* RULE_ACTION_* */
@@ -111,17 +117,10 @@ struct policy_rule {
 	__u8 icmp_code;
 	__u8 not_icmp_type;
 	__u8 not_icmp_code;
-	__u8 pad;
+	__u8 n_set_checks; /* used entries of set_checks[] */
 	__u32 jump;       /* PASS/SKIP: next record index, relative to the chain start */
 	__u32 counter_id; /* rule_counters index, 0 = not counted */
-	__u32 src_net;
-	__u32 not_src_net;
-	__u32 dst_net;
-	__u32 not_dst_net;
-	__u32 src_sets[RULE_SET_SLOTS];
-	__u32 not_src_sets[RULE_SET_SLOTS];
-	__u32 dst_sets[RULE_SET_SLOTS];
-	__u32 not_dst_sets[RULE_SET_SLOTS];
+	struct set_check set_checks[RULE_SET_CHECKS];
 	struct port_match src_ports;
 	struct port_match not_src_ports;
 	struct port_match dst_ports;
@@ -142,6 +141,8 @@ struct policy_state {
 	__u32 tail_calls;
 	__u8 hook; /* HOOK_* */
 	__u8 pad[3];
+	__u32 cache_key[SET_CACHE_SLOTS]; /* set_id << 1 | is_src; 0 = empty */
+	__u8 cache_in[SET_CACHE_SLOTS];   /* the cached answer */
 };
 
 BPF_TABLE_PINNED("percpu_array", __u32, struct policy_state, policy_scratch, 1,
@@ -150,8 +151,46 @@ BPF_TABLE_PINNED("percpu_array", __u32, struct policy_state, policy_scratch, 1,
 #define PROG_IDX_POLICY 0
 BPF_TABLE_PINNED("prog", __u32, __u32, policy_progs, 4, PIN_DIR "/progs_" PROG_ABI);
 
-PF_INLINE int port_match_hit(const struct port_match *pm, __u8 proto, __u16 port, __be32 addr)
+/* Is the packet's source (is_src) or destination in set_id? Cached per packet: the key
+ * (set_id, side) fixes the address, and for ip_port sets also the protocol and port. */
+PF_INLINE int set_contains_cached(struct policy_state *st, __u32 set_id, __u32 is_src)
 {
+	__u32 key = (set_id << 1) | is_src;
+	__u32 slot = (set_id + is_src * 7) & (SET_CACHE_SLOTS - 1);
+	if (st->cache_key[slot] == key)
+		return st->cache_in[slot];
+	struct pkt_info *pkt = &st->pkt;
+	int in;
+	if (is_src)
+		in = ipset_contains(set_id, 0, 0, pkt->saddr);
+	else
+		in = ipset_contains(set_id, 0, 0, pkt->daddr);
+	st->cache_key[slot] = key;
+	st->cache_in[slot] = in;
+	return in;
+}
+
+/* Same for ip_port (named port) sets: the member must match address, protocol and port. */
+PF_INLINE int named_port_contains_cached(struct policy_state *st, __u32 set_id, __u32 is_src)
+{
+	__u32 key = (set_id << 1) | is_src;
+	__u32 slot = (set_id + is_src * 7) & (SET_CACHE_SLOTS - 1);
+	if (st->cache_key[slot] == key)
+		return st->cache_in[slot];
+	struct pkt_info *pkt = &st->pkt;
+	int in;
+	if (is_src)
+		in = ipset_contains(set_id, pkt->proto, pkt->sport, pkt->saddr);
+	else
+		in = ipset_contains(set_id, pkt->proto, pkt->dport, pkt->daddr);
+	st->cache_key[slot] = key;
+	st->cache_in[slot] = in;
+	return in;
+}
+
+PF_INLINE int port_match_hit(struct policy_state *st, const struct port_match *pm, __u32 is_src)
+{
+	__u16 port = is_src ? st->pkt.sport : st->pkt.dport;
 	__u8 n = pm->n_ranges;
 #pragma unroll
 	for (int i = 0; i < RULE_PORT_SLOTS; i++) {
@@ -163,40 +202,20 @@ PF_INLINE int port_match_hit(const struct port_match *pm, __u8 proto, __u16 port
 #pragma unroll
 	for (int i = 0; i < RULE_NAMED_PORT_SLOTS; i++) {
 		__u32 set_id = pm->named_sets[i];
-		if (set_id && ipset_contains(set_id, proto, port, addr))
+		if (set_id && named_port_contains_cached(st, set_id, is_src))
 			return 1;
 	}
 	return 0;
 }
 
-PF_INLINE int sets_all_contain(const __u32 *sets, __be32 addr)
-{
-#pragma unroll
-	for (int i = 0; i < RULE_SET_SLOTS; i++) {
-		__u32 set_id = sets[i];
-		if (set_id && !ipset_contains(set_id, 0, 0, addr))
-			return 0;
-	}
-	return 1;
-}
-
-PF_INLINE int sets_any_contain(const __u32 *sets, __be32 addr)
-{
-#pragma unroll
-	for (int i = 0; i < RULE_SET_SLOTS; i++) {
-		__u32 set_id = sets[i];
-		if (set_id && ipset_contains(set_id, 0, 0, addr))
-			return 1;
-	}
-	return 0;
-}
-
-/* Does record r match the packet? Cheap header checks first, trie lookups last. */
-PF_INLINE int rule_matches(const struct policy_rule *r, const struct pkt_info *pkt)
+/* Does record r match the packet in st? Cheap header checks first, set lookups last. */
+PF_INLINE int rule_matches(const struct policy_rule *r, struct policy_state *st)
 {
 	__u32 m = r->match_flags;
-	if (!m)
+	__u8 n_checks = r->n_set_checks;
+	if (!m && !n_checks)
 		return 1;
+	struct pkt_info *pkt = &st->pkt;
 	if ((m & RM_PROTOCOL) && pkt->proto != r->protocol)
 		return 0;
 	if ((m & RM_NOT_PROTOCOL) && pkt->proto == r->not_protocol)
@@ -215,35 +234,23 @@ PF_INLINE int rule_matches(const struct policy_rule *r, const struct pkt_info *p
 	if (m & RM_ANY_PORTS) {
 		if (!(pkt->flags & PKT_F_PORTS))
 			return 0;
-		if ((m & RM_SRC_PORTS) &&
-		    !port_match_hit(&r->src_ports, pkt->proto, pkt->sport, pkt->saddr))
+		if ((m & RM_SRC_PORTS) && !port_match_hit(st, &r->src_ports, 1))
 			return 0;
-		if ((m & RM_DST_PORTS) &&
-		    !port_match_hit(&r->dst_ports, pkt->proto, pkt->dport, pkt->daddr))
+		if ((m & RM_DST_PORTS) && !port_match_hit(st, &r->dst_ports, 0))
 			return 0;
-		if ((m & RM_NOT_SRC_PORTS) &&
-		    port_match_hit(&r->not_src_ports, pkt->proto, pkt->sport, pkt->saddr))
+		if ((m & RM_NOT_SRC_PORTS) && port_match_hit(st, &r->not_src_ports, 1))
 			return 0;
-		if ((m & RM_NOT_DST_PORTS) &&
-		    port_match_hit(&r->not_dst_ports, pkt->proto, pkt->dport, pkt->daddr))
+		if ((m & RM_NOT_DST_PORTS) && port_match_hit(st, &r->not_dst_ports, 0))
 			return 0;
 	}
-	if ((m & RM_SRC_NET) && !ipset_contains(r->src_net, 0, 0, pkt->saddr))
-		return 0;
-	if ((m & RM_DST_NET) && !ipset_contains(r->dst_net, 0, 0, pkt->daddr))
-		return 0;
-	if ((m & RM_NOT_SRC_NET) && ipset_contains(r->not_src_net, 0, 0, pkt->saddr))
-		return 0;
-	if ((m & RM_NOT_DST_NET) && ipset_contains(r->not_dst_net, 0, 0, pkt->daddr))
-		return 0;
-	if ((m & RM_SRC_SETS) && !sets_all_contain(r->src_sets, pkt->saddr))
-		return 0;
-	if ((m & RM_DST_SETS) && !sets_all_contain(r->dst_sets, pkt->daddr))
-		return 0;
-	if ((m & RM_NOT_SRC_SETS) && sets_any_contain(r->not_src_sets, pkt->saddr))
-		return 0;
-	if ((m & RM_NOT_DST_SETS) && sets_any_contain(r->not_dst_sets, pkt->daddr))
-		return 0;
+	for (int i = 0; i < RULE_SET_CHECKS; i++) { /* a bounded loop (clang cannot unroll it) */
+		if (i >= n_checks)
+			break;
+		__u8 f = r->set_checks[i].flags;
+		int in = set_contains_cached(st, r->set_checks[i].set_id, f & SET_CHECK_SRC);
+		if (in == ((f & SET_CHECK_NEGATE) != 0))
+			return 0;
+	}
 	return 1;
 }
 

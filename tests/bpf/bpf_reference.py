@@ -209,20 +209,11 @@ def record_matches(trie: Trie, r: RuleRecord, pkt: Pkt) -> bool:
             return False
         if r.not_dst_ports and _pm_hit(trie, r.not_dst_ports, pkt.proto, pkt.dport, pkt.dst):
             return False
-    checks = [
-        (r.src_net, pkt.src, True), (r.dst_net, pkt.dst, True),
-        (r.not_src_net, pkt.src, False), (r.not_dst_net, pkt.dst, False),
-    ]
-    for set_id, addr, want in checks:
-        if set_id and trie.contains(set_id, 0, 0, addr) != want:
+    for chk in r.set_checks:
+        addr = pkt.src if chk.src else pkt.dst
+        if trie.contains(chk.set_id, 0, 0, addr) == chk.negate:
             return False
-    if not all(trie.contains(s, 0, 0, pkt.src) for s in r.src_sets):
-        return False
-    if not all(trie.contains(s, 0, 0, pkt.dst) for s in r.dst_sets):
-        return False
-    if any(trie.contains(s, 0, 0, pkt.src) for s in r.not_src_sets):
-        return False
-    return not any(trie.contains(s, 0, 0, pkt.dst) for s in r.not_dst_sets)
+    return True
 
 
 def walk_chain(trie: Trie, chain: tuple[RuleRecord, ...], pkt: Pkt) -> tuple[str, int]:

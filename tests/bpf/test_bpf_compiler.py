@@ -132,7 +132,9 @@ def test_rule_nets_become_shared_net_sets_in_the_trie():
     s.apply(p.WorkloadEndpointUpdate(WID, ep(tiers=(p.TierInfo("default", ("a",)),))))
     out = c.PolicyCompiler().compile(s, {})
     chain = out.programs[WID].ingress.records
-    assert chain[0].src_net and chain[0].src_net == chain[1].dst_net
+    (src_check,), (dst_check,) = chain[0].set_checks, chain[1].set_checks
+    assert (src_check.src, dst_check.src) == (True, False)
+    assert src_check.set_id == dst_check.set_id  # same nets, one set
     members = sorted(ipsets_map.decode_key(k)["member"] for k in out.ipsets)
     assert members == ["10.1.0.0/16", "10.2.0.0/16"]
 
@@ -227,7 +229,7 @@ def test_ipv6_rules_and_nets_are_left_out_of_ipv4_chains():
     out = c.PolicyCompiler().compile(s, {})
     chain = out.programs[WID].ingress.records
     assert actions(chain) == ["allow", "deny", "allow", "deny"]
-    assert chain[0].src_net and not chain[0].not_dst_net
+    assert len(chain[0].set_checks) == 1 and chain[0].set_checks[0].src  # no IPv6 notNet
     members = sorted(ipsets_map.decode_key(k)["member"] for k in out.ipsets)
     assert members == ["10.0.0.0/8", "10.0.0.1/32"]
 
@@ -263,18 +265,19 @@ def _assert_walk_matches_semantics(s, out, ports, srcs=("10.0.0.1",)):
 def test_overflowing_and_constraints_become_guards_skipping_the_rule():
     s = base_state()
     nested = {"s0": "10.0.0.0/16", "s1": "10.0.0.0/17", "s2": "10.0.0.0/18",
-              "s3": "10.0.1.0/24", "s4": "10.0.2.0/24", "s5": "10.0.3.0/24"}
+              "s3": "10.0.1.0/24", "s4": "10.0.2.0/24", "s5": "10.0.3.0/24",
+              "s6": "10.0.0.0/19"}
     for name, net in nested.items():
         s.apply(p.IPSetUpdate(name, "net", frozenset({net})))
     not_ports = tuple(p.PortRange(i * 10, i * 10) for i in range(1, 12))
-    s.apply(policy("a", inbound=(p.Rule("allow", src_ip_set_ids=("s0", "s1", "s2"),
+    s.apply(policy("a", inbound=(p.Rule("allow", src_ip_set_ids=("s0", "s1", "s2", "s6"),
                                         not_src_ip_set_ids=("s3", "s4", "s5"),
                                         not_dst_ports=not_ports),)))
     s.apply(p.WorkloadEndpointUpdate(WID, ep(tiers=(p.TierInfo("default", ("a",)),))))
     out = c.PolicyCompiler().compile(s, {})
     chain = out.programs[WID].ingress.records
     guards = [r for r in chain if r.action == Action.SKIP]
-    assert len(guards) == 3  # one set, one not-set, one chunk of 3 not-ports
+    assert len(guards) == 2  # 7 set checks: 6 slots + 1 guard; 11 not-ports: 8 + 1 guard
     assert all(g.jump == len(guards) + 1 and g.counter_id == 0 for g in guards)
     srcs = [f"10.0.{i}.{j}" for i in range(5) for j in (1, 200)]
     srcs += ["10.0.64.1", "10.0.200.1", "10.1.0.1"]

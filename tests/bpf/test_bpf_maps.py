@@ -23,7 +23,7 @@ from agent.bpf.maps import routes as routes_map
 from agent.bpf.maps import rules as rules_map
 from agent.bpf.maps import untracked as untracked_map
 from agent.bpf.maps.base import FakeMap, MapFullError
-from agent.bpf.maps.rules import Action, PortMatch, RuleRecord
+from agent.bpf.maps.rules import Action, PortMatch, RuleRecord, SetCheck
 
 INCLUDE = Path(__file__).resolve().parents[2] / "bpf" / "include"
 
@@ -44,7 +44,9 @@ def c_int(defines: dict[str, str], name: str) -> int:
 def test_python_constants_match_the_c_headers():
     d = c_defines()
     pairs = [
-        ("RULE_PORT_SLOTS", rules_map.PORT_SLOTS), ("RULE_SET_SLOTS", rules_map.SET_SLOTS),
+        ("RULE_PORT_SLOTS", rules_map.PORT_SLOTS), ("RULE_SET_CHECKS", rules_map.SET_CHECKS),
+        ("SET_CHECK_SRC", rules_map.SET_CHECK_SRC),
+        ("SET_CHECK_NEGATE", rules_map.SET_CHECK_NEGATE),
         ("RULE_NAMED_PORT_SLOTS", rules_map.NAMED_PORT_SLOTS),
         ("POLICY_MAX_TAIL_CALLS", rules_map.MAX_TAIL_CALLS),
         ("POLICY_RULES_PER_PROG", rules_map.DEFAULT_RULES_PER_PROG),
@@ -115,14 +117,13 @@ port_matches = st.builds(
     named_sets=st.lists(st.integers(1, 2**32 - 1), max_size=rules_map.NAMED_PORT_SLOTS).map(
         tuple),
 )
-set_lists = st.lists(st.integers(1, 2**32 - 1), max_size=rules_map.SET_SLOTS).map(tuple)
+set_checks = st.lists(st.builds(SetCheck, st.integers(1, 2**31 - 1), st.booleans(),
+                                st.booleans()), max_size=rules_map.SET_CHECKS).map(tuple)
 opt_byte = st.none() | st.integers(0, 255)
 records = st.builds(
     RuleRecord, action=st.sampled_from(list(Action)), jump=st.integers(0, 5000),
     counter_id=st.integers(0, 2**32 - 1), protocol=opt_byte, not_protocol=opt_byte,
-    src_net=st.integers(0, 99), not_src_net=st.integers(0, 99), dst_net=st.integers(0, 99),
-    not_dst_net=st.integers(0, 99), src_sets=set_lists, not_src_sets=set_lists,
-    dst_sets=set_lists, not_dst_sets=set_lists, src_ports=port_matches,
+    set_checks=set_checks, src_ports=port_matches,
     not_src_ports=port_matches, dst_ports=port_matches, not_dst_ports=port_matches,
     icmp_type=opt_byte, icmp_code=opt_byte, not_icmp_type=opt_byte, not_icmp_code=opt_byte,
 )
@@ -136,8 +137,10 @@ def test_rule_records_round_trip(rec):
 
 
 def test_rule_record_slot_overflow_is_refused_naming_the_field():
-    with pytest.raises(ValueError, match="dst_sets"):
-        rules_map.encode(RuleRecord(Action.ALLOW, dst_sets=(1, 2, 3)))
+    with pytest.raises(ValueError, match="set_checks"):
+        rules_map.encode(RuleRecord(Action.ALLOW, set_checks=(SetCheck(1, True),) * 7))
+    with pytest.raises(ValueError, match="dst_ports"):
+        rules_map.encode(RuleRecord(Action.ALLOW, dst_ports=PortMatch(named_sets=(1, 2, 3))))
 
 
 def test_conntrack_normalisation_is_symmetric():

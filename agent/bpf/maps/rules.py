@@ -21,10 +21,12 @@ from dataclasses import dataclass
 from agent.bpf.maps.base import BpfMap, MapParams, MapType
 
 PORT_SLOTS = 8  # must match RULE_PORT_SLOTS
-SET_SLOTS = 2  # must match RULE_SET_SLOTS
+SET_CHECKS = 6  # must match RULE_SET_CHECKS
 NAMED_PORT_SLOTS = 2  # must match RULE_NAMED_PORT_SLOTS
+SET_CHECK_SRC = 0x01  # must match SET_CHECK_SRC
+SET_CHECK_NEGATE = 0x02  # must match SET_CHECK_NEGATE
 MAX_TAIL_CALLS = 32  # must match POLICY_MAX_TAIL_CALLS
-DEFAULT_RULES_PER_PROG = 64  # must match the default POLICY_RULES_PER_PROG
+DEFAULT_RULES_PER_PROG = 128  # must match the default POLICY_RULES_PER_PROG
 
 
 def max_chain_records(rules_per_prog: int = DEFAULT_RULES_PER_PROG) -> int:
@@ -47,14 +49,6 @@ class Match(enum.IntFlag):
 
     PROTOCOL = 0x00001
     NOT_PROTOCOL = 0x00002
-    SRC_NET = 0x00004
-    NOT_SRC_NET = 0x00008
-    DST_NET = 0x00010
-    NOT_DST_NET = 0x00020
-    SRC_SETS = 0x00040
-    NOT_SRC_SETS = 0x00080
-    DST_SETS = 0x00100
-    NOT_DST_SETS = 0x00200
     SRC_PORTS = 0x00400
     NOT_SRC_PORTS = 0x00800
     DST_PORTS = 0x01000
@@ -82,6 +76,13 @@ class PortMatchC(ctypes.Structure):
     ]
 
 
+class SetCheckC(ctypes.Structure):
+    """must match struct set_check in bpf/include/policy.h"""
+
+    _fields_ = [("set_id", ctypes.c_uint32), ("flags", ctypes.c_uint8),
+                ("pad", ctypes.c_uint8 * 3)]
+
+
 class Value(ctypes.Structure):
     """must match struct policy_rule in bpf/include/policy.h"""
 
@@ -94,17 +95,10 @@ class Value(ctypes.Structure):
         ("icmp_code", ctypes.c_uint8),
         ("not_icmp_type", ctypes.c_uint8),
         ("not_icmp_code", ctypes.c_uint8),
-        ("pad", ctypes.c_uint8),
+        ("n_set_checks", ctypes.c_uint8),
         ("jump", ctypes.c_uint32),
         ("counter_id", ctypes.c_uint32),
-        ("src_net", ctypes.c_uint32),
-        ("not_src_net", ctypes.c_uint32),
-        ("dst_net", ctypes.c_uint32),
-        ("not_dst_net", ctypes.c_uint32),
-        ("src_sets", ctypes.c_uint32 * SET_SLOTS),
-        ("not_src_sets", ctypes.c_uint32 * SET_SLOTS),
-        ("dst_sets", ctypes.c_uint32 * SET_SLOTS),
-        ("not_dst_sets", ctypes.c_uint32 * SET_SLOTS),
+        ("set_checks", SetCheckC * SET_CHECKS),
         ("src_ports", PortMatchC),
         ("not_src_ports", PortMatchC),
         ("dst_ports", PortMatchC),
@@ -130,6 +124,19 @@ class PortMatch:
 
 
 @dataclass(frozen=True)
+class SetCheck:
+    """The source (src=True) or destination address is in set_id (or NOT, negate=True)."""
+
+    set_id: int
+    src: bool
+    negate: bool = False
+
+    @property
+    def flags(self) -> int:
+        return (SET_CHECK_SRC if self.src else 0) | (SET_CHECK_NEGATE if self.negate else 0)
+
+
+@dataclass(frozen=True)
 class RuleRecord:
     """One record. Fields left at their defaults are unconstrained; `match_flags` is derived."""
 
@@ -138,14 +145,7 @@ class RuleRecord:
     counter_id: int = 0
     protocol: int | None = None
     not_protocol: int | None = None
-    src_net: int = 0
-    not_src_net: int = 0
-    dst_net: int = 0
-    not_dst_net: int = 0
-    src_sets: tuple[int, ...] = ()
-    not_src_sets: tuple[int, ...] = ()
-    dst_sets: tuple[int, ...] = ()
-    not_dst_sets: tuple[int, ...] = ()
+    set_checks: tuple[SetCheck, ...] = ()  # AND, at most SET_CHECKS
     src_ports: PortMatch = PortMatch()
     not_src_ports: PortMatch = PortMatch()
     dst_ports: PortMatch = PortMatch()
@@ -161,14 +161,6 @@ class RuleRecord:
         pairs = [
             (self.protocol is not None, Match.PROTOCOL),
             (self.not_protocol is not None, Match.NOT_PROTOCOL),
-            (self.src_net != 0, Match.SRC_NET),
-            (self.not_src_net != 0, Match.NOT_SRC_NET),
-            (self.dst_net != 0, Match.DST_NET),
-            (self.not_dst_net != 0, Match.NOT_DST_NET),
-            (bool(self.src_sets), Match.SRC_SETS),
-            (bool(self.not_src_sets), Match.NOT_SRC_SETS),
-            (bool(self.dst_sets), Match.DST_SETS),
-            (bool(self.not_dst_sets), Match.NOT_DST_SETS),
             (bool(self.src_ports), Match.SRC_PORTS),
             (bool(self.not_src_ports), Match.NOT_SRC_PORTS),
             (bool(self.dst_ports), Match.DST_PORTS),
@@ -195,11 +187,14 @@ def _fill_ports(dst: PortMatchC, pm: PortMatch, what: str) -> None:
         dst.named_sets[i] = s
 
 
-def _fill_sets(dst: ctypes.Array, sets: tuple[int, ...], what: str) -> None:
-    if len(sets) > SET_SLOTS:
-        raise ValueError(f"rule record {what}: more than {SET_SLOTS} sets")
-    for i, s in enumerate(sets):
-        dst[i] = s
+def _fill_checks(dst: ctypes.Array, checks: tuple[SetCheck, ...]) -> None:
+    if len(checks) > SET_CHECKS:
+        raise ValueError(f"rule record set_checks: more than {SET_CHECKS} set checks")
+    for i, c in enumerate(checks):
+        if not 0 < c.set_id < 2**31:
+            raise ValueError(f"rule record set_checks: set id {c.set_id} outside 1..2^31-1")
+        dst[i].set_id = c.set_id
+        dst[i].flags = c.flags
 
 
 def encode(rec: RuleRecord) -> bytes:
@@ -215,12 +210,8 @@ def encode(rec: RuleRecord) -> bytes:
     v.icmp_code = rec.icmp_code or 0
     v.not_icmp_type = rec.not_icmp_type or 0
     v.not_icmp_code = rec.not_icmp_code or 0
-    v.src_net, v.not_src_net = rec.src_net, rec.not_src_net
-    v.dst_net, v.not_dst_net = rec.dst_net, rec.not_dst_net
-    _fill_sets(v.src_sets, rec.src_sets, "src_sets")
-    _fill_sets(v.not_src_sets, rec.not_src_sets, "not_src_sets")
-    _fill_sets(v.dst_sets, rec.dst_sets, "dst_sets")
-    _fill_sets(v.not_dst_sets, rec.not_dst_sets, "not_dst_sets")
+    v.n_set_checks = len(rec.set_checks)
+    _fill_checks(v.set_checks, rec.set_checks)
     _fill_ports(v.src_ports, rec.src_ports, "src_ports")
     _fill_ports(v.not_src_ports, rec.not_src_ports, "not_src_ports")
     _fill_ports(v.dst_ports, rec.dst_ports, "dst_ports")
@@ -247,12 +238,9 @@ def decode(raw: bytes) -> RuleRecord:
         action=action, jump=v.jump, counter_id=v.counter_id,
         protocol=v.protocol if m & Match.PROTOCOL else None,
         not_protocol=v.not_protocol if m & Match.NOT_PROTOCOL else None,
-        src_net=v.src_net, not_src_net=v.not_src_net, dst_net=v.dst_net,
-        not_dst_net=v.not_dst_net,
-        src_sets=tuple(s for s in v.src_sets if s),
-        not_src_sets=tuple(s for s in v.not_src_sets if s),
-        dst_sets=tuple(s for s in v.dst_sets if s),
-        not_dst_sets=tuple(s for s in v.not_dst_sets if s),
+        set_checks=tuple(
+            SetCheck(c.set_id, bool(c.flags & SET_CHECK_SRC), bool(c.flags & SET_CHECK_NEGATE))
+            for c in v.set_checks[:min(v.n_set_checks, SET_CHECKS)]),
         src_ports=_ports(v.src_ports), not_src_ports=_ports(v.not_src_ports),
         dst_ports=_ports(v.dst_ports), not_dst_ports=_ports(v.not_dst_ports),
         icmp_type=v.icmp_type if m & Match.ICMP_TYPE else None,
@@ -280,12 +268,10 @@ def describe(rec: RuleRecord) -> dict:
                  "not_icmp_code"):
         if getattr(rec, name) is not None:
             out[name] = getattr(rec, name)
-    for name in ("src_net", "not_src_net", "dst_net", "not_dst_net"):
-        if getattr(rec, name):
-            out[name] = getattr(rec, name)
-    for name in ("src_sets", "not_src_sets", "dst_sets", "not_dst_sets"):
-        if getattr(rec, name):
-            out[name] = list(getattr(rec, name))
+    if rec.set_checks:
+        out["set_checks"] = [
+            f"{'src' if c.src else 'dst'} {'not in' if c.negate else 'in'} {c.set_id}"
+            for c in rec.set_checks]
     for name in ("src_ports", "not_src_ports", "dst_ports", "not_dst_ports"):
         pm: PortMatch = getattr(rec, name)
         if pm:
