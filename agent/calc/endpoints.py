@@ -3,8 +3,8 @@
 Role: pure functions used by the event sequencer (and by `pyfelix calc` to name endpoints).
 
 - `workload_id(wep)`: Calico's v1 identity (orchestrator, workload, endpoint). The workload
-  part is `<namespace>/<pod>` (the pod name, else the workload name, else the resource
-  name), which is what DESIGN.md section 5 calls `<namespace>/<workload>`.
+  part is the model's `endpoint_id`, `<namespace>/<workload>` (the workload name defaults
+  to the pod name, then the resource name), as DESIGN.md section 5 names endpoints.
 - `workload_message(wep, tiers)` / `host_message(hep, tiers)`: the endpoint with its
   addresses split by IP version and its resolved tiers.
 """
@@ -17,9 +17,7 @@ from agent.model import HostEndpoint, WorkloadEndpoint
 
 
 def workload_id(wep: WorkloadEndpoint) -> proto.WorkloadEndpointID:
-    name = wep.pod or wep.workload or wep.key.name
-    workload = name if "/" in name else f"{wep.key.namespace}/{name}"
-    return proto.WorkloadEndpointID(orchestrator=wep.orchestrator, workload=workload,
+    return proto.WorkloadEndpointID(orchestrator=wep.orchestrator, workload=wep.endpoint_id,
                                     endpoint=wep.endpoint)
 
 
