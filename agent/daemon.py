@@ -283,7 +283,9 @@ class Agent:
 
         loop = DataplaneLoop(managers, resync_interval=config.route_refresh_interval,
                              fail_closed_after=config.dataplane_fail_closed_after)
-        pipeline = CalcPipeline(self.options.hostname, _Forwarder(loop, self._on_datastore_config))
+        pipeline = CalcPipeline(
+            self.options.hostname, _Forwarder(loop, self._on_datastore_config),
+            on_batch=lambda seconds, _messages: metrics.CALC_GRAPH_UPDATE_TIME.observe(seconds))
         tap = _SyncerTap(pipeline)
         syncer = make_syncer(self.options.datastore)
         monitor = None
@@ -303,7 +305,7 @@ class Agent:
             while not self._stop.wait(0.1):
                 calc_ok = pipeline.in_sync.is_set()
                 dp_ok = loop.in_sync.is_set()
-                health.report("calc-graph", live=_pipeline_alive(pipeline), ready=calc_ok)
+                health.report("calc-graph", live=pipeline.is_alive(), ready=calc_ok)
                 health.report("dataplane", live=not loop.fatal.is_set(), ready=dp_ok)
                 metrics.DATAPLANE_IN_SYNC.set(1 if dp_ok else 0)
                 status.write(calc_in_sync=calc_ok, dataplane_in_sync=dp_ok,
@@ -315,8 +317,8 @@ class Agent:
                     log.critical("dataplane failed closed: %s; exiting", loop.fatal_reason)
                     exit_code = EXIT_FATAL
                     break
-                if not _pipeline_alive(pipeline):
-                    log.critical("calculation graph thread died; exiting")
+                if not pipeline.is_alive():
+                    log.critical("calculation graph thread died (%r); exiting", pipeline.failure)
                     exit_code = EXIT_FATAL
                     break
             if self._restart_reason:
@@ -337,14 +339,9 @@ class Agent:
         return exit_code
 
 
-def _pipeline_alive(pipeline: CalcPipeline) -> bool:
-    thread = getattr(pipeline, "_thread", None)
-    return thread is not None and thread.is_alive()
-
-
 def _idle(pipeline: CalcPipeline, loop: DataplaneLoop) -> bool:
-    return (pipeline._queue.empty() and loop.queue.empty()
-            and loop.consecutive_failures == 0 and loop.in_sync.is_set())
+    return (pipeline.idle() and loop.queue.empty() and loop.consecutive_failures == 0
+            and loop.in_sync.is_set())
 
 
 class StatusWriter:

@@ -105,6 +105,7 @@ def test_health_metrics_and_sigterm(netns: str, tmp_path: Path) -> None:
                      "felix_calc_graph_output_events_total", "felix_resync_state 3.0",
                      "felix_int_dataplane_apply_time_seconds_count",
                      "felix_int_dataplane_failures_total", "felix_ipsets_calico",
+                     "felix_calc_graph_update_time_seconds_count",
                      "pyfelix_validation_errors_total", "pyfelix_dataplane_in_sync 1.0"):
             assert name in metrics, f"{name} missing from /metrics"
         chains_before = in_ns(netns, "iptables-save", "-t", "filter").stdout
