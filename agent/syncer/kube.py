@@ -24,9 +24,11 @@ How each type is followed (one thread per type, like Calico's watcher caches):
    empty and is listed again every `missing_type_retry` seconds.
 
 Statuses: WAIT_FOR_DATASTORE until the first list answer, RESYNC while any type lists
-(at start or after a 410), IN_SYNC once every type has listed. A watch restarted from its
-last resourceVersion is NOT a resync: the server replays everything since (as client-go's
-reflector relies on); the state held is complete as of that resourceVersion.
+(at start or after a 410), IN_SYNC once every type has listed (after a 410 relist, once
+no type has been relisting for `resync_settle` s, so one outage gives one RESYNC). A
+watch restarted from its last resourceVersion is NOT a resync: the server replays
+everything since (as client-go's reflector relies on); the state held is complete as of
+that resourceVersion.
 
 Invariants: a key's updates are sent in the order the server sent them, each
 resourceVersion of an object at most once (a replayed event with the resourceVersion
@@ -104,6 +106,7 @@ class WatchOptions:
     page_size: int = 500
     watch_timeout: int = 300  # timeoutSeconds asked of the server per watch request
     missing_type_retry: float = 30.0
+    resync_settle: float = 0.2  # quiet time after a relist before IN_SYNC again
     backoff: Callable[[], Backoff] = Backoff
 
 
@@ -363,25 +366,42 @@ class KubeSyncer:
         for watcher in self._watchers:
             watcher.thread.start()
         unsynced = set(self._types)
+        synced_once = False
+        settled_at: float | None = None  # when a resync may be declared over
         while not self._stop.is_set():
             try:
-                report = self._reports.get(timeout=0.2)
+                report = self._reports.get(timeout=0.05)
             except queue.Empty:
+                report = None
+            if report is not None:
+                self._dispatch(callbacks, report, unsynced)
+            if unsynced or self._status is not SyncStatus.RESYNC:
+                settled_at = None
                 continue
-            if report.what == "updates":
-                callbacks.on_updates(report.updates)
-            elif report.what == "error" and report.error is not None:
-                callbacks.on_error(report.error)
-            elif report.what == "listing":
-                if self._status is SyncStatus.WAIT_FOR_DATASTORE:  # the server answers
-                    self._set_status(callbacks, SyncStatus.RESYNC)
-            elif report.what == "resync":
-                unsynced.add(report.rtype)
+            if not synced_once:  # the first sync needs no settling
+                synced_once = True
+                self._set_status(callbacks, SyncStatus.IN_SYNC)
+            elif settled_at is None:
+                # After a relist, wait a moment: the other types' watches usually broke in
+                # the same outage and relist too; one RESYNC -> IN_SYNC for all of them.
+                settled_at = time.monotonic() + self._options.resync_settle
+            elif time.monotonic() >= settled_at:
+                self._set_status(callbacks, SyncStatus.IN_SYNC)
+
+    def _dispatch(self, callbacks: SyncerCallbacks, report: _Report,
+                  unsynced: set[ResourceType]) -> None:
+        if report.what == "updates":
+            callbacks.on_updates(report.updates)
+        elif report.what == "error" and report.error is not None:
+            callbacks.on_error(report.error)
+        elif report.what == "listing":
+            if self._status is SyncStatus.WAIT_FOR_DATASTORE:  # the server answers
                 self._set_status(callbacks, SyncStatus.RESYNC)
-            elif report.what == "synced":
-                unsynced.discard(report.rtype)
-                if not unsynced:
-                    self._set_status(callbacks, SyncStatus.IN_SYNC)
+        elif report.what == "resync":
+            unsynced.add(report.rtype)
+            self._set_status(callbacks, SyncStatus.RESYNC)
+        elif report.what == "synced":
+            unsynced.discard(report.rtype)
 
 
 def make_kube_syncer(*, kubeconfig: str | None = None, context: str | None = None,

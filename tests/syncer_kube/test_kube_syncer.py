@@ -170,7 +170,7 @@ def test_watch_follows_changes_from_the_list_resource_version(
 def test_410_gone_relists_with_the_right_deletes(fake_kube: FakeKubeAPIServer,
                                                  start_kube_syncer: SyncerFactory) -> None:
     _populate(fake_kube)
-    _, recorder = start_kube_syncer(page_size=2)
+    _, recorder = start_kube_syncer(page_size=2, resync_settle=1.0)
     recorder.wait_in_sync()
     pod_relists, gnp_relists, ns_relists = _relists(PODS), _relists(GNPS), _relists(NAMESPACES)
     namespace_updates = len(recorder.updates_of(ResourceKey("Namespace", "", "shop")))
@@ -188,8 +188,13 @@ def test_410_gone_relists_with_the_right_deletes(fake_kube: FakeKubeAPIServer,
     cluster.compact()
     fake_kube.heal()
 
-    recorder.wait_for(lambda r: pod_key("web-9") in r.state and gnp_key("deny-all")
-                      not in r.state and r.statuses[-1] is SyncStatus.IN_SYNC, "relisted")
+    _wait_in_sync_again(recorder, 2)
+    # Every type relisted after the same outage: one RESYNC -> IN_SYNC for all of them,
+    # and IN_SYNC came with the relisted state complete.
+    assert recorder.statuses == [SyncStatus.WAIT_FOR_DATASTORE, SyncStatus.RESYNC,
+                                 SyncStatus.IN_SYNC, SyncStatus.RESYNC, SyncStatus.IN_SYNC]
+    state_at_in_sync = recorder.status_log[-1][2]
+    assert pod_key("web-9") in state_at_in_sync and gnp_key("deny-all") not in state_at_in_sync
     assert _relists(PODS) == pod_relists + 1
     assert _relists(GNPS) == gnp_relists + 1
     assert _relists(NAMESPACES) == ns_relists + 1  # its watch was too old as well
@@ -201,7 +206,6 @@ def test_410_gone_relists_with_the_right_deletes(fake_kube: FakeKubeAPIServer,
     # Unchanged objects were not sent again by the relist.
     assert len(recorder.updates_of(ResourceKey("Namespace", "", "shop"))) == namespace_updates
     assert len(recorder.updates_of(pod_key("web-4"))) == 1
-    assert SyncStatus.RESYNC in recorder.statuses[3:]
     assert recorder.duplicates() == []
     # And the new watches work.
     cluster.put_object(pod("after", "node-a", "10.65.0.50"))
