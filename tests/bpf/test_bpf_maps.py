@@ -205,3 +205,29 @@ def test_conntrack_cleaner_deletes_only_expired_flows():
     assert stats.scanned == len(flows)
     assert stats.deleted == sum(not keep for keep in keys.values())
     assert {k for k, keep in keys.items() if keep} == set(ct.data)
+
+
+def test_loader_assembles_one_text_with_each_header_once_and_checks_its_config(tmp_path):
+    from agent.bpf import loader
+
+    text = loader.assemble_source()
+    for header in INCLUDE.glob("*.h"):
+        assert text.count(f'#line 1 "{header}"') == 1, header.name
+    assert "int calico_from_wep(" in text and "int calico_xdp(" in text
+    (tmp_path / "tc.c").write_text('#include "missing.h"\n')
+    (tmp_path / "xdp.c").write_text("")
+    with pytest.raises(loader.LoaderError, match=r"missing\.h"):
+        loader.assemble_source(tmp_path)
+    cfg = loader.BuildConfig(pin_dir="/sys/fs/bpf/x", map_sizes={"rules": 100})
+    cfg.validate()
+    flags = cfg.cflags("abc")
+    assert "-DRULES_MAX_ENTRIES=100" in flags and '-DPROG_ABI="abc"' in flags
+    assert "-DCT_TIMEOUT_TCP_EST=3600" in flags
+    assert loader.build_abi(text, flags) == loader.build_abi(
+        text, [f for f in flags if not f.startswith("-DPIN_DIR")] + ['-DPIN_DIR="/other"'])
+    for bad, match in (({"nope": 1}, "unknown map"), ({"config": 2}, "config"),
+                       ({"rules": 0}, "rules")):
+        with pytest.raises(ValueError, match=match):
+            loader.BuildConfig(pin_dir="/x", map_sizes=bad).validate()
+    with pytest.raises(ValueError, match="rules_per_prog"):
+        loader.BuildConfig(pin_dir="/x", rules_per_prog=1000).validate()

@@ -6,7 +6,8 @@
 - `netns` (session): a namespace `pyfbpf-<pid>` with veth interfaces d1..d4, and a worker
   thread inside it, so BPF_PROG_TEST_RUN can use their ifindexes; deleted at the end.
 - `harness` (per test): all maps emptied, a fresh compiler and state.
-- A session check that the root namespace's links, netns list and /sys/fs/bpf are unchanged.
+- A session check that the root namespace's links are unchanged and that no namespace or
+  bpffs entry of ours is left.
 """
 
 from __future__ import annotations
@@ -32,10 +33,16 @@ def sh(*argv: str) -> str:
     return subprocess.run(argv, check=True, capture_output=True, text=True, timeout=60).stdout
 
 
-def _root_snapshot() -> dict[str, str]:
+OUR_PREFIXES = ("pyfbpf-", "pyfelix-test-", "pyfelix-measure-")
+
+
+def _root_snapshot() -> dict[str, object]:
+    """Root-namespace links, and the namespaces / bpffs entries with OUR prefixes (other
+    test suites may create their own concurrently)."""
     links = "\n".join(line.split("\\")[0] for line in sh("ip", "-o", "link").splitlines())
-    return {"links": links, "netns": sh("ip", "netns", "list"),
-            "bpffs": "\n".join(sorted(os.listdir("/sys/fs/bpf")))}
+    netns = [n for n in sh("ip", "netns", "list").split() if n.startswith(OUR_PREFIXES)]
+    bpffs = [n for n in os.listdir("/sys/fs/bpf") if n.startswith(OUR_PREFIXES)]
+    return {"links": links, "netns": sorted(netns), "bpffs": sorted(bpffs)}
 
 
 @pytest.fixture(scope="session")

@@ -150,3 +150,75 @@ def test_full_map_raises_map_full_error_naming_the_map(map_type, key_size, flags
                 m.update_many([(key(4), bytes(4)), (key(5), bytes(4))])
     finally:
         m.close()
+
+
+def test_every_map_dumps_json_ready_rows_from_its_pin(loaded, harness, pin_dir):
+    import json
+
+    from agent import proto as p
+    from agent.bpf import packets as pk
+    from agent.bpf.maps import BY_NAME, dump_pinned
+
+    h = harness
+    h.apply(p.IPSetUpdate("s:x", "net", frozenset({"10.1.0.0/16"})),
+            p.ActiveProfileUpdate("prof", p.Profile(inbound_rules=(
+                p.Rule("allow", src_ip_set_ids=("s:x",), rule_id="r1"),))),
+            h.endpoint("a", "d1", profiles=("prof",)),
+            p.HostMetadataUpdate("node1", "198.18.0.1"))
+    assert h.verdict("to", pk.tcp("10.1.2.3", "10.65.0.1", 1, 2), "d1") == "allow"
+    rows = {name: dump_pinned(name, pin_dir) for name in BY_NAME}
+    json.dumps(rows)
+    assert rows["ipsets"] == [{"set_id": 1, "member": "10.1.0.0/16"}]
+    assert {"kind": "ipset", "id": 1, "name": "s:x"} in rows["ids"]
+    assert [r["action"] for r in rows["rules"]][:2] == ["allow", "deny"]
+    assert rows["endpoints"][0]["ifindex"] == h.ifindexes["d1"]
+    assert rows["conntrack"][0]["addr_b"] == "10.65.0.1" and rows["conntrack"][0]["proto"] == 6
+    assert rows["rule_counters"] == [{"counter_id": h.compiler.rule_ids.get("r1"),
+                                      "packets": 1, "bytes": rows["rule_counters"][0]["bytes"]}]
+    assert rows["ep_counters"][0]["ingress_allowed_packets"] == 1
+    assert {"counter": "policy_allowed", "value": 1} in rows["global_counters"]
+    assert rows["routes"] == [{"dst": "198.18.0.1/32", "flags": ["local_host"], "ifindex": 0,
+                               "next_hop": ""}]
+    assert rows["config"] == [{"flags": 0, "endpoint_to_host_action": "DROP"}]
+    assert rows["untracked"] == []
+    with pytest.raises(KeyError, match="unknown BPF map 'nope'"):
+        dump_pinned("nope", pin_dir)
+
+
+def test_conntrack_cleaner_on_the_real_map(loaded, harness):
+    import time
+
+    from agent import proto as p
+    from agent.bpf import packets as pk
+    from agent.bpf.conntrack import ConntrackCleaner
+
+    h = harness
+    h.apply(p.ActiveProfileUpdate("all", p.Profile(outbound_rules=(p.Rule("allow"),))),
+            h.endpoint("a", "d1", profiles=("all",)))
+    for port in range(10):
+        assert h.verdict("from", pk.udp("10.65.0.1", "10.65.0.2", 1000 + port, 53), "d1") \
+            == "allow"
+    ct = loaded.maps["conntrack"]
+    assert len(ct.items()) == 10
+    cleaner = ConntrackCleaner(ct, timeouts=loaded.config.ct_timeouts)
+    assert cleaner.run_once().deleted == 0
+    later = ConntrackCleaner(ct, timeouts=loaded.config.ct_timeouts,
+                             clock_ns=lambda: time.monotonic_ns() + 61 * ct_map.NS_PER_S)
+    stats = later.run_once()
+    assert (stats.scanned, stats.deleted) == (10, 10) and ct.items() == []
+
+
+def test_sweep_removes_only_other_builds_pins():
+    from agent.bpf.loader import sweep_stale_build_pins
+
+    pin_dir = f"/sys/fs/bpf/pyfelix-test-{secrets.token_hex(4)}"
+    os.makedirs(pin_dir)
+    try:
+        for name in ("progs_old", "scratch_old", "progs_new", "scratch_new", "rules_v1"):
+            fd = syscall.map_create(MapType.HASH, 4, 4, 1)
+            syscall.obj_pin(fd, os.path.join(pin_dir, name))
+            os.close(fd)
+        assert sweep_stale_build_pins(pin_dir, "new") == ["progs_old", "scratch_old"]
+        assert sorted(os.listdir(pin_dir)) == ["progs_new", "rules_v1", "scratch_new"]
+    finally:
+        remove_pin_dir(pin_dir)
