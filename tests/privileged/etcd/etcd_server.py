@@ -12,11 +12,13 @@ Optional TLS (`tls=True`): a throwaway CA, a server certificate for 127.0.0.1 an
 certificate, made with the `openssl` command; etcd then requires client certificates.
 
 Teardown (`close()`, called by the fixtures also on failure) kills etcd if running and
-removes its data directory.
+removes its data directory; etcd also gets SIGKILL if the test process itself dies
+(PR_SET_PDEATHSIG), so an interrupted run leaves no server behind.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -30,6 +32,12 @@ from agent.syncer.etcd_conn import EtcdConfig, EtcdConnection, EtcdError, EtcdTL
 
 ETCD_BINARY = "/usr/bin/etcd"
 _counter = 0
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL etcd if the test process dies (even by SIGKILL)."""
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 def free_port() -> int:
@@ -135,7 +143,8 @@ class EtcdServer:
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         try:
             self.process = subprocess.Popen(args, stdout=log, stderr=log,
-                                            stdin=subprocess.DEVNULL)
+                                            stdin=subprocess.DEVNULL,
+                                            preexec_fn=_die_with_parent)
         finally:
             log.close()
         self._wait_healthy(timeout)
