@@ -81,6 +81,7 @@ class CompileError(ValueError):
 class IPSetState:
     type: str  # "net" | "ip_port"
     members: set[str]
+    version: int = 0  # bumped by every change, so the compiler can cache encoded members
 
 
 @dataclass
@@ -106,13 +107,16 @@ class DataplaneState:
         raises CompileError naming it."""
         match msg:
             case proto.IPSetUpdate():
-                self.ipsets[msg.id] = IPSetState(msg.type, set(msg.members))
+                old = self.ipsets.get(msg.id)
+                version = old.version + 1 if old else 0
+                self.ipsets[msg.id] = IPSetState(msg.type, set(msg.members), version)
             case proto.IPSetDeltaUpdate():
                 s = self.ipsets.get(msg.id)
                 if s is None:
                     raise CompileError(f"IPSetDeltaUpdate for unknown IP set {msg.id!r}")
                 s.members -= msg.removed
                 s.members |= msg.added
+                s.version += 1
             case proto.IPSetRemove():
                 self.ipsets.pop(msg.id, None)
             case proto.ActivePolicyUpdate():
@@ -611,6 +615,8 @@ class PolicyCompiler:
         for start, chain in adopted.chains:
             self.layout.adopt(chain, start)
         self._netset_members: dict[int, tuple[str, ...]] = {}
+        # IP set id -> (IPSetState object, version, set number, encoded keys, problems)
+        self._encoded_sets: dict[str, tuple[IPSetState, int, int, list[bytes], list[str]]] = {}
         self._fragments: dict[tuple[Any, str], tuple[Any, _Fragment]] = {}
         self._counter_problems: list[str] = []
 
@@ -724,6 +730,7 @@ class PolicyCompiler:
         new_rules: dict[bytes, bytes] = {}
         endpoints: dict[bytes, bytes] = {}
         memo: dict[tuple, Chain] = {}
+        placed: dict[int, int] = {}  # id(chain) -> start, for chains held alive by memo
         used_endpoint_ids: set[int] = set()
 
         # IP sets first: every set in state gets a number (sorted: deterministic numbers)
@@ -759,12 +766,17 @@ class PolicyCompiler:
                     chains[direction] = DENY_ALL
             refs = {}
             for direction, chain in chains.items():
-                start, is_new = self.layout.place(chain)
-                if chain:
-                    chains_in_use[chain] = start
-                if is_new:
-                    for i, rec in enumerate(chain):
-                        new_rules[rules_map.encode_index(start + i)] = _encode_record(rec)
+                # chains are memoised tuples: place each distinct object once (hashing a
+                # long chain is the expensive part)
+                start = placed.get(id(chain))
+                if start is None:
+                    start, is_new = self.layout.place(chain)
+                    placed[id(chain)] = start
+                    if chain:
+                        chains_in_use[chain] = start
+                    if is_new:
+                        for i, rec in enumerate(chain):
+                            new_rules[rules_map.encode_index(start + i)] = _encode_record(rec)
                 refs[direction] = ChainRef(start, chain)
             ifindex = ifindexes.get(ep.name)
             if ifindex is None:
@@ -819,17 +831,26 @@ class PolicyCompiler:
     def _ipset_entries(self, state: DataplaneState, problems: list[str]) -> dict[bytes, bytes]:
         out: dict[bytes, bytes] = {}
         value = ipsets_map.VALUE
+        cache = {}
         for set_name in sorted(state.ipsets):
             s = state.ipsets[set_name]
             number = self.set_ids.allocate(set_name, IdKind.IPSET)
-            for member in s.members:
-                try:
-                    key = ipsets_map.member_key(number, member)
-                except ValueError as e:
-                    problems.append(f"IP set {set_name}: {e}; member ignored")
-                    continue
-                if key is not None:
-                    out[key] = value
+            hit = self._encoded_sets.get(set_name)
+            if hit is None or hit[0] is not s or hit[1] != s.version or hit[2] != number:
+                keys, set_problems = [], []
+                for member in s.members:
+                    try:
+                        key = ipsets_map.member_key(number, member)
+                    except ValueError as e:
+                        set_problems.append(f"IP set {set_name}: {e}; member ignored")
+                        continue
+                    if key is not None:
+                        keys.append(key)
+                hit = (s, s.version, number, keys, set_problems)
+            cache[set_name] = hit
+            problems += hit[4]
+            out.update(dict.fromkeys(hit[3], value))
+        self._encoded_sets = cache
         for number, nets in self._netset_members.items():
             for net in nets:
                 out[ipsets_map.key_for(number, ipaddress.IPv4Network(net))] = value
