@@ -478,3 +478,26 @@ def test_compiled_chains_decide_like_calico_semantics(scenario, pkts):
             want = expected_verdict(state, endpoint, direction, pkt)
             got, _ = walk_chain(trie, ref.records, pkt)
             assert got == want, (direction, pkt, [rules_map.describe(r) for r in ref.records])
+
+
+def test_ip_set_changes_reach_the_trie_entries_across_compiles():
+    s = base_state()
+    s.apply(p.IPSetUpdate("s", "net", frozenset({"10.0.0.1/32"})))
+    comp = c.PolicyCompiler()
+
+    def members() -> list[str]:
+        out = comp.compile(s, {})
+        comp.commit(out)
+        return sorted(ipsets_map.decode_key(k)["member"] for k in out.ipsets)
+
+    assert members() == ["10.0.0.1/32"]
+    s.apply(p.IPSetDeltaUpdate("s", added=frozenset({"10.0.0.2/32"})))
+    assert members() == ["10.0.0.1/32", "10.0.0.2/32"]
+    s.apply(p.IPSetDeltaUpdate("s", removed=frozenset({"10.0.0.1/32"})))
+    assert members() == ["10.0.0.2/32"]
+    s.apply(p.IPSetUpdate("s", "net", frozenset({"10.0.0.3/32", "bogus"})))
+    out = comp.compile(s, {})
+    assert [ipsets_map.decode_key(k)["member"] for k in out.ipsets] == ["10.0.0.3/32"]
+    assert len(out.problems) == 1
+    assert out.problems[0].startswith("IP set s: IP set member 'bogus'")
+    assert out.problems[0].endswith("; member ignored")
