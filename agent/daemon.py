@@ -34,6 +34,7 @@ from typing import Any
 from agent import metrics
 from agent.calc.pipeline import CalcPipeline
 from agent.config import Config, load_config
+from agent.dataplane.errors import DataplaneUnavailable
 from agent.dataplane.loop import DataplaneLoop
 from agent.dataplane.manager import Manager
 from agent.health import HealthAggregator, HealthServer
@@ -61,10 +62,6 @@ EXIT_CONFIG = 2
 
 _RESYNC_STATE_VALUES = {SyncStatus.WAIT_FOR_DATASTORE: 1, SyncStatus.RESYNC: 2,
                         SyncStatus.IN_SYNC: 3}
-
-
-class DataplaneUnavailable(RuntimeError):
-    """The kernel cannot run the requested dataplane (e.g. no BPF support)."""
 
 
 ManagersFactory = Callable[[Config], list[Manager]]
