@@ -244,6 +244,14 @@ def open_datastore(url: str, *, validate: Validator | None = None) -> Datastore:
         from agent.syncer.file_store import FileDatastore
 
         return FileDatastore(location.path, validate=validate or minimal_validate)
+    if location.backend == "etcd3":
+        from agent.syncer.etcd_store import open_etcd_datastore
+
+        return open_etcd_datastore(location.endpoints, validate=validate or minimal_validate)
+    if location.backend == "kubernetes":
+        from agent.syncer.kube_store import open_kube_datastore
+
+        return open_kube_datastore(validate=validate or minimal_validate)
     raise _not_implemented(location)
 
 
@@ -255,4 +263,12 @@ def make_syncer(url: str, **options: Any) -> Syncer:
         from agent.syncer.file import FileSyncer
 
         return FileSyncer(os.path.normpath(location.path), **options)
+    if location.backend == "etcd3":
+        from agent.syncer.etcd import make_etcd_syncer
+
+        return make_etcd_syncer(location.endpoints, **options)
+    if location.backend == "kubernetes":
+        from agent.syncer.kube import make_kube_syncer
+
+        return make_kube_syncer(**options)
     raise _not_implemented(location)

@@ -16,6 +16,13 @@ from agent.syncer.client import DatastoreClientError, open_datastore
 from agent.syncer.file import load_path, load_text
 
 
+def _validate(doc: object) -> None:
+    """Full validation (the agent's own): a document the agent would reject is not written."""
+    from agent.validator import validate_document
+
+    validate_document(doc)
+
+
 @click.command("apply")
 @click.option("-f", "--filename", "filename", required=True, metavar="FILE|DIR|-",
               help="Resources to apply: a YAML/JSON file, a directory (recursive), or - for "
@@ -44,7 +51,7 @@ def command(filename: str, datastore: str) -> None:
     if not updates:
         raise click.ClickException(f"{filename} holds no resources")
     try:
-        store = open_datastore(datastore)
+        store = open_datastore(datastore, validate=_validate)
         results = store.apply([u.value or {} for u in updates],
                               sources=[u.source for u in updates])
     except DatastoreClientError as exc:

@@ -3,67 +3,24 @@ invalid document with its field path and writes nothing; resources applied with
 `pyfelix apply` give the same `pyfelix calc -o json` output as the file datastore; `get`
 and `delete` work on etcd.
 
-Wiring: `agent.syncer.client.open_datastore` / `make_syncer` must send `etcd3://` to
-`agent.syncer.etcd_store.open_etcd_datastore` / `agent.syncer.etcd.make_etcd_syncer`.
-Until client.py (not owned by the etcd backend) does, the `etcd_cli_wiring` fixture
-routes etcd3 URLs there itself, exactly as client.py should; once client.py answers
-etcd3 URLs (no BackendNotImplemented), the fixture does nothing and these tests exercise
-the real wiring. The fallback can then be deleted.
+These go through the real wiring: `agent.syncer.client.open_datastore` / `make_syncer`
+send `etcd3://` URLs to `agent.syncer.etcd_store` / `agent.syncer.etcd`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
-from agent.syncer import client
 from cli.main import cli
 from tests.fakes_kube.calc_scenario import HOSTNAME, PODS, SCENARIO_YAML
 from tests.privileged.etcd.etcd_server import EtcdServer
 from tests.privileged.etcd.etcd_testlib import etcd_contents
 
 pytestmark = pytest.mark.privileged
-
-
-@pytest.fixture
-def etcd_cli_wiring(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    try:
-        client.open_datastore("etcd3://127.0.0.1:1")
-        wired = True
-    except client.BackendNotImplemented:
-        wired = False
-    if wired:  # client.py answers etcd3 URLs: test the real wiring
-        yield
-        return
-    original_open, original_make = client.open_datastore, client.make_syncer
-
-    def open_datastore(url: str, *, validate: Any = None) -> Any:
-        location = client.parse_datastore_url(url)
-        if location.backend != "etcd3":
-            return original_open(url, validate=validate)
-        from agent.syncer.etcd_store import open_etcd_datastore
-        from agent.validator import validate_document
-
-        return open_etcd_datastore(location.endpoints, validate=validate or validate_document)
-
-    def make_syncer(url: str, **options: Any) -> Any:
-        location = client.parse_datastore_url(url)
-        if location.backend != "etcd3":
-            return original_make(url, **options)
-        from agent.syncer.etcd import make_etcd_syncer
-
-        return make_etcd_syncer(location.endpoints, **options)
-
-    monkeypatch.setattr(client, "open_datastore", open_datastore)
-    monkeypatch.setattr(client, "make_syncer", make_syncer)
-    for command in ("apply", "get", "delete"):
-        monkeypatch.setattr(f"cli.commands.{command}.open_datastore", open_datastore)
-    yield
 
 
 _INVALID = """\
@@ -80,7 +37,7 @@ spec: {selector: "app =="}
 
 
 def test_apply_get_delete_and_calc_match_the_file_datastore(
-        etcd: EtcdServer, etcd_cli_wiring: None, tmp_path: Path) -> None:
+        etcd: EtcdServer, tmp_path: Path) -> None:
     url = f"etcd3://{etcd.endpoint}"
     runner = CliRunner()
     invalid = tmp_path / "invalid.yaml"
