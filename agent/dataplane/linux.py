@@ -7,14 +7,21 @@ programmed dataplane stays in place, as Felix leaves it on SIGTERM).
 
 Order of a round (phase 1 `apply`, then phase 2 `finish_apply` in the same order):
 
-    extra_managers (e.g. BPF maps, given by the caller, first: policy before plumbing)
-    IPSetsManager      creates/fills IP sets ........ phase 2: destroys unused sets
-    IptablesManager    rules referencing those sets (iptables mode only)
-    RouteManager       workload routes, blackholes for local blocks
-    SysctlManager      forwarding, proxy ARP, rp_filter (0 in BPF mode)
+    extra_managers      (e.g. BPF maps, given by the caller, first: policy before plumbing)
+    IPSetsManager       calc-graph IP sets (iptables mode) ... phase 2: destroys unused sets
+    HostIPsManager      `cali40this-host` from the interface monitor's addresses (both modes)
+    IptablesManager     filter/mangle/raw rules referencing those sets (iptables mode):
+                        workload and host endpoint policy, failsafes, IPVS awareness
+    NatOutgoingManager  nat table + pool IP sets: natOutgoing (both modes: in BPF mode NAT
+                        outgoing uses the same nat-table rules)
+    RouteManager        workload routes (+ static ARP), blackholes for local blocks
+    VXLANManager        vxlan.calico device, VTEP FDB/ARP, routes to remote VXLAN blocks
+    SysctlManager       forwarding, proxy ARP, rp_filter (0 in BPF mode)
+    EndpointStatusManager  up/down per endpoint to a callback (status reporting), when given
 
-In BPF mode the iptables and IP-set managers are left out (the BPF dataplane enforces policy);
-whoever switches modes must clean the other mode's state up (not done here yet).
+In BPF mode the iptables and IP-set managers are left out (the BPF dataplane enforces policy;
+host endpoint enforcement there is the BPF managers' job); whoever switches modes must clean
+the other mode's state up (not done here yet).
 
 Settings keep Felix's names (`FelixConfiguration` / `FELIX_*`); `LinuxDataplaneConfig.from_felix`
 reads them from a mapping of strings and names the offending key on bad values.
@@ -25,11 +32,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from agent.config import DEFAULT_FAILSAFE_IN, DEFAULT_FAILSAFE_OUT, parse_proto_ports
 from agent.dataplane.ifacemonitor import InterfaceMonitor
+from agent.dataplane.iptables.hostendpoints import Failsafes
 from agent.dataplane.loop import DataplaneLoop
 from agent.dataplane.manager import Manager
+from agent.dataplane.managers.hostips import HostIPsManager, InterfaceMatcher
 from agent.dataplane.managers.ipsets import IPSetsManager
 from agent.dataplane.managers.iptables import IptablesManager
+from agent.dataplane.managers.nat import NatOutgoingManager
 from agent.dataplane.managers.routes import RouteManager
 from agent.dataplane.managers.sysctls import SysctlManager
 
@@ -57,6 +68,9 @@ class LinuxDataplaneConfig:
     resync_interval: float = 90.0  # IptablesRefreshInterval / RouteRefreshInterval
     interface_refresh_interval: float = 90.0  # InterfaceRefreshInterval
     fail_closed_after: float = 300.0  # how long policy may fail to program before exiting
+    failsafe_inbound: tuple[tuple[str, int], ...] = parse_proto_ports(DEFAULT_FAILSAFE_IN)
+    failsafe_outbound: tuple[tuple[str, int], ...] = parse_proto_ports(DEFAULT_FAILSAFE_OUT)
+    interface_exclude: str = "kube-ipvs0"  # InterfaceExclude: names or /regex/, comma-separated
 
     @classmethod
     def from_felix(cls, config: Mapping[str, str]) -> LinuxDataplaneConfig:
@@ -72,7 +86,19 @@ class LinuxDataplaneConfig:
         except ValueError as exc:
             raise ValueError(f"MaxIpsetSize: {config['MaxIpsetSize']!r} is not an integer") \
                 from exc
+        failsafes = {}
+        for key, default in (("FailsafeInboundHostPorts", DEFAULT_FAILSAFE_IN),
+                             ("FailsafeOutboundHostPorts", DEFAULT_FAILSAFE_OUT)):
+            try:
+                failsafes[key] = parse_proto_ports(config.get(key, default))
+            except ValueError as exc:
+                raise ValueError(f"{key}: {exc}") from exc
+        exclude = config.get("InterfaceExclude", "kube-ipvs0")
+        InterfaceMatcher.parse(exclude)  # raises naming InterfaceExclude
         return cls(
+            failsafe_inbound=failsafes["FailsafeInboundHostPorts"],
+            failsafe_outbound=failsafes["FailsafeOutboundHostPorts"],
+            interface_exclude=exclude,
             interface_prefixes=prefixes,
             bpf_mode=bpf == "true",
             endpoint_to_host_action=config.get("DefaultEndpointToHostAction", "Drop"),
@@ -88,15 +114,20 @@ def linux_managers(cfg: LinuxDataplaneConfig, *, netns: str | None = None,
     """The managers of one namespace's dataplane, in the order a round applies them."""
     managers: list[Manager] = list(extra_managers)
     if not cfg.bpf_mode:
-        managers += [
-            IPSetsManager(netns=netns, max_size=cfg.max_ipset_size),
-            IptablesManager(
-                netns=netns,
-                interface_prefixes=cfg.interface_prefixes,
-                endpoint_to_host_action=cfg.endpoint_to_host_action,
-                backend=cfg.iptables_backend,
-            ),
-        ]
+        managers.append(IPSetsManager(netns=netns, max_size=cfg.max_ipset_size))
+    managers.append(HostIPsManager(netns=netns,
+                                   exclude=InterfaceMatcher.parse(cfg.interface_exclude),
+                                   workload_prefixes=cfg.interface_prefixes))
+    if not cfg.bpf_mode:
+        managers.append(IptablesManager(
+            netns=netns,
+            interface_prefixes=cfg.interface_prefixes,
+            endpoint_to_host_action=cfg.endpoint_to_host_action,
+            backend=cfg.iptables_backend,
+            failsafes=Failsafes(cfg.failsafe_inbound, cfg.failsafe_outbound),
+        ))
+    # NAT outgoing in both modes: in BPF mode it uses the same nat-table rules.
+    managers.append(NatOutgoingManager(netns=netns, backend=cfg.iptables_backend))
     managers += [
         RouteManager(netns=netns),
         SysctlManager(netns=netns, interface_prefixes=cfg.interface_prefixes,

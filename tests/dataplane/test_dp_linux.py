@@ -9,9 +9,12 @@ from agent.dataplane.linux import LinuxDataplane, LinuxDataplaneConfig
 
 def test_iptables_mode_order_and_bpf_mode_without_iptables() -> None:
     dp = LinuxDataplane(netns="unused-not-opened")
-    assert [m.name for m in dp.loop.managers] == ["ipsets", "iptables", "routes", "sysctls"]
+    assert [m.name for m in dp.loop.managers] == [
+        "ipsets", "host-ips", "iptables", "nat-outgoing", "routes", "sysctls"]
     dp = LinuxDataplane(netns="unused", config=LinuxDataplaneConfig(bpf_mode=True))
-    assert [m.name for m in dp.loop.managers] == ["routes", "sysctls"]
+    # plain-Linux pieces stay in BPF mode: host IPs, NAT outgoing (nat table), routes
+    assert [m.name for m in dp.loop.managers] == ["host-ips", "nat-outgoing", "routes",
+                                                  "sysctls"]
 
 
 def test_config_from_felix_names() -> None:
@@ -22,11 +25,18 @@ def test_config_from_felix_names() -> None:
     assert cfg.interface_prefixes == ("cali", "tap") and cfg.bpf_mode
     assert cfg.max_ipset_size == 1000 and cfg.resync_interval == 10.0
     assert LinuxDataplaneConfig.from_felix({}) == LinuxDataplaneConfig()
+    assert ("tcp", 22) in LinuxDataplaneConfig().failsafe_inbound  # Felix's defaults
+    assert ("udp", 53) in LinuxDataplaneConfig().failsafe_outbound
+    cfg = LinuxDataplaneConfig.from_felix({"FailsafeInboundHostPorts": "tcp:2222, udp:5000",
+                                           "InterfaceExclude": "kube-ipvs0,/dummy[0-9]+/"})
+    assert cfg.failsafe_inbound == (("tcp", 2222), ("udp", 5000))
 
 
 @pytest.mark.parametrize(("key", "value"), [
     ("BPFEnabled", "yes"), ("MaxIpsetSize", "lots"), ("IptablesRefreshInterval", "-1"),
-    ("InterfacePrefix", " , "), ("InterfaceRefreshInterval", "soon")])
+    ("InterfacePrefix", " , "), ("InterfaceRefreshInterval", "soon"),
+    ("FailsafeInboundHostPorts", "icmp:1"), ("FailsafeOutboundHostPorts", "tcp:99999"),
+    ("InterfaceExclude", "/[unclosed/")])
 def test_bad_settings_name_the_key(key: str, value: str) -> None:
     with pytest.raises(ValueError, match=key):
         LinuxDataplaneConfig.from_felix({key: value})

@@ -51,7 +51,8 @@ class FakeCommands:
         binary, args = argv[0], argv[1:]
         try:
             if binary.startswith("iptables") and binary.endswith("-save"):
-                out = self._backend(binary).save()
+                table = args[args.index("-t") + 1] if "-t" in args else None
+                out = self._backend(binary).save(table)
             elif binary.startswith("iptables") and binary.endswith("-restore"):
                 self._backend(binary).restore(input or "", noflush="--noflush" in args)
                 out = ""

@@ -3,10 +3,12 @@
 Role: lets unit tests check what rendered chains DO (verdicts), not only what they say. It
 understands exactly the matches and targets our renderer emits: -p/! -p, -s/-d (+ !), -i/-o
 (with "+" wildcards), -m set [!] --match-set NAME src|dst|src,src|dst,dst (FakeIpset
-membership, hash:net and hash:net,port), -m multiport [!] --sports/--dports, -m icmp [!]
---icmp-type T[/C], -m mark --mark V/M, -m conntrack --ctstate, -m comment; targets ACCEPT,
-DROP, RETURN, LOG, MARK --set-xmark V/M, -j CHAIN, -g CHAIN. Anything else raises, so a
-renderer change that emits something new cannot silently pass.
+membership, hash:net and hash:net,port), -m multiport [!] --sports/--dports, --sport/--dport,
+-m icmp [!] --icmp-type T[/C], -m mark --mark V/M, -m conntrack --ctstate, -m comment;
+targets ACCEPT, DROP, RETURN, LOG, MARK --set-xmark V/M, CT --notrack (recorded in
+`untracked`), MASQUERADE (a terminal verdict of the nat table), -j CHAIN, -g CHAIN. Any table
+can be walked (`table=`). Anything else raises, so a renderer change that emits something
+new cannot silently pass.
 """
 
 from __future__ import annotations
@@ -45,23 +47,35 @@ class PacketWalker:
         self.iptables = iptables
         self.ipset = ipset
         self.logged: list[Packet] = []
+        self.untracked: list[Packet] = []
+        self._table = iptables.chains
 
-    def verdict(self, chain: str, packet: Packet) -> str:
-        """ACCEPT or DROP for a packet entering built-in `chain` (policy ACCEPT)."""
-        result, _ = self._walk(chain, packet, depth=0)
-        return "ACCEPT" if result in ("ACCEPT", "RETURN", None) else result
+    def verdict(self, chain: str, packet: Packet, table: str = "filter") -> str:
+        """ACCEPT or DROP (or MASQUERADE in nat) for a packet entering built-in `chain` of
+        `table` (policy ACCEPT)."""
+        result, _ = self.walk(chain, packet, table)
+        return result
+
+    def walk(self, chain: str, packet: Packet, table: str = "filter") -> tuple[str, Packet]:
+        """(verdict, packet as it leaves: marks set by the rules) for built-in `chain`."""
+        self._table = self.iptables.tables[table]
+        result, packet = self._walk(chain, packet, depth=0)
+        return ("ACCEPT" if result in ("ACCEPT", "RETURN", None) else result), packet
 
     # returns (terminal verdict or "RETURN" or None for falling off the end, packet)
     def _walk(self, chain: str, packet: Packet, depth: int) -> tuple[str | None, Packet]:
         if depth > 20:
             raise WalkError("chain recursion too deep")
-        for rule in self.iptables.chains[chain]:
+        for rule in self._table[chain]:
             tokens = shlex.split(rule)
             if not self._matches(tokens, packet):
                 continue
             kind, target, args = _target(tokens)
-            if target in ("ACCEPT", "DROP"):
+            if target in ("ACCEPT", "DROP", "MASQUERADE"):
                 return target, packet
+            if target == "CT" and "--notrack" in args:
+                self.untracked.append(packet)
+                continue
             if target == "RETURN":
                 return "RETURN", packet
             if target == "LOG":
@@ -71,10 +85,10 @@ class PacketWalker:
                 value, mask = (int(x, 16) for x in args[args.index("--set-xmark") + 1].split("/"))
                 packet = replace(packet, mark=(packet.mark & ~mask) ^ value)
                 continue
-            if target not in self.iptables.chains:
+            if target not in self._table:
                 raise WalkError(f"unknown target {target}")
             result, packet = self._walk(target, packet, depth + 1)
-            if result in ("ACCEPT", "DROP"):
+            if result in ("ACCEPT", "DROP", "MASQUERADE"):
                 return result, packet
             if kind == "-g":  # goto: a RETURN returns from the calling chain
                 return "RETURN", packet
@@ -122,6 +136,10 @@ class PacketWalker:
         if opt == "--mark":
             v, m = (int(x, 16) for x in value.split("/"))
             return (p.mark & m) == v
+        if opt in ("--sport", "--dport"):
+            port = p.sport if opt == "--sport" else p.dport
+            lo, _, hi = value.partition(":")
+            return int(lo) <= port <= int(hi or lo)
         if opt in ("--sports", "--dports"):
             port = p.sport if opt == "--sports" else p.dport
             for part in value.split(","):

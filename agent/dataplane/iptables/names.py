@@ -6,7 +6,10 @@ ours (ownership first) and fit the kernel's limits:
   limit); policy and profile chains use a hash of the (tier, name) or profile id, since those
   names can be long and contain any character;
 - IP sets are `cali40s:<hash>` (hash:net, selector/net sets) and `cali40n:<hash>` (hash:net,port,
-  named ports): 30 characters, under ipset's 31;
+  named ports): 30 characters, under ipset's 31; these two families belong to the IP-sets
+  manager. Fixed-name sets belong to the manager that needs them, in both dataplane modes:
+  `cali40this-host` (this host's addresses, host-IPs manager), `cali40masq-ipam-pools` and
+  `cali40all-ipam-pools` (NAT outgoing), as Felix names them;
 - every rule we write carries the comment `cali:<rule hash>`.
 """
 
@@ -19,6 +22,11 @@ CHAIN_PREFIX = "cali-"
 MAX_CHAIN_NAME = 28
 HASH_COMMENT_PREFIX = "cali:"
 IPSET_PREFIX = "cali40"
+# The calc graph's sets (IPSetsManager): hashed names.
+CALC_IPSET_PREFIXES = (f"{IPSET_PREFIX}s:", f"{IPSET_PREFIX}n:")
+IPSET_THIS_HOST = f"{IPSET_PREFIX}this-host"
+IPSET_MASQ_POOLS = f"{IPSET_PREFIX}masq-ipam-pools"
+IPSET_ALL_POOLS = f"{IPSET_PREFIX}all-ipam-pools"
 MAX_IPSET_NAME = 31
 MAX_IFACE_NAME = 15
 
@@ -27,6 +35,18 @@ CHAIN_INPUT = "cali-INPUT"
 CHAIN_FROM_WL_DISPATCH = "cali-from-wl-dispatch"
 CHAIN_TO_WL_DISPATCH = "cali-to-wl-dispatch"
 CHAIN_WL_TO_HOST = "cali-wl-to-host"
+CHAIN_OUTPUT = "cali-OUTPUT"
+CHAIN_PREROUTING = "cali-PREROUTING"
+CHAIN_POSTROUTING = "cali-POSTROUTING"
+CHAIN_NAT_OUTGOING = "cali-nat-outgoing"
+CHAIN_FROM_HOST_DISPATCH = "cali-from-host-endpoint"
+CHAIN_TO_HOST_DISPATCH = "cali-to-host-endpoint"
+CHAIN_FROM_HEP_FORWARD_DISPATCH = "cali-from-hep-forward"
+CHAIN_TO_HEP_FORWARD_DISPATCH = "cali-to-hep-forward"
+CHAIN_FAILSAFE_IN = "cali-failsafe-in"
+CHAIN_FAILSAFE_OUT = "cali-failsafe-out"
+# Felix's name for the chains of a host endpoint with interfaceName "*".
+ALL_INTERFACES_CHAIN_SUFFIX = "any-interface-at-all"
 
 IPSET_TYPE_NET = "net"  # proto.IPSetUpdate.type -> kernel type hash:net
 IPSET_TYPE_IP_PORT = "ip_port"  # -> hash:net,port
@@ -49,6 +69,18 @@ def profile_chain_name(profile_id: str, inbound: bool) -> str:
 def endpoint_chain_name(iface: str, to_workload: bool) -> str:
     """cali-tw-<iface> (traffic to the workload: ingress policy) / cali-fw-<iface>."""
     return ("cali-tw-" if to_workload else "cali-fw-") + iface
+
+
+def host_endpoint_chain_name(iface: str, *, to_host_endpoint: bool, forward: bool = False) -> str:
+    """cali-th-<iface> (leaving the host through it: egress policy) / cali-fh-<iface>
+    (arriving: ingress policy); cali-thfw-/cali-fhfw- for applyOnForward chains. Interface
+    "*" (every host interface) uses Felix's `any-interface-at-all` (`any-interface` in the
+    forward chains, to fit the 28-character limit)."""
+    suffix = iface
+    if iface == "*":
+        suffix = "any-interface" if forward else ALL_INTERFACES_CHAIN_SUFFIX
+    kind = ("th" if to_host_endpoint else "fh") + ("fw" if forward else "")
+    return f"cali-{kind}-{suffix}"
 
 
 def ipset_name(set_id: str, set_type: str) -> str:

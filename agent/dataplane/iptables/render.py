@@ -1,15 +1,27 @@
 """Policy renderer: calc-graph policy model -> iptables chains (filter table, IPv4).
 
 Role: Felix's `rules` package in Python. Pure functions of their inputs; no kernel access.
+Host endpoint chains (and the raw/mangle tables) are in `hostendpoints.py`, which reuses
+`policy_section()` from here.
 
 Chains (all `cali-`; see names.py):
 
     FORWARD ─(our insert)─> cali-FORWARD
+        clear our marks except ACCEPT (a pre-DNAT policy may have accepted in mangle)
+        (not yet accepted) -> cali-from-hep-forward   (applyOnForward ingress of a host endpoint)
         -i cali+ -> cali-from-wl-dispatch ─(-i IF, goto)─> cali-fw-IF   (workload egress)
         -o cali+ -> cali-to-wl-dispatch   ─(-o IF, goto)─> cali-tw-IF   (workload ingress)
-        -i cali+ / -o cali+ ACCEPT   (reached only when both endpoint chains RETURNed = allowed)
-    INPUT ─(our insert)─> cali-INPUT: -i cali+ -> cali-wl-to-host: egress policy of the
-        sending workload, then DefaultEndpointToHostAction (Drop | Return | Accept)
+        -> cali-to-hep-forward                        (applyOnForward egress of a host endpoint)
+        ACCEPT mark -> ACCEPT   (an allowed endpoint chain RETURNs with the ACCEPT mark set)
+    INPUT ─(our insert)─> cali-INPUT
+        -i cali+ goto cali-wl-to-host: egress policy of the sending workload, then
+            DefaultEndpointToHostAction (Drop | Return | Accept; Return goes back to INPUT)
+        ACCEPT mark -> ACCEPT (pre-DNAT / untracked policy accepted); clear marks;
+        -> cali-from-host-endpoint (-i IF goto cali-fh-IF: host endpoint ingress); ACCEPT mark
+    OUTPUT ─(our insert)─> cali-OUTPUT
+        ACCEPT mark -> ACCEPT; -o cali+ RETURN (host to workload: no host endpoint policy);
+        clear marks; -> cali-to-host-endpoint (-o IF goto cali-th-IF); ACCEPT mark -> ACCEPT
+    With kube-ipvs0 present (kube-proxy IPVS), see `static_chains(ipvs=True)`.
 
 Endpoint chain (cali-tw-IF with ingress policies / inbound profile rules; cali-fw-IF with
 egress / outbound):
@@ -50,10 +62,16 @@ from dataclasses import dataclass
 from agent.dataplane.iptables.chains import Chain
 from agent.dataplane.iptables.names import (
     CHAIN_FORWARD,
+    CHAIN_FROM_HEP_FORWARD_DISPATCH,
+    CHAIN_FROM_HOST_DISPATCH,
     CHAIN_FROM_WL_DISPATCH,
     CHAIN_INPUT,
+    CHAIN_OUTPUT,
+    CHAIN_TO_HEP_FORWARD_DISPATCH,
+    CHAIN_TO_HOST_DISPATCH,
     CHAIN_TO_WL_DISPATCH,
     CHAIN_WL_TO_HOST,
+    IPSET_THIS_HOST,
     IPSET_TYPE_IP_PORT,
     IPSET_TYPE_NET,
     endpoint_chain_name,
@@ -62,7 +80,7 @@ from agent.dataplane.iptables.names import (
     profile_chain_name,
 )
 from agent.proto import Policy as ProtoPolicy
-from agent.proto import PolicyID, PortRange, Profile, Rule, WorkloadEndpoint
+from agent.proto import PolicyID, PortRange, Profile, Rule, TierInfo, WorkloadEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -88,14 +106,18 @@ class Marks:
     pass_: int = 0x20000
     scratch0: int = 0x40000
     scratch1: int = 0x80000
+    # Set in INPUT on packets to a kube-proxy IPVS service address (not a host IP), so OUTPUT
+    # can tell IPVS-forwarded packets from the host's own. Not part of `all`: endpoint
+    # chains clear `all` and must keep it.
+    ipvs_forward: int = 0x100000
 
     def __post_init__(self) -> None:
-        bits = [self.accept, self.pass_, self.scratch0, self.scratch1]
+        bits = [self.accept, self.pass_, self.scratch0, self.scratch1, self.ipvs_forward]
         for bit in bits:
             if bit <= 0 or bit & (bit - 1) or bit > 0x80000000:
                 raise ValueError(f"Marks: {bit:#x} is not a single 32-bit mark bit")
-        if len(set(bits)) != 4:
-            raise ValueError("Marks: the four mark bits must differ")
+        if len(set(bits)) != len(bits):
+            raise ValueError("Marks: the five mark bits must differ")
 
     @property
     def all(self) -> int:
@@ -375,16 +397,42 @@ class RuleRenderer:
         policy_known: Callable[[PolicyID], bool],
         profile_known: Callable[[str], bool],
     ) -> list[str]:
-        m = self.marks
         if endpoint.state != "active":
             return ["-j DROP"]
-        rules = [
+        return [
             "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
             "-m conntrack --ctstate INVALID -j DROP",
-            set_mark(0, m.all),
+            set_mark(0, self.marks.all),
+            *self.policy_section(endpoint.name, endpoint.tiers, endpoint.profile_ids,
+                                 inbound=to_workload, policy_known=policy_known,
+                                 profile_known=profile_known),
         ]
-        for tier in endpoint.tiers:
-            names = tier.ingress_policies if to_workload else tier.egress_policies
+
+    def policy_section(
+        self,
+        owner: str,
+        tiers: tuple[TierInfo, ...],
+        profile_ids: tuple[str, ...],
+        *,
+        inbound: bool,
+        policy_known: Callable[[PolicyID], bool],
+        profile_known: Callable[[str], bool],
+        end_of_tier_drop: bool = True,
+        use_profiles: bool = True,
+        final_drop: bool = True,
+        on_accept: tuple[str, ...] = (),
+    ) -> list[str]:
+        """The tiers -> profiles -> DROP part of an endpoint chain (see the module docstring).
+
+        Untracked and pre-DNAT chains pass `end_of_tier_drop=False, use_profiles=False,
+        final_drop=False` (normal policy still follows in the filter table); `on_accept` are
+        extra actions for accepted packets before their RETURN (raw: `-j CT --notrack`)."""
+        m = self.marks
+        accepted = [f"{match_mark(m.accept, m.accept)} {action}" for action in on_accept]
+        accepted.append(f"{match_mark(m.accept, m.accept)} -j RETURN")
+        rules: list[str] = []
+        for tier in tiers:
+            names = tier.ingress_policies if inbound else tier.egress_policies
             if not names:
                 continue
             rules.append(set_mark(0, m.pass_))
@@ -392,21 +440,23 @@ class RuleRenderer:
                 pid = PolicyID(tier.name, name)
                 if not policy_known(pid):
                     log.error("endpoint %s: policy %s/%s unknown; dropping at its place",
-                              endpoint.name, tier.name, name)
+                              owner, tier.name, name)
                     rules.append(f"{match_mark(0, m.pass_)} -j DROP")
                     continue
-                chain = policy_chain_name(tier.name, name, inbound=to_workload)
+                chain = policy_chain_name(tier.name, name, inbound=inbound)
                 rules.append(f"{match_mark(0, m.pass_)} -j {chain}")
-                rules.append(f"{match_mark(m.accept, m.accept)} -j RETURN")
-            if tier.default_action != "pass":
+                rules += accepted
+            if end_of_tier_drop and tier.default_action != "pass":
                 rules.append(f"{match_mark(0, m.pass_)} -j DROP")
-        for profile_id in endpoint.profile_ids:
-            if not profile_known(profile_id):
-                log.warning("endpoint %s: profile %s unknown; skipped", endpoint.name, profile_id)
-                continue
-            rules.append(f"-j {profile_chain_name(profile_id, inbound=to_workload)}")
-            rules.append(f"{match_mark(m.accept, m.accept)} -j RETURN")
-        rules.append("-j DROP")
+        if use_profiles:
+            for profile_id in profile_ids:
+                if not profile_known(profile_id):
+                    log.warning("endpoint %s: profile %s unknown; skipped", owner, profile_id)
+                    continue
+                rules.append(f"-j {profile_chain_name(profile_id, inbound=inbound)}")
+                rules += accepted
+        if final_drop:
+            rules.append("-j DROP")
         return rules
 
     def dispatch_chains(self, ifaces: Iterable[str]) -> list[Chain]:
@@ -420,22 +470,51 @@ class RuleRenderer:
                 + ["-j DROP"])),
         ]
 
-    def static_chains(self) -> list[Chain]:
+    def static_chains(self, *, ipvs: bool = False) -> list[Chain]:
+        """cali-FORWARD, cali-INPUT, cali-wl-to-host and cali-OUTPUT (filter table).
+
+        `ipvs` (kube-proxy's `kube-ipvs0` exists): a packet to an address that is not one of
+        this host's (`cali40this-host`, which leaves kube-ipvs0's service addresses out) is
+        IPVS traffic on its way to a pod: a workload sending it gets its egress policy but
+        not DefaultEndpointToHostAction, and OUTPUT applies the ingress policy of the pod it
+        is forwarded to (the packet carries `marks.ipvs_forward` from INPUT). Forwarded to
+        anywhere else it keeps the ACCEPT mark its egress policy gave it, so host endpoint
+        egress policy does not apply to it (it is not the host's own traffic)."""
+        m = self.marks
         wildcards = [f"{p}+" for p in self.interface_prefixes]
+        accepted = f"{match_mark(m.accept, m.accept)} -j ACCEPT"
         forward = (
-            [f"-i {w} -j {CHAIN_FROM_WL_DISPATCH}" for w in wildcards]
+            [set_mark(0, m.all & ~m.accept),
+             f"{match_mark(0, m.accept)} -j {CHAIN_FROM_HEP_FORWARD_DISPATCH}"]
+            + [f"-i {w} -j {CHAIN_FROM_WL_DISPATCH}" for w in wildcards]
             + [f"-o {w} -j {CHAIN_TO_WL_DISPATCH}" for w in wildcards]
-            + [f"-i {w} -j ACCEPT" for w in wildcards]
-            + [f"-o {w} -j ACCEPT" for w in wildcards]
+            + [f"-j {CHAIN_TO_HEP_FORWARD_DISPATCH}", accepted]
         )
+        not_host = f"-m set ! --match-set {IPSET_THIS_HOST} dst"
+        input_rules = [f"{not_host} {set_mark(m.ipvs_forward, m.ipvs_forward)}"] if ipvs else []
+        input_rules += [f"-i {w} -g {CHAIN_WL_TO_HOST}" for w in wildcards]
+        input_rules += [accepted, set_mark(0, m.all), f"-j {CHAIN_FROM_HOST_DISPATCH}", accepted]
         to_host = ENDPOINT_TO_HOST_ACTIONS[self.endpoint_to_host_action.lower()]
+        wl_to_host = [f"-j {CHAIN_FROM_WL_DISPATCH}"]
+        if ipvs:
+            wl_to_host.append(f"{not_host} -j ACCEPT")
+        wl_to_host.append(f"-j {to_host}")
+        output: list[str] = []
+        if ipvs:  # before the ACCEPT-mark check: the sender's egress policy set that mark
+            output += [f"{match_mark(m.ipvs_forward, m.ipvs_forward)} -o {w} "
+                       f"-g {CHAIN_TO_WL_DISPATCH}" for w in wildcards]
+        output.append(accepted)
+        output += [f"-o {w} -j RETURN" for w in wildcards]
+        output += [set_mark(0, m.all), f"-j {CHAIN_TO_HOST_DISPATCH}", accepted]
         return [
             Chain(CHAIN_FORWARD, tuple(forward)),
-            Chain(CHAIN_INPUT, tuple(f"-i {w} -j {CHAIN_WL_TO_HOST}" for w in wildcards)),
-            Chain(CHAIN_WL_TO_HOST, (f"-j {CHAIN_FROM_WL_DISPATCH}", f"-j {to_host}")),
+            Chain(CHAIN_INPUT, tuple(input_rules)),
+            Chain(CHAIN_WL_TO_HOST, tuple(wl_to_host)),
+            Chain(CHAIN_OUTPUT, tuple(output)),
         ]
 
     @staticmethod
     def base_chain_inserts() -> dict[str, tuple[str, ...]]:
         """Our rules at the top of the kernel's own chains."""
-        return {"FORWARD": (f"-j {CHAIN_FORWARD}",), "INPUT": (f"-j {CHAIN_INPUT}",)}
+        return {"FORWARD": (f"-j {CHAIN_FORWARD}",), "INPUT": (f"-j {CHAIN_INPUT}",),
+                "OUTPUT": (f"-j {CHAIN_OUTPUT}",)}

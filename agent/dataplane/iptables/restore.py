@@ -1,10 +1,12 @@
-"""Table writer: keep the kernel's filter table equal to a desired set of chains, atomically.
+"""Table writer: keep one kernel table (filter, nat, mangle or raw) equal to a desired set of
+chains, atomically.
 
 Role: Felix's `iptables.Table` / Neutron's `iptables_manager`, for one table of one network
 namespace. Inputs: `set_chain(Chain)`, `remove_chain(name)`, `set_base_inserts(chain, rules)`
-(our rules at the top of the kernel's FORWARD/INPUT/...). `apply()` then:
+(our rules at the top of the kernel's own chains of that table: FORWARD/INPUT/OUTPUT in
+filter, POSTROUTING... in nat, see `BASE_CHAINS_BY_TABLE`). `apply()` then:
 
-1. on resync (first apply, after any failure, periodically): runs `<iptables>-save -t filter`
+1. on resync (first apply, after any failure, periodically): runs `<iptables>-save -t <table>`
    and reads, for every chain with our prefix, the list of rule hashes from our comments
    (`cali:<hash>`; a rule without one counts as foreign drift), and for each base chain the
    positions of the rules carrying our comment;
@@ -42,7 +44,14 @@ from agent.shims.cmd import CommandError, CommandRunner
 
 log = logging.getLogger(__name__)
 
-BASE_CHAINS = ("INPUT", "FORWARD", "OUTPUT")
+# The kernel's own chains of each table: where our inserts may go.
+BASE_CHAINS_BY_TABLE: dict[str, tuple[str, ...]] = {
+    "filter": ("INPUT", "FORWARD", "OUTPUT"),
+    "nat": ("PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"),
+    "mangle": ("PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"),
+    "raw": ("PREROUTING", "OUTPUT"),
+}
+BASE_CHAINS = BASE_CHAINS_BY_TABLE["filter"]
 
 
 @dataclass(frozen=True)
@@ -148,6 +157,9 @@ class IptablesTable:
         prefix: str = CHAIN_PREFIX,
         restore_timeout: float = 60.0,
     ) -> None:
+        if table not in BASE_CHAINS_BY_TABLE:
+            raise ValueError(f"iptables table {table!r} is not one of "
+                             f"{sorted(BASE_CHAINS_BY_TABLE)}")
         self._runner = runner
         self.binaries = binaries or IptablesBinaries()
         self._table = table
@@ -175,8 +187,10 @@ class IptablesTable:
         self._tracker.delete_desired(name)
 
     def set_base_inserts(self, base_chain: str, rules: tuple[str, ...]) -> None:
-        if base_chain not in BASE_CHAINS:
-            raise ValueError(f"base chain {base_chain!r} is not one of {BASE_CHAINS}")
+        allowed = BASE_CHAINS_BY_TABLE.get(self._table, ())
+        if base_chain not in allowed:
+            raise ValueError(f"base chain {base_chain!r} is not one of the {self._table} "
+                             f"table's {allowed}")
         self._inserts[base_chain] = rules
 
     def desired_chain(self, name: str) -> Chain | None:
@@ -224,35 +238,35 @@ class IptablesTable:
 
     def apply(self, *, allow_deletes: bool) -> bool:
         """Program the difference. Returns True when a restore was run."""
+        return apply_tables([self], allow_deletes=allow_deletes)
+
+    def plan(self, *, allow_deletes: bool) -> TablePlan | None:
+        """Resync if due, then the restore transaction for the difference (None: in sync)."""
         if self._resync_needed:
             self._resync()
-        updates = [name for name, _ in self._tracker.pending_updates()]
-        deletes = self._tracker.pending_deletions() if allow_deletes else []
+        updates = sorted(name for name, _ in self._tracker.pending_updates())
+        deletes = sorted(self._tracker.pending_deletions()) if allow_deletes else []
         insert_lines, new_inserts = self._insert_plan()
         if not updates and not deletes and not insert_lines:
-            return False
+            return None
         lines = [f"*{self._table}"]
         lines += [f":{name} - [0:0]" for name in sorted(set(updates) | set(deletes))]
         lines += insert_lines
-        for name in sorted(updates):
-            lines += self._chains[name].restore_lines()
-        lines += [f"-X {name}" for name in sorted(deletes)]
-        lines.append("COMMIT")
-        text = "\n".join(lines) + "\n"
-        self.restore_calls += 1
-        self.last_restore_input = text
-        try:
-            self._runner.run([self.binaries.restore, "--noflush", "--wait", "10"], input=text,
-                             timeout=self._timeout)
-        except CommandError as exc:
-            self._resync_needed = True
-            raise IptablesError(str(exc)) from exc
         for name in updates:
+            lines += self._chains[name].restore_lines()
+        lines += [f"-X {name}" for name in deletes]
+        lines.append("COMMIT")
+        return TablePlan(self, lines, updates, deletes, new_inserts)
+
+    def _committed(self, plan: TablePlan) -> None:
+        for name in plan.updates:
             self._tracker.mark_update_applied(name)
-        for name in deletes:
+        for name in plan.deletes:
             self._tracker.mark_deletion_applied(name)
-        self._inserts_actual = new_inserts
-        return True
+        self._inserts_actual = plan.new_inserts
+
+    def _failed(self) -> None:
+        self._resync_needed = True
 
     def remove_all(self) -> None:
         """Forget every desired chain and insert (the next apply removes all of ours)."""
@@ -264,3 +278,43 @@ class IptablesTable:
     def in_sync(self) -> bool:
         return self._tracker.in_sync and not self._resync_needed
 
+
+
+@dataclass
+class TablePlan:
+    """One table's part of a restore transaction, and what it will have done."""
+
+    table: IptablesTable
+    lines: list[str]
+    updates: list[str]
+    deletes: list[str]
+    new_inserts: dict[str, list[tuple[int, str]]]
+
+
+def apply_tables(tables: list[IptablesTable], *, allow_deletes: bool) -> bool:
+    """Program several tables of ONE namespace (same binaries) with one iptables-restore run:
+    each table's `*table ... COMMIT` block in the given order (raw/mangle before filter, so
+    rules trusting marks from earlier tables are never ahead of them). Returns True when a
+    restore ran. On failure every table involved re-reads the kernel next time."""
+    plans = [plan for plan in (t.plan(allow_deletes=allow_deletes) for t in tables)
+             if plan is not None]
+    if not plans:
+        return False
+    first = plans[0].table
+    if any(p.table.binaries != first.binaries or p.table._runner is not first._runner
+           for p in plans):
+        raise ValueError("apply_tables: the tables must share one runner and backend")
+    text = "".join("\n".join(p.lines) + "\n" for p in plans)
+    for plan in plans:
+        plan.table.restore_calls += 1
+        plan.table.last_restore_input = text
+    try:
+        first._runner.run([first.binaries.restore, "--noflush", "--wait", "10"], input=text,
+                          timeout=max(p.table._timeout for p in plans))
+    except CommandError as exc:
+        for plan in plans:
+            plan.table._failed()
+        raise IptablesError(str(exc)) from exc
+    for plan in plans:
+        plan.table._committed(plan)
+    return True

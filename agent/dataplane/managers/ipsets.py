@@ -16,7 +16,8 @@ compare equal: host entries without "/32", networks as a.b.c.d/len; 0.0.0.0/0 (w
 hash:net cannot hold) is split into 0.0.0.0/1 + 128.0.0.0/1. IPv6 members are skipped (these
 are IPv4 sets; an IPv6 twin is future work), counted in `skipped_ipv6`.
 
-Invariants: only sets whose name starts with `cali40` are read or written; a second apply of
+Invariants: only sets whose name starts with `cali40s:` or `cali40n:` are read or written
+(fixed-name `cali40` sets such as `cali40this-host` belong to other managers); a second apply of
 the same state runs no command; a failure raises, keeps the work pending, re-reads the
 kernel (`ipset save`) next time.
 """
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 
 from agent.dataplane.delta import DeltaTracker
 from agent.dataplane.iptables.names import (
-    IPSET_PREFIX,
+    CALC_IPSET_PREFIXES,
     IPSET_TYPE_IP_PORT,
     IPSET_TYPE_NET,
     KERNEL_IPSET_TYPES,
@@ -95,7 +96,8 @@ def normalise_member(member: str, set_type: str) -> list[str] | None:
     return [f"{n},{proto}:{port_number}" for n in nets]
 
 
-def parse_ipset_save(text: str, prefix: str = IPSET_PREFIX) -> dict[str, IPSetState]:
+def parse_ipset_save(text: str, prefix: str | tuple[str, ...] = CALC_IPSET_PREFIXES
+                     ) -> dict[str, IPSetState]:
     types: dict[str, str] = {}
     members: dict[str, set[str]] = {}
     for line in text.splitlines():

@@ -1,37 +1,75 @@
-"""iptables policy manager: policies, profiles and workload endpoints -> filter-table chains.
+"""iptables policy manager: policies, profiles, workload and host endpoints -> iptables chains.
 
 Role: the iptables fallback's policy half (Felix's policy manager + endpoint manager for
 iptables). Inputs (`on_update`): `ActivePolicyUpdate/Remove`, `ActiveProfileUpdate/Remove`,
-`WorkloadEndpointUpdate/Remove`, `ConfigUpdate` (DefaultEndpointToHostAction), `InSync`.
-Output (`apply`): the namespace's filter table holds exactly the rendered chains
-(`agent.dataplane.iptables.render`) via `IptablesTable` (one atomic iptables-restore, only
-what changed). IP sets the rules reference are programmed by `IPSetsManager`, which the loop
-applies BEFORE this manager (creates/fills) and finishes AFTER it (deletions).
+`WorkloadEndpointUpdate/Remove`, `HostEndpointUpdate/Remove`, `ConfigUpdate`
+(DefaultEndpointToHostAction, FailsafeInboundHostPorts, FailsafeOutboundHostPorts), the
+interface monitor's `InterfaceAddrsUpdate` (host endpoints given by `expectedIPs` only are
+resolved to the interfaces carrying those addresses) and `InterfaceUpdate` (`kube-ipvs0`
+appearing or going switches the IPVS rules), `InSync`.
+Output (`apply`): three tables of the namespace hold exactly the rendered chains
+(`agent.dataplane.iptables.render` and `.hostendpoints`) via one `IptablesTable` each (one
+atomic iptables-restore per table, only what changed):
 
-Invariants: on_update only re-renders nothing: it marks policies/profiles/endpoints dirty;
-apply() re-renders only dirty objects (and every endpoint when the set of known policies or
-profiles changed, since endpoint chains jump to them); chains of ours that nothing wants are
-deleted only after InSync. Policy-critical: a persistent failure makes the loop fail closed.
+    filter  normal policies, profiles, workload chains, host endpoint chains (normal and
+            applyOnForward), failsafes, cali-INPUT/-FORWARD/-OUTPUT
+    mangle  preDNAT policies, their host endpoint chains, failsafes, cali-PREROUTING
+    raw     doNotTrack policies, their host endpoint chains, failsafes, cali-PREROUTING/-OUTPUT
+
+IP sets the rules reference are programmed by `IPSetsManager` (calc-graph sets) and
+`HostIPsManager` (`cali40this-host`, IPVS rules), which the loop applies BEFORE this manager
+(creates/fills) and finishes AFTER it (deletions).
+
+Host endpoints: one per interface (`interfaceName`; "*" = every host interface; none = every
+interface carrying one of its `expectedIPs`). When two claim the same interface, the first
+by id wins (logged). Workload interfaces are never host endpoints.
+
+Invariants: on_update renders nothing: it marks policies/profiles/endpoints dirty; apply()
+re-renders only dirty objects (every workload endpoint when the set of known policies or
+profiles changed, since endpoint chains jump to them; all host endpoint chains when anything
+they depend on changed - there are few); chains of ours that nothing wants are deleted only
+after InSync. Policy-critical: a persistent failure makes the loop fail closed.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 
+from agent.config import parse_proto_ports
+from agent.dataplane.events import IFACE_ABSENT, InterfaceAddrsUpdate, InterfaceUpdate
+from agent.dataplane.iptables.chains import Chain
+from agent.dataplane.iptables.hostendpoints import (
+    FILTER,
+    MANGLE,
+    RAW,
+    Failsafes,
+    HostEndpointRenderer,
+)
 from agent.dataplane.iptables.names import valid_iface_name
 from agent.dataplane.iptables.render import (
     ENDPOINT_TO_HOST_ACTIONS,
     Marks,
     RuleRenderer,
 )
-from agent.dataplane.iptables.restore import IptablesBinaries, IptablesTable, detect_backend
+from agent.dataplane.iptables.restore import (
+    IptablesBinaries,
+    IptablesTable,
+    apply_tables,
+    detect_backend,
+)
 from agent.dataplane.manager import ManagerBase
+from agent.dataplane.managers.hostips import KUBE_IPVS_INTERFACE
 from agent.proto import (
     ActivePolicyRemove,
     ActivePolicyUpdate,
     ActiveProfileRemove,
     ActiveProfileUpdate,
     ConfigUpdate,
+    HostEndpoint,
+    HostEndpointID,
+    HostEndpointRemove,
+    HostEndpointUpdate,
     InSync,
     Policy,
     PolicyID,
@@ -44,6 +82,17 @@ from agent.proto import (
 from agent.shims.cmd import CommandRunner, NetnsCommandRunner
 
 log = logging.getLogger(__name__)
+
+TABLES = (FILTER, MANGLE, RAW)
+
+
+def policy_table(policy: Policy) -> str:
+    """The table a policy's chains live in (doNotTrack: raw, preDNAT: mangle)."""
+    if policy.untracked:
+        return RAW
+    if policy.pre_dnat:
+        return MANGLE
+    return FILTER
 
 
 class IptablesManager(ManagerBase):
@@ -60,6 +109,7 @@ class IptablesManager(ManagerBase):
         binaries: IptablesBinaries | None = None,
         marks: Marks | None = None,
         runner: CommandRunner | None = None,
+        failsafes: Failsafes | None = None,
     ) -> None:
         super().__init__()
         self._runner = runner or NetnsCommandRunner(netns)
@@ -70,8 +120,11 @@ class IptablesManager(ManagerBase):
             interface_prefixes=interface_prefixes,
             endpoint_to_host_action=endpoint_to_host_action,
         )
-        self._table: IptablesTable | None = None
+        self._hep_renderer = HostEndpointRenderer(self._renderer)
+        self._failsafes = failsafes or Failsafes()
+        self._tables: dict[str, IptablesTable] = {}
         self._policies: dict[PolicyID, Policy] = {}
+        self._policy_tables: dict[PolicyID, str] = {}
         self._profiles: dict[str, Profile] = {}
         self._endpoints: dict[WorkloadEndpointID, WorkloadEndpoint] = {}
         self._dirty_policies: set[PolicyID] = set()
@@ -80,14 +133,34 @@ class IptablesManager(ManagerBase):
         self._endpoint_chains: dict[WorkloadEndpointID, tuple[str, ...]] = {}
         self._all_endpoints_dirty = False
         self._static_dirty = True
+        # host endpoints
+        self._host_endpoints: dict[HostEndpointID, HostEndpoint] = {}
+        self._iface_addrs: dict[str, frozenset[str]] = {}
+        self._hep_chains: dict[str, set[str]] = {t: set() for t in TABLES}
+        self._heps_dirty = True
+        self._ipvs = False
+        self.active_host_endpoints: dict[str, HostEndpointID] = {}  # iface -> endpoint
+
+    # --- tables ------------------------------------------------------------------------------
+
+    def _binaries_for_tables(self) -> IptablesBinaries:
+        if self._binaries is None:
+            self._binaries = detect_backend(self._runner, self._backend_mode)
+        return self._binaries
+
+    def table_for(self, name: str) -> IptablesTable:
+        """Created on first use: picking the backend runs commands in the namespace."""
+        table = self._tables.get(name)
+        if table is None:
+            table = IptablesTable(self._runner, binaries=self._binaries_for_tables(),
+                                  table=name)
+            self._tables[name] = table
+        return table
 
     @property
     def table(self) -> IptablesTable:
-        """Created on first use: picking the backend runs commands in the namespace."""
-        if self._table is None:
-            binaries = self._binaries or detect_backend(self._runner, self._backend_mode)
-            self._table = IptablesTable(self._runner, binaries=binaries)
-        return self._table
+        """The filter table."""
+        return self.table_for(FILTER)
 
     # --- on_update ---------------------------------------------------------------------------
 
@@ -97,19 +170,23 @@ class IptablesManager(ManagerBase):
                 self._all_endpoints_dirty = True
             self._policies[msg.id] = msg.policy
             self._dirty_policies.add(msg.id)
+            self._heps_dirty = True
         elif isinstance(msg, ActivePolicyRemove):
             if self._policies.pop(msg.id, None) is not None:
                 self._dirty_policies.add(msg.id)
                 self._all_endpoints_dirty = True
+                self._heps_dirty = True
         elif isinstance(msg, ActiveProfileUpdate):
             if msg.id not in self._profiles:
                 self._all_endpoints_dirty = True
+                self._heps_dirty = True
             self._profiles[msg.id] = msg.profile
             self._dirty_profiles.add(msg.id)
         elif isinstance(msg, ActiveProfileRemove):
             if self._profiles.pop(msg.id, None) is not None:
                 self._dirty_profiles.add(msg.id)
                 self._all_endpoints_dirty = True
+                self._heps_dirty = True
         elif isinstance(msg, WorkloadEndpointUpdate):
             if not valid_iface_name(msg.endpoint.name):
                 log.error("workload endpoint %s: interface name %r is invalid; endpoint ignored",
@@ -122,47 +199,90 @@ class IptablesManager(ManagerBase):
         elif isinstance(msg, WorkloadEndpointRemove):
             if self._endpoints.pop(msg.id, None) is not None:
                 self._dirty_endpoints.add(msg.id)
+        elif isinstance(msg, HostEndpointUpdate):
+            self._on_host_endpoint(msg)
+        elif isinstance(msg, HostEndpointRemove):
+            if self._host_endpoints.pop(msg.id, None) is not None:
+                self._heps_dirty = True
+        elif isinstance(msg, InterfaceAddrsUpdate):
+            self._on_addrs(msg)
+        elif isinstance(msg, InterfaceUpdate):
+            if msg.name == KUBE_IPVS_INTERFACE:
+                present = msg.state != IFACE_ABSENT
+                if present != self._ipvs:
+                    log.info("%s %s: IPVS rules %s", KUBE_IPVS_INTERFACE,
+                             "appeared" if present else "went", "on" if present else "off")
+                    self._ipvs = present
+                    self._static_dirty = True
         elif isinstance(msg, ConfigUpdate):
             self._on_config(dict(msg.config))
         elif isinstance(msg, InSync):
             self._datastore_in_sync = True
 
+    def _on_host_endpoint(self, msg: HostEndpointUpdate) -> None:
+        name = msg.endpoint.name
+        if name and name != "*" and not valid_iface_name(name):
+            log.error("host endpoint %s: interface name %r is invalid; endpoint ignored",
+                      msg.id.endpoint, name)
+            if self._host_endpoints.pop(msg.id, None) is not None:
+                self._heps_dirty = True
+            return
+        self._host_endpoints[msg.id] = msg.endpoint
+        self._heps_dirty = True
+
+    def _on_addrs(self, msg: InterfaceAddrsUpdate) -> None:
+        if msg.addrs is None:
+            changed = self._iface_addrs.pop(msg.name, None) is not None
+        else:
+            ips = frozenset(str(ipaddress.ip_interface(a).ip) for a in msg.addrs
+                            if _parses(a))
+            changed = self._iface_addrs.get(msg.name) != ips
+            self._iface_addrs[msg.name] = ips
+        if changed and any(not hep.name for hep in self._host_endpoints.values()):
+            self._heps_dirty = True
+
     def _on_config(self, config: dict[str, str]) -> None:
         action = config.get("DefaultEndpointToHostAction")
-        if action is None or action == self._renderer.endpoint_to_host_action:
-            return
-        if action.lower() not in ENDPOINT_TO_HOST_ACTIONS:
-            log.error("config DefaultEndpointToHostAction: %r is not Drop, Return or Accept; "
-                      "keeping %s", action, self._renderer.endpoint_to_host_action)
-            return
-        self._renderer.endpoint_to_host_action = action
-        self._static_dirty = True
+        if action is not None and action != self._renderer.endpoint_to_host_action:
+            if action.lower() not in ENDPOINT_TO_HOST_ACTIONS:
+                log.error("config DefaultEndpointToHostAction: %r is not Drop, Return or "
+                          "Accept; keeping %s", action, self._renderer.endpoint_to_host_action)
+            else:
+                self._renderer.endpoint_to_host_action = action
+                self._static_dirty = True
+        inbound, outbound = self._failsafes.inbound, self._failsafes.outbound
+        for key in ("FailsafeInboundHostPorts", "FailsafeOutboundHostPorts"):
+            raw = config.get(key)
+            if raw is None:
+                continue
+            try:
+                ports = parse_proto_ports(raw)
+            except ValueError as exc:
+                log.error("config %s: %s; keeping the previous value", key, exc)
+                continue
+            if key == "FailsafeInboundHostPorts":
+                inbound = ports
+            else:
+                outbound = ports
+        failsafes = Failsafes(inbound, outbound)
+        if failsafes != self._failsafes:
+            self._failsafes = failsafes
+            self._static_dirty = True
 
     # --- apply -------------------------------------------------------------------------------
 
     def request_resync(self) -> None:
         super().request_resync()
-        if self._table is not None:
-            self._table.request_resync()
+        for table in self._tables.values():
+            table.request_resync()
 
     def _render_dirty(self) -> None:
-        table = self.table
         if self._static_dirty:
-            self._set_dispatch()  # cali-FORWARD jumps to the dispatch chains: always present
-            for chain in self._renderer.static_chains():
-                table.set_chain(chain)
-            for base, rules in self._renderer.base_chain_inserts().items():
-                table.set_base_inserts(base, rules)
-            self._static_dirty = False
+            self._render_static()
         for pid in self._dirty_policies:
-            policy = self._policies.get(pid)
-            chains = self._renderer.policy_chains(pid, policy or Policy())
-            for chain in chains:
-                if policy is None:
-                    table.remove_chain(chain.name)
-                else:
-                    table.set_chain(chain)
+            self._render_policy(pid)
         self._dirty_policies.clear()
+        table = self.table
         for prof_id in self._dirty_profiles:
             profile = self._profiles.get(prof_id)
             for chain in self._renderer.profile_chains(prof_id, profile or Profile()):
@@ -179,6 +299,40 @@ class IptablesManager(ManagerBase):
             self._render_endpoint(ep_id)
         self._dirty_endpoints.clear()
         self._all_endpoints_dirty = False
+        if self._heps_dirty:
+            self._render_host_endpoints()
+
+    def _render_static(self) -> None:
+        filter_table = self.table
+        self._set_dispatch()  # cali-FORWARD jumps to the dispatch chains: always present
+        for chain in self._renderer.static_chains(ipvs=self._ipvs):
+            filter_table.set_chain(chain)
+        for base, rules in self._renderer.base_chain_inserts().items():
+            filter_table.set_base_inserts(base, rules)
+        for name in TABLES:
+            table = self.table_for(name)
+            for chain in self._hep_renderer.failsafe_chains(self._failsafes, name):
+                table.set_chain(chain)
+            if name != FILTER:
+                for chain in self._hep_renderer.static_chains(name):
+                    table.set_chain(chain)
+                for base, rules in self._hep_renderer.base_chain_inserts(name).items():
+                    table.set_base_inserts(base, rules)
+        self._heps_dirty = True  # dispatch chains are referenced by the static ones
+        self._static_dirty = False
+
+    def _render_policy(self, pid: PolicyID) -> None:
+        policy = self._policies.get(pid)
+        old_table = self._policy_tables.pop(pid, None)
+        if old_table is not None and (policy is None or policy_table(policy) != old_table):
+            for chain in self._renderer.policy_chains(pid, Policy()):
+                self.table_for(old_table).remove_chain(chain.name)
+        if policy is None:
+            return
+        name = policy_table(policy)
+        for chain in self._renderer.policy_chains(pid, policy):
+            self.table_for(name).set_chain(chain)
+        self._policy_tables[pid] = name
 
     def _set_dispatch(self) -> None:
         ifaces = {ep.name for ep in self._endpoints.values()}
@@ -195,16 +349,82 @@ class IptablesManager(ManagerBase):
             return
         chains = self._renderer.endpoint_chains(
             endpoint,
-            policy_known=lambda pid: pid in self._policies,
+            policy_known=lambda pid: self._policy_tables.get(pid) == FILTER,
             profile_known=lambda prof: prof in self._profiles,
         )
         for chain in chains:
             self.table.set_chain(chain)
         self._endpoint_chains[ep_id] = tuple(c.name for c in chains)
 
+    # --- host endpoints ----------------------------------------------------------------------
+
+    def _resolve_host_endpoints(self) -> dict[str, HostEndpointID]:
+        """Interface -> the host endpoint that applies to it (first by id wins)."""
+        resolved: dict[str, HostEndpointID] = {}
+        for hep_id in sorted(self._host_endpoints):
+            hep = self._host_endpoints[hep_id]
+            if hep.name:
+                ifaces = [hep.name]
+            else:
+                wanted = set(hep.expected_ipv4_addrs) | set(hep.expected_ipv6_addrs)
+                wanted = {str(ipaddress.ip_interface(a).ip) for a in wanted if _parses(a)}
+                ifaces = sorted(i for i, ips in self._iface_addrs.items() if ips & wanted)
+            for iface in ifaces:
+                if iface.startswith(self._renderer.interface_prefixes):
+                    log.error("host endpoint %s: %s is a workload interface; not applied",
+                              hep_id.endpoint, iface)
+                    continue
+                owner = resolved.setdefault(iface, hep_id)
+                if owner != hep_id:
+                    log.error("host endpoints %s and %s both claim %s; %s wins",
+                              owner.endpoint, hep_id.endpoint, iface, owner.endpoint)
+        return resolved
+
+    def _render_host_endpoints(self) -> None:
+        resolved = self._resolve_host_endpoints()
+        self.active_host_endpoints = resolved
+
+        def known(pid: PolicyID, table: str) -> bool:
+            return self._policy_tables.get(pid) == table
+
+        for name in TABLES:
+            table = self.table_for(name)
+            wanted: list[Chain] = []
+            names_by_iface: dict[str, list[str]] = {}
+            for iface, hep_id in resolved.items():
+                chains = self._hep_renderer.endpoint_chains(
+                    iface, self._host_endpoints[hep_id], name, policy_known=known,
+                    profile_known=lambda prof: prof in self._profiles)
+                wanted += chains
+                names_by_iface[iface] = [c.name for c in chains]
+            for chain_name in self._hep_chains[name] - {c.name for c in wanted}:
+                table.remove_chain(chain_name)
+            for chain in wanted:
+                table.set_chain(chain)
+            self._hep_chains[name] = {c.name for c in wanted}
+            for chain in self._hep_renderer.dispatch_chains(name, names_by_iface):
+                table.set_chain(chain)
+        self._heps_dirty = False
+
     def apply(self) -> None:
         self._render_dirty()
         if self._resync_requested:
-            self.table.request_resync()
+            for table in self._tables.values():
+                table.request_resync()
             self._resync_requested = False
-        self.table.apply(allow_deletes=self._datastore_in_sync)
+        # One restore; raw and mangle first: the filter table's cali-INPUT/-OUTPUT trust the
+        # ACCEPT mark their policies set.
+        apply_tables([self.table_for(name) for name in (RAW, MANGLE, FILTER)],
+                     allow_deletes=self._datastore_in_sync)
+
+    @property
+    def ipvs_enabled(self) -> bool:
+        return self._ipvs
+
+
+def _parses(address: str) -> bool:
+    try:
+        ipaddress.ip_interface(address)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,356 @@
+"""Host endpoints, failsafes, DefaultEndpointToHostAction and IPVS awareness in iptables mode,
+judged by what the programmed raw -> mangle -> filter chains DO to packets (PacketWalker).
+
+A packet arriving for the host walks raw PREROUTING, mangle PREROUTING, then filter INPUT
+(one packet, its mark carried along); a forwarded one ends in filter FORWARD; a packet the
+host sends walks raw OUTPUT then filter OUTPUT.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from agent.dataplane.events import IFACE_ABSENT, IFACE_UP, InterfaceAddrsUpdate, InterfaceUpdate
+from agent.dataplane.iptables.hostendpoints import Failsafes
+from agent.dataplane.managers.hostips import HostIPsManager
+from agent.dataplane.managers.ipsets import IPSetsManager
+from agent.dataplane.managers.iptables import IptablesManager
+from agent.proto import (
+    ActivePolicyRemove,
+    ActivePolicyUpdate,
+    ActiveProfileUpdate,
+    ConfigUpdate,
+    HostEndpoint,
+    HostEndpointID,
+    HostEndpointRemove,
+    HostEndpointUpdate,
+    InSync,
+    Policy,
+    PolicyID,
+    PortRange,
+    Profile,
+    Rule,
+    TierInfo,
+)
+from tests.dataplane.dp_harness import endpoint
+from tests.fakes.commands import FakeCommands
+from tests.fakes.netfilter import Packet, PacketWalker
+
+HOST_IP = "198.18.0.1"
+PEER = "198.18.0.9"
+FAILSAFES = Failsafes(inbound=(("tcp", 22), ("udp", 68)), outbound=(("udp", 53), ("tcp", 179)))
+ALLOW_ALL = ActiveProfileUpdate("allow-all", Profile(inbound_rules=(Rule(action="allow"),),
+                                                     outbound_rules=(Rule(action="allow"),)))
+
+
+class HostHarness:
+    def __init__(self, **iptables_kw: object) -> None:
+        self.cmds = FakeCommands()
+        kw = {"failsafes": FAILSAFES, **iptables_kw}
+        self.managers = [IPSetsManager(runner=self.cmds), HostIPsManager(runner=self.cmds),
+                         IptablesManager(runner=self.cmds, **kw)]  # type: ignore[arg-type]
+        self.iptables = self.managers[2]
+        self.walker = PacketWalker(self.cmds.iptables, self.cmds.ipset)
+
+    def feed(self, *msgs: object) -> None:
+        for msg in msgs:
+            for manager in self.managers:
+                manager.on_update(msg)
+
+    def apply(self) -> None:
+        for manager in self.managers:
+            manager.apply()
+        for manager in self.managers:
+            manager.finish_apply()
+
+    def sync(self, *msgs: object) -> None:
+        self.feed(InterfaceUpdate("eth0", 2, IFACE_UP),
+                  InterfaceAddrsUpdate("eth0", frozenset({f"{HOST_IP}/15"})),
+                  InterfaceUpdate("lo", 1, IFACE_UP),
+                  InterfaceAddrsUpdate("lo", frozenset({"127.0.0.1/8"})), *msgs, InSync())
+        self.apply()
+
+    def _chain(self, steps: list[tuple[str, str]], packet: Packet) -> str:
+        for table, chain in steps:
+            verdict, packet = self.walker.walk(chain, packet, table)
+            if verdict == "DROP":
+                return "DROP"
+            if packet in self.walker.untracked:
+                packet = replace(packet, ctstate="UNTRACKED")
+        return verdict
+
+    def to_host(self, iif: str = "eth0", **kw: object) -> str:
+        packet = Packet(**{"src": PEER, "dst": HOST_IP, "iif": iif, **kw})  # type: ignore[arg-type]
+        return self._chain([("raw", "PREROUTING"), ("mangle", "PREROUTING"),
+                            ("filter", "INPUT")], packet)
+
+    def from_host(self, oif: str = "eth0", **kw: object) -> str:
+        packet = Packet(**{"src": HOST_IP, "dst": PEER, "oif": oif, **kw})  # type: ignore[arg-type]
+        return self._chain([("raw", "OUTPUT"), ("filter", "OUTPUT")], packet)
+
+    def forward(self, iif: str, oif: str, **kw: object) -> str:
+        packet = Packet(**{"src": PEER, "dst": "10.65.0.2", "iif": iif, "oif": oif, **kw})  # type: ignore[arg-type]
+        return self._chain([("raw", "PREROUTING"), ("mangle", "PREROUTING"),
+                            ("filter", "FORWARD")], packet)
+
+
+def hep(name: str = "eth0", *, tiers=(), profiles=(), untracked=(), pre_dnat=(), forward=(),  # type: ignore[no-untyped-def]
+        ips: tuple[str, ...] = (), hep_id: str = "node1-eth0") -> HostEndpointUpdate:
+    return HostEndpointUpdate(HostEndpointID(hep_id), HostEndpoint(
+        name=name, profile_ids=tuple(profiles), expected_ipv4_addrs=ips, tiers=tuple(tiers),
+        untracked_tiers=tuple(untracked), pre_dnat_tiers=tuple(pre_dnat),
+        forward_tiers=tuple(forward)))
+
+
+def policy(name: str, *, inbound=(), outbound=(), **flags: bool) -> ActivePolicyUpdate:  # type: ignore[no-untyped-def]
+    return ActivePolicyUpdate(PolicyID("default", name), Policy(
+        inbound_rules=tuple(inbound), outbound_rules=tuple(outbound), **flags))
+
+
+def tier(*names: str, ingress: bool = True, egress: bool = True) -> TierInfo:
+    return TierInfo("default", ingress_policies=names if ingress else (),
+                    egress_policies=names if egress else ())
+
+
+DENY_ALL = policy("deny-all", inbound=[Rule(action="deny")], outbound=[Rule(action="deny")])
+TCP = 6
+UDP = 17
+
+
+def test_host_endpoint_without_policy_denies_all_but_failsafes() -> None:
+    h = HostHarness()
+    h.sync(hep())
+    assert h.to_host(proto=TCP, dport=80) == "DROP"
+    assert h.to_host(proto=TCP, dport=22) == "ACCEPT"  # failsafe inbound
+    assert h.to_host(proto=UDP, dport=68) == "ACCEPT"
+    assert h.to_host(proto=TCP, dport=80, ctstate="ESTABLISHED") == "ACCEPT"
+    assert h.from_host(proto=UDP, dport=53) == "ACCEPT"  # failsafe outbound
+    assert h.from_host(proto=TCP, dport=80) == "DROP"
+    # other interfaces and workloads are not this endpoint
+    assert h.to_host(iif="eth1", proto=TCP, dport=80) == "ACCEPT"
+    assert h.from_host(oif="eth1", proto=TCP, dport=80) == "ACCEPT"
+    assert h.from_host(oif="cali1", proto=TCP, dport=80) == "ACCEPT"
+
+
+def test_deny_all_policy_never_blocks_failsafe_ports() -> None:
+    h = HostHarness()
+    h.sync(DENY_ALL, hep(tiers=[tier("deny-all")]))
+    assert h.to_host(proto=TCP, dport=22) == "ACCEPT"
+    assert h.to_host(proto=TCP, dport=23) == "DROP"
+    assert h.from_host(proto=TCP, dport=179) == "ACCEPT"
+    assert h.from_host(proto=TCP, dport=180) == "DROP"
+    # failsafes changed through the datastore's FelixConfiguration
+    h.feed(ConfigUpdate((("FailsafeInboundHostPorts", "tcp:2222"),
+                         ("FailsafeOutboundHostPorts", ""))))
+    h.apply()
+    assert h.to_host(proto=TCP, dport=2222) == "ACCEPT"
+    assert h.to_host(proto=TCP, dport=22) == "DROP"
+    assert h.from_host(proto=UDP, dport=53) == "DROP"
+    # a malformed value keeps the previous one
+    h.feed(ConfigUpdate((("FailsafeInboundHostPorts", "icmp:7"),)))
+    h.apply()
+    assert h.to_host(proto=TCP, dport=2222) == "ACCEPT"
+
+
+def test_policies_and_profiles_of_a_host_endpoint() -> None:
+    h = HostHarness()
+    web = policy("web", inbound=[Rule(action="allow", protocol=TCP,
+                                      dst_ports=(PortRange(80, 80),))])
+    h.sync(web, ALLOW_ALL, hep(tiers=[tier("web", egress=False)], profiles=["allow-all"]))
+    assert h.to_host(proto=TCP, dport=80) == "ACCEPT"
+    assert h.to_host(proto=TCP, dport=81) == "DROP"  # the tier's default deny
+    assert h.from_host(proto=TCP, dport=443) == "ACCEPT"  # no egress tier: the profile
+    h.feed(ActivePolicyRemove(PolicyID("default", "web")), hep(profiles=["allow-all"]))
+    h.apply()
+    assert h.to_host(proto=TCP, dport=81) == "ACCEPT"
+
+
+def test_pre_dnat_policy_decides_in_mangle_and_failsafes_still_win() -> None:
+    h = HostHarness()
+    deny_peer = policy("deny-peer", inbound=[Rule(action="deny", src_nets=(f"{PEER}/32",))],
+                       pre_dnat=True)
+    allow_8080 = policy("allow-8080", inbound=[Rule(action="allow", protocol=TCP,
+                                                    dst_ports=(PortRange(8080, 8080),))],
+                        pre_dnat=True)
+    h.sync(deny_peer, allow_8080, DENY_ALL,
+           hep(tiers=[tier("deny-all")], pre_dnat=[tier("allow-8080", "deny-peer",
+                                                        egress=False)]))
+    assert h.to_host(proto=TCP, dport=8080) == "ACCEPT"  # pre-DNAT allow skips normal deny
+    assert h.to_host(proto=TCP, dport=9090) == "DROP"
+    assert h.to_host(proto=TCP, dport=22) == "ACCEPT"  # failsafe before pre-DNAT deny
+    assert "cali-fh-eth0" in h.cmds.iptables.tables["mangle"]
+    # unmatched by pre-DNAT policy: on to the normal policy (which allows)
+    h.feed(ALLOW_ALL, hep(profiles=["allow-all"], pre_dnat=[tier("allow-8080", "deny-peer",
+                                                                egress=False)]))
+    h.apply()
+    assert h.to_host(src="198.18.0.50", proto=TCP, dport=9090) == "ACCEPT"
+    assert h.to_host(proto=TCP, dport=9090) == "DROP"
+
+
+def test_do_not_track_policy_in_raw() -> None:
+    h = HostHarness()
+    allow_udp = policy("allow-udp", inbound=[Rule(action="allow", protocol=UDP)],
+                       outbound=[Rule(action="allow", protocol=UDP)], untracked=True)
+    block = policy("block", inbound=[Rule(action="deny", protocol=TCP,
+                                          dst_ports=(PortRange(2000, 2999),))], untracked=True)
+    h.sync(allow_udp, block, DENY_ALL,
+           hep(tiers=[tier("deny-all")], untracked=[tier("allow-udp", "block")]))
+    before = len(h.walker.untracked)
+    assert h.to_host(proto=UDP, dport=5000) == "ACCEPT"
+    assert len(h.walker.untracked) == before + 1  # allowed AND not tracked
+    assert h.from_host(proto=UDP, dport=5000) == "ACCEPT"
+    assert h.to_host(proto=TCP, dport=2500) == "DROP"  # denied in raw
+    assert h.to_host(proto=TCP, dport=3000) == "DROP"  # not matched: normal deny-all
+    assert "cali-fh-eth0" in h.cmds.iptables.tables["raw"]
+
+
+def test_untracked_deny_cannot_block_failsafes_or_their_replies() -> None:
+    h = HostHarness()
+    deny = policy("deny", inbound=[Rule(action="deny")], outbound=[Rule(action="deny")],
+                  untracked=True)
+    h.sync(deny, hep(untracked=[tier("deny")]))
+    assert h.to_host(proto=TCP, dport=22) == "ACCEPT"
+    assert h.to_host(proto=TCP, dport=23) == "DROP"
+    # the reply of an outbound failsafe connection (BGP to a peer) comes back from port 179
+    assert h.to_host(proto=TCP, sport=179, dport=40000, ctstate="ESTABLISHED") == "ACCEPT"
+    assert h.to_host(proto=TCP, sport=180, dport=40000, ctstate="ESTABLISHED") == "DROP"
+
+
+def test_apply_on_forward_policies_only_affect_forwarded_traffic() -> None:
+    h = HostHarness()
+    open_profile = ActiveProfileUpdate("open", Profile(inbound_rules=(Rule(action="allow"),),
+                                                       outbound_rules=(Rule(action="allow"),)))
+    no_ssh_fwd = policy("no-ssh-fwd", inbound=[Rule(action="deny", protocol=TCP,
+                                                    dst_ports=(PortRange(22, 22),)),
+                                               Rule(action="allow")],
+                        apply_on_forward=True)
+    h.sync(open_profile, endpoint("cali2", "10.65.0.2", profiles=["open"]), ALLOW_ALL,
+           no_ssh_fwd,
+           hep(profiles=["allow-all"], tiers=[tier("no-ssh-fwd", egress=False)],
+               forward=[tier("no-ssh-fwd", egress=False)]))
+    assert h.forward("eth0", "cali2", proto=TCP, dport=80) == "ACCEPT"
+    assert h.forward("eth0", "cali2", proto=TCP, dport=22) == "DROP"
+    assert h.forward("eth1", "cali2", proto=TCP, dport=22) == "ACCEPT"  # not via eth0
+    # without forward policies, forwarded traffic through the host endpoint is not affected
+    h.feed(hep(profiles=["allow-all"]))
+    h.apply()
+    assert h.forward("eth0", "cali2", proto=TCP, dport=22) == "ACCEPT"
+    assert "cali-fhfw-eth0" not in h.cmds.iptables.chains
+
+
+def test_expected_ips_resolve_to_the_interface_that_has_them() -> None:
+    h = HostHarness()
+    h.sync(hep(name="", ips=(HOST_IP,)))
+    assert h.iptables.active_host_endpoints == {"eth0": HostEndpointID("node1-eth0")}
+    assert h.to_host(proto=TCP, dport=80) == "DROP"
+    # the address moves to eth1: the endpoint follows it
+    h.feed(InterfaceAddrsUpdate("eth0", frozenset()),
+           InterfaceAddrsUpdate("eth1", frozenset({f"{HOST_IP}/15"})))
+    h.apply()
+    assert h.iptables.active_host_endpoints == {"eth1": HostEndpointID("node1-eth0")}
+    assert h.to_host(proto=TCP, dport=80) == "ACCEPT"
+    assert h.to_host(iif="eth1", proto=TCP, dport=80) == "DROP"
+    assert "cali-fh-eth0" not in h.cmds.iptables.chains
+
+
+def test_wildcard_endpoint_covers_host_interfaces_but_not_loopback_or_workloads() -> None:
+    h = HostHarness()
+    h.sync(hep(name="*", hep_id="all"), hep(name="eth1", hep_id="eth1", profiles=["allow-all"]),
+           ALLOW_ALL)
+    assert h.to_host(iif="eth0", proto=TCP, dport=80) == "DROP"
+    assert h.to_host(iif="eth7", proto=TCP, dport=80) == "DROP"
+    assert h.to_host(iif="eth1", proto=TCP, dport=80) == "ACCEPT"  # its own endpoint first
+    assert h.to_host(iif="lo", src="127.0.0.1", dst="127.0.0.1", proto=TCP, dport=80) == "ACCEPT"
+    assert h.from_host(oif="cali5", proto=TCP, dport=80) == "ACCEPT"
+
+
+def test_two_endpoints_claiming_one_interface_first_by_id_wins() -> None:
+    h = HostHarness()
+    h.sync(ALLOW_ALL, hep(hep_id="b-open", profiles=["allow-all"]), hep(hep_id="a-closed"))
+    assert h.iptables.active_host_endpoints == {"eth0": HostEndpointID("a-closed")}
+    assert h.to_host(proto=TCP, dport=80) == "DROP"
+    h.feed(HostEndpointRemove(HostEndpointID("a-closed")))
+    h.apply()
+    assert h.to_host(proto=TCP, dport=80) == "ACCEPT"
+
+
+def test_removing_the_endpoint_removes_its_chains_and_reapply_writes_nothing() -> None:
+    h = HostHarness()
+    h.sync(hep())
+    assert "cali-fh-eth0" in h.cmds.iptables.chains
+    restores = h.cmds.iptables.restore_calls
+    h.apply()
+    assert h.cmds.iptables.restore_calls == restores
+    h.feed(HostEndpointRemove(HostEndpointID("node1-eth0")))
+    h.apply()
+    assert "cali-fh-eth0" not in h.cmds.iptables.chains
+    assert "cali-th-eth0" not in h.cmds.iptables.chains
+    assert h.to_host(proto=TCP, dport=80) == "ACCEPT"
+
+
+def test_invalid_host_endpoint_interface_is_ignored() -> None:
+    h = HostHarness()
+    h.sync(hep(name="bad name!"), hep(name="cali123", hep_id="wl"))
+    assert h.iptables.active_host_endpoints == {}
+    assert h.to_host(proto=TCP, dport=80) == "ACCEPT"
+
+
+@pytest.mark.parametrize(("action", "verdict"), [("Drop", "DROP"), ("Accept", "ACCEPT"),
+                                                 ("Return", "ACCEPT")])
+def test_default_endpoint_to_host_action(action: str, verdict: str) -> None:
+    h = HostHarness(endpoint_to_host_action=action)
+    h.sync(ALLOW_ALL, endpoint("cali1", "10.65.0.1", profiles=["allow-all"]))
+    assert h.to_host(iif="cali1", src="10.65.0.1", proto=TCP, dport=80) == verdict
+    # a workload's egress policy still applies first
+    h.feed(endpoint("cali1", "10.65.0.1"))
+    h.apply()
+    assert h.to_host(iif="cali1", src="10.65.0.1", proto=TCP, dport=80) == "DROP"
+
+
+def test_return_action_hands_workload_traffic_back_to_input_not_to_host_endpoints() -> None:
+    h = HostHarness(endpoint_to_host_action="Return")
+    h.sync(ALLOW_ALL, endpoint("cali1", "10.65.0.1", profiles=["allow-all"]),
+           hep(name="*", hep_id="all"))
+    # a "*" host endpoint with no policy would drop; workload traffic never reaches it
+    assert h.to_host(iif="cali1", src="10.65.0.1", proto=TCP, dport=80) == "ACCEPT"
+
+
+def test_ipvs_service_addresses_are_not_host_ips_and_policy_still_applies() -> None:
+    h = HostHarness(endpoint_to_host_action="Drop")
+    vip = "10.96.0.10"
+    ingress_web_only = policy("web-only", inbound=[Rule(action="allow", protocol=TCP,
+                                                        dst_ports=(PortRange(80, 80),))])
+    h.sync(ALLOW_ALL, ingress_web_only,
+           endpoint("cali1", "10.65.0.1", profiles=["allow-all"]),
+           endpoint("cali2", "10.65.0.2", tiers=[tier("web-only", egress=False)]),
+           InterfaceUpdate("kube-ipvs0", 9, "down"),
+           InterfaceAddrsUpdate("kube-ipvs0", frozenset({f"{vip}/32"})))
+    assert h.iptables.ipvs_enabled
+    assert h.cmds.ipset.members("cali40this-host") == {HOST_IP, "127.0.0.1"}
+    # workload -> service VIP: egress policy applied, DefaultEndpointToHostAction not
+    verdict, marked = h.walker.walk("INPUT", Packet(src="10.65.0.1", dst=vip, iif="cali1",
+                                                    proto=TCP, dport=80))
+    assert verdict == "ACCEPT"
+    assert h.to_host(iif="cali1", src="10.65.0.1", proto=TCP, dport=80) == "DROP"  # host IP
+    # IPVS forwards it to cali2 through OUTPUT: cali2's ingress policy applies
+    to_pod = replace(marked, dst="10.65.0.2", oif="cali2", iif="")
+    assert h.walker.verdict("OUTPUT", to_pod) == "ACCEPT"
+    assert h.walker.verdict("OUTPUT", replace(to_pod, dport=81)) == "DROP"
+    # the host's own traffic to a pod (no IPVS mark) is not subject to pod ingress policy
+    assert h.walker.verdict("OUTPUT", Packet(src=HOST_IP, dst="10.65.0.2", oif="cali2",
+                                             proto=TCP, dport=81)) == "ACCEPT"
+    # a workload whose egress policy denies cannot reach the VIP either
+    h.feed(endpoint("cali1", "10.65.0.1"))
+    h.apply()
+    assert h.walker.verdict("INPUT", Packet(src="10.65.0.1", dst=vip, iif="cali1",
+                                            proto=TCP, dport=80)) == "DROP"
+    # kube-ipvs0 goes: IPVS rules go, traffic to that address is host traffic again
+    h.feed(ALLOW_ALL, endpoint("cali1", "10.65.0.1", profiles=["allow-all"]),
+           InterfaceUpdate("kube-ipvs0", 9, IFACE_ABSENT),
+           InterfaceAddrsUpdate("kube-ipvs0", None))
+    h.apply()
+    assert not h.iptables.ipvs_enabled
+    assert h.walker.verdict("INPUT", Packet(src="10.65.0.1", dst=vip, iif="cali1",
+                                            proto=TCP, dport=80)) == "DROP"

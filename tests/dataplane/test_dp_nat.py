@@ -1,0 +1,117 @@
+"""NAT-outgoing manager on fakes: what the nat table DOES to packets, by pool configuration."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.dataplane.managers.nat import NatOutgoingManager
+from agent.proto import InSync, IPAMPoolRemove, IPAMPoolUpdate
+from agent.shims.cmd import CommandError
+from tests.fakes.commands import FakeCommands
+from tests.fakes.netfilter import Packet, PacketWalker
+
+
+def _pool(cidr: str, masq: bool) -> IPAMPoolUpdate:
+    return IPAMPoolUpdate(id=cidr, cidr=cidr, masquerade=masq)
+
+
+class NatHarness:
+    def __init__(self) -> None:
+        self.cmds = FakeCommands()
+        self.mgr = NatOutgoingManager(runner=self.cmds)
+        self.walker = PacketWalker(self.cmds.iptables, self.cmds.ipset)
+
+    def sync(self, *msgs: object) -> None:
+        for msg in (*msgs, InSync()):
+            self.mgr.on_update(msg)
+        self.round()
+
+    def round(self) -> None:
+        self.mgr.apply()
+        self.mgr.finish_apply()
+
+    def postrouting(self, src: str, dst: str) -> str:
+        return self.walker.verdict("POSTROUTING", Packet(src=src, dst=dst), table="nat")
+
+
+def test_masquerades_only_natoutgoing_pools_to_outside_all_pools() -> None:
+    h = NatHarness()
+    h.sync(_pool("10.65.0.0/16", True), _pool("10.70.0.0/16", False))
+    assert h.postrouting("10.65.0.5", "198.51.100.7") == "MASQUERADE"
+    assert h.postrouting("10.65.0.5", "10.65.3.1") == "ACCEPT"  # inside its own pool
+    assert h.postrouting("10.65.0.5", "10.70.0.9") == "ACCEPT"  # to another pool
+    assert h.postrouting("10.70.0.9", "198.51.100.7") == "ACCEPT"  # pool without natOutgoing
+    assert h.postrouting("198.18.0.1", "198.51.100.7") == "ACCEPT"  # host traffic
+    assert h.cmds.ipset.members("cali40all-ipam-pools") == {"10.65.0.0/16", "10.70.0.0/16"}
+    assert h.cmds.ipset.members("cali40masq-ipam-pools") == {"10.65.0.0/16"}
+
+
+def test_turning_natoutgoing_off_and_removing_pools() -> None:
+    h = NatHarness()
+    h.sync(_pool("10.65.0.0/16", True))
+    assert h.postrouting("10.65.0.5", "8.8.8.8") == "MASQUERADE"
+    h.mgr.on_update(_pool("10.65.0.0/16", False))
+    h.round()
+    assert h.postrouting("10.65.0.5", "8.8.8.8") == "ACCEPT"
+    assert h.cmds.iptables.tables["nat"]["cali-nat-outgoing"] == []
+    h.mgr.on_update(_pool("10.65.0.0/16", True))
+    h.mgr.on_update(IPAMPoolRemove(id="10.65.0.0/16"))
+    h.round()
+    assert h.postrouting("10.65.0.5", "8.8.8.8") == "ACCEPT"
+    assert h.cmds.ipset.members("cali40all-ipam-pools") == set()
+
+
+def test_second_apply_writes_nothing_and_drift_is_repaired() -> None:
+    h = NatHarness()
+    h.sync(_pool("10.65.0.0/16", True))
+    restores = h.cmds.iptables.restore_calls + h.cmds.ipset.restore_calls
+    h.round()
+    assert h.cmds.iptables.restore_calls + h.cmds.ipset.restore_calls == restores
+    # someone flushes our chain and empties a set: the periodic resync puts them back
+    h.cmds.iptables.tables["nat"]["cali-nat-outgoing"].clear()
+    h.cmds.ipset.sets["cali40masq-ipam-pools"][1].clear()
+    h.mgr.request_resync()
+    h.round()
+    assert h.postrouting("10.65.0.5", "8.8.8.8") == "MASQUERADE"
+
+
+def test_insert_sits_at_top_of_postrouting_beside_foreign_rules() -> None:
+    h = NatHarness()
+    h.cmds.iptables.restore("*nat\n-A POSTROUTING -j ACCEPT\nCOMMIT\n", noflush=True)
+    h.sync(_pool("10.65.0.0/16", True))
+    assert h.cmds.iptables.tables["nat"]["POSTROUTING"][0].endswith("-j cali-POSTROUTING")
+    assert h.cmds.iptables.tables["nat"]["POSTROUTING"][1] == "-j ACCEPT"
+    assert h.postrouting("10.65.0.5", "8.8.8.8") == "MASQUERADE"
+
+
+def test_failure_keeps_work_pending_and_retries() -> None:
+    h = NatHarness()
+    for msg in (_pool("10.65.0.0/16", True), InSync()):
+        h.mgr.on_update(msg)
+    h.cmds.iptables.fail_next()
+    with pytest.raises(Exception, match="injected"):
+        h.round()
+    assert "cali-nat-outgoing" not in h.cmds.iptables.tables["nat"]
+    h.round()
+    assert h.postrouting("10.65.0.5", "8.8.8.8") == "MASQUERADE"
+
+
+def test_bad_and_ipv6_pools_are_ignored() -> None:
+    h = NatHarness()
+    h.sync(IPAMPoolUpdate(id="bad", cidr="not-a-cidr", masquerade=True),
+           _pool("fd00::/64", True), _pool("10.65.0.0/16", True))
+    assert h.mgr.masquerading_pools() == ["10.65.0.0/16"]
+    assert h.cmds.ipset.members("cali40all-ipam-pools") == {"10.65.0.0/16"}
+
+
+def test_missing_ipset_binary_is_a_clear_error() -> None:
+    class NoIpset(FakeCommands):
+        def run(self, argv, **kw):  # type: ignore[no-untyped-def]
+            if argv[0] == "ipset":
+                raise CommandError(argv, 127, "ipset: not found", None)
+            return super().run(argv, **kw)
+
+    mgr = NatOutgoingManager(runner=NoIpset())
+    mgr.on_update(_pool("10.65.0.0/16", True))
+    with pytest.raises(Exception, match="ipset"):
+        mgr.apply()
