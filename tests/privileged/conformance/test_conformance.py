@@ -1,0 +1,59 @@
+"""The network-policy conformance suite on every conformant dataplane (real agents, real lab).
+
+`CONFORMANT_DATAPLANES` (agent.lab.conformance) lists the dataplanes run here; each listed
+one RUNS (a broken one fails, it is never skipped). Per dataplane: one lab, one agent, one
+step per case, the whole 9x8 matrix per case; the test passes only with zero mismatches and
+prints the figures (cases passed, probes, seconds) whether it passes or not.
+
+A second test shows the suite can fail: in a lab where nothing enforces policy, exactly the
+cells the truth model expects denied come out as mismatches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agent.lab.conformance import ALL_CASES, CONFORMANT_DATAPLANES
+from agent.lab.conformance.__main__ import run_conformance
+from agent.lab.conformance.case import select_cases
+from agent.lab.conformance.suite import run_dataplane
+from agent.lab.runner import NoAgents
+
+pytestmark = pytest.mark.privileged
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("dataplane", CONFORMANT_DATAPLANES)
+def test_every_case_matches_its_expected_matrix(dataplane: str, root_guard: Any,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    report = run_conformance([dataplane])
+    text = report.format_text()
+    with capsys.disabled():
+        print(f"\n{text}")
+    outcome = report.outcomes[0]
+    assert outcome.error is None, text
+    assert len(outcome.cases) == len(ALL_CASES) >= 40
+    assert outcome.probes == outcome.planned_probes
+    assert not outcome.mismatches, text
+    # a suite that only ever saw "allow" (or only "deny") would prove nothing
+    verdicts = {r.got for c in outcome.cases for r in c.results}
+    assert verdicts == {True, False}
+    root_guard.check()
+
+
+@pytest.mark.timeout(120)
+def test_a_lab_that_enforces_nothing_fails_exactly_the_deny_cells(root_guard: Any) -> None:
+    cases = select_cases(ALL_CASES, ["k8s-default-deny-all", "calico-icmp-deny",
+                                     "k8s-named-port-udp"])
+    outcome = run_dataplane(cases, "none", agents=NoAgents())
+    assert outcome.error is None
+    assert len(outcome.cases) == len(cases) == 3
+    for case_outcome in outcome.cases:
+        expected_denies = {r.cell for r in case_outcome.results if not r.cell.expect}
+        assert expected_denies, case_outcome.case.name
+        assert {r.cell for r in case_outcome.mismatches} == expected_denies
+        assert all(r.got for r in case_outcome.results)  # nothing enforced: all allowed
+        assert all(r.persistent for r in case_outcome.mismatches)
+    root_guard.check()
