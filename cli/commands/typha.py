@@ -1,10 +1,149 @@
-"""`pyfelix typha`: not implemented yet (owned by a later issue)."""
+"""`pyfelix typha`: serve one datastore watch per syncer type to many agents and confds.
+
+Adds no logic: parses options into `agent.typha.server.ServerConfig`, starts a
+`TyphaServer` (one syncer per syncer type from `agent.syncer.client.make_syncer`), serves
+metrics if asked, and runs until SIGTERM / Ctrl-C. Settings also come from Calico Typha's
+environment variables (TYPHA_CAFILE, TYPHA_SERVERCERTFILE, ...), as deploy/typha/ sets them.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
 
 import click
 
+SECURITY_HELP = (
+    "refusing to start: give TLS settings (--ca-file, --cert-file, --key-file and "
+    "--client-cn and/or --client-uri-san; clients must present a certificate signed by the "
+    "CA carrying that identity), or --insecure to serve plain TCP on a trusted network")
 
-@click.command("typha", context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def command(args: tuple[str, ...]) -> None:
-    """Not implemented yet."""
-    raise click.ClickException("'pyfelix typha' is not implemented yet")
+
+def _listen_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise click.BadParameter(f"{text!r} is not HOST:PORT (port 0-65535; 0 picks a free "
+                                 "one)", param_hint="--listen")
+    return host, int(port)
+
+
+@click.command("typha")
+@click.option("--datastore", envvar="PYFELIX_DATASTORE", metavar="URL", required=True,
+              help="A directory or YAML file (file datastore), etcd3://HOST:PORT[,...] or "
+                   "kubernetes. Env: PYFELIX_DATASTORE.")
+@click.option("--listen", metavar="HOST:PORT", required=True, envvar="TYPHA_LISTEN",
+              help="Address to serve clients on, e.g. 0.0.0.0:5473. Env: TYPHA_LISTEN.")
+@click.option("--insecure", is_flag=True,
+              help="Serve plain TCP without TLS (only on a trusted network).")
+@click.option("--ca-file", envvar="TYPHA_CAFILE", metavar="PATH",
+              help="CA certificate(s) that sign client certificates. Env: TYPHA_CAFILE.")
+@click.option("--cert-file", envvar="TYPHA_SERVERCERTFILE", metavar="PATH",
+              help="This server's certificate. Env: TYPHA_SERVERCERTFILE.")
+@click.option("--key-file", envvar="TYPHA_SERVERKEYFILE", metavar="PATH",
+              help="This server's private key. Env: TYPHA_SERVERKEYFILE.")
+@click.option("--client-cn", envvar="TYPHA_CLIENTCN", metavar="CN",
+              help="Accept clients whose certificate has this common name. Env: "
+                   "TYPHA_CLIENTCN.")
+@click.option("--client-uri-san", envvar="TYPHA_CLIENTURISAN", metavar="URI",
+              help="Accept clients whose certificate has this URI SAN. Env: TYPHA_CLIENTURISAN.")
+@click.option("--syncer-types", default="felix,bgp", show_default=True, metavar="LIST",
+              help="Syncer types to serve (felix: every kind, for agents and calc; bgp: what "
+                   "confd reads). One datastore syncer runs per type.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=0, show_default=True,
+              envvar="TYPHA_PROMETHEUSMETRICSPORT",
+              help="Serve Prometheus metrics on this port (0: do not). Env: "
+                   "TYPHA_PROMETHEUSMETRICSPORT.")
+@click.option("--metrics-host", default="0.0.0.0", show_default=True,
+              help="Address for the metrics endpoint.")
+@click.option("--ping-interval", type=click.FloatRange(min=0.01), default=10.0,
+              show_default=True, help="Seconds between pings to each client.")
+@click.option("--pong-timeout", type=click.FloatRange(min=0.02), default=60.0,
+              show_default=True, help="Drop a client that sends no pong for this long.")
+@click.option("--write-timeout", type=click.FloatRange(min=0.01), default=30.0,
+              show_default=True, help="Drop a client that does not take queued data for "
+                                      "this long (a slow client).")
+@click.option("--max-connections", type=click.IntRange(min=1), default=10_000,
+              show_default=True, help="Refuse clients beyond this many.")
+@click.option("--log-severity", envvar="TYPHA_LOGSEVERITYSCREEN", default="Info",
+              show_default=True, type=click.Choice(["Debug", "Info", "Warning", "Error"]),
+              help="Log level. Env: TYPHA_LOGSEVERITYSCREEN.")
+def command(datastore: str, listen: str, insecure: bool, ca_file: str | None,
+            cert_file: str | None, key_file: str | None, client_cn: str | None,
+            client_uri_san: str | None, syncer_types: str, metrics_port: int,
+            metrics_host: str, ping_interval: float, pong_timeout: float,
+            write_timeout: float, max_connections: int, log_severity: str) -> None:
+    """Serve one datastore watch per syncer type to many agents and confds (fan-out).
+
+    Agents and `pyfelix calc` connect with --datastore typha://HOST:PORT (syncer type
+    felix), confd with the bgp syncer type. Each client gets a snapshot, then deltas; a
+    client too slow to keep up is disconnected and gets a fresh snapshot when it returns.
+    The wire protocol is described in docs/typha-protocol.md.
+
+    \b
+    Examples:
+      pyfelix typha --datastore ./resources --listen 127.0.0.1:5473 --insecure
+      pyfelix typha --datastore kubernetes --listen 0.0.0.0:5473 \\
+          --ca-file ca.crt --cert-file typha.crt --key-file typha.key \\
+          --client-cn pyfelix-node --metrics-port 9093
+    """
+    from agent.logs import configure_logging
+    from agent.syncer.client import DatastoreClientError, make_syncer, parse_datastore_url
+    from agent.typha.server import ServerConfig, TyphaServer
+    from agent.typha.tls import ServerTLS, TLSConfigError
+
+    host, port = _listen_address(listen)
+    tls_given = any((ca_file, cert_file, key_file, client_cn, client_uri_san))
+    if insecure and tls_given:
+        raise click.UsageError("--insecure cannot be combined with TLS options (--ca-file, "
+                               "--cert-file, --key-file, --client-cn, --client-uri-san)")
+    if not insecure and not tls_given:
+        raise click.UsageError(SECURITY_HELP)
+    tls = None
+    if not insecure:
+        tls = ServerTLS(ca_file or "", cert_file or "", key_file or "", client_cn,
+                        client_uri_san)
+        try:
+            tls.validate()
+        except TLSConfigError as exc:
+            raise click.UsageError(str(exc)) from exc
+    try:
+        if parse_datastore_url(datastore).backend == "typha":
+            raise click.UsageError("--datastore cannot be another Typha (typha://)")
+    except DatastoreClientError as exc:
+        raise click.UsageError(str(exc)) from exc
+    types = tuple(t.strip() for t in syncer_types.split(",") if t.strip())
+    try:
+        config = ServerConfig(host=host, port=port, tls=tls, syncer_types=types,
+                              ping_interval=ping_interval, pong_timeout=pong_timeout,
+                              write_timeout=write_timeout, max_connections=max_connections)
+        config.validate()
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+    configure_logging(log_severity)
+    server = TyphaServer(lambda _syncer_type: make_syncer(datastore), config)
+    try:
+        server.start()
+    except (DatastoreClientError, TLSConfigError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {listen}: {exc.strerror or exc}") from exc
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, addr=metrics_host)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    bound_host, bound_port = server.address
+    click.echo(f"typha: serving {', '.join(types)} from {datastore} on "
+               f"{bound_host}:{bound_port} ({'TLS' if tls else 'plain TCP'})", err=True)
+    try:
+        while not stop.wait(0.2):  # short: a signal handler sets `stop`
+            pass
+    finally:
+        server.stop()
+        logging.getLogger(__name__).info("typha: stopped")

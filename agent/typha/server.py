@@ -1,0 +1,618 @@
+"""The Typha server: one datastore syncer per syncer type, fanned out to many clients.
+
+Role: `pyfelix typha`. For each syncer type it serves ("felix": every kind; "bgp": the kinds
+confd needs, `BGP_KINDS`) it runs ONE syncer against the real datastore into a
+`SnapshotCache`, and serves clients over TCP or TLS with the protocol of
+`agent.typha.protocol` (docs/typha-protocol.md).
+
+```
+ datastore ──> syncer (felix) ──> SnapshotCache ──┐            ┌─> connection ──> client
+ datastore ──> syncer (bgp)   ──> SnapshotCache ──┴─> _Fanout ─┼─> connection ──> client
+              (syncer threads)   (entries encoded     (event    └─> ...
+                                   once, shared)       loop)
+```
+
+Inputs: a `syncer_factory(syncer_type) -> Syncer` (so tests and the CLI choose the
+datastore), a `ServerConfig`. Outputs: bytes to clients; the metrics of
+`agent.typha.metrics`.
+
+Threads: the syncers run in their own threads; every connection is a coroutine on ONE
+asyncio event loop in the server's thread; snapshot encoding runs in the loop's executor.
+A cache wakes the loop with `call_soon_threadsafe` when it has a new entry.
+
+One connection's life: TLS identity check -> client_hello (within `handshake_timeout`) ->
+server_hello -> decoder_restart if compressing -> snapshot -> log entries as they come, and
+a ping every `ping_interval`. The server closes it, sending an `error` message first when the
+client can still read one, when:
+- the hello is malformed, names an unsupported version or a syncer type not served;
+- a frame is malformed (bad length, bad JSON, unknown type): "malformed";
+- no pong (nor anything else) arrives for `pong_timeout` seconds: "ping-timeout";
+- the client is slow: its queued bytes are not taken within `write_timeout` (the server
+  waits whenever more than half of `max_send_buffer` is queued, and refuses to queue more
+  once over it), or the client's next log entry has left the bounded log ("behind").
+  Memory per client is therefore bounded (`max_send_buffer` plus one write); the client
+  reconnects and gets a fresh snapshot.
+A bad client never affects the others: every failure ends only its own coroutine.
+
+Easy to get wrong: a drop must `abort()` (a slow client would keep `close()` waiting for
+its buffer forever); error messages must be encoded with the connection's CURRENT
+compression; a snapshot is consistent only with the log entries after ITS sequence number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.syncer.api import Syncer
+from agent.typha import metrics
+from agent.typha.cache import (
+    DEFAULT_MAX_LOG_BYTES,
+    DEFAULT_MAX_LOG_ENTRIES,
+    Breadcrumb,
+    SnapshotCache,
+)
+from agent.typha.protocol import (
+    CLIENT_HELLO,
+    CLIENT_MAX_FRAME_BYTES,
+    CLIENT_MESSAGE_TYPES,
+    COMPRESSION_NONE,
+    ERR_BAD_HELLO,
+    ERR_MALFORMED,
+    ERR_NOT_AUTHORIZED,
+    ERR_PING_TIMEOUT,
+    ERR_SERVER_FULL,
+    ERR_SHUTDOWN,
+    ERR_TOO_SLOW,
+    ERR_UNKNOWN_SYNCER_TYPE,
+    ERR_UNSUPPORTED_VERSION,
+    FRAME_HEADER,
+    KNOWN_COMPRESSIONS,
+    PING,
+    PONG,
+    SUPPORTED_PROTOCOL_VERSIONS,
+    FrameReader,
+    MessageDecoder,
+    ProtocolError,
+    decoder_restart,
+    encode_message,
+    error_message,
+    require,
+    server_hello,
+)
+from agent.typha.tls import ServerTLS
+
+log = logging.getLogger(__name__)
+
+SERVER_VERSION = "pyfelix-typha/1"
+SYNCER_TYPE_FELIX = "felix"
+SYNCER_TYPE_BGP = "bgp"
+# What confd reads (must match confd.bgp_view.BGP_KINDS; a test checks it)
+BGP_KINDS = frozenset({"BGPConfiguration", "BGPPeer", "Node", "IPPool", "BlockAffinity"})
+SYNCER_TYPES: dict[str, frozenset[str] | None] = {
+    SYNCER_TYPE_FELIX: None,  # every kind: the calc graph reads them all
+    SYNCER_TYPE_BGP: BGP_KINDS,
+}
+DEFAULT_PORT = 5473
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT  # 0: any free port (see TyphaServer.address)
+    tls: ServerTLS | None = None  # None: plain TCP (the CLI insists on --insecure)
+    syncer_types: tuple[str, ...] = (SYNCER_TYPE_FELIX, SYNCER_TYPE_BGP)
+    compression: tuple[str, ...] = KNOWN_COMPRESSIONS  # preference order
+    handshake_timeout: float = 10.0
+    ping_interval: float = 10.0
+    pong_timeout: float = 60.0
+    write_timeout: float = 30.0
+    max_send_buffer: int = 8 * 1024 * 1024
+    max_log_entries: int = DEFAULT_MAX_LOG_ENTRIES
+    max_log_bytes: int = DEFAULT_MAX_LOG_BYTES
+    snapshot_reuse_seconds: float = 1.0
+    max_connections: int = 10_000
+    socket_send_buffer: int | None = None  # SO_SNDBUF for client sockets (tests shrink it)
+    syncer_kinds: dict[str, frozenset[str] | None] = field(
+        default_factory=lambda: dict(SYNCER_TYPES))
+
+    def validate(self) -> None:
+        unknown = [t for t in self.syncer_types if t not in self.syncer_kinds]
+        if unknown or not self.syncer_types:
+            raise ValueError(f"syncer types {unknown or '(none)'} not known; known: "
+                             f"{', '.join(sorted(self.syncer_kinds))}")
+        bad = [c for c in self.compression if c not in KNOWN_COMPRESSIONS]
+        if bad:
+            raise ValueError(f"unknown compression {bad}; known: {', '.join(KNOWN_COMPRESSIONS)}")
+        if self.pong_timeout <= self.ping_interval:
+            raise ValueError(f"pong_timeout ({self.pong_timeout} s) must exceed ping_interval "
+                             f"({self.ping_interval} s)")
+        for name in ("handshake_timeout", "ping_interval", "write_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.max_send_buffer < 64 * 1024:
+            raise ValueError("max_send_buffer must be at least 64 KiB")
+
+
+class _Disconnect(Exception):
+    """End a connection: `reason` is the metric label, `code` the error to send (or None)."""
+
+    def __init__(self, reason: str, code: str | None, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.code = code
+
+
+class _PeerClosed(Exception):
+    """The client went away (EOF or reset); nothing to send."""
+
+
+class _Fanout:
+    """Loop-side view of one cache: the newest published entry and the waiting writers."""
+
+    def __init__(self, cache: SnapshotCache, loop: asyncio.AbstractEventLoop) -> None:
+        self.cache = cache
+        self.loop = loop
+        self.published_seq = cache.latest_seq
+        self._waiters: set[asyncio.Future[None]] = set()
+        self.latency = metrics.FANOUT_LATENCY.labels(cache.syncer_type)
+
+    def publish_threadsafe(self, seq: int) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self._publish, seq)
+        except RuntimeError:  # the loop is closed: the server is stopping
+            pass
+
+    def _publish(self, seq: int) -> None:
+        if seq <= self.published_seq:
+            return
+        self.published_seq = seq
+        waiters, self._waiters = self._waiters, set()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait(self, timeout: float) -> None:
+        """Until a new entry is published or `timeout` seconds pass."""
+        waiter = self.loop.create_future()
+        self._waiters.add(waiter)
+        timer = self.loop.call_later(max(timeout, 0.0), _settle, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiters.discard(waiter)
+
+
+async def _within(awaitable: Any, timeout: float) -> Any:
+    """`awaitable`'s result, or TimeoutError after `timeout` seconds. Unlike Python 3.11's
+    `asyncio.wait_for`, a cancellation arriving as the awaitable completes is never
+    swallowed (bpo-42130), so a connection's loops always stop when cancelled."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()
+        raise TimeoutError
+    return task.result()
+
+
+def _settle(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+class _Connection:
+    """One client, from accept to close (see the module docstring)."""
+
+    def __init__(self, server: TyphaServer, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter) -> None:
+        self.server = server
+        self.config = server.config
+        self.reader = reader
+        self.writer = writer
+        self.peer = _peer_name(writer.get_extra_info("peername"))
+        self.hostname = ""
+        self.syncer_type = ""
+        self.compression = COMPRESSION_NONE
+        self.frames = FrameReader(CLIENT_MAX_FRAME_BYTES)
+        self.decoder = MessageDecoder(CLIENT_MESSAGE_TYPES,
+                                      max_message_bytes=CLIENT_MAX_FRAME_BYTES * 16)
+        self.next_seq = 0
+        self.counted = False
+        self.closed = False
+        self.ending = False
+        self.clock = server.clock
+
+    def __str__(self) -> str:
+        who = f"{self.hostname}@{self.peer}" if self.hostname else self.peer
+        return f"client {who}" + (f" ({self.syncer_type})" if self.syncer_type else "")
+
+    async def run(self) -> None:
+        try:
+            await self._serve()
+        except _Disconnect as exc:
+            self._drop(exc)
+        except (_PeerClosed, ConnectionError, asyncio.IncompleteReadError, OSError) as exc:
+            log.info("typha: %s disconnected (%s)", self, exc or type(exc).__name__)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._close()
+
+    # -- stages --
+
+    async def _serve(self) -> None:
+        sock = self.writer.get_extra_info("socket")
+        if self.config.socket_send_buffer and sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.config.socket_send_buffer)
+        self.writer.transport.set_write_buffer_limits(high=self.config.max_send_buffer // 2)
+        if self.config.tls is not None:
+            refusal = self.config.tls.refusal(self.writer.get_extra_info("peercert"))
+            if refusal:
+                raise _Disconnect("unauthorized", ERR_NOT_AUTHORIZED, refusal)
+        if self.server.client_count >= self.config.max_connections:
+            raise _Disconnect("full", ERR_SERVER_FULL, f"the server already has "
+                              f"{self.config.max_connections} clients (its limit)")
+        fanout = await self._handshake()
+        reading = asyncio.ensure_future(self._read_loop())
+        writing = asyncio.ensure_future(self._write_loop(fanout))
+        try:
+            done, _ = await asyncio.wait({reading, writing},
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self.ending = True  # the loops also check it: a cancel can be lost (see _within)
+            for task in (reading, writing):
+                task.cancel()
+            await asyncio.wait({reading, writing}, timeout=5)
+        for task in done:
+            error = task.exception()
+            if error is not None:
+                raise error
+
+    async def _handshake(self) -> _Fanout:
+        try:
+            hello = await self._read_message(self.config.handshake_timeout, "client_hello")
+        except _Disconnect as exc:
+            if exc.reason == "ping-timeout":
+                raise _Disconnect("handshake", ERR_BAD_HELLO, str(exc)) from None
+            raise
+        try:
+            if hello["type"] != CLIENT_HELLO:
+                raise ProtocolError(f"the first message must be client_hello, got "
+                                    f"{hello['type']!r}", ERR_BAD_HELLO)
+            version = require(hello, "protocol_version", int)
+            if version not in SUPPORTED_PROTOCOL_VERSIONS:
+                raise ProtocolError(
+                    f"protocol version {version} is not supported; this server speaks "
+                    f"version {', '.join(map(str, SUPPORTED_PROTOCOL_VERSIONS))}",
+                    ERR_UNSUPPORTED_VERSION)
+            self.hostname = str(hello.get("hostname") or "")[:253]
+            syncer_type = require(hello, "syncer_type", str)
+            fanout = self.server.fanouts.get(syncer_type)
+            if fanout is None:
+                raise ProtocolError(
+                    f"syncer type {syncer_type[:64]!r} is not served here; this server serves "
+                    f"{', '.join(sorted(self.server.fanouts))}", ERR_UNKNOWN_SYNCER_TYPE)
+            offered = hello.get("compression", [COMPRESSION_NONE])
+            if not isinstance(offered, list):
+                raise ProtocolError("client_hello message: field 'compression' must be a list "
+                                    "of strings", ERR_BAD_HELLO)
+        except ProtocolError as exc:
+            code = exc.code if exc.code != ERR_MALFORMED else ERR_BAD_HELLO
+            raise _Disconnect("handshake", code, str(exc)) from None
+        compression = next((c for c in self.config.compression if c in offered),
+                           COMPRESSION_NONE)
+        self.syncer_type = syncer_type
+        self._write(encode_message(server_hello(syncer_type=syncer_type,
+                                                compression=compression,
+                                                server_version=SERVER_VERSION)))
+        if compression != COMPRESSION_NONE:
+            self._write(encode_message(decoder_restart(compression)))
+            self.compression = compression
+        self.counted = True
+        metrics.CONNECTIONS_ACCEPTED.labels(syncer_type).inc()
+        metrics.CONNECTIONS_ACTIVE.labels(syncer_type).inc()
+        log.info("typha: %s connected (protocol %d, compression %s)", self, version,
+                 compression)
+        return fanout
+
+    async def _read_loop(self) -> None:
+        """After the hello only pongs may come; each must come within `pong_timeout`."""
+        while not self.ending:
+            message = await self._read_message(self.config.pong_timeout, "pong")
+            if message["type"] != PONG:
+                raise _Disconnect("malformed", ERR_MALFORMED,
+                                  f"unexpected {message['type']!r} after the hello")
+            sent = message.get("timestamp")
+            if isinstance(sent, int | float) and not isinstance(sent, bool):
+                metrics.PING_LATENCY.labels(self.syncer_type).observe(
+                    max(self.clock() - sent, 0.0))
+
+    async def _write_loop(self, fanout: _Fanout) -> None:
+        loop = asyncio.get_running_loop()
+        snapshot = fanout.cache.snapshot()
+        frames = await loop.run_in_executor(None, snapshot.frames, self.compression)
+        await self._write_all(frames)
+        log.info("typha: %s got a snapshot of %d keys at update %d", self,
+                 snapshot.kv_count, snapshot.seq)
+        self.next_seq = snapshot.seq + 1
+        batch_bytes = max(self.config.max_send_buffer // 4, 1)
+        next_ping = self.clock() + self.config.ping_interval
+        while not self.ending:
+            upto = fanout.published_seq
+            if upto >= self.next_seq:
+                crumbs = fanout.cache.entries_after(self.next_seq - 1, upto,
+                                                    max_bytes=batch_bytes)
+                if crumbs is None:
+                    raise _Disconnect("behind", ERR_TOO_SLOW, (
+                        f"fell behind: its next update {self.next_seq} has left the update "
+                        f"log (which now starts at {fanout.cache.oldest_seq()}); reconnect "
+                        "for a fresh snapshot"))
+                await self._send_entries(fanout, crumbs)
+                continue
+            now = self.clock()
+            if now >= next_ping:
+                self._write(encode_message({"type": PING, "timestamp": now}, self.compression))
+                await self._drain()
+                next_ping = now + self.config.ping_interval
+                continue
+            await fanout.wait(next_ping - now)
+
+    async def _send_entries(self, fanout: _Fanout, crumbs: list[Breadcrumb]) -> None:
+        self._write(b"".join(crumb.frame(self.compression) for crumb in crumbs))
+        await self._drain()
+        now = self.clock()
+        for crumb in crumbs:
+            if crumb.kv_count:
+                fanout.latency.observe(max(now - crumb.created, 0.0))
+        self.next_seq = crumbs[-1].seq + 1
+
+    # -- I/O helpers --
+
+    async def _read_message(self, timeout: float, expecting: str) -> dict[str, Any]:
+        try:
+            header = await _within(self.reader.readexactly(FRAME_HEADER.size), timeout)
+            (length,) = FRAME_HEADER.unpack(header)
+            self.frames.check_length(length)
+            payload = await _within(self.reader.readexactly(length), timeout)
+            self.frames.frames_read += 1
+            return self.decoder.decode(payload)
+        except TimeoutError:
+            raise _Disconnect("ping-timeout", ERR_PING_TIMEOUT,
+                              f"no {expecting} within {timeout:g} s") from None
+        except asyncio.IncompleteReadError as exc:
+            if exc.partial:
+                raise _PeerClosed(f"closed in the middle of a frame ({len(exc.partial)} "
+                                  f"of {exc.expected} bytes)") from None
+            raise _PeerClosed("closed the connection") from None
+        except ProtocolError as exc:
+            raise _Disconnect("malformed", exc.code, str(exc)) from None
+
+    def _write(self, data: bytes) -> None:
+        """Queue bytes, refusing when the queue is already over the bound. Every write is
+        followed by a drain (which waits while the queue is over half the bound), so the
+        queue never holds more than the bound plus one write."""
+        queued = self.writer.transport.get_write_buffer_size()
+        if queued > self.config.max_send_buffer:
+            raise _Disconnect("slow", ERR_TOO_SLOW, (
+                f"send queue of {queued} bytes is over the bound of "
+                f"{self.config.max_send_buffer}: the client does not read fast enough"))
+        self.writer.write(data)
+
+    async def _drain(self) -> None:
+        try:
+            await _within(self.writer.drain(), self.config.write_timeout)
+        except TimeoutError:
+            raise _Disconnect("slow", ERR_TOO_SLOW, (
+                f"the client did not read its queued "
+                f"{self.writer.transport.get_write_buffer_size()} bytes within "
+                f"{self.config.write_timeout:g} s (write timeout)")) from None
+
+    async def _write_all(self, frames: list[bytes]) -> None:
+        chunk: list[bytes] = []
+        size = 0
+        limit = max(self.config.max_send_buffer // 4, 1)
+        for data in frames:
+            chunk.append(data)
+            size += len(data)
+            if size >= limit:
+                self._write(b"".join(chunk))
+                await self._drain()
+                chunk, size = [], 0
+        if chunk:
+            self._write(b"".join(chunk))
+            await self._drain()
+
+    # -- closing --
+
+    def _drop(self, reason: _Disconnect) -> None:
+        metrics.CONNECTIONS_DROPPED.labels(reason.reason).inc()
+        level = logging.INFO if reason.reason == "shutdown" else logging.WARNING
+        log.log(level, "typha: dropping %s: %s: %s", self, reason.reason, reason)
+        if reason.code is None or self.writer.transport.is_closing():
+            return
+        if reason.reason in ("slow", "behind"):
+            # its queue is full: an error message would only wait behind it
+            self.writer.transport.abort()
+            return
+        try:
+            self.writer.write(encode_message(error_message(reason.code, str(reason)),
+                                             self.compression))
+        except (ConnectionError, OSError, RuntimeError):
+            pass
+
+    def shutdown(self) -> None:
+        """Server stopping: tell the client (it will reconnect elsewhere) and close."""
+        if self.closed:
+            return
+        self._drop(_Disconnect("shutdown", ERR_SHUTDOWN, "the server is shutting down"))
+        self._close()
+
+    def _close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.counted:
+            metrics.CONNECTIONS_ACTIVE.labels(self.syncer_type).dec()
+        transport = self.writer.transport
+        if transport.get_write_buffer_size() > self.config.max_send_buffer // 2:
+            transport.abort()
+        else:
+            transport.close()
+        self.server.forget(self)
+
+
+def _peer_name(peer: Any) -> str:
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        host = str(peer[0])
+        return f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
+    return str(peer)
+
+
+class TyphaServer:
+    """See the module docstring. `start()` returns once listening; `stop()` undoes it all."""
+
+    def __init__(self, syncer_factory: Callable[[str], Syncer], config: ServerConfig, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        config.validate()
+        self.config = config
+        self.clock = clock
+        self._syncer_factory = syncer_factory
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._listener: asyncio.Server | None = None
+        self._syncers: list[Syncer] = []
+        self._connections: set[_Connection] = set()
+        self._running = threading.Event()
+        self.caches: dict[str, SnapshotCache] = {}
+        self.fanouts: dict[str, _Fanout] = {}
+        self.address: tuple[str, int] = (config.host, config.port)
+        self._stopped = False
+
+    # -- life cycle --
+
+    def start(self) -> None:
+        if self._loop is not None:
+            raise RuntimeError("TyphaServer already started")
+        ssl_context = self.config.tls.context() if self.config.tls is not None else None
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run_loop, name="typha-server",
+                                        daemon=True)
+        self._thread.start()
+        self._running.wait(10)
+        try:
+            for syncer_type in self.config.syncer_types:
+                cache = SnapshotCache(
+                    syncer_type, self.config.syncer_kinds[syncer_type],
+                    max_log_entries=self.config.max_log_entries,
+                    max_log_bytes=self.config.max_log_bytes,
+                    snapshot_reuse_seconds=self.config.snapshot_reuse_seconds,
+                    clock=self.clock)
+                fanout = _Fanout(cache, loop)
+                cache.on_publish = fanout.publish_threadsafe
+                self.caches[syncer_type] = cache
+                self.fanouts[syncer_type] = fanout
+            for syncer_type, cache in self.caches.items():
+                syncer = self._syncer_factory(syncer_type)
+                syncer.start(cache)
+                self._syncers.append(syncer)
+                metrics.DATASTORE_SYNCERS.inc()
+            future = asyncio.run_coroutine_threadsafe(self._listen(ssl_context), loop)
+            future.result(timeout=30)
+        except BaseException:
+            self.stop()
+            raise
+        log.info("typha: serving %s on %s:%d (%s)", ", ".join(self.config.syncer_types),
+                 *self.address, "TLS" if ssl_context else "plain TCP")
+
+    def _run_loop(self) -> None:
+        assert self._loop is not None
+        asyncio.set_event_loop(self._loop)
+        self._loop.call_soon(self._running.set)
+        self._loop.run_forever()
+
+    async def _listen(self, ssl_context: Any) -> None:
+        self._listener = await asyncio.start_server(
+            self._accept, self.config.host, self.config.port, ssl=ssl_context,
+            ssl_handshake_timeout=self.config.handshake_timeout if ssl_context else None,
+            reuse_address=True, backlog=1024)
+        sockname = self._listener.sockets[0].getsockname()
+        self.address = (str(sockname[0]), int(sockname[1]))
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._stopped:
+            writer.transport.abort()
+            return
+        connection = _Connection(self, reader, writer)
+        self._connections.add(connection)
+        await connection.run()
+
+    def forget(self, connection: _Connection) -> None:
+        self._connections.discard(connection)
+
+    @property
+    def client_count(self) -> int:
+        return sum(1 for c in self._connections if c.counted and not c.closed)
+
+    def clients(self) -> list[dict[str, Any]]:
+        """The connected clients (hostname, peer, syncer type, next update): for tests and
+        debugging. Call from any thread."""
+        return self._call(lambda: [
+            {"hostname": c.hostname, "peer": c.peer, "syncer_type": c.syncer_type,
+             "next_seq": c.next_seq} for c in self._connections if c.counted and not c.closed])
+
+    def _call(self, function: Callable[[], Any]) -> Any:
+        assert self._loop is not None
+
+        async def run() -> Any:
+            return function()
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout=10)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Close the listener and every connection (clients are told), stop the syncers."""
+        if self._stopped:
+            return
+        self._stopped = True
+        loop = self._loop
+        if loop is not None and loop.is_running():
+            try:
+                asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout)
+            except Exception:  # a wedged loop must not keep the syncers running
+                log.exception("typha: shutdown did not complete cleanly")
+            loop.call_soon_threadsafe(loop.stop)
+        for syncer in self._syncers:
+            try:
+                syncer.stop()
+            finally:
+                metrics.DATASTORE_SYNCERS.dec()
+        self._syncers.clear()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if loop is not None and not loop.is_running():
+            loop.close()
+
+    async def _shutdown(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+        for connection in list(self._connections):
+            connection.shutdown()
+        current = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks() if t is not current]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+        if self._listener is not None:
+            await asyncio.wait_for(self._listener.wait_closed(), 5)
