@@ -275,6 +275,25 @@ class RouteRemove:
 
 
 @dataclass(frozen=True)
+class VXLANTunnelEndpointUpdate:
+    """A node's VXLAN tunnel endpoint (VTEP), Felix's message of the same name.
+
+    `ipv4_addr` is the VTEP's overlay address (on the node's `vxlan.calico` device), `mac`
+    the device's MAC, `parent_device_ip` the node's underlay address VXLAN packets are sent
+    to. Sent before any route that goes through it, removed after the last such route."""
+
+    node: str
+    mac: str
+    ipv4_addr: str
+    parent_device_ip: str
+
+
+@dataclass(frozen=True)
+class VXLANTunnelEndpointRemove:
+    node: str
+
+
+@dataclass(frozen=True)
 class ConfigUpdate:
     """Effective Felix configuration (strings, as Felix sends them) after datastore overlay."""
 
@@ -304,6 +323,8 @@ Message = (
     | IPAMPoolRemove
     | RouteUpdate
     | RouteRemove
+    | VXLANTunnelEndpointUpdate
+    | VXLANTunnelEndpointRemove
     | ConfigUpdate
     | InSync
 )

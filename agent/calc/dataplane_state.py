@@ -63,6 +63,7 @@ class DataplaneState:
         self.routes: dict[str, proto.RouteUpdate] = {}
         self.pools: dict[str, proto.IPAMPoolUpdate] = {}
         self.host_ips: dict[str, str] = {}
+        self.vteps: dict[str, proto.VXLANTunnelEndpointUpdate] = {}
         self.config: dict[str, str] | None = None
         self.in_sync = False
         self.messages: list[Any] = []
@@ -196,6 +197,15 @@ class DataplaneState:
     def _on_RouteRemove(self, m: proto.RouteRemove) -> None:
         self._check(m.dst in self.routes, m, "removes an unknown route")
         self.routes.pop(m.dst, None)
+
+    def _on_VXLANTunnelEndpointUpdate(self, m: proto.VXLANTunnelEndpointUpdate) -> None:
+        self.vteps[m.node] = m
+
+    def _on_VXLANTunnelEndpointRemove(self, m: proto.VXLANTunnelEndpointRemove) -> None:
+        # A VXLAN route may outlive its node's VTEP (the node lost its host IP while its
+        # blocks remain): the dataplane then has no way to program it, as in Felix.
+        self._check(m.node in self.vteps, m, "removes an unknown VXLAN tunnel endpoint")
+        self.vteps.pop(m.node, None)
 
     def _on_ConfigUpdate(self, m: proto.ConfigUpdate) -> None:
         self.config = dict(m.config)

@@ -2,8 +2,8 @@
 the dataplane can apply one message at a time without ever seeing a dangling reference.
 
 Role (Felix's EventSequencer). Inputs: the sink callbacks of the graph's nodes (IP sets and
-members, policies, profiles, endpoint tiers, routes, IP pools, host IPs, config, datastore
-in-sync). Output: `proto` messages passed to `send(message)` on `flush()`.
+members, policies, profiles, endpoint tiers, routes, VXLAN tunnel endpoints, IP pools, host
+IPs, config, datastore in-sync). Output: `proto` messages passed to `send(message)` on `flush()`.
 
 Coalescing: within a batch only the last state of a thing counts. An IP set created in the
 batch is sent whole (`IPSetUpdate` with its members); a set the dataplane already has gets
@@ -79,6 +79,8 @@ class EventSequencer:
         self._sent_pools: dict[str, proto.IPAMPoolUpdate] = {}
         self._pending_hosts: dict[str, str | None] = {}
         self._sent_hosts: dict[str, str] = {}
+        self._pending_vteps: dict[str, proto.VXLANTunnelEndpointUpdate | None] = {}
+        self._sent_vteps: dict[str, proto.VXLANTunnelEndpointUpdate] = {}
         self._pending_config: dict[str, str] | None = None
         # in-sync
         self._datastore_in_sync = False
@@ -183,6 +185,9 @@ class EventSequencer:
     def on_host_ip_update(self, hostname: str, ipv4: str | None) -> None:
         self._pending_hosts[hostname] = ipv4
 
+    def on_vtep_update(self, node: str, vtep: proto.VXLANTunnelEndpointUpdate | None) -> None:
+        self._pending_vteps[node] = vtep
+
     def on_config_update(self, settings: dict[str, str]) -> None:
         self._pending_config = dict(settings)
 
@@ -209,9 +214,12 @@ class EventSequencer:
         self._flush_profile_removes()
         self._flush_policy_removes()
         self._flush_ip_set_removes()       # no policy/profile references them any more
-        # Routes (withdrawn before new ones go in), then what routes were using.
+        # Routes (withdrawn before new ones go in), with the VTEPs they go through: new
+        # VTEPs before the routes using them, gone VTEPs after the routes that used them.
+        self._flush_vtep_updates()
         self._flush_route_removes()
         self._flush_route_updates()
+        self._flush_vtep_removes()
         self._flush_host_metadata_removes()
         self._flush_ip_pool_removes()
         # Last: the first complete flush after the datastore was in sync.
@@ -226,6 +234,7 @@ class EventSequencer:
             or self._pending_profiles or self._pending_profile_removes
             or self._pending_endpoints or self._pending_endpoint_removes
             or self._pending_routes or self._pending_pools or self._pending_hosts
+            or self._pending_vteps
             or self._pending_config is not None
             or (self._datastore_in_sync and not self.in_sync_sent))
 
@@ -345,6 +354,19 @@ class EventSequencer:
                 self._sent_routes[dst] = route
                 self._emit(route)
         self._pending_routes.clear()
+
+    def _flush_vtep_updates(self) -> None:
+        for node in sorted(self._pending_vteps):
+            vtep = self._pending_vteps[node]
+            if vtep is not None and self._sent_vteps.get(node) != vtep:
+                self._sent_vteps[node] = vtep
+                self._emit(vtep)
+
+    def _flush_vtep_removes(self) -> None:
+        for node in sorted(self._pending_vteps):
+            if self._pending_vteps[node] is None and self._sent_vteps.pop(node, None):
+                self._emit(proto.VXLANTunnelEndpointRemove(node=node))
+        self._pending_vteps.clear()
 
     def _flush_in_sync(self) -> None:
         if self._datastore_in_sync and not self.in_sync_sent:

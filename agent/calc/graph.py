@@ -8,7 +8,7 @@ no I/O: the caller (`CalcPipeline`) owns the thread and calls `flush()` after ea
 `callbacks` must implement the sinks of the nodes: `on_ip_set_added/removed`,
 `on_ip_set_member_added/removed`, `on_policy_update/remove`, `on_profile_update/remove`,
 `on_endpoint_tiers`, `on_route_update`, `on_ip_pool_update`, `on_host_ip_update`,
-`on_config_update`, `on_datastore_in_sync`.
+`on_vtep_update`, `on_config_update`, `on_datastore_in_sync`.
 
 The returned `CalcGraph` keeps every node as an attribute for debug dumps and tests.
 
@@ -32,6 +32,7 @@ from agent.calc.policy_resolver import PolicyResolver
 from agent.calc.profile_decoder import ProfileDecoder
 from agent.calc.route_resolver import RouteResolver
 from agent.calc.rule_scanner import RuleScanner
+from agent.calc.vxlan_resolver import VXLANResolver
 from agent.syncer.api import SyncStatus
 
 
@@ -48,6 +49,7 @@ class CalcGraph:
     ipset_index: IPSetMemberIndex
     policy_resolver: PolicyResolver
     route_resolver: RouteResolver
+    vxlan_resolver: VXLANResolver
     config_batcher: ConfigBatcher
     host_ips: HostIPPassthru
     ip_pools: IPPoolPassthru
@@ -75,6 +77,7 @@ class CalcGraph:
         started = time.perf_counter()
         self.policy_resolver.flush()
         self.route_resolver.flush()
+        self.vxlan_resolver.flush()
         self.update_seconds += time.perf_counter() - started
 
     def dump(self) -> dict[str, Any]:
@@ -91,6 +94,7 @@ class CalcGraph:
             "host_ips": self.host_ips.host_ips(),
             "config": self.config_batcher.effective(),
             "routes": {dst: r.type for dst, r in self.route_resolver.routes().items()},
+            "vteps": {n: v.ipv4_addr for n, v in self.vxlan_resolver.vteps().items()},
         }
 
 
@@ -141,6 +145,11 @@ def build_calc_graph(hostname: str, callbacks: Any, *, naive_ipsets: bool = Fals
     route_resolver = RouteResolver(hostname, callbacks)
     route_resolver.register_with(all_updates)
 
+    #  all_updates ──(Node, IPPool)──> VXLANResolver ──flush──> callbacks (on_vtep_update)
+    #  (a VTEP per node while a VXLAN pool exists: address, MAC, parent device IP)
+    vxlan_resolver = VXLANResolver(callbacks)
+    vxlan_resolver.register_with(all_updates)
+
     #  all_updates ──(FelixConfiguration default + node.<hostname>, status)──> ConfigBatcher
     #                                                     ──> callbacks (on_config_update)
     config_batcher = ConfigBatcher(hostname, callbacks)
@@ -167,6 +176,7 @@ def build_calc_graph(hostname: str, callbacks: Any, *, naive_ipsets: bool = Fals
         local_endpoints=local_endpoints, local_filter=local_filter,
         profile_decoder=profile_decoder, active_rules=active_rules,
         rule_scanner=rule_scanner, ipset_index=ipset_index, policy_resolver=policy_resolver,
-        route_resolver=route_resolver, config_batcher=config_batcher, host_ips=host_ips,
+        route_resolver=route_resolver, vxlan_resolver=vxlan_resolver,
+        config_batcher=config_batcher, host_ips=host_ips,
         ip_pools=ip_pools, callbacks=callbacks,
     )

@@ -303,7 +303,30 @@ ROUTES = [
                 "198.18.0.1/32": "local_host"})),
 ]
 
+# --- VXLAN tunnel endpoints ----------------------------------------------------------------
+
+_vx_pool = ip_pool("vx", "10.65.0.0/16", vxlanMode="Always")
+_n1 = node("node1", "198.18.0.1", vxlan_addr="10.65.255.1")
+_n2 = node("node2", "198.18.0.2", vxlan_addr="10.65.255.2")
+VXLAN = [
+    State("VTEPs of every node with a host IP while a VXLAN pool exists",
+          [_vx_pool, _n1, _n2, wep("prod", "far", "node2", "10.65.1.20")], Expect(
+              routes={"10.65.1.20/32": "remote_workload"},
+              vteps={"node1": ("10.65.255.1", "198.18.0.1"),
+                     "node2": ("10.65.255.2", "198.18.0.2")})),
+    State("no VXLAN pool: no VTEPs", [ip_pool("vx", "10.65.0.0/16"), _n1, _n2],
+          Expect(vteps={})),
+    State("CrossSubnet counts; a node's new host IP moves its VTEP's parent",
+          [ip_pool("vx", "10.65.0.0/16", vxlanMode="CrossSubnet"), _n1,
+           node("node2", "198.18.0.22", vxlan_addr="10.65.255.2")], Expect(
+              vteps={"node1": ("10.65.255.1", "198.18.0.1"),
+                     "node2": ("10.65.255.2", "198.18.0.22")})),
+    State("disabled pool: none", [ip_pool("vx", "10.65.0.0/16", vxlanMode="Always",
+                                          disabled=True), _n1, _n2], Expect(vteps={})),
+]
+
 SEQUENCES = {
+    "vxlan": VXLAN,
     "profiles": PROFILES,
     "tiers": TIERS,
     "kubernetes": KUBERNETES,

@@ -150,9 +150,11 @@ def k8s_np(ns: str, name: str, pod_selector: dict[str, str], *,
             "metadata": _meta(name, ns), "spec": spec}
 
 
-def node(name: str, ip: str) -> Doc:
-    return {"apiVersion": CALICO, "kind": "Node", "metadata": _meta(name),
-            "spec": {"bgp": {"ipv4Address": f"{ip}/24"}}}
+def node(name: str, ip: str, *, vxlan_addr: str = "") -> Doc:
+    spec: Doc = {"bgp": {"ipv4Address": f"{ip}/24"}}
+    if vxlan_addr:
+        spec["ipv4VXLANTunnelAddr"] = vxlan_addr
+    return {"apiVersion": CALICO, "kind": "Node", "metadata": _meta(name), "spec": spec}
 
 
 def ip_pool(name: str, cidr: str, **spec: Any) -> Doc:
@@ -199,9 +201,11 @@ class Expect:
     policies: set[str] = field(default_factory=set)
     profiles: set[str] = field(default_factory=set)
     host_endpoints: dict[str, dict[str, list[str]]] = field(default_factory=dict)
-    # optional: endpoint label -> [(tier, default action)]; route dst -> type
+    # optional: endpoint label -> [(tier, default action)]; route dst -> type;
+    # node -> (VTEP address, parent device IP)
     tiers: dict[str, list[tuple[str, str]]] | None = None
     routes: dict[str, str] | None = None
+    vteps: dict[str, tuple[str, str]] | None = None
 
 
 @dataclass
@@ -232,6 +236,8 @@ def observe(dp: DataplaneState, expect: Expect) -> dict[str, Any]:
     if expect.routes is not None:
         seen["routes"] = {dst: r.type for dst, r in dp.routes.items()
                           if dst in expect.routes or r.type.endswith("workload")}
+    if expect.vteps is not None:
+        seen["vteps"] = {n: (v.ipv4_addr, v.parent_device_ip) for n, v in dp.vteps.items()}
     return seen
 
 
@@ -253,6 +259,8 @@ def expected(expect: Expect) -> dict[str, Any]:
         out["tiers"] = expect.tiers
     if expect.routes is not None:
         out["routes"] = expect.routes
+    if expect.vteps is not None:
+        out["vteps"] = expect.vteps
     return out
 
 

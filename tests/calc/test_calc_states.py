@@ -28,6 +28,7 @@ def _run(replayer: Replayer, states: list[State]) -> None:
     assert not replayer.dataplane.ip_sets
     assert not replayer.dataplane.routes
     assert not replayer.dataplane.pools
+    assert not replayer.dataplane.vteps
 
 
 def test_at_least_25_states() -> None:
