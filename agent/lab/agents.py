@@ -141,8 +141,8 @@ class AgentProcesses:
         while not conf.exists():
             proc = self.processes[f"confd:{name}"]
             if proc.poll() is not None:
-                raise AgentStartError(f"confd on {name} exited with {proc.returncode}; see "
-                                      f"{self.run_dir / f'{name}.confd.log'}")
+                raise AgentStartError(f"confd on {name} exited with {proc.returncode}; its "
+                                      f"log ends:\n{self._log_tail(name, 'confd')}")
             if time.monotonic() > deadline:
                 raise AgentStartError(f"confd on {name} wrote no bird.conf in "
                                       f"{START_TIMEOUT_S:g}s")
@@ -160,6 +160,15 @@ class AgentProcesses:
         if not path.exists():
             path.write_text(json.dumps(pool))
 
+    def _log_tail(self, node: str, role: str, lines: int = 15) -> str:
+        """The run directory goes with the lab's teardown, so errors carry the log's end."""
+        assert self.run_dir is not None
+        try:
+            text = (self.run_dir / f"{node}.{role}.log").read_text(errors="replace")
+        except FileNotFoundError:
+            return "  (no log)"
+        return "\n".join("  " + line for line in text.splitlines()[-lines:])
+
     def _newest_write(self) -> float:
         assert self.datastore_dir is not None
         newest = self.datastore_dir.stat().st_mtime
@@ -175,8 +184,9 @@ class AgentProcesses:
     def _check_once(self) -> bool:
         for key, proc in self.processes.items():
             if proc.poll() is not None:
-                raise AgentStartError(f"{key} exited with status {proc.returncode}; see the "
-                                      f"logs in {self.run_dir}")
+                role, _, node = key.partition(":")
+                raise AgentStartError(f"{key} exited with status {proc.returncode}; its log "
+                                      f"ends:\n{self._log_tail(node, role)}")
         newest = self._newest_write()
         now = time.time()
         for path in self.status_paths.values():

@@ -50,7 +50,7 @@ class LabProcess:
     def __init__(self, scenario_file: Path, hold: float = 60.0) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cli.main", "lab", "run", str(scenario_file),
-             "--hold", str(hold), "--probe-timeout", "0.5"],
+             "--no-agent", "--hold", str(hold), "--probe-timeout", "0.5"],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         self.stderr: list[str] = []
