@@ -23,6 +23,7 @@ own `stop()`. Agent logs stay in the run directory until the run directory is re
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
@@ -63,6 +64,8 @@ class AgentProcesses:
         self.birds: dict[str, Any] = {}
         self.status_paths: dict[str, Path] = {}
         self.datastore_dir: Path | None = None
+        self.topology: LabTopology | None = None
+        self.use_bgp = False
         self.run_dir: Path | None = None
         self._consecutive_ok = 0
 
@@ -72,7 +75,8 @@ class AgentProcesses:
         self.datastore_dir = datastore_dir
         self.run_dir = datastore_dir.parent / "agents"
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        use_bgp = self.bgp if self.bgp is not None else len(topology.nodes) > 1
+        use_bgp = self.use_bgp = self.bgp if self.bgp is not None else len(topology.nodes) > 1
+        self.topology = topology
         if use_bgp:
             self._write_ip_pool(datastore_dir)
         for name, node in topology.nodes.items():
@@ -199,7 +203,30 @@ class AgentProcesses:
             seen = float(status.get("last_update_wall", 0.0))
             if seen < newest and now - newest < NO_UPDATE_GRACE_S:
                 return False
+        return not self.use_bgp or self._bgp_routes_ready()
+
+    def _bgp_routes_ready(self) -> bool:
+        """Every node has a BGP-learned route (BIRD's kernel protocol, proto bird) covering
+        every pod that lives on another node."""
+        assert self.topology is not None
+        for name, node in self.topology.nodes.items():
+            done = subprocess.run(["ip", "-n", node.netns, "-j", "route", "show", "proto",
+                                   "bird"], capture_output=True, text=True, timeout=10)
+            if done.returncode != 0:
+                return False
+            nets = [ipaddress.ip_network(_route_dst(r)) for r in json.loads(done.stdout or "[]")]
+            for pod in self.topology.pods.values():
+                if pod.node.name == name:
+                    continue
+                address = ipaddress.ip_address(str(pod.spec.ip))
+                if not any(address in net for net in nets):
+                    return False
         return True
+
+
+def _route_dst(route: dict[str, Any]) -> str:
+    dst = str(route.get("dst", ""))
+    return dst if "/" in dst else f"{dst}/32"
 
 
 def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
