@@ -1,18 +1,22 @@
 """The built-in demo: probe every pod port from every other pod and tabulate the verdicts.
 
 Role: what `pyfelix lab demo` (and `make demo`) shows. Library side only: the demo scenario
-path, the all-pairs probe list, and the matrix of results; the CLI formats it.
+path, the all-pairs probe list, the matrix of results, and `run_demo()`, which runs the lab
+with real agents and reports the matrix BEFORE the scenario's policies (only the cluster
+documents exist) and AFTER them, plus a dump of one node's BPF maps taken while the lab is
+still up; the CLI formats it.
 
 Inputs: a `Scenario` (default: `DEMO_SCENARIO`), then the `ProbeResult`s of running it.
-Outputs: a scenario whose single step applies the scenario's resources and probes all pairs;
-a matrix {source pod: {"ns/pod:port/proto": "allow"|"deny"}}.
+Outputs: a matrix {source pod: {"ns/pod:port/proto": "allow"|"deny"}} per phase.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from agent.lab.probe import ProbeResult
 from agent.lab.scenario import ProbeSpec, Scenario, Step
@@ -52,3 +56,52 @@ def connectivity_matrix(results: Iterable[ProbeResult]) -> dict[str, dict[str, s
     for result in results:
         matrix.setdefault(result.probe.source, {})[matrix_column(result.probe)] = result.result
     return matrix
+
+
+DUMPED_MAPS = ("endpoints", "ipsets", "rules")
+
+
+@dataclass
+class DemoReport:
+    scenario: Scenario
+    dataplane: str
+    before: dict[str, dict[str, str]]
+    after: dict[str, dict[str, str]]
+    map_dumps: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def run_demo(scenario: Scenario, *, dataplane: str, probe_timeout: float,
+             interface_prefix: str, progress: Callable[[str], None] | None = None) -> DemoReport:
+    """Build the lab with one agent per node, probe all pairs, apply the scenario's
+    resources, probe again, dump the first node's BPF maps (BPF dataplane), tear down."""
+    from agent.lab.agents import AgentProcesses
+    from agent.lab.runner import LabRunner
+
+    say = progress or (lambda message: None)
+    probes = matrix_probes(scenario)
+    agents = AgentProcesses(dataplane, interface_prefix=interface_prefix)
+    runner = LabRunner(scenario, agents=agents, dataplane=dataplane, program_routes=False,
+                       probe_timeout=probe_timeout, interface_prefix=interface_prefix)
+    with runner:
+        say(f"demo {runner.run_id}: building {len(scenario.nodes)} nodes, "
+            f"{len(scenario.pods)} pods, starting one {dataplane} agent per node")
+        runner.build()
+        runner.start_agents()
+        runner.wait_in_sync()
+        say(f"demo {runner.run_id}: probing {len(probes)} pod/port pairs before policy")
+        before = connectivity_matrix(runner.run_probes(probes, 0))
+        say(f"demo {runner.run_id}: applying {len(scenario.resources)} resource(s)")
+        runner.apply_resources(scenario.resources)
+        runner.wait_in_sync()
+        say(f"demo {runner.run_id}: probing again")
+        after = connectivity_matrix(runner.run_probes(probes, 1))
+        dumps: dict[str, list[dict[str, Any]]] = {}
+        if dataplane == "bpf":
+            from agent.bpf.maps import dump_pinned
+
+            pin_dir = runner.bpffs_dir / scenario.nodes[0]
+            for name in DUMPED_MAPS:
+                dumps[name] = dump_pinned(name, str(pin_dir))
+        say(f"demo {runner.run_id}: tearing down")
+    return DemoReport(scenario, dataplane, before, after, dumps, dict(runner.report.timings))

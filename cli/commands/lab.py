@@ -187,32 +187,54 @@ def sweep_command(orphans: bool, output: str) -> None:
 
 
 @command.command("demo")
-@click.option("--probe-timeout", type=click.FloatRange(min=0.05, max=30.0), default=1.0,
+@click.option("--dataplane", type=click.Choice(DATAPLANES), default="bpf", show_default=True)
+@click.option("--probe-timeout", type=click.FloatRange(min=0.05, max=30.0), default=0.5,
               show_default=True)
-def demo_command(probe_timeout: float) -> None:
-    """Run the built-in demo scenario and print who can reach whom.
+def demo_command(dataplane: str, probe_timeout: float) -> None:
+    """Run the built-in demo: who can reach whom before and after policy, and the maps.
+
+    Two nodes (BGP between them), four pods in three namespaces, one Kubernetes
+    NetworkPolicy (agent/lab/scenarios/demo.yaml). Prints the connectivity matrix with no
+    policy, then with the policy enforced by real agents, then node1's BPF maps.
 
     \b
     Examples:
       pyfelix lab demo
+      pyfelix lab demo --dataplane iptables
     """
-    from agent.lab.demo import DEMO_SCENARIO, connectivity_matrix, with_matrix_probes
+    from agent.lab.demo import DEMO_SCENARIO, run_demo
+    from agent.lab.runner import LabInterrupted
     from agent.lab.scenario import load_scenario
 
     _require_root()
-    scenario = with_matrix_probes(load_scenario(DEMO_SCENARIO))
-    report = _run_lab(scenario, probe_timeout=probe_timeout, static_cross_node_routes=True,
-                      interface_prefix=_interface_prefix())
-    matrix = connectivity_matrix(report.results)
-    columns = sorted({col for row in matrix.values() for col in row})
-    rows = [[src, *[matrix[src].get(col, "") for col in columns]] for src in sorted(matrix)]
+    scenario = load_scenario(DEMO_SCENARIO)
+    try:
+        report = run_demo(scenario, dataplane=dataplane, probe_timeout=probe_timeout,
+                          interface_prefix=_interface_prefix(), progress=_stderr)
+    except LabInterrupted as exc:
+        _stderr(f"lab: interrupted by {signal.Signals(exc.signum).name}; torn down")
+        sys.exit(128 + exc.signum)
     click.echo(f"scenario {scenario.name}: {len(scenario.nodes)} nodes, {len(scenario.pods)} "
-               f"pods; rows = from, columns = to")
-    click.echo(_format_table(["FROM \\ TO", *columns], rows))
-    click.echo(
-        f"\nno policy enforced yet: no agent runs in the lab, so the scenario's "
-        f"{len(scenario.resources)} resource(s) are written to the lab datastore and nothing "
-        "acts on them. Every reachable port shows allow."
-    )
+               f"pods, {dataplane} dataplane; rows = from, columns = to\n")
+    for title, matrix in (("BEFORE policy (cluster only):", report.before),
+                          (f"AFTER {len(scenario.resources)} policy resource(s):",
+                           report.after)):
+        click.echo(title)
+        columns = sorted({col for row in matrix.values() for col in row})
+        rows = [[src, *[_changed(matrix[src].get(col, ""), report.before[src].get(col, ""))
+                        for col in columns]] for src in sorted(matrix)]
+        click.echo(_format_table(["FROM \\ TO", *columns], rows) + "\n")
+    for name, rows in report.map_dumps.items():
+        click.echo(f"BPF map {name} on {scenario.nodes[0]} ({len(rows)} entries):")
+        for row in rows[:12]:
+            click.echo("  " + json.dumps(row, sort_keys=True))
+        if len(rows) > 12:
+            click.echo(f"  ... {len(rows) - 12} more (pyfelix bpf {name} dump)")
+        click.echo("")
     timings = ", ".join(f"{k} {v:.3f}" for k, v in report.timings.items())
     click.echo(f"timings (s): {timings}")
+
+
+def _changed(now: str, before: str) -> str:
+    """Mark verdicts the policy changed, so the effect stands out in the matrix."""
+    return f"{now}*" if before and now != before else now

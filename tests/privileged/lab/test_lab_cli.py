@@ -87,14 +87,25 @@ def test_malformed_scenario_is_rejected_before_anything_is_built(
     root_guard.check()
 
 
-def test_demo_prints_a_matrix_and_says_nothing_is_enforced(root_guard: Any) -> None:
-    done = pyfelix("lab", "demo", "--probe-timeout", "0.5")
+@pytest.mark.parametrize("dataplane", ["iptables"])
+def test_demo_shows_the_policy_take_effect(dataplane: str, root_guard: Any) -> None:
+    done = pyfelix("lab", "demo", "--dataplane", dataplane, "--probe-timeout", "0.5")
     assert done.returncode == 0, done.stderr
-    assert "no policy enforced yet" in done.stdout
-    rows = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines()
-            if line.split() and "/" in line.split()[0] and "\\" not in line}
-    assert set(rows) == {"web/frontend", "web/cache", "db/postgres", "other/intruder"}
-    assert all(cells == ["allow"] * 3 for cells in rows.values()), done.stdout
+    before_text, _, after_text = done.stdout.partition("AFTER")
+
+    def matrix(text: str) -> dict[str, list[str]]:
+        return {line.split()[0]: line.split()[1:] for line in text.splitlines()
+                if line.split() and "/" in line.split()[0] and "\\" not in line
+                and not line.startswith(" ")}
+
+    before, after = matrix(before_text), matrix(after_text)
+    assert set(before) == set(after) == {"web/frontend", "web/cache", "db/postgres",
+                                         "other/intruder"}
+    assert all(cells == ["allow"] * 3 for cells in before.values()), done.stdout
+    # columns are sorted: db/postgres:5432/TCP first; only the intruder loses postgres
+    assert after["other/intruder"][0] == "deny*", done.stdout
+    changed = [(src, c) for src, cells in after.items() for c in cells if c.endswith("*")]
+    assert changed == [("other/intruder", "deny*")], done.stdout
     root_guard.check()
 
 
