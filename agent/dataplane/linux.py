@@ -43,6 +43,7 @@ from agent.dataplane.managers.iptables import IptablesManager
 from agent.dataplane.managers.nat import NatOutgoingManager
 from agent.dataplane.managers.routes import RouteManager
 from agent.dataplane.managers.sysctls import SysctlManager
+from agent.dataplane.managers.vxlan import DEFAULT_PORT, DEFAULT_VNI, VXLANManager
 
 
 def _parse_seconds(config: Mapping[str, str], key: str, default: float) -> float:
@@ -71,6 +72,17 @@ class LinuxDataplaneConfig:
     failsafe_inbound: tuple[tuple[str, int], ...] = parse_proto_ports(DEFAULT_FAILSAFE_IN)
     failsafe_outbound: tuple[tuple[str, int], ...] = parse_proto_ports(DEFAULT_FAILSAFE_OUT)
     interface_exclude: str = "kube-ipvs0"  # InterfaceExclude: names or /regex/, comma-separated
+    vxlan_vni: int = DEFAULT_VNI  # VXLANVNI
+    vxlan_port: int = DEFAULT_PORT  # VXLANPort
+    vxlan_mtu: int = 0  # VXLANMTU (0: the parent interface's MTU - 50)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.vxlan_vni < 1 << 24:
+            raise ValueError(f"VXLANVNI: {self.vxlan_vni} is not 1..16777215")
+        if not 0 < self.vxlan_port < 65536:
+            raise ValueError(f"VXLANPort: {self.vxlan_port} is not 1..65535")
+        if self.vxlan_mtu and not 68 <= self.vxlan_mtu <= 65535:
+            raise ValueError(f"VXLANMTU: {self.vxlan_mtu} is not 0 (auto) or 68..65535")
 
     @classmethod
     def from_felix(cls, config: Mapping[str, str]) -> LinuxDataplaneConfig:
@@ -95,7 +107,17 @@ class LinuxDataplaneConfig:
                 raise ValueError(f"{key}: {exc}") from exc
         exclude = config.get("InterfaceExclude", "kube-ipvs0")
         InterfaceMatcher.parse(exclude)  # raises naming InterfaceExclude
+        vxlan = {}
+        for key, default in (("VXLANVNI", DEFAULT_VNI), ("VXLANPort", DEFAULT_PORT),
+                             ("VXLANMTU", 0)):
+            try:
+                vxlan[key] = int(config.get(key, str(default)))
+            except ValueError as exc:
+                raise ValueError(f"{key}: {config[key]!r} is not an integer") from exc
         return cls(
+            vxlan_vni=vxlan["VXLANVNI"],
+            vxlan_port=vxlan["VXLANPort"],
+            vxlan_mtu=vxlan["VXLANMTU"],
             failsafe_inbound=failsafes["FailsafeInboundHostPorts"],
             failsafe_outbound=failsafes["FailsafeOutboundHostPorts"],
             interface_exclude=exclude,
@@ -129,7 +151,8 @@ def linux_managers(cfg: LinuxDataplaneConfig, *, netns: str | None = None,
     # NAT outgoing in both modes: in BPF mode it uses the same nat-table rules.
     managers.append(NatOutgoingManager(netns=netns, backend=cfg.iptables_backend))
     managers += [
-        RouteManager(netns=netns),
+        RouteManager(netns=netns, interface_prefixes=cfg.interface_prefixes),
+        VXLANManager(netns=netns, vni=cfg.vxlan_vni, port=cfg.vxlan_port, mtu=cfg.vxlan_mtu),
         SysctlManager(netns=netns, interface_prefixes=cfg.interface_prefixes,
                       bpf_mode=cfg.bpf_mode),
     ]

@@ -10,11 +10,11 @@ from agent.dataplane.linux import LinuxDataplane, LinuxDataplaneConfig
 def test_iptables_mode_order_and_bpf_mode_without_iptables() -> None:
     dp = LinuxDataplane(netns="unused-not-opened")
     assert [m.name for m in dp.loop.managers] == [
-        "ipsets", "host-ips", "iptables", "nat-outgoing", "routes", "sysctls"]
+        "ipsets", "host-ips", "iptables", "nat-outgoing", "routes", "vxlan", "sysctls"]
     dp = LinuxDataplane(netns="unused", config=LinuxDataplaneConfig(bpf_mode=True))
     # plain-Linux pieces stay in BPF mode: host IPs, NAT outgoing (nat table), routes
     assert [m.name for m in dp.loop.managers] == ["host-ips", "nat-outgoing", "routes",
-                                                  "sysctls"]
+                                                  "vxlan", "sysctls"]
 
 
 def test_config_from_felix_names() -> None:
@@ -36,7 +36,8 @@ def test_config_from_felix_names() -> None:
     ("BPFEnabled", "yes"), ("MaxIpsetSize", "lots"), ("IptablesRefreshInterval", "-1"),
     ("InterfacePrefix", " , "), ("InterfaceRefreshInterval", "soon"),
     ("FailsafeInboundHostPorts", "icmp:1"), ("FailsafeOutboundHostPorts", "tcp:99999"),
-    ("InterfaceExclude", "/[unclosed/")])
+    ("InterfaceExclude", "/[unclosed/"), ("VXLANVNI", "x"), ("VXLANVNI", "0"),
+    ("VXLANPort", "65536"), ("VXLANMTU", "10")])
 def test_bad_settings_name_the_key(key: str, value: str) -> None:
     with pytest.raises(ValueError, match=key):
         LinuxDataplaneConfig.from_felix({key: value})

@@ -8,6 +8,7 @@ import errno
 import pytest
 
 from agent.dataplane.events import InterfaceUpdate
+from agent.dataplane.managers.link_netlink import AF_INET, Neighbour
 from agent.dataplane.managers.routes import ROUTE_PROTOCOL, RouteError, RouteManager
 from agent.proto import (
     InSync,
@@ -19,6 +20,7 @@ from agent.proto import (
     WorkloadEndpointUpdate,
 )
 from agent.shims.netlink import RT_SCOPE_LINK, Route
+from tests.fakes.link_netlink import FakeLinkNetlink
 from tests.fakes.netlink import FakeNetlink
 
 EP1 = WorkloadEndpointID("k8s", "ns/pod1", "eth0")
@@ -220,3 +222,72 @@ def test_ipv6_workload_addresses_get_host_routes(nl: FakeNetlink) -> None:
     m.apply()
     (route,) = nl.routes_to("fd00:65::1/128")
     assert route.family == AF_INET6 and route.protocol == ROUTE_PROTOCOL
+
+
+# --- static ARP --------------------------------------------------------------------------
+
+def _arp_setup() -> tuple[FakeNetlink, FakeLinkNetlink, RouteManager]:
+    nl, neigh = FakeNetlink(), FakeLinkNetlink()
+    for name in ("cali1", "cali2"):
+        link = nl.add_link(name)
+        neigh.add_link(name, index=link.index)
+    manager = RouteManager(netlink=nl, neighbours=neigh)
+    for name in ("cali1", "cali2"):
+        manager.on_update(_iface(nl, name))
+    return nl, neigh, manager
+
+
+def _with_mac(iface: str, mac: str, *nets: str) -> WorkloadEndpoint:
+    return WorkloadEndpoint(state="active", name=iface, mac=mac, ipv4_nets=nets,
+                            ipv6_nets=("fd00::1/128",))
+
+
+def test_static_arp_beside_the_route_when_the_mac_is_known() -> None:
+    nl, neigh, m = _arp_setup()
+    cali1 = nl.link_by_name("cali1").index
+    m.on_update(InSync())
+    m.on_update(WorkloadEndpointUpdate(EP1, _with_mac("cali1", "EE:00:00:00:00:01",
+                                                      "10.65.0.1/32")))
+    m.on_update(WorkloadEndpointUpdate(EP2, _ep("cali2", "10.65.0.2/32")))  # no MAC: no entry
+    m.apply()
+    assert neigh.arp(cali1) == {"10.65.0.1": "ee:00:00:00:00:01"}
+    assert neigh.arp(nl.link_by_name("cali2").index) == {}
+    assert "10.65.0.1/32" in _ours(nl)
+    writes = neigh.requests
+    m.apply()
+    assert neigh.requests == writes
+    # the MAC changes, then the endpoint goes: the entry follows, then goes
+    m.on_update(WorkloadEndpointUpdate(EP1, _with_mac("cali1", "ee:00:00:00:00:99",
+                                                      "10.65.0.1/32")))
+    m.apply()
+    assert neigh.arp(cali1) == {"10.65.0.1": "ee:00:00:00:00:99"}
+    m.on_update(WorkloadEndpointRemove(EP1))
+    m.apply()
+    assert neigh.arp(cali1) == {}
+
+
+def test_stale_static_arp_goes_only_after_in_sync_and_foreign_entries_stay() -> None:
+    nl, neigh, m = _arp_setup()
+    cali1 = nl.link_by_name("cali1").index
+    eth0 = neigh.add_link("eth0")
+    neigh.replace_neighbour(Neighbour(AF_INET, cali1, "10.65.0.9", "ee:00:00:00:00:09"))
+    neigh.replace_neighbour(Neighbour(AF_INET, eth0.index, "198.18.0.9", "aa:00:00:00:00:09"))
+    m.apply()  # before InSync: nothing deleted
+    assert neigh.arp(cali1) == {"10.65.0.9": "ee:00:00:00:00:09"}
+    m.on_update(InSync())
+    m.apply()
+    assert neigh.arp(cali1) == {}
+    assert neigh.arp(eth0.index) == {"198.18.0.9": "aa:00:00:00:00:09"}  # not a workload iface
+
+
+def test_static_arp_failure_is_retried() -> None:
+    nl, neigh, m = _arp_setup()
+    m.on_update(InSync())
+    m.on_update(WorkloadEndpointUpdate(EP1, _with_mac("cali1", "ee:00:00:00:00:01",
+                                                      "10.65.0.1/32")))
+    neigh.fail_next(1, errno.EBUSY, op="replace neighbour")
+    with pytest.raises(RouteError, match="injected"):
+        m.apply()
+    assert "10.65.0.1/32" in _ours(nl)  # the route went in regardless
+    m.apply()
+    assert neigh.arp(nl.link_by_name("cali1").index) == {"10.65.0.1": "ee:00:00:00:00:01"}

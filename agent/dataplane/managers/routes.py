@@ -1,8 +1,12 @@
-"""Route manager: a route per local workload IP to its interface, blackholes for local blocks.
+"""Route manager: a route per local workload IP to its interface (plus a static ARP entry
+when the workload's MAC is known), blackholes for local blocks.
 
 Role: Felix's route table for workload interfaces. Inputs (`on_update`):
 - `WorkloadEndpointUpdate/Remove`: each endpoint's interface name and IPv4/IPv6 nets; every
   address gets a host route (/32 or /128) `dev <iface> scope link proto ROUTE_PROTOCOL`;
+  when the endpoint's MAC is known (WorkloadEndpoint `spec.mac`), each IPv4 address also
+  gets a permanent neighbour entry beside its route (`ip neigh replace <ip> lladdr <mac>
+  dev <iface> nud permanent`, Felix's static ARP), so the host never ARPs for its pods;
 - `InterfaceUpdate` (from the interface monitor): the route exists only while its interface
   exists and is up; an interface that goes down/away makes the kernel drop its routes, so
   the manager re-reads them;
@@ -17,6 +21,10 @@ protocol number. Remote routes (`RouteUpdate` remote_workload / remote_host) are
 which learns and programs them from BGP, as in Calico.
 
 Invariants:
+- permanent IPv4 neighbour entries on workload interfaces (`interface_prefixes`) are ours:
+  one that no endpoint wants is deleted after InSync; other entries are never touched.
+  Static ARP needs the neighbour shim (`neighbours`): it is created with the real netlink
+  shim; a test that injects only a `Netlink` fake runs without static ARP;
 - routes with another protocol number are never replaced or deleted: we add with
   NLM_F_EXCL; if a foreign route holds the destination we log a conflict and leave it;
   deletes carry our protocol number, so the kernel itself refuses to delete anything else;
@@ -35,6 +43,8 @@ from dataclasses import dataclass
 from agent.dataplane.delta import DeltaTracker
 from agent.dataplane.events import IFACE_UP, InterfaceUpdate
 from agent.dataplane.manager import ManagerBase
+from agent.dataplane.managers.link_netlink import AF_INET as NEIGH_AF_INET
+from agent.dataplane.managers.link_netlink import LinkNetlink, Neighbour
 from agent.proto import (
     InSync,
     RouteRemove,
@@ -91,13 +101,19 @@ class RouteManager(ManagerBase):
         *,
         netns: str | None = None,
         netlink: Netlink | None = None,
+        neighbours: LinkNetlink | None = None,
         protocol: int = ROUTE_PROTOCOL,
+        interface_prefixes: tuple[str, ...] = ("cali",),
     ) -> None:
         super().__init__()
         self._netns = netns
         self._netlink = netlink
+        self._neighbours = neighbours
+        self._static_arp = neighbours is not None or netlink is None
         self._protocol = protocol
-        self._endpoints: dict[WorkloadEndpointID, tuple[str, tuple[str, ...]]] = {}
+        self._prefixes = tuple(interface_prefixes)
+        self._endpoints: dict[WorkloadEndpointID, tuple[str, tuple[str, ...], str]] = {}
+        self._arp: DeltaTracker[tuple[int, str], Neighbour] = DeltaTracker()
         self._blocks: set[str] = set()
         self._ifaces: dict[str, _Iface] = {}
         self._tracker: DeltaTracker[str, Route] = DeltaTracker()
@@ -112,12 +128,20 @@ class RouteManager(ManagerBase):
             self._netlink = PyRoute2Netlink(self._netns)
         return self._netlink
 
+    @property
+    def neighbours(self) -> LinkNetlink:
+        if self._neighbours is None:
+            from agent.dataplane.managers.link_netlink import PyRoute2LinkNetlink
+
+            self._neighbours = PyRoute2LinkNetlink(self._netns)
+        return self._neighbours
+
     # --- on_update: desired state only ------------------------------------------------------
 
     def on_update(self, msg: object) -> None:
         if isinstance(msg, WorkloadEndpointUpdate):
             nets = tuple(msg.endpoint.ipv4_nets) + tuple(msg.endpoint.ipv6_nets)
-            self._endpoints[msg.id] = (msg.endpoint.name, nets)
+            self._endpoints[msg.id] = (msg.endpoint.name, nets, msg.endpoint.mac.lower())
             self._desired_dirty = True
         elif isinstance(msg, WorkloadEndpointRemove):
             if self._endpoints.pop(msg.id, None) is not None:
@@ -164,8 +188,9 @@ class RouteManager(ManagerBase):
                 dst=dst, type="blackhole", protocol=self._protocol,
                 scope=RT_SCOPE_UNIVERSE, table=RT_TABLE_MAIN, family=family,
             )
+        arp: dict[tuple[int, str], Neighbour] = {}
         for ep_id in sorted(self._endpoints):
-            iface_name, nets = self._endpoints[ep_id]
+            iface_name, nets, mac = self._endpoints[ep_id]
             iface = self._ifaces.get(iface_name)
             if iface is None or not iface.up:
                 continue
@@ -184,10 +209,18 @@ class RouteManager(ManagerBase):
                     log.warning("endpoint %s: %s already routed to another interface", ep_id, dst)
                     continue
                 wanted[dst] = route
+                if mac and family == AF_INET and dst.endswith("/32"):
+                    ip = dst[:-3]
+                    arp[(iface.index, ip)] = Neighbour(NEIGH_AF_INET, iface.index, ip, mac)
         for dst in self._tracker.desired_keys() - set(wanted):
             self._tracker.delete_desired(dst)
         for dst, route in wanted.items():
             self._tracker.set_desired(dst, route)
+        if self._static_arp:
+            for key in self._arp.desired_keys() - set(arp):
+                self._arp.delete_desired(key)
+            for key, neighbour in arp.items():
+                self._arp.set_desired(key, neighbour)
         self._desired_dirty = False
 
     # --- apply ------------------------------------------------------------------------------
@@ -199,6 +232,13 @@ class RouteManager(ManagerBase):
                 if route.protocol == self._protocol:
                     ours[route.dst] = route
         self._tracker.replace_all_dataplane(ours)
+        if self._static_arp:
+            workload_ifaces = {i.index for name, i in self._ifaces.items()
+                               if name.startswith(self._prefixes)}
+            self._arp.replace_all_dataplane({
+                (n.ifindex, n.ip): n
+                for n in self.neighbours.list_neighbours(NEIGH_AF_INET)
+                if n.permanent and n.ifindex in workload_ifaces})
         self.conflicts.clear()
         self._resync_requested = False
 
@@ -235,16 +275,49 @@ class RouteManager(ManagerBase):
                 errors.append(str(exc))
                 continue
             self._tracker.mark_update_applied(dst)
+        if self._static_arp:
+            errors += self._apply_arp()
         if errors:
             self._resync_requested = True
             raise RouteError(f"{len(errors)} route write(s) failed: {'; '.join(errors[:5])}")
+
+    def _apply_arp(self) -> list[str]:
+        errors: list[str] = []
+        if self._datastore_in_sync:
+            for key in self._arp.pending_deletions():
+                neighbour = self._arp.get_dataplane(key)
+                assert neighbour is not None
+                try:
+                    self.neighbours.delete_neighbour(neighbour)
+                except NetlinkError as exc:
+                    if exc.errno not in (errno.ENOENT, errno.ENODEV):
+                        errors.append(str(exc))
+                        continue
+                self._arp.mark_deletion_applied(key)
+        for key, neighbour in self._arp.pending_updates():
+            try:
+                self.neighbours.replace_neighbour(neighbour)
+            except NetlinkError as exc:
+                if exc.errno in (errno.ENODEV, errno.ENETDOWN):
+                    self._resync_requested = True
+                errors.append(str(exc))
+                continue
+            self._arp.mark_update_applied(key)
+        return errors
 
     def close(self) -> None:
         if self._netlink is not None:
             self._netlink.close()
             self._netlink = None
+        if self._neighbours is not None:
+            self._neighbours.close()
+            self._neighbours = None
 
     # --- introspection (tests, debug dumps) ------------------------------------------------
 
     def desired_routes(self) -> dict[str, Route]:
         return dict(self._tracker.iter_desired())
+
+    def desired_arp(self) -> dict[str, str]:
+        """IP -> MAC of the static ARP entries wanted."""
+        return {n.ip: n.mac for _, n in self._arp.iter_desired()}

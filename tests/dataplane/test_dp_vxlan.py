@@ -1,0 +1,194 @@
+"""VXLAN manager on a fake netlink: device, FDB/ARP entries, routes, and their lifecycle."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from agent.dataplane.events import InterfaceAddrsUpdate
+from agent.dataplane.managers.link_netlink import AF_INET, Neighbour, VXLANInfo
+from agent.dataplane.managers.vxlan import VXLAN_ROUTE_PROTOCOL, VXLANError, VXLANManager
+from agent.proto import (
+    InSync,
+    IPAMPoolUpdate,
+    RouteRemove,
+    RouteUpdate,
+    VXLANTunnelEndpointRemove,
+    VXLANTunnelEndpointUpdate,
+)
+from tests.fakes.link_netlink import FakeLinkNetlink
+
+MAC1, MAC2, MAC3 = "02:00:00:00:00:01", "02:00:00:00:00:02", "02:00:00:00:00:03"
+
+
+def vtep(node: str, addr: str, parent: str, mac: str) -> VXLANTunnelEndpointUpdate:
+    return VXLANTunnelEndpointUpdate(node=node, mac=mac, ipv4_addr=addr, parent_device_ip=parent)
+
+
+def route(dst: str, node: str, pool_type: str = "vxlan") -> RouteUpdate:
+    return RouteUpdate(dst=dst, type="remote_workload", dst_node=node, ip_pool_type=pool_type)
+
+
+def pool(mode: str = "Always") -> IPAMPoolUpdate:
+    return IPAMPoolUpdate(id="10.65.0.0/16", cidr="10.65.0.0/16", vxlan_mode=mode)
+
+
+class Node:
+    def __init__(self, **kw: object) -> None:
+        self.nl = FakeLinkNetlink()
+        self.eth0 = self.nl.add_link("eth0", mtu=1500)
+        self.nl.addrs[self.eth0.index].add("198.18.0.1/15")
+        self.mgr = VXLANManager(netlink=self.nl, **kw)  # type: ignore[arg-type]
+
+    def feed(self, *msgs: object) -> None:
+        for msg in msgs:
+            self.mgr.on_update(msg)
+
+    def sync(self, *msgs: object) -> None:
+        self.feed(InterfaceAddrsUpdate("eth0", frozenset({"198.18.0.1/15"})), *msgs, InSync())
+        self.mgr.apply()
+
+    @property
+    def device(self):  # type: ignore[no-untyped-def]
+        return self.nl.by_name("vxlan.calico")
+
+
+BASE = (pool(), vtep("node1", "10.65.255.1", "198.18.0.1", MAC1),
+        vtep("node2", "10.65.255.2", "198.18.0.2", MAC2), route("10.65.1.0/26", "node2"))
+
+
+def test_device_entries_and_routes_for_remote_vteps() -> None:
+    n = Node()
+    n.sync(*BASE)
+    dev = n.device
+    assert dev is not None and dev.kind == "vxlan" and dev.admin_up
+    assert dev.vxlan == VXLANInfo(vni=4096, local="198.18.0.1", parent_index=n.eth0.index,
+                                  port=4789, learning=False)
+    assert dev.mac == MAC1 and dev.mtu == 1450  # parent MTU - 50
+    assert n.nl.addrs[dev.index] == {"10.65.255.1/32"}
+    assert n.nl.arp(dev.index) == {"10.65.255.2": MAC2}  # the remote VTEP only
+    assert n.nl.fdb(dev.index) == {MAC2: "198.18.0.2"}
+    assert n.nl.routes_via(dev.index) == {"10.65.1.0/26": "10.65.255.2"}
+    assert all(r.onlink and r.protocol == VXLAN_ROUTE_PROTOCOL for r in n.nl.routes.values())
+    requests = n.nl.requests
+    n.mgr.apply()
+    assert n.nl.requests == requests  # same state: nothing written
+
+
+def test_vtep_and_route_changes_follow() -> None:
+    n = Node()
+    n.sync(*BASE)
+    dev = n.device
+    n.feed(vtep("node3", "10.65.255.3", "198.18.0.3", MAC3), route("10.65.2.0/26", "node3"),
+           vtep("node2", "10.65.255.22", "198.18.0.2", MAC2))
+    n.mgr.apply()
+    assert n.nl.arp(dev.index) == {"10.65.255.22": MAC2, "10.65.255.3": MAC3}
+    assert n.nl.routes_via(dev.index) == {"10.65.1.0/26": "10.65.255.22",
+                                          "10.65.2.0/26": "10.65.255.3"}
+    n.feed(VXLANTunnelEndpointRemove("node3"), RouteRemove("10.65.2.0/26"),
+           route("10.65.1.0/26", "node2", pool_type=""))  # the pool stopped being VXLAN
+    n.mgr.apply()
+    assert n.nl.arp(dev.index) == {"10.65.255.22": MAC2}
+    assert n.nl.fdb(dev.index) == {MAC2: "198.18.0.2"}
+    assert n.nl.routes_via(dev.index) == {}
+
+
+def test_route_waits_for_its_nodes_vtep() -> None:
+    n = Node()
+    n.sync(pool(), vtep("node1", "10.65.255.1", "198.18.0.1", MAC1), route("10.65.1.0/26", "node2"))
+    assert n.nl.routes_via(n.device.index) == {}
+    n.feed(vtep("node2", "10.65.255.2", "198.18.0.2", MAC2))
+    n.mgr.apply()
+    assert n.nl.routes_via(n.device.index) == {"10.65.1.0/26": "10.65.255.2"}
+
+
+def test_cross_subnet_goes_direct_inside_our_subnet_and_encapsulates_outside() -> None:
+    n = Node()
+    n.sync(pool("CrossSubnet"), *BASE[1:], vtep("far", "10.65.255.9", "203.0.113.9", MAC3),
+           route("10.65.9.0/26", "far"))
+    direct = n.nl.routes[("10.65.1.0/26", 254)]
+    assert (direct.gateway, direct.ifindex, direct.onlink) == ("198.18.0.2", n.eth0.index, False)
+    tunnelled = n.nl.routes[("10.65.9.0/26", 254)]
+    assert (tunnelled.gateway, tunnelled.ifindex) == ("10.65.255.9", n.device.index)
+    n.feed(pool("Always"))
+    n.mgr.apply()
+    assert n.nl.routes_via(n.device.index) == {"10.65.1.0/26": "10.65.255.2",
+                                               "10.65.9.0/26": "10.65.255.9"}
+
+
+def test_device_goes_with_the_last_local_vtep_but_only_after_in_sync() -> None:
+    nl = FakeLinkNetlink()
+    eth0 = nl.add_link("eth0")
+    nl.addrs[eth0.index].add("198.18.0.1/15")
+    first = VXLANManager(netlink=nl)
+    for msg in (InterfaceAddrsUpdate("eth0", frozenset({"198.18.0.1/15"})), *BASE, InSync()):
+        first.on_update(msg)
+    first.apply()
+    # a restarted agent that has not heard of the VTEPs yet leaves the device alone
+    restarted = VXLANManager(netlink=nl)
+    restarted.on_update(InterfaceAddrsUpdate("eth0", frozenset({"198.18.0.1/15"})))
+    restarted.apply()
+    assert nl.by_name("vxlan.calico") is not None
+    assert nl.routes_via(nl.by_name("vxlan.calico").index)  # type: ignore[union-attr]
+    restarted.on_update(InSync())
+    restarted.apply()
+    assert nl.by_name("vxlan.calico") is None
+    assert nl.routes == {}
+
+
+def test_drift_is_repaired_on_resync() -> None:
+    n = Node()
+    n.sync(*BASE)
+    dev = n.device
+    n.nl.neighbours.clear()
+    n.nl.set_link(dev.index, mtu=9000)
+    n.nl.routes.clear()
+    n.nl.replace_neighbour(Neighbour(AF_INET, dev.index, "10.65.255.77", "02:00:00:00:00:77"))
+    n.mgr.request_resync()
+    n.mgr.apply()
+    assert n.nl.arp(dev.index) == {"10.65.255.2": MAC2}  # stray entry on our device removed
+    assert n.nl.fdb(dev.index) == {MAC2: "198.18.0.2"}
+    assert n.device.mtu == 1450
+    assert n.nl.routes_via(dev.index) == {"10.65.1.0/26": "10.65.255.2"}
+
+
+def test_device_with_other_settings_is_recreated() -> None:
+    n = Node()
+    n.nl.add_vxlan("vxlan.calico", VXLANInfo(1, "198.18.0.1", n.eth0.index, 8472, True),
+                   mac=MAC3, mtu=1400)
+    n.sync(*BASE)
+    assert n.device.vxlan.vni == 4096 and n.device.vxlan.port == 4789  # type: ignore[union-attr]
+    assert n.device.mac == MAC1
+
+
+def test_configured_mtu_vni_and_port() -> None:
+    n = Node(mtu=1400, vni=77, port=8472)
+    n.sync(*BASE)
+    assert n.device.mtu == 1400
+    assert (n.device.vxlan.vni, n.device.vxlan.port) == (77, 8472)  # type: ignore[union-attr]
+    for kw, name in (({"vni": 0}, "VXLANVNI"), ({"port": 70000}, "VXLANPort"),
+                     ({"mtu": 20}, "VXLANMTU")):
+        with pytest.raises(ValueError, match=name):
+            VXLANManager(netlink=FakeLinkNetlink(), **kw)  # type: ignore[arg-type]
+
+
+def test_failed_write_is_retried() -> None:
+    n = Node()
+    n.nl.fail_next(1, errno.EBUSY, op="replace route")
+    with pytest.raises(VXLANError, match="injected"):
+        n.sync(*BASE)
+    assert n.nl.routes == {}
+    assert n.nl.arp(n.device.index) == {"10.65.255.2": MAC2}  # the rest went in
+    n.mgr.apply()
+    assert n.nl.routes_via(n.device.index) == {"10.65.1.0/26": "10.65.255.2"}
+
+
+def test_no_device_until_the_parent_interface_is_known() -> None:
+    n = Node()
+    n.feed(*BASE, InSync())
+    n.mgr.apply()
+    assert n.device is None
+    n.feed(InterfaceAddrsUpdate("eth0", frozenset({"198.18.0.1/15"})))
+    n.mgr.apply()
+    assert n.device is not None
