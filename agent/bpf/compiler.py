@@ -101,6 +101,9 @@ class DataplaneState:
     pools: dict[str, proto.IPAMPoolUpdate] = field(default_factory=dict)
     host_ips: dict[str, str] = field(default_factory=dict)  # hostname -> IPv4
     config: dict[str, str] = field(default_factory=dict)
+    # this host's own addresses by interface (set by the manager from the interface
+    # monitor, not by apply()): each IPv4 address is a LOCAL_HOST /32 in the routes trie
+    local_addrs: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def apply(self, msg: Any) -> None:
         """Fold one agent.proto message into the state. A delta for an unknown IP set
@@ -376,6 +379,9 @@ class _RuleLowerer:
         s = self.state.ipsets.get(set_name)
         if s is None:
             raise CompileError(f"{where}: unknown IP set {set_name!r}")
+        if set_name in self.c.unavailable_ipsets:
+            raise CompileError(f"{where}: IP set {set_name!r} could not be programmed "
+                               f"(BPF map 'ipsets' full)")
         if s.type != expect_type:
             raise CompileError(f"{where}: IP set {set_name!r} is {s.type!r}, not {expect_type!r}")
         self.ipsets_used.add((set_name, expect_type))
@@ -533,6 +539,8 @@ class CompiledDataplane:
     pending_interfaces: list[str]
     chains_in_use: dict[Chain, int]  # chain -> start
     numbers_in_use: dict[str, set[int]]  # "sets" | "rules" | "endpoints" -> numbers
+    full_maps: set[str] = field(default_factory=set)  # maps this compile ran out of
+    ipset_numbers: dict[int, str] = field(default_factory=dict)  # set number -> IP set id
 
     def all_rules(self) -> dict[bytes, bytes]:
         out = {}
@@ -619,6 +627,7 @@ class PolicyCompiler:
         self._encoded_sets: dict[str, tuple[IPSetState, int, int, list[bytes], list[str]]] = {}
         self._fragments: dict[tuple[Any, str], tuple[Any, _Fragment]] = {}
         self._counter_problems: list[str] = []
+        self.unavailable_ipsets: frozenset[str] = frozenset()
 
     # ids
 
@@ -663,7 +672,8 @@ class PolicyCompiler:
         the same thing and every IP set it references still exists with its type."""
         for name, typ in frag.ipsets_used:
             s = state.ipsets.get(name)
-            if s is None or s.type != typ or self.set_ids.get(name, IdKind.IPSET) is None:
+            if s is None or s.type != typ or self.set_ids.get(name, IdKind.IPSET) is None \
+                    or name in self.unavailable_ipsets:
                 return False
         return all(n in self.set_ids.by_number for n, _ in frag.netsets) and all(
             n in self.rule_ids.by_number for n in frag.counter_ids)
@@ -715,11 +725,18 @@ class PolicyCompiler:
 
     # the whole dataplane
 
-    def compile(self, state: DataplaneState, ifindexes: Mapping[str, int]) -> CompiledDataplane:
+    def compile(self, state: DataplaneState, ifindexes: Mapping[str, int], *,
+                unavailable_ipsets: frozenset[str] = frozenset()) -> CompiledDataplane:
         """Desired map contents for `state`; `ifindexes` maps interface names to ifindexes
-        (from netlink). Raises MapFullError if the rules array has no room."""
+        (from netlink). `unavailable_ipsets`: IP sets the manager could not write (the
+        trie was full): their members are left out and every chain direction that
+        references one becomes DENY (fail closed), with a problem naming it.
+        When the rules array has no room for an endpoint's chain, that endpoint direction
+        gets a DENY chain instead ("rules" in `full_maps`, a problem names it); other
+        endpoints are unaffected."""
         self._counter_problems = []
         self._netset_members = {}
+        self.unavailable_ipsets = frozenset(unavailable_ipsets)
         return self._compile(state, ifindexes)
 
     def _compile(self, state: DataplaneState, ifindexes: Mapping[str, int]) -> CompiledDataplane:
@@ -732,6 +749,7 @@ class PolicyCompiler:
         memo: dict[tuple, Chain] = {}
         placed: dict[int, int] = {}  # id(chain) -> start, for chains held alive by memo
         used_endpoint_ids: set[int] = set()
+        full_maps: set[str] = set()
 
         # IP sets first: every set in state gets a number (sorted: deterministic numbers)
         for set_name in sorted(state.ipsets):
@@ -765,12 +783,35 @@ class PolicyCompiler:
                     problems.append(f"endpoint {name}: {e}; denying all {direction} traffic")
                     chains[direction] = DENY_ALL
             refs = {}
-            for direction, chain in chains.items():
+            unplaced = False
+            for direction in DIRECTIONS:
+                chain = chains[direction]
                 # chains are memoised tuples: place each distinct object once (hashing a
                 # long chain is the expensive part)
                 start = placed.get(id(chain))
                 if start is None:
-                    start, is_new = self.layout.place(chain)
+                    try:
+                        start, is_new = self.layout.place(chain)
+                    except MapFullError as e:
+                        full_maps.add("rules")
+                        if chain is DENY_ALL:
+                            problems.append(f"endpoint {name}: {e}; not programmed (its "
+                                            f"traffic is dropped)")
+                            unplaced = True
+                            break
+                        problems.append(f"endpoint {name}: {e}; denying all {direction} "
+                                        f"traffic")
+                        chain = DENY_ALL
+                        start = placed.get(id(chain))
+                        is_new = False
+                        if start is None:
+                            try:
+                                start, is_new = self.layout.place(chain)
+                            except MapFullError:
+                                problems.append(f"endpoint {name}: not programmed (its "
+                                                f"traffic is dropped)")
+                                unplaced = True
+                                break
                     placed[id(chain)] = start
                     if chain:
                         chains_in_use[chain] = start
@@ -778,6 +819,8 @@ class PolicyCompiler:
                         for i, rec in enumerate(chain):
                             new_rules[rules_map.encode_index(start + i)] = _encode_record(rec)
                 refs[direction] = ChainRef(start, chain)
+            if unplaced:
+                continue  # no endpoints entry: the programs drop its traffic (fail closed)
             ifindex = ifindexes.get(ep.name)
             if ifindex is None:
                 pending.append(ep.name)
@@ -814,7 +857,8 @@ class PolicyCompiler:
             ipsets=ipsets, ids=ids_entries, rules=new_rules, endpoints=endpoints,
             routes=routes, untracked=untracked, config=cfg, programs=programs,
             problems=problems, pending_interfaces=sorted(set(pending)),
-            chains_in_use=chains_in_use, numbers_in_use=numbers,
+            chains_in_use=chains_in_use, numbers_in_use=numbers, full_maps=full_maps,
+            ipset_numbers={self.set_ids.allocate(n, IdKind.IPSET): n for n in state.ipsets},
         )
 
     def commit(self, compiled: CompiledDataplane) -> None:
@@ -835,6 +879,8 @@ class PolicyCompiler:
         for set_name in sorted(state.ipsets):
             s = state.ipsets[set_name]
             number = self.set_ids.allocate(set_name, IdKind.IPSET)
+            if set_name in self.unavailable_ipsets:
+                continue  # left out whole; rules using it compile to DENY
             hit = self._encoded_sets.get(set_name)
             if hit is None or hit[0] is not s or hit[1] != s.version or hit[2] != number:
                 keys, set_problems = [], []
@@ -976,6 +1022,12 @@ class PolicyCompiler:
                 except ValueError:
                     next_hop = ""
             entries[net] = (flags, ifindex, next_hop)
+        for iface, addrs in sorted(state.local_addrs.items()):
+            for addr in sorted(addrs):
+                net = v4(addr.split("/")[0], f"interface {iface}: address")
+                if net is not None:
+                    old = entries.get(net, (0, 0, ""))
+                    entries[net] = (old[0] | RouteFlags.LOCAL_HOST, old[1], old[2])
         for hostname, ip in sorted(state.host_ips.items()):
             net = v4(ip, f"host {hostname}: field ipv4_addr") if ip else None
             if net is None:

@@ -142,30 +142,69 @@ def build_abi(source: str, cflags: list[str]) -> str:
 # --- bpffs and pins ------------------------------------------------------------------------
 
 
-def bpffs_mount_of(path: str) -> str | None:
-    """The bpffs mount point containing path, or None."""
+HOST_ROOT = "/proc/1/root"  # the init process's view of the filesystem
+
+
+def bpffs_mount_of(path: str, mounts_file: str = "/proc/self/mounts") -> str | None:
+    """The bpffs mount point containing path (per `mounts_file`), or None."""
     best = None
-    with open("/proc/self/mounts") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) >= 3 and parts[2] == "bpf":
-                mnt = parts[1]
-                if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and (
-                    best is None or len(mnt) > len(best)
-                ):
-                    best = mnt
+    try:
+        with open(mounts_file) as f:
+            lines = f.readlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 3 and parts[2] == "bpf":
+            mnt = parts[1]
+            if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and (
+                best is None or len(mnt) > len(best)
+            ):
+                best = mnt
     return best
 
 
-def ensure_bpffs(pin_dir: str) -> None:
-    """Make sure pin_dir is on bpffs, mounting /sys/fs/bpf if it is not mounted yet."""
+def resolve_pin_dir(pin_dir: str, *, mount: bool = True) -> str:
+    """The path to pin under so the pins land in the HOST's bpffs at `pin_dir`.
+
+    - pin_dir is on bpffs in our mount namespace: pin_dir itself;
+    - init's mount namespace has bpffs there but ours does not: we run in a private mount
+      namespace (`ip netns exec` remounts /sys, hiding the host's /sys/fs/bpf). Pins must
+      go to the host's instance, reached as `/proc/1/root<pin_dir>` where the kernel lets
+      us; where it does not (some sandboxes deny /proc/1/root), a bpffs is mounted in OUR
+      namespace and a warning says so: its pins die with this process, so a restarted
+      agent adopts nothing (run the agent with `nsenter --net=...` instead, which keeps
+      the host's mounts);
+    - otherwise, with `mount`, /sys/fs/bpf is mounted (fresh machines have none).
+    Raises LoaderError when pin_dir cannot be on bpffs.
+    """
+    pin_dir = os.path.abspath(pin_dir)
     if bpffs_mount_of(pin_dir):
-        return
-    if pin_dir.startswith("/sys/fs/bpf/"):
+        return pin_dir
+    host_mount = bpffs_mount_of(pin_dir, "/proc/1/mounts")
+    if host_mount is not None:
+        host_path = HOST_ROOT + pin_dir
+        try:
+            os.stat(HOST_ROOT + host_mount)
+        except OSError as e:
+            log.warning("pin directory %s is on the host's bpffs, which this mount namespace "
+                        "cannot reach (%s); pinning into a bpffs private to this process: "
+                        "pinned state will NOT survive an agent restart", pin_dir, e)
+        else:
+            log.info("pin directory %s is on the host's bpffs, outside this mount "
+                     "namespace; pinning through %s", pin_dir, host_path)
+            return host_path
+    if mount and pin_dir.startswith("/sys/fs/bpf/"):
         subprocess.run(["mount", "-t", "bpf", "bpf", "/sys/fs/bpf"], check=True)
         if bpffs_mount_of(pin_dir):
-            return
+            return pin_dir
     raise LoaderError(f"pin directory {pin_dir!r} is not on a bpf filesystem")
+
+
+def ensure_bpffs(pin_dir: str) -> None:
+    """Make sure pin_dir is on bpffs (see resolve_pin_dir; pass its result as pin_dir)."""
+    if not pin_dir.startswith(HOST_ROOT + "/"):
+        resolve_pin_dir(pin_dir)
 
 
 def prepare_pins(config: BuildConfig) -> list[str]:

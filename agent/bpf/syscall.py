@@ -36,6 +36,7 @@ BPF_MAP_GET_NEXT_KEY = 4
 BPF_OBJ_PIN = 6
 BPF_OBJ_GET = 7
 BPF_PROG_TEST_RUN = 10
+BPF_PROG_GET_FD_BY_ID = 13
 BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_MAP_LOOKUP_BATCH = 24
 BPF_MAP_UPDATE_BATCH = 26
@@ -138,6 +139,33 @@ class _MapInfo(ctypes.Structure):
     ]
 
 
+class _ProgInfo(ctypes.Structure):
+    """The head of struct bpf_prog_info (the kernel fills only what info_len covers)."""
+
+    _fields_ = [
+        ("type", ctypes.c_uint32),
+        ("id", ctypes.c_uint32),
+        ("tag", ctypes.c_uint8 * 8),
+        ("jited_prog_len", ctypes.c_uint32),
+        ("xlated_prog_len", ctypes.c_uint32),
+        ("jited_prog_insns", ctypes.c_uint64),
+        ("xlated_prog_insns", ctypes.c_uint64),
+        ("load_time", ctypes.c_uint64),
+        ("created_by_uid", ctypes.c_uint32),
+        ("nr_map_ids", ctypes.c_uint32),
+        ("map_ids", ctypes.c_uint64),
+        ("name", ctypes.c_char * 16),
+    ]
+
+
+class _GetByIdAttr(ctypes.Structure):
+    _fields_ = [
+        ("id", ctypes.c_uint32),
+        ("next_id", ctypes.c_uint32),
+        ("open_flags", ctypes.c_uint32),
+    ]
+
+
 class _TestRunAttr(ctypes.Structure):
     _fields_ = [
         ("prog_fd", ctypes.c_uint32),
@@ -208,6 +236,40 @@ def map_info(fd: int) -> MapInfo:
         value_size=info.value_size, max_entries=info.max_entries, map_flags=info.map_flags,
         name=info.name.decode(errors="replace"),
     )
+
+
+@dataclass(frozen=True)
+class ProgInfo:
+    """What the kernel says about a loaded program: its id (unique while it is loaded; a
+    rebuild gets a new one), type, tag (hash of its instructions) and (truncated) name."""
+
+    prog_id: int
+    prog_type: int
+    tag: str
+    name: str
+
+
+def prog_info(fd: int) -> ProgInfo:
+    info = _ProgInfo()
+    attr = _InfoAttr(bpf_fd=fd, info_len=ctypes.sizeof(info), info=ctypes.addressof(info))
+    _bpf(BPF_OBJ_GET_INFO_BY_FD, attr, "OBJ_GET_INFO_BY_FD (program)")
+    return ProgInfo(prog_id=info.id, prog_type=info.type, tag=bytes(info.tag).hex(),
+                    name=info.name.decode(errors="replace"))
+
+
+def prog_info_by_id(prog_id: int) -> ProgInfo | None:
+    """Info of the loaded program with this id, or None if no such program is loaded."""
+    attr = _GetByIdAttr(id=prog_id)
+    try:
+        fd = _bpf(BPF_PROG_GET_FD_BY_ID, attr, f"PROG_GET_FD_BY_ID {prog_id}")
+    except BpfError as e:
+        if e.errno == errno.ENOENT:
+            return None
+        raise
+    try:
+        return prog_info(fd)
+    finally:
+        os.close(fd)
 
 
 def possible_cpus() -> int:

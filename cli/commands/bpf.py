@@ -1,10 +1,118 @@
-"""`pyfelix bpf`: not implemented yet (owned by a later issue)."""
+"""`pyfelix bpf <map> dump [-o json] [--pin-dir DIR]`: print a pinned BPF map.
+
+Adds no logic: `agent.bpf.maps.dump_pinned` opens the pin with raw bpf() syscalls (no BCC,
+no compile) and returns JSON-ready rows, sorted; this module formats them as a table (nested
+values as compact JSON) or as a JSON list. The pin directory defaults to FELIX_BPFPINDIR,
+else /sys/fs/bpf/pyfelix (the agent's BPFPinDir).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
 
 import click
 
+from agent.bpf.maps import BY_NAME
 
-@click.command("bpf", context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def command(args: tuple[str, ...]) -> None:
-    """Not implemented yet."""
-    raise click.ClickException("'pyfelix bpf' is not implemented yet")
+DEFAULT_PIN_DIR = "/sys/fs/bpf/pyfelix"
+
+MAP_HELP = {
+    "ipsets": "IP-set members (LPM trie: set id + prefix [+ proto:port]).",
+    "ids": "Names of the numeric ids (IP sets, net sets, rule counters, endpoints).",
+    "rules": "Policy rule records (chains) in the rules array.",
+    "endpoints": "Workload interfaces (ifindex) -> endpoint id and chains.",
+    "conntrack": "Tracked flows per interface, with expiry.",
+    "rule_counters": "Packets/bytes per rule counter (non-zero only).",
+    "ep_counters": "Allowed/denied packets/bytes per endpoint (non-zero only).",
+    "global_counters": "Why packets took their path (conntrack hits, drops, ...).",
+    "routes": "Destination prefixes -> flags (local host, workload, pool), ifindex.",
+    "config": "Dataplane settings the programs read (endpoint-to-host action).",
+    "untracked": "XDP early-drop prefixes (untracked deny rules of host endpoints).",
+}
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, dict | list | tuple):
+        return json.dumps(value, separators=(",", ":"), sort_keys=True)
+    return str(value)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """Rows as an aligned text table; columns in first-seen order."""
+    if not rows:
+        return "(no entries)"
+    columns: list[str] = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    cells = [[c.upper() for c in columns]]
+    cells += [[_cell(row.get(c, "")) for c in columns] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
+                     for r in cells)
+
+
+def read_rows(map_name: str, pin_dir: str) -> list[dict[str, Any]]:
+    """The library call behind `dump` (raises click errors with the pin path named)."""
+    from agent.bpf.loader import LoaderError, resolve_pin_dir
+    from agent.bpf.maps import conntrack as ct_map
+    from agent.bpf.maps import dump_pinned
+    from agent.bpf.maps.base import BpfMap
+
+    try:
+        path = resolve_pin_dir(pin_dir, mount=False)
+    except LoaderError as exc:
+        raise click.ClickException(f"{exc} (set --pin-dir or FELIX_BPFPINDIR)") from exc
+    try:
+        if map_name == "conntrack":
+            with BpfMap.open_pinned(ct_map.PARAMS, path) as m:
+                return ct_map.dump(m, now_ns=time.monotonic_ns())
+        return dump_pinned(map_name, path)
+    except OSError as exc:
+        raise click.ClickException(
+            f"BPF map {map_name!r} is not readable under {pin_dir}: {exc} (is an agent "
+            f"running with BPFPinDir={pin_dir}?)") from exc
+
+
+def _dump_command(map_name: str) -> click.Command:
+    @click.command("dump")
+    @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table",
+                  show_default=True)
+    @click.option("--pin-dir", envvar="FELIX_BPFPINDIR", default=DEFAULT_PIN_DIR,
+                  show_default=True, metavar="DIR",
+                  help="bpffs directory the agent pins under. Env: FELIX_BPFPINDIR.")
+    def dump(output: str, pin_dir: str) -> None:
+        rows = read_rows(map_name, pin_dir)
+        if output == "json":
+            click.echo(json.dumps(rows, indent=2, sort_keys=True))
+        else:
+            click.echo(table(rows))
+
+    dump.help = (f"Print the pinned {map_name!r} map (sorted).\n\n"
+                 f"\b\nExamples:\n  pyfelix bpf {map_name} dump\n"
+                 f"  pyfelix bpf {map_name} dump -o json --pin-dir /sys/fs/bpf/pyfelix")
+    return dump
+
+
+def _map_group(map_name: str) -> click.Group:
+    group = click.Group(map_name, help=MAP_HELP.get(map_name, f"The {map_name} map."))
+    group.add_command(_dump_command(map_name))
+    return group
+
+
+@click.group("bpf", context_settings={"help_option_names": ["-h", "--help"]})
+def command() -> None:
+    """Dump the pinned BPF maps (read directly from bpffs; no compile, no agent needed).
+
+    \b
+    Examples:
+      pyfelix bpf endpoints dump
+      pyfelix bpf ipsets dump -o json
+      pyfelix bpf conntrack dump --pin-dir /sys/fs/bpf/pyfelix
+      FELIX_BPFPINDIR=/sys/fs/bpf/pyfelix pyfelix bpf global_counters dump
+    """
+
+
+for _name in sorted(BY_NAME):
+    command.add_command(_map_group(_name))

@@ -16,7 +16,7 @@ from agent.bpf.maps import ipsets as ipsets_map
 from agent.bpf.maps import routes as routes_map
 from agent.bpf.maps import rules as rules_map
 from agent.bpf.maps import untracked as untracked_map
-from agent.bpf.maps.base import FakeMap, MapFullError
+from agent.bpf.maps.base import FakeMap
 from agent.bpf.maps.rules import Action
 from tests.bpf.bpf_reference import Pkt, Trie, expected_verdict, walk_chain
 
@@ -294,12 +294,51 @@ def test_chain_longer_than_the_walker_can_finish_denies_all():
     assert "more than the 20" in out.problems[0]
 
 
-def test_rules_array_full_raises_map_full_error_naming_the_map():
+def test_rules_array_full_denies_only_the_endpoint_that_does_not_fit():
     s = base_state()
     s.apply(policy("big", inbound=tuple(p.Rule("allow", protocol=i) for i in range(10))))
     s.apply(p.WorkloadEndpointUpdate(WID, ep(tiers=(p.TierInfo("default", ("big",)),))))
-    with pytest.raises(MapFullError, match="'rules'"):
-        c.PolicyCompiler(rules_capacity=8).compile(s, {})
+    s.apply(p.WorkloadEndpointUpdate(WID2, ep(iface="cali2")))
+    out = c.PolicyCompiler(rules_capacity=8).compile(s, {"cali1": 7, "cali2": 8})
+    assert out.full_maps == {"rules"}
+    assert actions(out.programs[WID].ingress.records) == ["deny"]
+    assert any("'rules' is full" in x and "default/pod1" in x and "ingress" in x
+               for x in out.problems)
+    # the other endpoint keeps its real chains (profile allow + final deny)
+    assert actions(out.programs[WID2].ingress.records) == ["allow", "deny"]
+    assert endpoints_map.encode_key(8) in out.endpoints
+
+
+def test_rules_array_with_no_room_at_all_leaves_the_endpoint_unprogrammed():
+    s = base_state()
+    s.apply(p.WorkloadEndpointUpdate(WID, ep()))
+    out = c.PolicyCompiler(rules_capacity=0).compile(s, {"cali1": 7})
+    assert out.full_maps == {"rules"}
+    assert endpoints_map.encode_key(7) not in out.endpoints  # no entry: programs drop
+    assert any("not programmed" in x for x in out.problems)
+
+
+def test_unavailable_ipset_fails_closed_only_where_it_is_used():
+    s = base_state()
+    s.apply(p.IPSetUpdate("s-big", "net", frozenset({"10.1.0.1/32", "10.1.0.2/32"})))
+    s.apply(p.IPSetUpdate("s-small", "net", frozenset({"10.2.0.1/32"})))
+    s.apply(policy("uses-big", inbound=(p.Rule("allow", src_ip_set_ids=("s-big",)),)))
+    s.apply(policy("uses-small", inbound=(p.Rule("allow", src_ip_set_ids=("s-small",)),)))
+    s.apply(p.WorkloadEndpointUpdate(WID, ep(tiers=(p.TierInfo("default", ("uses-big",)),))))
+    s.apply(p.WorkloadEndpointUpdate(WID2, ep(iface="cali2", tiers=(
+        p.TierInfo("default", ("uses-small",)),))))
+    compiler = c.PolicyCompiler()
+    before = compiler.compile(s, {"cali1": 7, "cali2": 8})
+    assert actions(before.programs[WID].ingress.records) == ["allow", "deny", "allow", "deny"]
+    out = compiler.compile(s, {"cali1": 7, "cali2": 8},
+                           unavailable_ipsets=frozenset({"s-big"}))
+    assert actions(out.programs[WID].ingress.records) == ["deny"]
+    assert actions(out.programs[WID].egress.records) != ["deny"]  # egress does not use it
+    assert actions(out.programs[WID2].ingress.records) == ["allow", "deny", "allow", "deny"]
+    members = {ipsets_map.decode_key(k)["member"] for k in out.ipsets}
+    assert members == {"10.2.0.1/32"}
+    assert any("s-big" in x and "full" in x for x in out.problems)
+    assert set(out.ipset_numbers.values()) == {"s-big", "s-small"}
 
 
 def test_counter_ids_exhausted_degrade_to_uncounted_with_a_problem():

@@ -263,7 +263,28 @@ class BpfMap:
         todo = list(keys)
         if self.params.map_type in ARRAY_TYPES:
             raise ValueError(f"map {self.params.name!r}: array entries cannot be deleted")
+        for key in todo:
+            self._check(key)
         deleted = 0
+        if self.params.map_type in BATCH_TYPES:
+            # BPF_MAP_DELETE_BATCH stops at the first absent key (ENOENT, `done` deleted
+            # before it): skip that key and go on with the rest.
+            while todo:
+                try:
+                    deleted += syscall.map_delete_batch(
+                        self.fd, todo, self.params.key_size, what=self.params.name)
+                    return deleted
+                except BpfError as e:
+                    done = getattr(e, "done", 0)
+                    if e.errno == errno.ENOENT:
+                        deleted += done
+                        todo = todo[done + 1:]
+                        continue
+                    if not syscall.batch_unsupported(e):
+                        raise
+                    deleted += done
+                    todo = todo[done:]
+                    break
         for key in todo:
             deleted += self.delete(key)
         return deleted

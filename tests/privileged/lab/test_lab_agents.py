@@ -19,7 +19,7 @@ pytestmark = pytest.mark.privileged
 
 REPO = Path(__file__).resolve().parents[3]
 SCENARIOS = REPO / "tests" / "lab" / "scenarios"
-DATAPLANES = ["iptables"]
+DATAPLANES = ["iptables", "bpf"]
 
 
 def lab_run(scenario: Path, dataplane: str) -> subprocess.CompletedProcess[str]:

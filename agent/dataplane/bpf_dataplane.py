@@ -1,0 +1,166 @@
+"""Build the BPF dataplane's managers: check the kernel, compile ONCE, pin, wire the managers.
+
+Role: `build_bpf_managers(config)` is what `agent.daemon.build_bpf_managers` calls; its
+managers go FIRST in the loop's order (policy before plumbing), before the Linux route and
+sysctl managers. Steps:
+
+1. the pin directory (`BPFPinDir`, default /sys/fs/bpf/pyfelix) must be on bpffs; if
+   /sys/fs/bpf is not mounted it is mounted (PLATFORM.md: fresh machines have none);
+2. BCC must import (Debian's python3-bpfcc, seen through a --system-site-packages venv);
+3. `agent.bpf.loader.load_dataplane`: compile tc.c + xdp.c once (seconds), verify, adopt
+   the pinned maps of a previous agent (or create and pin them), sized from `BPFMapSize*`;
+4. managers, in apply order:
+   - `BpfPolicyManager`: data maps by difference (managers/bpf_policy.py);
+   - `BpfAttachManager`: tc programs on workload interfaces, XDP for untracked host
+     endpoint rules (managers/bpf_attach.py); after the first complete round it sweeps the
+     previous builds' private pins;
+   - `BpfConntrackManager`: the conntrack cleaner thread (managers/bpf_conntrack.py).
+
+Failure: any of 1-3 failing raises `DataplaneUnavailable` with a message saying what is
+missing (no bpffs, BCC not importable, compile/verifier failure with the first lines of the
+error, bad map size), so the agent exits with it (or falls back, if BPFFallback=iptables).
+
+Lifetime: the `LoadedDataplane` (BCC object, program fds, map handles) is shared by the
+managers and closed when the last of them is closed; programs stay attached and maps stay
+pinned (an agent restart adopts them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import subprocess
+
+from agent.bpf import syscall
+from agent.bpf.loader import (
+    BuildConfig,
+    LoadedDataplane,
+    LoaderError,
+    load_dataplane,
+    resolve_pin_dir,
+    sweep_stale_build_pins,
+)
+from agent.bpf.maps import conntrack as ct_map
+from agent.bpf.maps.base import BpfMap
+from agent.config import Config
+from agent.dataplane.errors import DataplaneUnavailable
+from agent.dataplane.manager import Manager
+from agent.dataplane.managers.bpf_attach import BpfAttachManager, ProgramRef
+from agent.dataplane.managers.bpf_conntrack import BpfConntrackManager
+from agent.dataplane.managers.bpf_ifaces import netlink_lister
+from agent.dataplane.managers.bpf_policy import BpfPolicyManager
+
+log = logging.getLogger(__name__)
+
+# Felix parameter -> map it sizes
+MAP_SIZE_PARAMS = {
+    "BPFMapSizeConntrack": "conntrack",
+    "BPFMapSizeIPSets": "ipsets",
+    "BPFMapSizeRules": "rules",
+    "BPFMapSizeRoutes": "routes",
+    "BPFMapSizeEndpoints": "endpoints",
+}
+
+
+def build_config(config: Config) -> BuildConfig:
+    """The loader's BuildConfig from the agent's settings (map sizes checked here, so the
+    error names the Felix parameter)."""
+    sizes = {}
+    for param, map_name in MAP_SIZE_PARAMS.items():
+        value = config.get(param)
+        if not isinstance(value, int) or value < 1:
+            raise DataplaneUnavailable(f"{param}: map size must be a positive integer, "
+                                       f"got {value!r}")
+        sizes[map_name] = value
+    return BuildConfig(pin_dir=str(config.bpf_pin_dir), map_sizes=sizes)
+
+
+def load(build: BuildConfig) -> LoadedDataplane:
+    """Steps 1-3 of the module docstring; DataplaneUnavailable on any failure."""
+    try:
+        build = dataclasses.replace(build, pin_dir=resolve_pin_dir(build.pin_dir))
+    except (LoaderError, OSError, subprocess.CalledProcessError) as exc:
+        raise DataplaneUnavailable(
+            f"BPF dataplane: no bpf filesystem for BPFPinDir {build.pin_dir!r} ({exc}); "
+            "mount it with `mount -t bpf bpf /sys/fs/bpf`") from exc
+    try:
+        import bcc  # noqa: F401  (only to report its absence clearly)
+    except ImportError as exc:
+        raise DataplaneUnavailable(
+            f"BPF dataplane: BCC is not importable ({exc}); install python3-bpfcc and use "
+            "a Python that sees it (a venv made with --system-site-packages)") from exc
+    try:
+        return load_dataplane(build)
+    except (LoaderError, ValueError, OSError) as exc:
+        first = "\n".join(str(exc).splitlines()[:5])
+        raise DataplaneUnavailable(f"BPF dataplane: programs could not be built or loaded "
+                                   f"(kernel headers, BTF, verifier?): {first}") from exc
+
+
+class SharedLoad:
+    """Reference-counted owner of a LoadedDataplane: closed when every user released it."""
+
+    def __init__(self, loaded: LoadedDataplane, users: int) -> None:
+        self.loaded = loaded
+        self._users = users
+
+    def release(self) -> None:
+        self._users -= 1
+        if self._users == 0:
+            self.loaded.close()
+
+
+def program_ref(loaded: LoadedDataplane, name: str) -> ProgramRef:
+    fd = loaded.prog_fd(name)
+    return ProgramRef(fd=fd, prog_id=syscall.prog_info(fd).prog_id, name=name)
+
+
+def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
+    """Step 4: the managers over an already loaded build."""
+    prefixes = tuple(p for p in str(config.interface_prefix).split(",") if p)
+    pin_dir = loaded.config.pin_dir
+    abi = loaded.abi
+    policy = BpfPolicyManager(
+        loaded.maps,
+        interface_prefixes=prefixes,
+        base_config={"DefaultEndpointToHostAction": str(config.default_endpoint_to_host_action)},
+        rules_per_prog=loaded.config.rules_per_prog,
+        list_interfaces=netlink_lister(),
+    )
+
+    def sweep() -> None:
+        removed = sweep_stale_build_pins(pin_dir, abi)
+        if removed:
+            log.info("BPF: removed pins of previous builds: %s", ", ".join(removed))
+
+    attach = BpfAttachManager(
+        {"ingress": program_ref(loaded, "calico_from_wep"),
+         "egress": program_ref(loaded, "calico_to_wep")},
+        program_ref(loaded, "calico_xdp"),
+        interface_prefixes=prefixes,
+        on_all_current=sweep,
+    )
+    conntrack = BpfConntrackManager(
+        lambda: BpfMap.open_pinned(ct_map.PARAMS, pin_dir),
+        interval=float(config.bpf_conntrack_cleanup_interval) or 10.0,
+        timeouts=loaded.config.ct_timeouts,
+    )
+    managers = [policy, attach, conntrack]
+    shared = SharedLoad(loaded, len(managers))
+    for manager in managers:
+        manager.on_close = shared.release
+    return list(managers)
+
+
+def build_bpf_managers(config: Config) -> list[Manager]:
+    """Check, compile once, pin, and return the BPF managers (see module docstring)."""
+    build = build_config(config)
+    loaded = load(build)
+    log.info("BPF dataplane loaded: abi %s, pins under %s%s", loaded.abi,
+             loaded.config.pin_dir,
+             f", replaced {loaded.replaced_pins}" if loaded.replaced_pins else "")
+    try:
+        return managers_for(loaded, config)
+    except Exception:
+        loaded.close()
+        raise

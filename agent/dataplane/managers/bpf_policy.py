@@ -1,0 +1,394 @@
+"""BPF policy manager: calc-graph messages -> PolicyCompiler -> the pinned maps, by difference.
+
+Role: keeps the data maps the tc/XDP programs read (ids, ipsets, rules, endpoints, routes,
+untracked, config) equal to what the calc graph's messages describe. Programs are never
+recompiled: policy is data (bpf/README.md).
+
+Inputs (`on_update`, cheap, no kernel I/O): IP sets (update/delta/remove), active policies
+and profiles, workload and host endpoints, routes, pools, host metadata, ConfigUpdate (over
+the agent's own DefaultEndpointToHostAction), InSync, and the interface monitor's
+InterfaceUpdate / InterfaceAddrsUpdate (ifindexes for endpoints; the host's own addresses
+become LOCAL_HOST routes for the endpoint-to-host action).
+
+`apply()`:
+1. when a resync is due (the first apply, `request_resync()`, after a failure): read every
+   map's ACTUAL contents from the kernel (batched), and list the interfaces. On the first
+   apply the compiler is built from the pinned state (`AdoptedState.from_maps`): a restarted
+   agent keeps every id, chain placement and entry it finds, so the programs (still attached)
+   see no change unless the datastore changed.
+2. compile the whole desired state (the compiler caches per policy/IP set: a change costs
+   little) and write the DIFFERENCE against the mirror of each map, in make-before-break
+   order: ids adds -> ipsets adds -> counter slots of new ids zeroed -> rules (chains in new
+   regions) -> endpoints adds/changes -> routes, untracked, config adds/changes; then, ONLY
+   after InSync: endpoints deletes -> routes/untracked deletes -> ipsets deletes -> ids
+   deletes, and `PolicyCompiler.commit()` (frees ids and regions, which must not happen while
+   stale entries may still point at them). Hash maps are written with batch syscalls.
+   Applying the same state twice writes nothing.
+
+Map full: never a silent drop and never the whole dataplane's problem.
+- ipsets (the trie): the sets whose members did not fit are marked unavailable and the
+  state recompiled with them left out: every chain that references one becomes DENY (fail
+  closed, with a problem naming endpoint, policy and set); other endpoints are unaffected.
+  An unavailable set is retried at a resync or once the trie has room for it.
+- rules (the array): the compiler gives the endpoint that does not fit a DENY chain.
+- endpoints (the hash): that endpoint gets no entry, so the programs drop its traffic.
+- ids / routes / untracked: the entry is left out.
+Each counts `pyfelix_bpf_map_full_errors_total{map}` and logs an error; apply() succeeds
+(retrying would not make room; a resync retries).
+
+Other write errors raise: the mirrors are re-read at the next apply, which retries.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from agent import proto
+from agent.bpf.compiler import (
+    AdoptedState,
+    CompiledDataplane,
+    CompileError,
+    DataplaneState,
+    PolicyCompiler,
+)
+from agent.bpf.maps import counters as counters_map
+from agent.bpf.maps.base import ARRAY_TYPES, MapFullError
+from agent.bpf.maps.ids import IdKind
+from agent.bpf.maps.rules import max_chain_records
+from agent.dataplane.events import InterfaceAddrsUpdate, InterfaceUpdate
+from agent.dataplane.manager import ManagerBase
+from agent.dataplane.managers import bpf_metrics as metrics
+from agent.dataplane.managers.bpf_ifaces import InterfaceTable, Lister
+
+log = logging.getLogger(__name__)
+
+SYNCED_MAPS = ("ids", "ipsets", "rules", "endpoints", "routes", "untracked", "config")
+COUNTER_MAPS = ("rule_counters", "ep_counters")
+_STATE_MESSAGES = (
+    proto.IPSetUpdate, proto.IPSetDeltaUpdate, proto.IPSetRemove,
+    proto.ActivePolicyUpdate, proto.ActivePolicyRemove,
+    proto.ActiveProfileUpdate, proto.ActiveProfileRemove,
+    proto.WorkloadEndpointUpdate, proto.WorkloadEndpointRemove,
+    proto.HostEndpointUpdate, proto.HostEndpointRemove,
+    proto.RouteUpdate, proto.RouteRemove, proto.IPAMPoolUpdate, proto.IPAMPoolRemove,
+    proto.HostMetadataUpdate, proto.HostMetadataRemove,
+)
+_SET_ID = struct.Struct("=I")  # ipset key: prefixlen u32, then set_id u32
+
+
+class MapMirror:
+    """What one pinned map holds, as far as this manager knows, and the writes that keep
+    that knowledge true. `actual` is None until read from the kernel."""
+
+    def __init__(self, bpf_map: Any) -> None:
+        self.map = bpf_map
+        self.actual: dict[bytes, bytes] | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.map.params.name)
+
+    @property
+    def is_array(self) -> bool:
+        return self.map.params.map_type in ARRAY_TYPES
+
+    def reload(self) -> None:
+        self.actual = dict(self.map.items())
+
+    def updates(self, desired: Mapping[bytes, bytes]) -> list[tuple[bytes, bytes]]:
+        actual = self.actual or {}
+        return [(k, v) for k, v in desired.items() if actual.get(k) != v]
+
+    def stale(self, desired: Mapping[bytes, bytes]) -> list[bytes]:
+        if self.is_array:
+            return []
+        return [k for k in (self.actual or {}) if k not in desired]
+
+    def write(self, items: list[tuple[bytes, bytes]]) -> list[bytes]:
+        """Write items (batched where the map allows); returns the keys that did not fit.
+        Other errors raise (after recording what is known to be written)."""
+        if not items:
+            return []
+        assert self.actual is not None
+        try:
+            self.map.update_many(items)
+        except MapFullError:
+            return self._write_one_by_one(items)
+        self.actual.update(items)
+        metrics.MAP_WRITES.labels(self.name, "update").inc(len(items))
+        return []
+
+    def _write_one_by_one(self, items: list[tuple[bytes, bytes]]) -> list[bytes]:
+        assert self.actual is not None
+        failed = []
+        for key, value in items:
+            try:
+                self.map.update(key, value)
+            except MapFullError:
+                failed.append(key)
+                continue
+            self.actual[key] = value
+            metrics.MAP_WRITES.labels(self.name, "update").inc()
+        return failed
+
+    def delete(self, keys: list[bytes]) -> None:
+        if not keys:
+            return
+        assert self.actual is not None
+        self.map.delete_many(keys)
+        for key in keys:
+            self.actual.pop(key, None)
+        metrics.MAP_WRITES.labels(self.name, "delete").inc(len(keys))
+
+
+class BpfPolicyManager(ManagerBase):
+    """Programs the BPF data maps from the calc graph's messages (see module docstring)."""
+
+    name = "bpf-policy"
+    policy_critical = True
+
+    def __init__(
+        self,
+        maps: Mapping[str, Any],
+        *,
+        interface_prefixes: tuple[str, ...] = ("cali",),
+        base_config: Mapping[str, str] | None = None,
+        rules_per_prog: int = 128,
+        list_interfaces: Lister | None = None,
+        hostname: str = "",
+    ) -> None:
+        super().__init__()
+        missing = [n for n in SYNCED_MAPS + COUNTER_MAPS if n not in maps]
+        if missing:
+            raise ValueError(f"BpfPolicyManager: maps {missing} not given")
+        self._maps = dict(maps)
+        self._mirrors = {n: MapMirror(maps[n]) for n in SYNCED_MAPS}
+        self._prefixes = interface_prefixes
+        self._base_config = dict(base_config or {})
+        self._rules_per_prog = rules_per_prog
+        self._list_interfaces = list_interfaces
+        self.state = DataplaneState(hostname=hostname, config=dict(self._base_config))
+        self.interfaces = InterfaceTable()
+        self.compiler: PolicyCompiler | None = None
+        self._dirty = True
+        self._known_numbers: dict[str, set[int]] = {"rules": set(), "endpoints": set()}
+        self._unavailable_sets: set[str] = set()
+        self._logged_problems: frozenset[str] = frozenset()
+        self.last_compiled: CompiledDataplane | None = None
+        self.full_this_round: dict[str, int] = {}
+        self.on_close: Callable[[], None] | None = None  # releases the shared build
+
+    # --- messages --------------------------------------------------------------------------
+
+    def on_update(self, msg: object) -> None:
+        if isinstance(msg, _STATE_MESSAGES):
+            try:
+                self.state.apply(msg)
+            except CompileError as exc:
+                log.error("BPF policy: %s; message ignored", exc)
+                return
+            self._dirty = True
+        elif isinstance(msg, proto.ConfigUpdate):
+            self.state.config = {**self._base_config, **dict(msg.config)}
+            self._dirty = True
+        elif isinstance(msg, InterfaceUpdate | InterfaceAddrsUpdate):
+            if self.interfaces.observe(msg):
+                self._dirty = True
+        elif isinstance(msg, proto.InSync):
+            self._datastore_in_sync = True
+            self._dirty = True
+
+    # --- apply -----------------------------------------------------------------------------
+
+    def apply(self) -> None:
+        if not self._dirty and not self._resync_requested:
+            return
+        try:
+            self._apply()
+        except Exception:
+            self._resync_requested = True  # mirrors may be wrong now: re-read next time
+            raise
+        self._dirty = False
+
+    def _apply(self) -> None:
+        if self._resync_requested:
+            self._read_kernel()
+            self._resync_requested = False
+            retry_all_sets = True
+        else:
+            retry_all_sets = False
+        self.full_this_round = {}
+        self.state.local_addrs = {
+            name: addrs for name, addrs in self.interfaces.addrs_by_name.items()
+            if not name.startswith(self._prefixes)}
+        unavailable = self._sets_to_keep_out(retry_all_sets)
+        compiled = self._compile(unavailable)
+        for _ in range(3):
+            failed_sets = self._write_ipset_adds(compiled)
+            if not failed_sets:
+                break
+            unavailable |= failed_sets
+            compiled = self._compile(unavailable)
+        else:
+            raise RuntimeError("BPF policy: IP sets kept failing to fit in the 'ipsets' map")
+        self._unavailable_sets = unavailable
+        self._write_rest(compiled)
+        if self._datastore_in_sync:
+            self._write_deletes(compiled)
+            assert self.compiler is not None
+            self.compiler.commit(compiled)
+            self._known_numbers = {k: set(compiled.numbers_in_use[k])
+                                   for k in ("rules", "endpoints")}
+        self.last_compiled = compiled
+        self._report(compiled)
+
+    def _read_kernel(self) -> None:
+        for mirror in self._mirrors.values():
+            mirror.reload()
+        if self._list_interfaces is not None:
+            self.interfaces.replace_all(self._list_interfaces())
+        if self.compiler is None:
+            adopted = AdoptedState.from_maps(self._maps["ids"], self._maps["endpoints"],
+                                             self._maps["rules"])
+            self.compiler = PolicyCompiler(
+                rules_capacity=self._maps["rules"].max_entries,
+                max_chain_records=max_chain_records(self._rules_per_prog),
+                rule_counters=self._maps["rule_counters"].max_entries,
+                endpoint_counters=self._maps["ep_counters"].max_entries,
+                adopted=adopted,
+            )
+            self._known_numbers = {
+                "rules": set(adopted.ids.get(IdKind.RULE, {})),
+                "endpoints": set(adopted.ids.get(IdKind.ENDPOINT, {})),
+            }
+            if adopted.chains or any(adopted.ids.values()):
+                log.info("BPF policy: adopted pinned state: %d chains, %d ids",
+                         len(adopted.chains), sum(len(v) for v in adopted.ids.values()))
+
+    def _compile(self, unavailable: set[str]) -> CompiledDataplane:
+        assert self.compiler is not None
+        return self.compiler.compile(self.state, self.interfaces.index_by_name,
+                                     unavailable_ipsets=frozenset(unavailable))
+
+    def _sets_to_keep_out(self, retry_all: bool) -> set[str]:
+        """IP sets that did not fit before and still would not (retried at a resync, or
+        when the trie has room for all their members)."""
+        if retry_all or not self._unavailable_sets:
+            return set()
+        ipsets = self._mirrors["ipsets"]
+        room = ipsets.map.max_entries - len(ipsets.actual or {})
+        keep = set()
+        for name in sorted(self._unavailable_sets):
+            s = self.state.ipsets.get(name)
+            if s is None:
+                continue
+            if len(s.members) > room:
+                keep.add(name)
+            else:
+                room -= len(s.members)
+        return keep
+
+    # --- writes, in make-before-break order -----------------------------------------------
+
+    def _write_ipset_adds(self, compiled: CompiledDataplane) -> set[str]:
+        """ids adds, then IP-set members set by set; returns the sets that did not fit."""
+        self._write_checked("ids", self._mirrors["ids"].updates(compiled.ids))
+        ipsets = self._mirrors["ipsets"]
+        by_set: dict[int, list[tuple[bytes, bytes]]] = {}
+        for key, value in ipsets.updates(compiled.ipsets):
+            by_set.setdefault(_SET_ID.unpack_from(key, 4)[0], []).append((key, value))
+        failed: set[str] = set()
+        # compiler-made net sets (a rule's nets, small) first, then IP sets smallest first:
+        # when the trie is nearly full, as many sets as possible fit whole
+        order = sorted(by_set, key=lambda n: (n in compiled.ipset_numbers, len(by_set[n]), n))
+        for number in order:
+            if ipsets.write(by_set[number]):
+                name = compiled.ipset_numbers.get(number)
+                self._count_full("ipsets", len(by_set[number]))
+                if name is None:  # a compiler-made net set (a rule's nets): not isolable
+                    raise MapFullError("ipsets", ipsets.map.max_entries,
+                                       f"no room for the nets of set number {number}")
+                log.error("BPF map 'ipsets' is full (max_entries=%d): IP set %r (%d members) "
+                          "left out; endpoints whose policy uses it deny that direction",
+                          ipsets.map.max_entries, name, len(by_set[number]))
+                failed.add(name)
+        return failed
+
+    def _write_rest(self, compiled: CompiledDataplane) -> None:
+        self._zero_new_counters(compiled)
+        self._write_checked("rules", self._mirrors["rules"].updates(compiled.all_rules()))
+        endpoints = self._mirrors["endpoints"]
+        failed = endpoints.write(endpoints.updates(compiled.endpoints))
+        if failed:
+            self._count_full("endpoints", len(failed))
+            log.error("BPF map 'endpoints' is full (max_entries=%d): %d endpoint(s) not "
+                      "programmed; their traffic is dropped", endpoints.map.max_entries,
+                      len(failed))
+        for name in ("routes", "untracked", "config"):
+            self._write_checked(name, self._mirrors[name].updates(getattr(compiled, name)))
+
+    def _write_deletes(self, compiled: CompiledDataplane) -> None:
+        for name in ("endpoints", "routes", "untracked", "ipsets", "ids"):
+            mirror = self._mirrors[name]
+            mirror.delete(mirror.stale(getattr(compiled, name)))
+
+    def _write_checked(self, name: str, items: list[tuple[bytes, bytes]]) -> None:
+        failed = self._mirrors[name].write(items)
+        if failed:
+            self._count_full(name, len(failed))
+            log.error("BPF map %r is full (max_entries=%d): %d entries left out", name,
+                      self._mirrors[name].map.max_entries, len(failed))
+
+    def _zero_new_counters(self, compiled: CompiledDataplane) -> None:
+        """Counter slots of numbers given to a new owner start from zero."""
+        for kind, map_name in (("rules", "rule_counters"), ("endpoints", "ep_counters")):
+            new = compiled.numbers_in_use[kind] - self._known_numbers[kind]
+            if not new:
+                continue
+            m = self._maps[map_name]
+            zero = bytes(m.value_blob_size)
+            m.update_many((counters_map.encode_index(n), zero) for n in sorted(new)
+                          if n < m.max_entries)
+            self._known_numbers[kind] |= new
+
+    # --- reporting -------------------------------------------------------------------------
+
+    def _count_full(self, map_name: str, entries: int) -> None:
+        if map_name not in self.full_this_round:
+            metrics.MAP_FULL_ERRORS.labels(map_name).inc()
+        self.full_this_round[map_name] = self.full_this_round.get(map_name, 0) + entries
+
+    def _report(self, compiled: CompiledDataplane) -> None:
+        for name in compiled.full_maps:
+            self._count_full(name, 0)
+        problems = frozenset(compiled.problems)
+        for problem in sorted(problems - self._logged_problems):
+            log.warning("BPF policy: %s", problem)
+        self._logged_problems = problems
+        metrics.COMPILE_PROBLEMS.set(len(problems))
+        for name, mirror in self._mirrors.items():
+            if name == "rules":
+                used = sum(len(chain) for chain in compiled.chains_in_use)
+                metrics.MAP_ENTRIES.labels(name).set(used)
+            else:
+                metrics.MAP_ENTRIES.labels(name).set(len(mirror.actual or {}))
+            metrics.MAP_MAX_ENTRIES.labels(name).set(mirror.map.max_entries)
+
+    def close(self) -> None:
+        """The maps stay pinned and programmed; only our handles go."""
+        if self.on_close is not None:
+            self.on_close()
+            self.on_close = None
+
+    # --- introspection (tests, status) ---------------------------------------------------
+
+    @property
+    def unavailable_ipsets(self) -> frozenset[str]:
+        return frozenset(self._unavailable_sets)
+
+    def problems(self) -> list[str]:
+        return list(self.last_compiled.problems) if self.last_compiled else []
+

@@ -1,0 +1,169 @@
+"""BpfAttachManager on a FakeAttacher: our programs on every workload interface, idempotent,
+stale programs of an earlier build replaced, nothing that is not ours touched, XDP only where
+host endpoints have untracked policy."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent import proto as p
+from agent.bpf.attach import AttachError, TcFilter, filter_name
+from agent.dataplane.events import IFACE_ABSENT, IFACE_DOWN, IFACE_UP, InterfaceUpdate
+from agent.dataplane.managers.bpf_attach import BpfAttachManager, ProgramRef
+from tests.bpf.fakes import FakeAttacher
+
+FROM = ProgramRef(fd=101, prog_id=501, name="calico_from_wep")
+TO = ProgramRef(fd=102, prog_id=502, name="calico_to_wep")
+XDP = ProgramRef(fd=103, prog_id=503, name="calico_xdp")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def setup(**kw) -> tuple[BpfAttachManager, FakeAttacher, list[int]]:
+    fake = FakeAttacher()
+    fake.programs = {503: "calico_xdp"}
+    fake.xdp_fds = {103: 503}
+    fake.add_link("lo", 1)
+    fake.add_link("eth0", 2)
+    fake.add_link("cali1", 11)
+    swept: list[int] = []
+    m = BpfAttachManager({"ingress": FROM, "egress": TO}, XDP, attacher=fake,
+                         on_all_current=lambda: swept.append(1), **kw)
+    return m, fake, swept
+
+
+def ours(fake: FakeAttacher, name: str) -> dict[str, list[str]]:
+    return {hook: [f.name for f in fs] for hook, fs in fake.links[name].filters.items()}
+
+
+CURRENT = {"ingress": [filter_name("calico_from_wep", 501)],
+           "egress": [filter_name("calico_to_wep", 502)]}
+
+
+def test_attaches_to_workload_interfaces_only_and_is_idempotent():
+    m, fake, _ = setup()
+    m.apply()
+    assert ours(fake, "cali1") == CURRENT
+    assert fake.links["cali1"].fds == {("ingress", 1, 1): 101, ("egress", 1, 1): 102}
+    assert ours(fake, "eth0") == {"ingress": [], "egress": []}
+    assert not fake.links["eth0"].clsact and not fake.links["lo"].clsact
+    before = fake.mutations
+    m.apply()
+    m.request_resync()
+    m.apply()
+    assert fake.mutations == before
+
+
+def test_new_interface_is_attached_in_the_next_apply_with_its_latency_recorded():
+    clock = Clock()
+    m, fake, _ = setup(clock=clock)
+    m.apply()
+    fake.add_link("cali2", 12)
+    m.on_update(InterfaceUpdate("cali2", 12, IFACE_DOWN))  # down interfaces get them too
+    m.on_update(InterfaceUpdate("veth9", 13, IFACE_UP))  # not a workload interface
+    clock.now += 0.25
+    m.apply()
+    assert ours(fake, "cali2") == CURRENT
+    assert 12 in m.attached and 13 not in m.attached
+    assert m.attach_latencies[-1] == pytest.approx(0.25)
+
+
+def test_stale_program_of_an_earlier_build_is_replaced_and_foreign_filters_kept():
+    m, fake, _ = setup()
+    cali1 = fake.links["cali1"]
+    cali1.clsact = True
+    cali1.filters["ingress"] = [TcFilter(1, 1, "bpf", filter_name("calico_from_wep", 7)),
+                                TcFilter(5, 1, "u32", "someone-else"),
+                                TcFilter(9, 3, "bpf", filter_name("calico_from_wep", 6))]
+    cali1.filters["egress"] = [TcFilter(2, 1, "bpf", "other-tool")]
+    m.apply()
+    assert ours(fake, "cali1") == {
+        "ingress": ["someone-else", filter_name("calico_from_wep", 501)],  # old extra gone
+        "egress": ["other-tool", filter_name("calico_to_wep", 502)],
+    }
+
+
+def test_foreign_filter_at_our_slot_is_an_error_and_left_alone():
+    m, fake, _ = setup()
+    cali1 = fake.links["cali1"]
+    cali1.clsact = True
+    cali1.filters["ingress"] = [TcFilter(1, 1, "bpf", "not-ours")]
+    with pytest.raises(AttachError, match="not ours"):
+        m.apply()
+    assert ours(fake, "cali1")["ingress"] == ["not-ours"]
+    assert 11 not in m.attached
+
+
+def test_interface_that_vanishes_is_forgotten_not_an_error():
+    m, fake, _ = setup()
+    m.on_update(InterfaceUpdate("cali2", 12, IFACE_UP))  # reported, but already gone
+    m.apply()
+    assert 12 not in m.attached
+    m.on_update(InterfaceUpdate("cali1", 11, IFACE_ABSENT))
+    fake.remove_link("cali1")
+    m.apply()
+    assert m.attached == frozenset()
+
+
+def test_xdp_follows_host_endpoints_with_untracked_policy():
+    m, fake, _ = setup()
+    hep = p.HostEndpointID("node1-eth0")
+    m.on_update(p.InSync())
+    m.on_update(p.HostEndpointUpdate(hep, p.HostEndpoint(
+        "eth0", untracked_tiers=(p.TierInfo("default", ingress_policies=("x",)),))))
+    m.apply()
+    assert fake.links["eth0"].xdp_prog_id == 503
+    assert fake.links["cali1"].xdp_prog_id == 0 and fake.links["lo"].xdp_prog_id == 0
+    m.on_update(p.HostEndpointRemove(hep))
+    m.apply()
+    assert fake.links["eth0"].xdp_prog_id == 0
+
+
+def test_foreign_xdp_program_is_not_replaced():
+    m, fake, _ = setup()
+    fake.programs[900] = "someone_xdp"
+    fake.links["eth0"].xdp_prog_id = 900
+    m.on_update(p.HostEndpointUpdate(p.HostEndpointID("h"), p.HostEndpoint(
+        "*", untracked_tiers=(p.TierInfo("default", ingress_policies=("x",)),))))
+    with pytest.raises(AttachError, match="not ours"):
+        m.apply()
+    assert fake.links["eth0"].xdp_prog_id == 900
+
+
+def test_stale_xdp_of_ours_is_removed_after_in_sync_only():
+    m, fake, _ = setup()
+    fake.programs[400] = "calico_xdp"  # an earlier build's program, left on eth0
+    fake.links["eth0"].xdp_prog_id = 400
+    m.apply()
+    assert fake.links["eth0"].xdp_prog_id == 400
+    m.on_update(p.InSync())
+    m.apply()
+    assert fake.links["eth0"].xdp_prog_id == 0
+
+
+def test_old_build_pins_swept_once_after_in_sync_when_all_attached():
+    m, _fake, swept = setup()
+    m.apply()
+    m.finish_apply()
+    assert swept == []  # not before in-sync
+    m.on_update(p.InSync())
+    m.apply()
+    m.finish_apply()
+    m.finish_apply()
+    assert swept == [1]
+
+
+def test_close_closes_the_attacher_and_releases_the_build():
+    m, fake, _ = setup()
+    released = []
+    m.on_close = lambda: released.append(1)
+    m.apply()
+    m.close()
+    assert fake.closed and released == [1]
+    assert ours(fake, "cali1") == CURRENT  # programs stay attached
