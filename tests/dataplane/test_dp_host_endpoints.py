@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 
 from agent.dataplane.events import IFACE_ABSENT, IFACE_UP, InterfaceAddrsUpdate, InterfaceUpdate
-from agent.dataplane.iptables.hostendpoints import Failsafes
+from agent.dataplane.iptables.hostendpoints import Failsafes, parse_failsafe_ports
 from agent.dataplane.managers.hostips import HostIPsManager
 from agent.dataplane.managers.ipsets import IPSetsManager
 from agent.dataplane.managers.iptables import IptablesManager
@@ -152,6 +152,29 @@ def test_deny_all_policy_never_blocks_failsafe_ports() -> None:
     h.feed(ConfigUpdate((("FailsafeInboundHostPorts", "icmp:7"),)))
     h.apply()
     assert h.to_host(proto=TCP, dport=2222) == "ACCEPT"
+    # a FelixConfiguration resource's spelling: camelCase key, JSON list of {protocol, port}
+    ports = '[{"port": 8443, "protocol": "TCP"}, {"port": 500, "protocol": "UDP"}]'
+    h.feed(ConfigUpdate((("failsafeInboundHostPorts", ports),)))
+    h.apply()
+    assert h.to_host(proto=TCP, dport=8443) == "ACCEPT"
+    assert h.to_host(proto=UDP, dport=500) == "ACCEPT"
+    assert h.to_host(proto=TCP, dport=2222) == "DROP"
+
+
+@pytest.mark.parametrize(("text", "ports"), [
+    ("tcp:22, udp:68,179", (("tcp", 22), ("udp", 68), ("tcp", 179))),
+    ('[{"protocol": "SCTP", "port": 9}, {"port": 10}]', (("sctp", 9), ("tcp", 10))),
+    ("", ()),
+])
+def test_failsafe_port_lists_in_both_spellings(text: str, ports: tuple) -> None:  # type: ignore[type-arg]
+    assert parse_failsafe_ports(text) == ports
+
+
+@pytest.mark.parametrize("text", ["icmp:1", "tcp:0", "tcp:x", "[1]", "[{\"protocol\": \"tcp\"}]",
+                                  "[unclosed"])
+def test_bad_failsafe_port_lists_are_rejected(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_failsafe_ports(text)
 
 
 def test_policies_and_profiles_of_a_host_endpoint() -> None:
@@ -303,6 +326,13 @@ def test_default_endpoint_to_host_action(action: str, verdict: str) -> None:
     h = HostHarness(endpoint_to_host_action=action)
     h.sync(ALLOW_ALL, endpoint("cali1", "10.65.0.1", profiles=["allow-all"]))
     assert h.to_host(iif="cali1", src="10.65.0.1", proto=TCP, dport=80) == verdict
+    # the datastore's spelling switches it live
+    other = "Drop" if action != "Drop" else "Accept"
+    h.feed(ConfigUpdate((("defaultEndpointToHostAction", other.lower()),)))
+    h.apply()
+    assert h.to_host(iif="cali1", src="10.65.0.1", proto=TCP, dport=80) == other.upper()
+    h.feed(ConfigUpdate((("defaultEndpointToHostAction", action),)))
+    h.apply()
     # a workload's egress policy still applies first
     h.feed(endpoint("cali1", "10.65.0.1"))
     h.apply()

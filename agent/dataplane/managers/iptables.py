@@ -36,7 +36,6 @@ from __future__ import annotations
 import ipaddress
 import logging
 
-from agent.config import parse_proto_ports
 from agent.dataplane.events import IFACE_ABSENT, InterfaceAddrsUpdate, InterfaceUpdate
 from agent.dataplane.iptables.chains import Chain
 from agent.dataplane.iptables.hostendpoints import (
@@ -45,6 +44,7 @@ from agent.dataplane.iptables.hostendpoints import (
     RAW,
     Failsafes,
     HostEndpointRenderer,
+    parse_failsafe_ports,
 )
 from agent.dataplane.iptables.names import valid_iface_name
 from agent.dataplane.iptables.render import (
@@ -122,6 +122,9 @@ class IptablesManager(ManagerBase):
         )
         self._hep_renderer = HostEndpointRenderer(self._renderer)
         self._failsafes = failsafes or Failsafes()
+        # what a ConfigUpdate without the setting falls back to (agent config at start)
+        self._base_failsafes = self._failsafes
+        self._base_action = endpoint_to_host_action
         self._tables: dict[str, IptablesTable] = {}
         self._policies: dict[PolicyID, Policy] = {}
         self._policy_tables: dict[PolicyID, str] = {}
@@ -241,25 +244,30 @@ class IptablesManager(ManagerBase):
         if changed and any(not hep.name for hep in self._host_endpoints.values()):
             self._heps_dirty = True
 
-    def _on_config(self, config: dict[str, str]) -> None:
-        action = config.get("DefaultEndpointToHostAction")
-        if action is not None and action != self._renderer.endpoint_to_host_action:
+    def _on_config(self, raw: dict[str, str]) -> None:
+        # FelixConfiguration spec keys are camelCase (defaultEndpointToHostAction); Felix
+        # matches names case-insensitively.
+        config = {k.lower(): v for k, v in raw.items()}
+        action = config.get("defaultendpointtohostaction", self._base_action)
+        if action.lower() != self._renderer.endpoint_to_host_action.lower():
             if action.lower() not in ENDPOINT_TO_HOST_ACTIONS:
                 log.error("config DefaultEndpointToHostAction: %r is not Drop, Return or "
                           "Accept; keeping %s", action, self._renderer.endpoint_to_host_action)
             else:
-                self._renderer.endpoint_to_host_action = action
+                self._renderer.endpoint_to_host_action = action.capitalize()
                 self._static_dirty = True
-        inbound, outbound = self._failsafes.inbound, self._failsafes.outbound
+        inbound, outbound = self._base_failsafes.inbound, self._base_failsafes.outbound
         for key in ("FailsafeInboundHostPorts", "FailsafeOutboundHostPorts"):
-            raw = config.get(key)
-            if raw is None:
+            value = config.get(key.lower())
+            if value is None:
                 continue
             try:
-                ports = parse_proto_ports(raw)
+                ports = parse_failsafe_ports(value)
             except ValueError as exc:
                 log.error("config %s: %s; keeping the previous value", key, exc)
-                continue
+                previous = self._failsafes
+                ports = previous.inbound if key == "FailsafeInboundHostPorts" \
+                    else previous.outbound
             if key == "FailsafeInboundHostPorts":
                 inbound = ports
             else:
