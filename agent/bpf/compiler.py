@@ -557,6 +557,7 @@ class CompiledDataplane:
 
 
 _ENCODED: dict[RuleRecord, bytes] = {}
+_MISSING = object()
 
 
 def _encode_record(rec: RuleRecord) -> bytes:
@@ -624,7 +625,8 @@ class PolicyCompiler:
             self.layout.adopt(chain, start)
         self._netset_members: dict[int, tuple[str, ...]] = {}
         # IP set id -> (IPSetState object, version, set number, encoded keys, problems)
-        self._encoded_sets: dict[str, tuple[IPSetState, int, int, list[bytes], list[str]]] = {}
+        self._encoded_sets: dict[str, tuple[IPSetState, int, int, list[bytes], list[str],
+                                            dict[str, bytes | str | None]]] = {}
         self._fragments: dict[tuple[Any, str], tuple[Any, _Fragment]] = {}
         self._counter_problems: list[str] = []
         self.unavailable_ipsets: frozenset[str] = frozenset()
@@ -883,16 +885,21 @@ class PolicyCompiler:
                 continue  # left out whole; rules using it compile to DENY
             hit = self._encoded_sets.get(set_name)
             if hit is None or hit[0] is not s or hit[1] != s.version or hit[2] != number:
-                keys, set_problems = [], []
+                # re-encode only members not seen before (a delta costs dict lookups, not
+                # parsing): member -> key, None (IPv6: skipped) or a problem text
+                known = hit[5] if hit is not None and hit[2] == number else {}
+                encoded: dict[str, bytes | str | None] = {}
                 for member in s.members:
-                    try:
-                        key = ipsets_map.member_key(number, member)
-                    except ValueError as e:
-                        set_problems.append(f"IP set {set_name}: {e}; member ignored")
-                        continue
-                    if key is not None:
-                        keys.append(key)
-                hit = (s, s.version, number, keys, set_problems)
+                    enc = known.get(member, _MISSING)
+                    if enc is _MISSING:
+                        try:
+                            enc = ipsets_map.member_key(number, member)
+                        except ValueError as e:
+                            enc = f"IP set {set_name}: {e}; member ignored"
+                    encoded[member] = enc  # type: ignore[assignment]
+                keys = [k for k in encoded.values() if isinstance(k, bytes)]
+                set_problems = [k for k in encoded.values() if isinstance(k, str)]
+                hit = (s, s.version, number, keys, set_problems, encoded)
             cache[set_name] = hit
             problems += hit[4]
             out.update(dict.fromkeys(hit[3], value))

@@ -15,7 +15,9 @@ from __future__ import annotations
 import ctypes
 import ipaddress
 import os
+import socket
 import struct
+import sys
 
 from agent.bpf.maps.base import BpfMap, MapParams, MapType, be32_to_ip, ip_to_be32
 
@@ -79,8 +81,34 @@ def key_for(set_id: int, net: ipaddress.IPv4Network, proto: int = 0, port: int =
     )
 
 
+def _fast_v4_key(set_id: int, member: str) -> bytes | None:
+    """The key of a plain "a.b.c.d[/n]" member without the ipaddress module (about 20x
+    faster: IP sets reach hundreds of thousands of members), or None if `member` is
+    anything else (the general path then parses it or reports it)."""
+    addr, slash, plen_text = member.partition("/")
+    try:
+        packed = socket.inet_pton(socket.AF_INET, addr)  # strict dotted quad only
+    except OSError:
+        return None
+    if slash:
+        if not plen_text.isdigit() or len(plen_text) > 2:
+            return None
+        plen = int(plen_text)
+        if plen > 32:
+            return None
+    else:
+        plen = 32
+    value = int.from_bytes(packed, "big") & ((0xFFFFFFFF << (32 - plen)) & 0xFFFFFFFF)
+    return _KEY.pack(KEY_FIXED_BITS + plen, set_id, 0, 0, 0,
+                     int.from_bytes(value.to_bytes(4, "big"), sys.byteorder))
+
+
 def member_key(set_id: int, member: str) -> bytes | None:
     """The trie key of one member string, or None for an IPv6 member."""
+    if "," not in member and ":" not in member:
+        key = _fast_v4_key(set_id, member.strip())
+        if key is not None:
+            return key
     net, proto, port = parse_member(member)
     if net.version != 4:
         return None
