@@ -37,6 +37,7 @@ from agent.dataplane.ifacemonitor import InterfaceMonitor
 from agent.dataplane.iptables.hostendpoints import Failsafes
 from agent.dataplane.loop import DataplaneLoop
 from agent.dataplane.manager import Manager
+from agent.dataplane.managers.endpoint_status import EndpointStatusManager, Report
 from agent.dataplane.managers.hostips import HostIPsManager, InterfaceMatcher
 from agent.dataplane.managers.ipsets import IPSetsManager
 from agent.dataplane.managers.iptables import IptablesManager
@@ -132,8 +133,12 @@ class LinuxDataplaneConfig:
 
 
 def linux_managers(cfg: LinuxDataplaneConfig, *, netns: str | None = None,
-                   extra_managers: Sequence[Manager] = ()) -> list[Manager]:
-    """The managers of one namespace's dataplane, in the order a round applies them."""
+                   extra_managers: Sequence[Manager] = (),
+                   endpoint_status: Report | None = None) -> list[Manager]:
+    """The managers of one namespace's dataplane, in the order a round applies them.
+
+    `endpoint_status(kind, endpoint id, status | None)`: when given (EndpointReportingEnabled),
+    an `EndpointStatusManager` runs last and reports each endpoint's up/down/error."""
     managers: list[Manager] = list(extra_managers)
     if not cfg.bpf_mode:
         managers.append(IPSetsManager(netns=netns, max_size=cfg.max_ipset_size))
@@ -156,6 +161,8 @@ def linux_managers(cfg: LinuxDataplaneConfig, *, netns: str | None = None,
         SysctlManager(netns=netns, interface_prefixes=cfg.interface_prefixes,
                       bpf_mode=cfg.bpf_mode),
     ]
+    if endpoint_status is not None:
+        managers.append(EndpointStatusManager(endpoint_status))
     return managers
 
 
@@ -169,9 +176,11 @@ class LinuxDataplane:
         config: LinuxDataplaneConfig | None = None,
         extra_managers: Sequence[Manager] = (),
         on_fatal: Callable[[str], None] | None = None,
+        endpoint_status: Report | None = None,
     ) -> None:
         cfg = config or LinuxDataplaneConfig()
-        managers = linux_managers(cfg, netns=netns, extra_managers=extra_managers)
+        managers = linux_managers(cfg, netns=netns, extra_managers=extra_managers,
+                                  endpoint_status=endpoint_status)
         self.loop = DataplaneLoop(managers, resync_interval=cfg.resync_interval,
                                   fail_closed_after=cfg.fail_closed_after, on_fatal=on_fatal)
         self.monitor = InterfaceMonitor(self.loop.enqueue, netns=netns,

@@ -1,0 +1,12 @@
+"""Status reporting: the agent's node and endpoint status records in the datastore.
+
+`records` (NodeStatus, EndpointStatus, StatusSnapshot), `stores` (file and etcd stores,
+`open_status_store(url)`), `reporter` (the StatusReporter thread). See each module.
+"""
+
+from agent.status.records import EndpointStatus, NodeStatus, StatusSnapshot
+from agent.status.reporter import StatusReporter
+from agent.status.stores import StatusStoreError, open_status_store
+
+__all__ = ["EndpointStatus", "NodeStatus", "StatusReporter", "StatusSnapshot",
+           "StatusStoreError", "open_status_store"]
