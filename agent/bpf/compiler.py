@@ -104,10 +104,13 @@ class DataplaneState:
     # this host's own addresses by interface (set by the manager from the interface
     # monitor, not by apply()): each IPv4 address is a LOCAL_HOST /32 in the routes trie
     local_addrs: dict[str, frozenset[str]] = field(default_factory=dict)
+    routes_version: int = 0  # bumped by every route/pool/host message (compile caching)
 
     def apply(self, msg: Any) -> None:
         """Fold one agent.proto message into the state. A delta for an unknown IP set
         raises CompileError naming it."""
+        if isinstance(msg, _ROUTE_INPUTS):
+            self.routes_version += 1
         match msg:
             case proto.IPSetUpdate():
                 old = self.ipsets.get(msg.id)
@@ -154,6 +157,10 @@ class DataplaneState:
                 self.config = dict(msg.config)
             case _:
                 pass
+
+
+_ROUTE_INPUTS = (proto.RouteUpdate, proto.RouteRemove, proto.IPAMPoolUpdate, proto.IPAMPoolRemove,
+                 proto.HostMetadataUpdate, proto.HostMetadataRemove)
 
 
 # --- id allocation ---------------------------------------------------------------------------
@@ -630,6 +637,7 @@ class PolicyCompiler:
         self._fragments: dict[tuple[Any, str], tuple[Any, _Fragment]] = {}
         self._counter_problems: list[str] = []
         self.unavailable_ipsets: frozenset[str] = frozenset()
+        self._routes_cache: tuple[Any, dict[bytes, bytes], list[str]] | None = None
 
     # ids
 
@@ -841,7 +849,7 @@ class PolicyCompiler:
 
         untracked = self._untracked(state, ifindexes, problems, pending)
         ipsets = self._ipset_entries(state, problems)
-        routes = self._routes(state, ifindexes, problems)
+        routes = self._cached_routes(state, ifindexes, problems)
         cfg = self._config(state, problems)
 
         used_rule_ids = {r.counter_id for c in chains_in_use for r in c if r.counter_id}
@@ -986,6 +994,22 @@ class PolicyCompiler:
                     out.add(str(net))
             return sorted(out)
         return None
+
+    def _cached_routes(self, state: DataplaneState, ifindexes: Mapping[str, int],
+                       problems: list[str]) -> dict[bytes, bytes]:
+        """`_routes`, recomputed only when its inputs changed (parsing a thousand workload
+        routes on every compile was most of a policy change's cost)."""
+        key = (id(state), state.routes_version,
+               tuple(sorted((n, frozenset(a)) for n, a in state.local_addrs.items())),
+               tuple(ifindexes.get(r.local_workload_iface, 0)
+                     for r in state.routes.values() if r.local_workload_iface))
+        cached = self._routes_cache
+        if cached is None or cached[0] != key:
+            route_problems: list[str] = []
+            cached = self._routes_cache = (key, self._routes(state, ifindexes, route_problems),
+                                           route_problems)
+        problems += cached[2]
+        return dict(cached[1])
 
     @staticmethod
     def _routes(state: DataplaneState, ifindexes: Mapping[str, int],
