@@ -3,6 +3,7 @@
     python -m agent.lab.conformance                         # every conformant dataplane
     python -m agent.lab.conformance --dataplane bpf -o json
     python -m agent.lab.conformance --case tier --case k8s-egress
+    python -m agent.lab.conformance --nodes 2       # pods on two nodes, BGP between them
     python -m agent.lab.conformance --list
     python -m agent.lab.conformance --emit-scenario suite.yaml   # for `pyfelix lab run`
 
@@ -37,13 +38,15 @@ def run_conformance(
     probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
     max_workers: int = DEFAULT_MAX_WORKERS,
     interface_prefix: str = "cali",
+    nodes: int = 1,
     progress: object = None,
 ) -> ConformanceReport:
-    """Run the selected cases on each dataplane in turn (one lab per dataplane)."""
+    """Run the selected cases on each dataplane in turn (one lab per dataplane), with the
+    pods spread over `nodes` nodes (several: confd + BIRD route between them)."""
     cases = select_cases(ALL_CASES, case_patterns)
     if not cases:
         raise ValueError(f"no case matches {list(case_patterns)}")
-    plan = build_plan(cases)
+    plan = build_plan(cases, nodes=nodes)
     started = time.monotonic()
     outcomes = [
         run_dataplane(cases, dataplane, probe_timeout=probe_timeout, max_workers=max_workers,
@@ -70,6 +73,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="seconds before a probe without answer counts as deny")
     parser.add_argument("--workers", type=int, default=DEFAULT_MAX_WORKERS,
                         help="probes in flight at once")
+    parser.add_argument("--nodes", type=int, default=1,
+                        help="spread the pods over this many nodes (BGP between them)")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     parser.add_argument("--emit-scenario", metavar="FILE",
                         help="write the suite as a lab scenario (steps form) and exit")
@@ -80,6 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if not 0.05 <= args.probe_timeout <= 30:
         print("--probe-timeout must be between 0.05 and 30 seconds", file=sys.stderr)
+        return 2
+    if not 1 <= args.nodes <= 9:
+        print("--nodes must be between 1 and 9", file=sys.stderr)
         return 2
     if args.workers < 1:
         print("--workers must be at least 1", file=sys.stderr)
@@ -94,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{case.name:<48} {case.group:<10} {case.summary}{follows}")
         return 0
     if args.emit_scenario:
-        plan = build_plan(cases)
+        plan = build_plan(cases, nodes=args.nodes)
         with open(args.emit_scenario, "w") as out:
             yaml.dump(plan.scenario_data, out, sort_keys=False,
                       Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper))
@@ -111,7 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = run_conformance(
             args.dataplane or CONFORMANT_DATAPLANES, case_patterns=args.case,
             probe_timeout=args.probe_timeout, max_workers=args.workers,
-            interface_prefix=prefix, progress=lambda m: print(m, file=sys.stderr, flush=True))
+            interface_prefix=prefix, nodes=args.nodes,
+            progress=lambda m: print(m, file=sys.stderr, flush=True))
     except LabInterrupted as exc:
         print(f"conformance: interrupted ({exc}); lab torn down", file=sys.stderr)
         return 128 + exc.signum

@@ -96,9 +96,9 @@ def plan_steps(cases: Sequence[Case], base: Mapping[DocKey, dict[str, Any]]
     return steps
 
 
-def scenario_with_steps(steps: Sequence[PlannedStep], name: str = "conformance"
-                        ) -> dict[str, Any]:
-    data = scenario_data(name)
+def scenario_with_steps(steps: Sequence[PlannedStep], name: str = "conformance",
+                        nodes: int = 1) -> dict[str, Any]:
+    data = scenario_data(name, nodes)
     data["steps"] = [
         {
             "apply": [dict(doc) for doc in step.apply],
@@ -115,12 +115,14 @@ def scenario_with_steps(steps: Sequence[PlannedStep], name: str = "conformance"
     return data
 
 
-def build_plan(cases: Sequence[Case], name: str = "conformance") -> SuitePlan:
-    """Plan the suite (pure: nothing is created; the lab's topology is only planned)."""
-    base_scenario = parse_scenario(scenario_data(name), source=f"<{name}>")
+def build_plan(cases: Sequence[Case], name: str = "conformance", nodes: int = 1
+               ) -> SuitePlan:
+    """Plan the suite on `nodes` nodes (pure: nothing is created; the lab's topology is only
+    planned)."""
+    base_scenario = parse_scenario(scenario_data(name, nodes), source=f"<{name}>")
     topology = plan_topology(naming.new_run_id(), base_scenario)
     base = world_documents(base_scenario, topology)
     steps = plan_steps(cases, base)
-    data = scenario_with_steps(steps, name)
+    data = scenario_with_steps(steps, name, nodes)
     scenario = parse_scenario(data, source=f"<{name}>")
     return SuitePlan(tuple(steps), scenario, data, base)

@@ -9,7 +9,7 @@ dataplane ran every case with zero mismatches and no lab error.
 
 JSON shape:
     {"ok": bool, "seconds": float, "cases": int,
-     "dataplanes": {"<dp>": {"cases": n, "cases_run": n, "cases_passed": n, "probes": n,
+     "dataplanes": {"<dp>": {"nodes": n, "cases": n, "cases_run": n, "cases_passed": n, "probes": n,
                             "mismatches": [{"case", "group", "from", "to", "protocol", "port",
                                             "expected", "got", "detail", "persistent"}],
                             "error": str|null, "seconds": s, "timings": {...},
@@ -25,6 +25,8 @@ from typing import Any
 
 from agent.lab.conformance.matrix import truth_table
 from agent.lab.conformance.suite import DataplaneOutcome
+
+MAX_LISTED_MISMATCHES = 60
 
 
 @dataclass
@@ -46,11 +48,11 @@ class ConformanceReport:
         }
 
     def format_text(self, *, tables: bool = True) -> str:
-        lines = [_row(["DATAPLANE", "CASES", "RUN", "PASSED", "PROBES", "MISMATCHES",
+        lines = [_row(["DATAPLANE", "NODES", "CASES", "RUN", "PASSED", "PROBES", "MISMATCHES",
                        "SECONDS"])]
         for o in self.outcomes:
-            lines.append(_row([o.dataplane, o.planned_cases, len(o.cases), o.cases_passed,
-                               o.probes, len(o.mismatches), f"{o.seconds:.1f}"]))
+            lines.append(_row([o.dataplane, o.nodes, o.planned_cases, len(o.cases),
+                               o.cases_passed, o.probes, len(o.mismatches), f"{o.seconds:.1f}"]))
         lines.append(f"total: {self.seconds:.1f}s; "
                      + ("every case agreed with the expected matrix on every dataplane"
                         if self.all_agree else "NOT CONFORMANT"))
@@ -59,13 +61,16 @@ class ConformanceReport:
                 lines.append(f"{o.dataplane}: lab error: {o.error}")
             timings = ", ".join(f"{k} {v:.1f}" for k, v in sorted(o.timings.items()))
             lines.append(f"{o.dataplane} timings (s): {timings}")
-            for case, result in o.mismatches:
+            for case, result in o.mismatches[:MAX_LISTED_MISMATCHES]:
                 cell = result.cell
                 persistent = {True: "persistent", False: "transient", None: "not re-probed"}[
                     result.persistent]
                 lines.append(f"  MISMATCH {o.dataplane} {case.name}: {cell.source} -> "
                              f"{cell.target} {cell.column}: expected {cell.expect_word}, got "
                              f"{result.got_word} ({result.detail}; {persistent})")
+            if len(o.mismatches) > MAX_LISTED_MISMATCHES:
+                lines.append(f"  ... and {len(o.mismatches) - MAX_LISTED_MISMATCHES} more "
+                             "(all of them in -o json)")
             if tables:
                 for case_outcome in o.cases:
                     if case_outcome.passed:
@@ -83,6 +88,7 @@ class ConformanceReport:
 
 def _dataplane_json(o: DataplaneOutcome) -> dict[str, Any]:
     return {
+        "nodes": o.nodes,
         "cases": o.planned_cases,
         "cases_run": len(o.cases),
         "cases_passed": o.cases_passed,
@@ -107,5 +113,5 @@ def _dataplane_json(o: DataplaneOutcome) -> dict[str, Any]:
 
 
 def _row(cells: Sequence[object]) -> str:
-    widths = (10, 6, 5, 7, 7, 11, 8)
+    widths = (10, 6, 6, 5, 7, 7, 11, 8)
     return "".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()

@@ -3,9 +3,10 @@
 Role: drive `LabRunner` through the planned scenario with real agents:
 
     build namespaces + pods + servers -> check the lab wrote the world the plan assumed ->
-    start one `pyfelix agent` (dataplane X) -> for each case: apply/delete its step's
-    documents, wait until the agent is in sync, probe the case's whole matrix, re-probe any
-    mismatch once (for the report) -> tear down (always)
+    start one `pyfelix agent` per node (dataplane X; confd + BIRD with several nodes: the
+    lab's in-sync then also waits for BGP-learned routes) -> for each case: apply/delete
+    its step's documents, wait until the agents are in sync, probe the case's whole matrix,
+    re-probe any mismatch once (for the report) -> tear down (always)
 
 Inputs: cases, a dataplane name, probe timeout, worker count, a progress callback.
 Outputs: `DataplaneOutcome` (per-case results and timings; `error` when the lab itself failed,
@@ -58,6 +59,7 @@ class DataplaneOutcome:
     dataplane: str
     planned_cases: int
     planned_probes: int
+    nodes: int = 1
     cases: list[CaseOutcome] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
@@ -120,9 +122,11 @@ class _DataplaneRun:
         self.say = say
         self.probe_timeout = probe_timeout
         self.max_workers = max_workers
-        self.outcome = DataplaneOutcome(dataplane, len(plan.steps), plan.probe_count)
+        self.outcome = DataplaneOutcome(dataplane, len(plan.steps), plan.probe_count,
+                                        nodes=len(plan.scenario.nodes))
         self.runner = LabRunner(plan.scenario, agents=agents, dataplane=dataplane,
                                 program_routes=not agents.enforces_policy,
+                                static_cross_node_routes=not agents.enforces_policy,
                                 probe_timeout=probe_timeout, interface_prefix=interface_prefix)
 
     def run(self) -> DataplaneOutcome:
@@ -149,7 +153,8 @@ class _DataplaneRun:
     def _build_and_run_steps(self) -> None:
         runner = self.runner
         self.say(f"conformance[{self.dataplane}]: lab {runner.run_id}: building "
-                 f"{len(self.plan.scenario.pods)} pods, starting the agent")
+                 f"{len(self.plan.scenario.pods)} pods on {len(self.plan.scenario.nodes)} node(s), "
+                 "starting the agents")
         runner.build()
         if world_documents(self.plan.scenario, runner.topology) != dict(
                 self.plan.base_documents):
@@ -181,7 +186,8 @@ class _DataplaneRun:
                      + f" ({len(results)} probes, {case_outcome.probe_seconds:.1f}s)")
 
     def _agent_log_tails(self) -> str:
-        logs = sorted((self.runner.datastore_dir.parent / "agents").glob("*.log"))
+        agents_dir = self.runner.datastore_dir.parent / "agents"
+        logs = sorted([*agents_dir.glob("*.log"), *agents_dir.glob("*.status.json")])
         parts = []
         for log in logs:
             try:
@@ -190,3 +196,4 @@ class _DataplaneRun:
                 continue
             parts.append(f"\n--- {log.name} (last {len(lines)} lines) ---\n" + "\n".join(lines))
         return "".join(parts)
+

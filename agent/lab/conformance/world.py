@@ -173,14 +173,23 @@ class World:
         return docs
 
 
-def scenario_data(name: str = "conformance") -> dict[str, Any]:
-    """The lab scenario (namespaces and pods, no steps) of the base world."""
-    return {
+def scenario_data(name: str = "conformance", nodes: int = 1) -> dict[str, Any]:
+    """The lab scenario (namespaces and pods, no steps) of the base world. With several
+    nodes, pods are spread round-robin (x/a node1, x/b node2, ...), so every namespace has
+    pods on more than one node and policy must hold across the BGP-routed underlay."""
+    if not 1 <= nodes <= len(ALL_POD_KEYS):
+        raise ValueError(f"nodes must be 1-{len(ALL_POD_KEYS)}, not {nodes}")
+    node_names = [f"node{i + 1}" for i in range(nodes)]
+    data: dict[str, Any] = {
         "name": name,
         "namespaces": [{"name": ns, "labels": {"ns": ns}} for ns in NAMESPACES],
         "pods": [
-            {"namespace": ns, "name": name, "ip": str(pod_ip(ns, name)),
-             "labels": dict(BASE_POD_LABELS[name]), "ports": [dict(p) for p in SERVED_PORTS]}
-            for ns in NAMESPACES for name in POD_NAMES
+            {"namespace": ns, "name": pod, "ip": str(pod_ip(ns, pod)),
+             "labels": dict(BASE_POD_LABELS[pod]), "ports": [dict(p) for p in SERVED_PORTS],
+             "node": node_names[ALL_POD_KEYS.index(f"{ns}/{pod}") % nodes]}
+            for ns in NAMESPACES for pod in POD_NAMES
         ],
     }
+    if nodes > 1:
+        data["nodes"] = node_names
+    return data

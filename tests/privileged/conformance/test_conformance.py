@@ -3,7 +3,8 @@
 `CONFORMANT_DATAPLANES` (agent.lab.conformance) lists the dataplanes run here; each listed
 one RUNS (a broken one fails, it is never skipped). Per dataplane: one lab, one agent, one
 step per case, the whole 9x8 matrix per case; the test passes only with zero mismatches and
-prints the figures (cases passed, probes, seconds) whether it passes or not.
+prints the figures (cases passed, probes, seconds) whether it passes or not. A sample of the
+cases runs again with the pods spread over two nodes (confd + BIRD route between them).
 
 A second test shows the suite can fail: in a lab where nothing enforces policy, exactly the
 cells the truth model expects denied come out as mismatches.
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from agent.lab.conformance import ALL_CASES, CONFORMANT_DATAPLANES
+from agent.lab.conformance import ALL_CASES, CONFORMANT_DATAPLANES, CROSS_NODE_SAMPLE
 from agent.lab.conformance.__main__ import run_conformance
 from agent.lab.conformance.case import select_cases
 from agent.lab.conformance.suite import run_dataplane
@@ -40,6 +41,24 @@ def test_every_case_matches_its_expected_matrix(dataplane: str, root_guard: Any,
     # a suite that only ever saw "allow" (or only "deny") would prove nothing
     verdicts = {r.got for c in outcome.cases for r in c.results}
     assert verdicts == {True, False}
+    root_guard.check()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("dataplane", CONFORMANT_DATAPLANES)
+def test_cross_node_sample_matches_its_expected_matrices(
+        dataplane: str, root_guard: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """The same truth models with the pods spread over two nodes: ingress policy on one
+    node, egress on the other, IP sets holding remote pods, routes learned over BGP."""
+    report = run_conformance([dataplane], case_patterns=CROSS_NODE_SAMPLE, nodes=2)
+    text = report.format_text()
+    with capsys.disabled():
+        print(f"\n{text}")
+    outcome = report.outcomes[0]
+    assert outcome.error is None, text
+    assert outcome.nodes == 2
+    assert len(outcome.cases) == len(select_cases(ALL_CASES, CROSS_NODE_SAMPLE)) >= 20
+    assert not outcome.mismatches, text
     root_guard.check()
 
 

@@ -41,6 +41,7 @@ from agent.lab.conformance.world import (
     World,
     WorldChange,
     pod_ip,
+    scenario_data,
 )
 from agent.lab.scenario import parse_scenario
 from agent.model.resources import parse_resource
@@ -152,6 +153,20 @@ def test_world_changes() -> None:
     assert str(world.pods["y/b"].ip) == "10.65.2.11"
     with pytest.raises(ValueError, match="unknown pod 'q/a'"):
         World.with_change(WorldChange(absent=frozenset({"q/a"})))
+
+
+def test_pods_spread_over_nodes() -> None:
+    data = scenario_data(nodes=2)
+    assert data["nodes"] == ["node1", "node2"]
+    nodes_by_namespace = {ns: {p["node"] for p in data["pods"] if p["namespace"] == ns}
+                          for ns in ("x", "y", "z")}
+    assert all(nodes == {"node1", "node2"} for nodes in nodes_by_namespace.values())
+    assert "nodes" not in scenario_data()
+    assert {p["node"] for p in scenario_data()["pods"]} == {"node1"}
+    two_node_plan = build_plan(select_cases(ALL_CASES, ["k8s-and-peer"]), nodes=2)
+    assert two_node_plan.scenario.nodes == ("node1", "node2")
+    with pytest.raises(ValueError, match="nodes must be"):
+        scenario_data(nodes=0)
 
 
 def test_base_world_rerenders_as_the_lab_wrote_it(plan) -> None:  # type: ignore[no-untyped-def]
