@@ -1,0 +1,87 @@
+"""The BPF benchmarks: registered under their issue names, and (privileged, quick mode) each
+runs end to end and reports every figure it documents, with values that hang together.
+No speed target is asserted here: targets live in the benchmarks' reports."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from agent.bench import BenchSettings, known_benchmarks, run
+
+BPF_BENCHES = ("bpf-verdict", "map-sync", "policy-latency", "restart", "dataplane-compare")
+
+
+def test_every_bpf_benchmark_is_registered_and_importable():
+    known = known_benchmarks()
+    for name in BPF_BENCHES:
+        assert name in known, name
+        assert known[name].unavailable is None, known[name].unavailable
+
+
+def quick(name: str) -> dict[str, float]:
+    results = run([name], BenchSettings.quick())
+    assert not results.errors, results.errors
+    return results.figures[name]
+
+
+def _bench_pins() -> set[str]:
+    return {n for n in os.listdir("/sys/fs/bpf") if n.startswith("pyfelix-bench-")}
+
+
+@pytest.fixture
+def leaves_nothing():
+    """No pin directory of a benchmark is left behind (lab-based benchmarks' namespaces and
+    pins are the lab teardown's, checked by the lab's own tests)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    before = _bench_pins()
+    yield
+    assert _bench_pins() - before == set()
+
+
+@pytest.mark.privileged
+def test_bpf_verdict_figures(leaves_nothing):
+    f = quick("bpf-verdict")
+    for n in (1, 10, 100, 1000):
+        assert f[f"first_packet_ns_{n}_min"] <= f[f"first_packet_ns_{n}"] \
+            <= f[f"first_packet_ns_{n}_max"]
+    assert 0 < f["ct_hit_ns"] < f["first_packet_ns_1000"]
+    assert f["first_packet_ns_1"] < f["first_packet_ns_1000"]  # the walk is linear
+    assert f["ns_per_rule"] > 0 and f["trie_members"] == 100_000
+
+
+@pytest.mark.privileged
+def test_map_sync_figures(leaves_nothing):
+    f = quick("map-sync")
+    assert f["members"] == 100_000
+    assert f["seconds_100k_members"] > f["seconds_noop_apply"] > 0
+    assert f["seconds_1k_delta"] > 0 and f["seconds_100k_removal"] > 0
+
+
+@pytest.mark.privileged
+def test_policy_latency_figures(leaves_nothing):
+    f = quick("policy-latency")
+    assert f["endpoints"] == 1000 and f["samples"] == 10
+    assert 0 < f["p50_ms"] <= f["p99_ms"] <= f["max_ms"]
+    assert 0 < f["label_p50_ms"] <= f["label_p99_ms"]
+
+
+@pytest.mark.privileged
+def test_dataplane_compare_figures(leaves_nothing):
+    f = quick("dataplane-compare")
+    assert f["rules"] == 1000
+    for dp in ("bpf", "iptables"):
+        assert f[f"{dp}_new_conn_per_s"] > 0
+        assert 0 < f[f"{dp}_rr_latency_us"] <= f[f"{dp}_rr_latency_p99_us"]
+    assert f["bpf_over_iptables_new_conn_rate"] == pytest.approx(
+        f["bpf_new_conn_per_s"] / f["iptables_new_conn_per_s"])
+
+
+@pytest.mark.privileged
+def test_restart_figures(leaves_nothing):
+    f = quick("restart")
+    assert f["established_flow_resets"] == 0
+    assert f["stale_policy_removed"] == 1 and f["new_connections_allowed"] == 1
+    assert f["messages_while_down"] > 0 and f["resync_seconds"] > 0
