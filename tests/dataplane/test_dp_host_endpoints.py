@@ -33,6 +33,8 @@ from agent.proto import (
     Profile,
     Rule,
     TierInfo,
+    VXLANTunnelEndpointRemove,
+    VXLANTunnelEndpointUpdate,
 )
 from tests.dataplane.dp_harness import endpoint
 from tests.fakes.commands import FakeCommands
@@ -384,3 +386,21 @@ def test_ipvs_service_addresses_are_not_host_ips_and_policy_still_applies() -> N
     assert not h.iptables.ipvs_enabled
     assert h.walker.verdict("INPUT", Packet(src="10.65.0.1", dst=vip, iif="cali1",
                                             proto=TCP, dport=80)) == "DROP"
+
+
+def test_vxlan_between_nodes_survives_a_deny_all_host_endpoint() -> None:
+    h = HostHarness()
+    vteps = [VXLANTunnelEndpointUpdate(node, f"02:00:00:00:00:0{i}", f"10.65.255.{i}",
+                                       f"198.18.0.{i}") for i, node in ((1, "node1"), (2, "node2"))]
+    h.sync(DENY_ALL, hep(tiers=[tier("deny-all")]), *vteps)
+    assert h.cmds.ipset.members("cali40all-vxlan-net") == {"198.18.0.1", "198.18.0.2"}
+    assert h.to_host(src="198.18.0.2", proto=UDP, dport=4789) == "ACCEPT"  # another node
+    assert h.to_host(src="198.18.0.77", proto=UDP, dport=4789) == "DROP"  # not a node
+    assert h.to_host(iif="eth1", src="198.18.0.77", proto=UDP, dport=4789) == "DROP"
+    assert h.from_host(dst="198.18.0.2", proto=UDP, dport=4789) == "ACCEPT"
+    assert h.from_host(dst="198.18.0.77", proto=UDP, dport=4789) == "DROP"  # deny-all
+    # the last VTEP goes: the rules go, then the set
+    h.feed(*(VXLANTunnelEndpointRemove(v.node) for v in vteps))
+    h.apply()
+    assert "cali40all-vxlan-net" not in h.cmds.ipset.sets
+    assert h.to_host(iif="eth1", src="198.18.0.77", proto=UDP, dport=4789) == "ACCEPT"

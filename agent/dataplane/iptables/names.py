@@ -9,7 +9,8 @@ ours (ownership first) and fit the kernel's limits:
   named ports): 30 characters, under ipset's 31; these two families belong to the IP-sets
   manager. Fixed-name sets belong to the manager that needs them, in both dataplane modes:
   `cali40this-host` (this host's addresses, host-IPs manager), `cali40masq-ipam-pools` and
-  `cali40all-ipam-pools` (NAT outgoing), as Felix names them;
+  `cali40all-ipam-pools` (NAT outgoing), `cali40all-vxlan-net` (the nodes' VXLAN parent
+  IPs, iptables manager), as Felix names them;
 - every rule we write carries the comment `cali:<rule hash>`.
 """
 
@@ -27,6 +28,7 @@ CALC_IPSET_PREFIXES = (f"{IPSET_PREFIX}s:", f"{IPSET_PREFIX}n:")
 IPSET_THIS_HOST = f"{IPSET_PREFIX}this-host"
 IPSET_MASQ_POOLS = f"{IPSET_PREFIX}masq-ipam-pools"
 IPSET_ALL_POOLS = f"{IPSET_PREFIX}all-ipam-pools"
+IPSET_ALL_VXLAN = f"{IPSET_PREFIX}all-vxlan-net"
 MAX_IPSET_NAME = 31
 MAX_IFACE_NAME = 15
 

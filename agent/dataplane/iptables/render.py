@@ -71,6 +71,7 @@ from agent.dataplane.iptables.names import (
     CHAIN_TO_HOST_DISPATCH,
     CHAIN_TO_WL_DISPATCH,
     CHAIN_WL_TO_HOST,
+    IPSET_ALL_VXLAN,
     IPSET_THIS_HOST,
     IPSET_TYPE_IP_PORT,
     IPSET_TYPE_NET,
@@ -470,8 +471,15 @@ class RuleRenderer:
                 + ["-j DROP"])),
         ]
 
-    def static_chains(self, *, ipvs: bool = False) -> list[Chain]:
+    def static_chains(self, *, ipvs: bool = False, vxlan_port: int | None = None
+                      ) -> list[Chain]:
         """cali-FORWARD, cali-INPUT, cali-wl-to-host and cali-OUTPUT (filter table).
+
+        `vxlan_port` (VXLAN tunnel endpoints exist): VXLAN packets from other nodes
+        (`cali40all-vxlan-net`: their VTEPs' parent IPs) are accepted first thing in
+        cali-INPUT, and others to that port dropped; VXLAN packets to those nodes are
+        accepted first thing in cali-OUTPUT - so no host endpoint policy can cut the
+        overlay (Felix's rules).
 
         `ipvs` (kube-proxy's `kube-ipvs0` exists): a packet to an address that is not one of
         this host's (`cali40this-host`, which leaves kube-ipvs0's service addresses out) is
@@ -491,7 +499,15 @@ class RuleRenderer:
             + [f"-j {CHAIN_TO_HEP_FORWARD_DISPATCH}", accepted]
         )
         not_host = f"-m set ! --match-set {IPSET_THIS_HOST} dst"
-        input_rules = [f"{not_host} {set_mark(m.ipvs_forward, m.ipvs_forward)}"] if ipvs else []
+        input_rules: list[str] = []
+        output: list[str] = []
+        if vxlan_port is not None:
+            vxlan = f"-p udp --dport {vxlan_port}"
+            input_rules += [f"{vxlan} -m set --match-set {IPSET_ALL_VXLAN} src -j ACCEPT",
+                            f"{vxlan} -j DROP"]
+            output.append(f"{vxlan} -m set --match-set {IPSET_ALL_VXLAN} dst -j ACCEPT")
+        if ipvs:
+            input_rules.append(f"{not_host} {set_mark(m.ipvs_forward, m.ipvs_forward)}")
         input_rules += [f"-i {w} -g {CHAIN_WL_TO_HOST}" for w in wildcards]
         input_rules += [accepted, set_mark(0, m.all), f"-j {CHAIN_FROM_HOST_DISPATCH}", accepted]
         to_host = ENDPOINT_TO_HOST_ACTIONS[self.endpoint_to_host_action.lower()]
@@ -499,7 +515,6 @@ class RuleRenderer:
         if ipvs:
             wl_to_host.append(f"{not_host} -j ACCEPT")
         wl_to_host.append(f"-j {to_host}")
-        output: list[str] = []
         if ipvs:  # before the ACCEPT-mark check: the sender's egress policy set that mark
             output += [f"{match_mark(m.ipvs_forward, m.ipvs_forward)} -o {w} "
                        f"-g {CHAIN_TO_WL_DISPATCH}" for w in wildcards]

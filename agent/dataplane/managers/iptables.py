@@ -3,13 +3,15 @@
 Role: the iptables fallback's policy half (Felix's policy manager + endpoint manager for
 iptables). Inputs (`on_update`): `ActivePolicyUpdate/Remove`, `ActiveProfileUpdate/Remove`,
 `WorkloadEndpointUpdate/Remove`, `HostEndpointUpdate/Remove`, `ConfigUpdate`
-(DefaultEndpointToHostAction, FailsafeInboundHostPorts, FailsafeOutboundHostPorts), the
-interface monitor's `InterfaceAddrsUpdate` (host endpoints given by `expectedIPs` only are
-resolved to the interfaces carrying those addresses) and `InterfaceUpdate` (`kube-ipvs0`
-appearing or going switches the IPVS rules), `InSync`.
+(DefaultEndpointToHostAction, FailsafeInboundHostPorts, FailsafeOutboundHostPorts),
+`VXLANTunnelEndpointUpdate/Remove` (the nodes' VXLAN parent IPs, kept in the set
+`cali40all-vxlan-net`: the only sources VXLAN packets are accepted from, and no host endpoint
+policy blocks them), the interface monitor's `InterfaceAddrsUpdate` (host endpoints given by
+`expectedIPs` only are resolved to the interfaces carrying those addresses) and
+`InterfaceUpdate` (`kube-ipvs0` appearing or going switches the IPVS rules), `InSync`.
 Output (`apply`): three tables of the namespace hold exactly the rendered chains
-(`agent.dataplane.iptables.render` and `.hostendpoints`) via one `IptablesTable` each (one
-atomic iptables-restore per table, only what changed):
+(`agent.dataplane.iptables.render` and `.hostendpoints`) via one `IptablesTable` each, all
+written by ONE iptables-restore (a `*table ... COMMIT` block per table that changed):
 
     filter  normal policies, profiles, workload chains, host endpoint chains (normal and
             applyOnForward), failsafes, cali-INPUT/-FORWARD/-OUTPUT
@@ -46,7 +48,7 @@ from agent.dataplane.iptables.hostendpoints import (
     HostEndpointRenderer,
     parse_failsafe_ports,
 )
-from agent.dataplane.iptables.names import valid_iface_name
+from agent.dataplane.iptables.names import IPSET_ALL_VXLAN, valid_iface_name
 from agent.dataplane.iptables.render import (
     ENDPOINT_TO_HOST_ACTIONS,
     Marks,
@@ -59,6 +61,7 @@ from agent.dataplane.iptables.restore import (
     detect_backend,
 )
 from agent.dataplane.manager import ManagerBase
+from agent.dataplane.managers.fixed_ipsets import FixedIPSets
 from agent.dataplane.managers.hostips import KUBE_IPVS_INTERFACE
 from agent.proto import (
     ActivePolicyRemove,
@@ -74,6 +77,8 @@ from agent.proto import (
     Policy,
     PolicyID,
     Profile,
+    VXLANTunnelEndpointRemove,
+    VXLANTunnelEndpointUpdate,
     WorkloadEndpoint,
     WorkloadEndpointID,
     WorkloadEndpointRemove,
@@ -110,9 +115,15 @@ class IptablesManager(ManagerBase):
         marks: Marks | None = None,
         runner: CommandRunner | None = None,
         failsafes: Failsafes | None = None,
+        vxlan_port: int = 4789,
     ) -> None:
         super().__init__()
         self._runner = runner or NetnsCommandRunner(netns)
+        self._vxlan_port = vxlan_port
+        self._vxlan_sources: dict[str, str] = {}  # node -> its VTEP's parent IP
+        self._vxlan_sets = FixedIPSets(self._runner, (IPSET_ALL_VXLAN,))
+        self._vxlan_set_dirty = False
+        self._vxlan_set_checked = False
         self._backend_mode = backend
         self._binaries = binaries
         self._renderer = RuleRenderer(
@@ -217,6 +228,15 @@ class IptablesManager(ManagerBase):
                              "appeared" if present else "went", "on" if present else "off")
                     self._ipvs = present
                     self._static_dirty = True
+        elif isinstance(msg, VXLANTunnelEndpointUpdate | VXLANTunnelEndpointRemove):
+            had_any = bool(self._vxlan_sources)
+            if isinstance(msg, VXLANTunnelEndpointUpdate):
+                self._vxlan_sources[msg.node] = msg.parent_device_ip
+            else:
+                self._vxlan_sources.pop(msg.node, None)
+            self._vxlan_set_dirty = True
+            if had_any != bool(self._vxlan_sources):
+                self._static_dirty = True
         elif isinstance(msg, ConfigUpdate):
             self._on_config(dict(msg.config))
         elif isinstance(msg, InSync):
@@ -281,6 +301,7 @@ class IptablesManager(ManagerBase):
 
     def request_resync(self) -> None:
         super().request_resync()
+        self._vxlan_sets.request_resync()
         for table in self._tables.values():
             table.request_resync()
 
@@ -313,7 +334,8 @@ class IptablesManager(ManagerBase):
     def _render_static(self) -> None:
         filter_table = self.table
         self._set_dispatch()  # cali-FORWARD jumps to the dispatch chains: always present
-        for chain in self._renderer.static_chains(ipvs=self._ipvs):
+        vxlan_port = self._vxlan_port if self._vxlan_sources else None
+        for chain in self._renderer.static_chains(ipvs=self._ipvs, vxlan_port=vxlan_port):
             filter_table.set_chain(chain)
         for base, rules in self._renderer.base_chain_inserts().items():
             filter_table.set_base_inserts(base, rules)
@@ -419,11 +441,30 @@ class IptablesManager(ManagerBase):
         if self._resync_requested:
             for table in self._tables.values():
                 table.request_resync()
+            self._vxlan_sets.request_resync()
+            self._vxlan_set_checked = False
             self._resync_requested = False
+        if self._vxlan_set_dirty:
+            if self._vxlan_sources:
+                self._vxlan_sets.set_members(IPSET_ALL_VXLAN, self._vxlan_sources.values())
+            else:
+                self._vxlan_sets.remove(IPSET_ALL_VXLAN)
+            self._vxlan_set_dirty = False
+        if self._vxlan_sources:
+            self._vxlan_sets.apply()  # before the rules that match it
         # One restore; raw and mangle first: the filter table's cali-INPUT/-OUTPUT trust the
         # ACCEPT mark their policies set.
         apply_tables([self.table_for(name) for name in (RAW, MANGLE, FILTER)],
                      allow_deletes=self._datastore_in_sync)
+
+    def finish_apply(self) -> None:
+        if self._datastore_in_sync and not self._vxlan_sources:
+            # The rules using the set are gone by now. The first time, read the kernel
+            # (`apply` resyncs) so a set left by an earlier run is swept too.
+            if not self._vxlan_set_checked:
+                self._vxlan_sets.apply()
+                self._vxlan_set_checked = True
+            self._vxlan_sets.apply_deletions()
 
     @property
     def ipvs_enabled(self) -> bool:
