@@ -151,7 +151,9 @@ class WorkloadEndpoint:
 
 @dataclass(frozen=True)
 class HostEndpoint:
-    name: str  # interface name, or "*" for all host interfaces
+    # interface name; "*" for all host interfaces; "" when the endpoint is known only by its
+    # expected IPs (it applies to the interfaces that carry them)
+    name: str
     profile_ids: tuple[str, ...] = ()
     expected_ipv4_addrs: tuple[str, ...] = ()
     expected_ipv6_addrs: tuple[str, ...] = ()

@@ -6,7 +6,9 @@ Role: pure functions used by the event sequencer (and by `pyfelix calc` to name 
   part is the model's `endpoint_id`, `<namespace>/<workload>` (the workload name defaults
   to the pod name, then the resource name), as DESIGN.md section 5 names endpoints.
 - `workload_message(wep, tiers)` / `host_message(hep, tiers)`: the endpoint with its
-  addresses split by IP version and its resolved tiers.
+  addresses split by IP version and its resolved tiers. A host endpoint's `name` is its
+  `interfaceName` as given: "*" for every host interface, "" when only `expectedIPs` name
+  it (the dataplane applies it to the interfaces carrying those addresses, as Felix does).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def host_message(hep: HostEndpoint, tiers: EndpointTiers) -> proto.HostEndpointU
     return proto.HostEndpointUpdate(
         id=host_id(hep),
         endpoint=proto.HostEndpoint(
-            name=hep.interface_name or "*", profile_ids=tuple(hep.profiles),
+            name=hep.interface_name, profile_ids=tuple(hep.profiles),
             expected_ipv4_addrs=v4, expected_ipv6_addrs=v6, tiers=tiers.tiers,
             untracked_tiers=tiers.untracked, pre_dnat_tiers=tiers.pre_dnat,
             forward_tiers=tiers.forward),

@@ -10,7 +10,9 @@ addresses of the host's interfaces, minus:
 - workload interfaces (names starting with an `InterfacePrefix`; they carry no host address).
 
 `HostIPsTracker` is the pure part (no kernel): other managers (the BPF dataplane's, the
-iptables renderer) can keep one to know the host IPs from the same messages. The manager
+iptables renderer) can keep one to know the host IPs from the same messages; so is
+`resolve_host_endpoints()`, which maps host endpoints to interfaces (by name, "*", or by
+their expected IPs) the same way for every dataplane. The manager
 runs in both dataplane modes (`linux_managers()`); in iptables mode the IPVS rules match the
 set, in BPF mode it is there for the nat table and for inspection.
 
@@ -23,13 +25,13 @@ from __future__ import annotations
 import ipaddress
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from agent.dataplane.events import InterfaceAddrsUpdate
 from agent.dataplane.iptables.names import IPSET_THIS_HOST
 from agent.dataplane.manager import ManagerBase
 from agent.dataplane.managers.fixed_ipsets import FixedIPSets
-from agent.proto import InSync
+from agent.proto import HostEndpoint, HostEndpointID, InSync
 from agent.shims.cmd import CommandRunner, NetnsCommandRunner
 
 log = logging.getLogger(__name__)
@@ -107,6 +109,44 @@ class HostIPsTracker:
 
     def interfaces(self) -> dict[str, frozenset[str]]:
         return dict(self._addrs)
+
+
+def resolve_host_endpoints(heps: Mapping[HostEndpointID, HostEndpoint],
+                           iface_addrs: Mapping[str, Iterable[str]],
+                           workload_prefixes: tuple[str, ...]) -> dict[str, HostEndpointID]:
+    """Interface -> the host endpoint that applies to it (pure; both dataplanes use it).
+
+    An endpoint with `name` applies to that interface ("*": returned under "*", meaning every
+    host interface); one with `name == ""` to every interface carrying one of its expected
+    IPs (`iface_addrs`: interface -> its addresses, with or without prefix length). When two
+    claim one interface the first by id wins (logged); workload interfaces never count."""
+    resolved: dict[str, HostEndpointID] = {}
+    ips_by_iface = {iface: {_ip(a) for a in addrs} - {""}
+                    for iface, addrs in iface_addrs.items()}
+    for hep_id in sorted(heps):
+        hep = heps[hep_id]
+        if hep.name:
+            ifaces = [hep.name]
+        else:
+            wanted = {_ip(a) for a in hep.expected_ipv4_addrs + hep.expected_ipv6_addrs} - {""}
+            ifaces = sorted(i for i, ips in ips_by_iface.items() if ips & wanted)
+        for iface in ifaces:
+            if iface.startswith(workload_prefixes):
+                log.error("host endpoint %s: %s is a workload interface; not applied",
+                          hep_id.endpoint, iface)
+                continue
+            owner = resolved.setdefault(iface, hep_id)
+            if owner != hep_id:
+                log.error("host endpoints %s and %s both claim %s; %s wins",
+                          owner.endpoint, hep_id.endpoint, iface, owner.endpoint)
+    return resolved
+
+
+def _ip(address: str) -> str:
+    try:
+        return str(ipaddress.ip_interface(address).ip)
+    except ValueError:
+        return ""
 
 
 class HostIPsManager(ManagerBase):

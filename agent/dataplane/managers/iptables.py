@@ -62,7 +62,7 @@ from agent.dataplane.iptables.restore import (
 )
 from agent.dataplane.manager import ManagerBase
 from agent.dataplane.managers.fixed_ipsets import FixedIPSets
-from agent.dataplane.managers.hostips import KUBE_IPVS_INTERFACE
+from agent.dataplane.managers.hostips import KUBE_IPVS_INTERFACE, resolve_host_endpoints
 from agent.proto import (
     ActivePolicyRemove,
     ActivePolicyUpdate,
@@ -389,26 +389,8 @@ class IptablesManager(ManagerBase):
     # --- host endpoints ----------------------------------------------------------------------
 
     def _resolve_host_endpoints(self) -> dict[str, HostEndpointID]:
-        """Interface -> the host endpoint that applies to it (first by id wins)."""
-        resolved: dict[str, HostEndpointID] = {}
-        for hep_id in sorted(self._host_endpoints):
-            hep = self._host_endpoints[hep_id]
-            if hep.name:
-                ifaces = [hep.name]
-            else:
-                wanted = set(hep.expected_ipv4_addrs) | set(hep.expected_ipv6_addrs)
-                wanted = {str(ipaddress.ip_interface(a).ip) for a in wanted if _parses(a)}
-                ifaces = sorted(i for i, ips in self._iface_addrs.items() if ips & wanted)
-            for iface in ifaces:
-                if iface.startswith(self._renderer.interface_prefixes):
-                    log.error("host endpoint %s: %s is a workload interface; not applied",
-                              hep_id.endpoint, iface)
-                    continue
-                owner = resolved.setdefault(iface, hep_id)
-                if owner != hep_id:
-                    log.error("host endpoints %s and %s both claim %s; %s wins",
-                              owner.endpoint, hep_id.endpoint, iface, owner.endpoint)
-        return resolved
+        return resolve_host_endpoints(self._host_endpoints, self._iface_addrs,
+                                      self._renderer.interface_prefixes)
 
     def _render_host_endpoints(self) -> None:
         resolved = self._resolve_host_endpoints()
