@@ -4,10 +4,10 @@ through BGP-learned routes).
 
 Role: the `NodeAgents` implementation `LabRunner` drives. Per node:
 
-    ip netns exec <node ns> python -m cli.main agent --datastore <run>/datastore --hostname N
+    nsenter --net=/run/netns/<node ns> python -m cli.main agent --datastore <run>/datastore ...
         env: FELIX_BPFENABLED (from --dataplane), FELIX_STATUSFILE=<run>/agents/N.status.json,
              FELIX_BPFPINDIR=<bpffs run dir>/N, FELIX_INTERFACEPREFIX
-    [several nodes] ip netns exec <node ns> python -m cli.main confd run ... (renders bird.conf)
+    [several nodes] nsenter ... python -m cli.main confd run ... (renders bird.conf)
                     then BIRD (confd.bird.BirdInstance) in the same namespace
 
 In-sync (`is_in_sync`, polled by the runner after every step's datastore writes): every
@@ -121,9 +121,12 @@ class AgentProcesses:
 
     def _spawn(self, netns: str, args: list[str], env: dict[str, str],
                log_path: Path) -> subprocess.Popen[bytes]:
+        # nsenter --net switches the network namespace only. `ip netns exec` would also make
+        # a private mount namespace with /sys remounted, hiding the host's bpffs: the agent's
+        # pins would then die with it and a restarted agent could adopt nothing.
         with open(log_path, "ab") as log_file:
             return subprocess.Popen(
-                ["ip", "netns", "exec", netns, self.python, "-m", "cli.main", *args],
+                ["nsenter", f"--net=/run/netns/{netns}", self.python, "-m", "cli.main", *args],
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env,
                 start_new_session=True,
             )

@@ -3,8 +3,8 @@
 Role: what `pyfelix lab demo` (and `make demo`) shows. Library side only: the demo scenario
 path, the all-pairs probe list, the matrix of results, and `run_demo()`, which runs the lab
 with real agents and reports the matrix BEFORE the scenario's policies (only the cluster
-documents exist) and AFTER them, plus a dump of one node's BPF maps taken while the lab is
-still up; the CLI formats it.
+documents exist) and AFTER them, plus a dump of every node's BPF maps taken while the lab
+is still up; the CLI formats it.
 
 Inputs: a `Scenario` (default: `DEMO_SCENARIO`), then the `ProbeResult`s of running it.
 Outputs: a matrix {source pod: {"ns/pod:port/proto": "allow"|"deny"}} per phase.
@@ -100,8 +100,9 @@ def run_demo(scenario: Scenario, *, dataplane: str, probe_timeout: float,
         if dataplane == "bpf":
             from agent.bpf.maps import dump_pinned
 
-            pin_dir = runner.bpffs_dir / scenario.nodes[0]
-            for name in DUMPED_MAPS:
-                dumps[name] = dump_pinned(name, str(pin_dir))
+            for node in scenario.nodes:
+                for name in DUMPED_MAPS:
+                    dumps[f"{name} on {node}"] = dump_pinned(name,
+                                                             str(runner.bpffs_dir / node))
         say(f"demo {runner.run_id}: tearing down")
     return DemoReport(scenario, dataplane, before, after, dumps, dict(runner.report.timings))

@@ -195,7 +195,7 @@ def demo_command(dataplane: str, probe_timeout: float) -> None:
 
     Two nodes (BGP between them), four pods in three namespaces, one Kubernetes
     NetworkPolicy (agent/lab/scenarios/demo.yaml). Prints the connectivity matrix with no
-    policy, then with the policy enforced by real agents, then node1's BPF maps.
+    policy, then with the policy enforced by real agents, then each node's BPF maps.
 
     \b
     Examples:
@@ -225,11 +225,11 @@ def demo_command(dataplane: str, probe_timeout: float) -> None:
                         for col in columns]] for src in sorted(matrix)]
         click.echo(_format_table(["FROM \\ TO", *columns], rows) + "\n")
     for name, rows in report.map_dumps.items():
-        click.echo(f"BPF map {name} on {scenario.nodes[0]} ({len(rows)} entries):")
+        click.echo(f"BPF map {name} ({len(rows)} entries):")
         for row in rows[:12]:
             click.echo("  " + json.dumps(row, sort_keys=True))
         if len(rows) > 12:
-            click.echo(f"  ... {len(rows) - 12} more (pyfelix bpf {name} dump)")
+            click.echo(f"  ... {len(rows) - 12} more (pyfelix bpf {name.split()[0]} dump)")
         click.echo("")
     timings = ", ".join(f"{k} {v:.3f}" for k, v in report.timings.items())
     click.echo(f"timings (s): {timings}")

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.privileged
 
 REPO = Path(__file__).resolve().parents[3]
 SCENARIO = REPO / "tests" / "lab" / "scenarios" / "two-node-policy.yaml"
-DATAPLANES = ["iptables"]
+DATAPLANES = ["bpf", "iptables"]
 
 
 @pytest.mark.parametrize("dataplane", DATAPLANES)

@@ -87,7 +87,7 @@ def test_malformed_scenario_is_rejected_before_anything_is_built(
     root_guard.check()
 
 
-@pytest.mark.parametrize("dataplane", ["iptables"])
+@pytest.mark.parametrize("dataplane", ["bpf", "iptables"])
 def test_demo_shows_the_policy_take_effect(dataplane: str, root_guard: Any) -> None:
     done = pyfelix("lab", "demo", "--dataplane", dataplane, "--probe-timeout", "0.5")
     assert done.returncode == 0, done.stderr
@@ -106,6 +106,8 @@ def test_demo_shows_the_policy_take_effect(dataplane: str, root_guard: Any) -> N
     assert after["other/intruder"][0] == "deny*", done.stdout
     changed = [(src, c) for src, cells in after.items() for c in cells if c.endswith("*")]
     assert changed == [("other/intruder", "deny*")], done.stdout
+    if dataplane == "bpf":  # the map dump, read from the pins while the lab was up
+        assert "BPF map ipsets on node2 (3 entries):" in done.stdout, done.stdout
     root_guard.check()
 
 
