@@ -32,7 +32,7 @@ from agent.lab.conformance.matrix import Cell, expected_cells
 from agent.lab.conformance.resources import ref_of
 from agent.lab.conformance.world import World, scenario_data
 from agent.lab.datastore import topology_documents
-from agent.lab.scenario import Scenario, parse_scenario
+from agent.lab.scenario import ResourceRef, Scenario, parse_scenario
 from agent.lab.topology import LabTopology, plan_topology
 
 DocKey = tuple[str, str | None, str]
@@ -80,6 +80,15 @@ def desired_documents(case: Case, base: Mapping[DocKey, dict[str, Any]]
     return desired
 
 
+def step_between(previous: Mapping[DocKey, dict[str, Any]],
+                 desired: Mapping[DocKey, dict[str, Any]]
+                 ) -> tuple[tuple[dict[str, Any], ...], tuple[DocKey, ...]]:
+    """(documents to apply, keys to delete) to go from `previous` to `desired`."""
+    apply = tuple(doc for key, doc in desired.items() if previous.get(key) != doc)
+    delete = tuple(key for key in previous if key not in desired)
+    return apply, delete
+
+
 def plan_steps(cases: Sequence[Case], base: Mapping[DocKey, dict[str, Any]]
                ) -> list[PlannedStep]:
     problems = check_cases(cases)
@@ -89,11 +98,15 @@ def plan_steps(cases: Sequence[Case], base: Mapping[DocKey, dict[str, Any]]
     steps = []
     for case in cases:
         desired = desired_documents(case, base)
-        apply = tuple(doc for key, doc in desired.items() if previous.get(key) != doc)
-        delete = tuple(key for key in previous if key not in desired)
+        apply, delete = step_between(previous, desired)
         steps.append(PlannedStep(case, apply, delete, tuple(expected_cells(case))))
         previous = desired
     return steps
+
+
+def resource_ref(key: DocKey) -> ResourceRef:
+    kind, namespace, name = key
+    return ResourceRef(kind=kind, name=name, namespace=namespace)
 
 
 def scenario_with_steps(steps: Sequence[PlannedStep], name: str = "conformance",
