@@ -23,6 +23,8 @@
  * A TCP flow picked up mid-stream (first packet seen is not a SYN, e.g. after the map was
  * lost) is created as established once policy allows it.
  *
+ * ICMP echo: the echo id is both "ports"; requests only match in the original direction,
+ * replies only in the reply direction (the peer pinging back with the same id is new).
  * ICMP errors (unreachable, time exceeded, ...) whose inner packet belongs to a tracked
  * flow of the same interface are allowed as "related" (GCNT_CT_RELATED).
  */
@@ -154,6 +156,12 @@ PF_INLINE int ct_lookup_update(struct pkt_info *pkt, __u32 ifindex, __u8 hook, _
 	int orig_dir = (a_to_b != 0) == ((flags & CT_F_ORIG_A_TO_B) != 0);
 	int orig_hook = (hook == HOOK_TO_WEP) == ((flags & CT_F_ORIG_TO_WEP) != 0);
 	if (orig_dir != orig_hook)
+		return 0;
+	/* ICMP echo keys carry the echo id as both ports, so a request from the other side
+	 * with the same id finds the entry too: only requests in the original direction and
+	 * replies in the reply direction belong to it; anything else is a new exchange */
+	if (pkt->proto == PF_IPPROTO_ICMP && (pkt->flags & PKT_F_ICMP) &&
+	    ((pkt->icmp_type == 8 && !orig_dir) || (pkt->icmp_type == 0 && orig_dir)))
 		return 0;
 	if (ct_expired(v, pkt->proto, now)) {
 		count_global(GCNT_CT_EXPIRED);

@@ -398,6 +398,12 @@ def test_echo_reply_is_tracked(harness):
     assert h.verdict("from", pk.icmp(A, EXT, 8, 0, ident=77), "d1") == "allow"
     assert h.verdict("to", pk.icmp(EXT, A, 0, 0, ident=77), "d1") == "allow"
     assert h.verdict("to", pk.icmp(EXT, A, 0, 0, ident=78), "d1") == "deny"
+    # the peer pinging back with the same id is a new exchange: A's ingress policy decides
+    assert h.verdict("to", pk.icmp(EXT, A, 8, 0, ident=77), "d1") == "deny"
+    # and A answering requests it never saw is not a reply either: egress policy decides
+    h.apply(p.ActivePolicyUpdate(p.PolicyID("default", "a-egress"), p.Policy(
+        outbound_rules=(p.Rule("allow", protocol=1, icmp_type=8),))))
+    assert h.verdict("from", pk.icmp(A, EXT, 0, 0, ident=77), "d1") == "deny"
 
 
 # --- counters ------------------------------------------------------------------------------
