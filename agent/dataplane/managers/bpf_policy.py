@@ -55,7 +55,8 @@ from agent.bpf.compiler import (
     PolicyCompiler,
 )
 from agent.bpf.maps import counters as counters_map
-from agent.bpf.maps.base import ARRAY_TYPES, MapFullError
+from agent.bpf.maps import ipsets as ipsets_map
+from agent.bpf.maps.base import ARRAY_TYPES, MapFullError, MapType
 from agent.bpf.maps.ids import IdKind
 from agent.bpf.maps.rules import max_chain_records
 from agent.dataplane.events import InterfaceAddrsUpdate, InterfaceUpdate
@@ -96,7 +97,11 @@ class MapMirror:
         return self.map.params.map_type in ARRAY_TYPES
 
     def reload(self) -> None:
-        self.actual = dict(self.map.items())
+        if self.map.params.map_type == MapType.LPM_TRIE and self.name == "ipsets":
+            # every member has the same value: reading keys only saves a syscall per entry
+            self.actual = dict.fromkeys(self.map.iter_keys(), ipsets_map.VALUE)
+        else:
+            self.actual = dict(self.map.items())
 
     def updates(self, desired: Mapping[bytes, bytes]) -> list[tuple[bytes, bytes]]:
         actual = self.actual or {}
