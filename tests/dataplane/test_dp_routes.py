@@ -291,3 +291,26 @@ def test_static_arp_failure_is_retried() -> None:
     assert "10.65.0.1/32" in _ours(nl)  # the route went in regardless
     m.apply()
     assert neigh.arp(nl.link_by_name("cali1").index) == {"10.65.0.1": "ee:00:00:00:00:01"}
+
+
+def test_restart_with_in_sync_before_the_interface_dump_deletes_no_route() -> None:
+    nl = FakeNetlink()
+    link = nl.add_link("cali1")
+    first = RouteManager(netlink=nl)
+    for msg in (InSync(), _iface(nl, "cali1"),
+                WorkloadEndpointUpdate(EP1, _ep("cali1", "10.65.0.1/32"))):
+        first.on_update(msg)
+    first.apply()
+    assert _ours(nl) == {"10.65.0.1/32": ("unicast", link.index)}
+    # a restarted agent: the datastore is in sync before the monitor reported any interface
+    restarted = RouteManager(netlink=nl)
+    restarted.on_update(WorkloadEndpointUpdate(EP1, _ep("cali1", "10.65.0.1/32")))
+    restarted.on_update(InSync())
+    writes = nl.requests
+    restarted.apply()
+    assert nl.requests == writes  # nothing deleted, nothing re-added
+    assert _ours(nl) == {"10.65.0.1/32": ("unicast", link.index)}
+    # the monitor's dump then confirms what was seeded: still nothing to write
+    restarted.on_update(_iface(nl, "cali1"))
+    restarted.apply()
+    assert nl.requests == writes

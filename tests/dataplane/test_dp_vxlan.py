@@ -184,11 +184,26 @@ def test_failed_write_is_retried() -> None:
     assert n.nl.routes_via(n.device.index) == {"10.65.1.0/26": "10.65.255.2"}
 
 
-def test_no_device_until_the_parent_interface_is_known() -> None:
+def test_no_device_until_the_parent_interface_has_the_vtep_parent_ip() -> None:
     n = Node()
+    n.nl.addrs[n.eth0.index].clear()  # the underlay address is not configured yet
     n.feed(*BASE, InSync())
     n.mgr.apply()
     assert n.device is None
+    n.nl.addrs[n.eth0.index].add("198.18.0.1/15")
     n.feed(InterfaceAddrsUpdate("eth0", frozenset({"198.18.0.1/15"})))
     n.mgr.apply()
     assert n.device is not None
+
+
+def test_restart_with_in_sync_before_the_interface_dump_keeps_the_device() -> None:
+    n = Node()
+    n.sync(*BASE)
+    index = n.device.index
+    restarted = VXLANManager(netlink=n.nl)
+    for msg in (*BASE, InSync()):  # no InterfaceAddrsUpdate yet
+        restarted.on_update(msg)
+    writes = n.nl.requests
+    restarted.apply()
+    assert n.nl.requests == writes  # the parent was found in the kernel: nothing rewritten
+    assert n.device is not None and n.device.index == index

@@ -123,6 +123,10 @@ class FakeLinkNetlink:
         self._maybe_fail("dump addresses")
         return set(self.addrs.get(index, set()))
 
+    def addresses_by_link(self) -> dict[int, set[str]]:
+        self._maybe_fail("dump addresses")
+        return {index: set(addrs) for index, addrs in self.addrs.items() if addrs}
+
     def add_addr(self, index: int, cidr: str) -> None:
         self.requests += 1
         self._maybe_fail(f"add address {cidr}")

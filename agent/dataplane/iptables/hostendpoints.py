@@ -104,6 +104,14 @@ def parse_failsafe_ports(text: str) -> PortList:
     return tuple(out)
 
 
+def default_failsafes() -> Failsafes:
+    """Felix's default FailsafeInboundHostPorts / FailsafeOutboundHostPorts."""
+    from agent.config import DEFAULT_FAILSAFE_IN, DEFAULT_FAILSAFE_OUT
+
+    return Failsafes(parse_failsafe_ports(DEFAULT_FAILSAFE_IN),
+                     parse_failsafe_ports(DEFAULT_FAILSAFE_OUT))
+
+
 def _has(tiers: tuple[TierInfo, ...], inbound: bool) -> bool:
     return any(t.ingress_policies if inbound else t.egress_policies for t in tiers)
 

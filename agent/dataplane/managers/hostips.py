@@ -16,8 +16,9 @@ their expected IPs) the same way for every dataplane. The manager
 runs in both dataplane modes (`linux_managers()`); in iptables mode the IPVS rules match the
 set, in BPF mode it is there for the nat table and for inspection.
 
-Invariants: only `cali40this-host` is touched; the set exists (possibly empty) once applied;
-the same state applied twice runs no command.
+Invariants: only `cali40this-host` is touched; nothing is written before the interface
+monitor's first report (so a restarted agent does not empty the set meanwhile); then the set
+exists and holds exactly the host IPs; the same state applied twice runs no command.
 """
 
 from __future__ import annotations
@@ -160,9 +161,11 @@ class HostIPsManager(ManagerBase):
         self.tracker = HostIPsTracker(exclude=exclude, workload_prefixes=workload_prefixes)
         self._sets = FixedIPSets(self._runner, (IPSET_THIS_HOST,))
         self._dirty = True
+        self._seen_addresses = False
 
     def on_update(self, msg: object) -> None:
         if isinstance(msg, InterfaceAddrsUpdate):
+            self._seen_addresses = True
             if self.tracker.on_addrs(msg):
                 self._dirty = True
         elif isinstance(msg, InSync):
@@ -173,6 +176,8 @@ class HostIPsManager(ManagerBase):
         self._sets.request_resync()
 
     def apply(self) -> None:
+        if not self._seen_addresses:
+            return  # a restarted agent: keep the kernel's set until the monitor has reported
         if self._dirty:
             self._sets.set_members(IPSET_THIS_HOST, self.tracker.ipv4_host_ips())
             self._dirty = False

@@ -46,6 +46,7 @@ from agent.dataplane.iptables.hostendpoints import (
     RAW,
     Failsafes,
     HostEndpointRenderer,
+    default_failsafes,
     parse_failsafe_ports,
 )
 from agent.dataplane.iptables.names import IPSET_ALL_VXLAN, valid_iface_name
@@ -132,7 +133,7 @@ class IptablesManager(ManagerBase):
             endpoint_to_host_action=endpoint_to_host_action,
         )
         self._hep_renderer = HostEndpointRenderer(self._renderer)
-        self._failsafes = failsafes or Failsafes()
+        self._failsafes = failsafes if failsafes is not None else default_failsafes()
         # what a ConfigUpdate without the setting falls back to (agent config at start)
         self._base_failsafes = self._failsafes
         self._base_action = endpoint_to_host_action

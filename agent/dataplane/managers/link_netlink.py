@@ -92,6 +92,8 @@ class LinkNetlink(Protocol):
 
     def list_addrs(self, index: int) -> set[str]: ...
 
+    def addresses_by_link(self) -> dict[int, set[str]]: ...
+
     def add_addr(self, index: int, cidr: str) -> None: ...
 
     def delete_addr(self, index: int, cidr: str) -> None: ...
@@ -188,6 +190,15 @@ class PyRoute2LinkNetlink:
             address = msg.get_attr("IFA_LOCAL") or msg.get_attr("IFA_ADDRESS")
             if address:
                 out.add(f"{address}/{msg['prefixlen']}")
+        return out
+
+    def addresses_by_link(self) -> dict[int, set[str]]:
+        """Every link's addresses, in one dump."""
+        out: dict[int, set[str]] = {}
+        for msg in self._call("dump addresses", self._ipr.get_addr):
+            address = msg.get_attr("IFA_LOCAL") or msg.get_attr("IFA_ADDRESS")
+            if address:
+                out.setdefault(int(msg["index"]), set()).add(f"{address}/{msg['prefixlen']}")
         return out
 
     def add_addr(self, index: int, cidr: str) -> None:

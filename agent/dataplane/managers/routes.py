@@ -14,7 +14,9 @@ Role: Felix's route table for workload interfaces. Inputs (`on_update`):
   than a host route): a blackhole route for the node's IPAM block, so traffic to unassigned
   addresses of the block is dropped here instead of bouncing to the default route;
   `RouteRemove(dst)` removes it;
-- `InSync`: from now on, stale routes of ours may be deleted.
+- `InSync`: from now on, stale routes of ours may be deleted. Each resync also seeds the
+  interfaces the monitor has not reported yet from the kernel's link dump, so a restarted
+  agent whose InSync comes before the monitor's first dump deletes no pod route.
 
 Output (`apply`): the main table holds exactly the desired routes among those carrying our
 protocol number. Remote routes (`RouteUpdate` remote_workload / remote_host) are left to BIRD,
@@ -242,7 +244,21 @@ class RouteManager(ManagerBase):
         self.conflicts.clear()
         self._resync_requested = False
 
+    def _seed_interfaces(self) -> None:
+        """Learn interfaces the monitor has not reported yet from the kernel's link dump.
+
+        A restarted agent can see InSync before the interface monitor's first dump; without
+        this, no interface would be known, no route desired, and every pod route deleted as
+        stale (then re-added when the dump arrives). The monitor stays authoritative for
+        changes: only interfaces it has not reported are seeded."""
+        for link in self.netlink.list_links():
+            if link.name not in self._ifaces:
+                self._ifaces[link.name] = _Iface(link.index, link.up)
+                self._desired_dirty = True
+
     def apply(self) -> None:
+        if self._resync_requested:
+            self._seed_interfaces()
         if self._desired_dirty:
             self._recompute_desired()
         if self._resync_requested:

@@ -9,7 +9,9 @@ Role: Felix's vxlan manager. Inputs (`on_update`):
   subnet go straight over the underlay, without encapsulation);
 - the interface monitor's `InterfaceAddrsUpdate`: which interface is the parent (the one that
   holds this node's VTEP parent device IP - that is also how this manager recognises the
-  LOCAL VTEP, so it needs no hostname), and its subnet;
+  LOCAL VTEP, so it needs no hostname), and its subnet; interfaces the monitor has not
+  reported yet are seeded from the kernel on each resync (a restarted agent's InSync may
+  come before the monitor's first dump);
 - `InSync`.
 
 Kernel state it owns (in its namespace):
@@ -232,8 +234,23 @@ class VXLANManager(ManagerBase):
 
     # --- apply ------------------------------------------------------------------------------
 
+    def _seed_interfaces(self, links: list[LinkDetail]) -> None:
+        """Addresses of interfaces the monitor has not reported yet, from the kernel.
+
+        A restarted agent can see InSync before the interface monitor's first dump: without
+        this it would not find its parent interface, and remove (then recreate) the device."""
+        unknown = {link.index: link.name for link in links
+                   if link.name not in self._iface_addrs and link.name != self._device}
+        if not unknown:
+            return
+        for index, cidrs in self.netlink.addresses_by_link().items():
+            if index in unknown:
+                self._iface_addrs[unknown[index]] = frozenset(cidrs)
+                self._dirty = True
+
     def _read_kernel(self, links: list[LinkDetail]) -> None:
         nl = self.netlink
+        self._seed_interfaces(links)
         self._device_link = next((link for link in links if link.name == self._device), None)
         neighbours: dict[tuple[int, int, str], Neighbour] = {}
         self._device_addrs = set()

@@ -188,6 +188,8 @@ def test_ipvs_service_address_is_not_host_traffic_and_egress_policy_still_applie
         for msg in (OPEN, deny_egress, endpoint(), InSync()):
             dp.enqueue(msg)
         assert dp.in_sync.wait(15)
+        # the interface monitor's first report may follow the first in-sync round
+        assert eventually(lambda: "cali40this-host" in sh(router, "ipset", "list", "-n"))
         host_ips = sh(router, "ipset", "list", "cali40this-host")
         assert HOST_IP in host_ips and VIP not in host_ips
         assert eventually(lambda: connects(workload, VIP, 80))  # a service: forwarded by IPVS
@@ -209,3 +211,60 @@ def test_ipvs_service_address_is_not_host_traffic_and_egress_policy_still_applie
             server.sock.close()
         host.close()
         workload.close()
+
+
+@pytest.mark.parametrize("backend", ["nft", "legacy"])
+def test_host_endpoint_chains_in_all_tables_load_into_the_kernel(namespaces: list[str],
+                                                                  backend: str) -> None:
+    """raw (doNotTrack, CT --notrack), mangle (preDNAT), filter (normal, applyOnForward),
+    failsafes, VXLAN source rules: the real iptables accepts them, and applying the same
+    state again runs no restore."""
+    from agent.dataplane.iptables.restore import BACKENDS
+    from agent.dataplane.managers.hostips import HostIPsManager
+    from agent.dataplane.managers.iptables import IptablesManager
+    from agent.proto import (
+        HostEndpoint,
+        HostEndpointID,
+        HostEndpointUpdate,
+        VXLANTunnelEndpointUpdate,
+    )
+    from agent.shims.cmd import NetnsCommandRunner
+
+    ns = namespaces[0]
+    runner = NetnsCommandRunner(ns)
+    host_ips = HostIPsManager(runner=runner)
+    manager = IptablesManager(runner=runner, backend=backend)
+    allow = (Rule(action="allow", protocol=6),)
+    msgs = [
+        ActivePolicyUpdate(PolicyID("default", "n"), Policy(inbound_rules=allow,
+                                                            apply_on_forward=True)),
+        ActivePolicyUpdate(PolicyID("default", "u"), Policy(inbound_rules=allow,
+                                                            outbound_rules=allow,
+                                                            untracked=True)),
+        ActivePolicyUpdate(PolicyID("default", "p"), Policy(inbound_rules=allow,
+                                                            pre_dnat=True)),
+        VXLANTunnelEndpointUpdate("node2", "02:00:00:00:00:02", "10.65.255.2", "198.18.0.2"),
+        HostEndpointUpdate(HostEndpointID("h"), HostEndpoint(
+            name="eth0", tiers=(TierInfo("default", ingress_policies=("n",)),),
+            forward_tiers=(TierInfo("default", ingress_policies=("n",)),),
+            untracked_tiers=(TierInfo("default", ingress_policies=("u",),
+                                      egress_policies=("u",)),),
+            pre_dnat_tiers=(TierInfo("default", ingress_policies=("p",)),))),
+        InSync(),
+    ]
+    for msg in msgs:
+        host_ips.on_update(msg)
+        manager.on_update(msg)
+    for step in (host_ips.apply, manager.apply, manager.finish_apply):
+        step()
+    save = BACKENDS[backend].save
+    raw = sh(ns, save, "-t", "raw")
+    assert "cali-fh-eth0" in raw and "cali-th-eth0" in raw and "--notrack" in raw
+    assert "cali-fh-eth0" in sh(ns, save, "-t", "mangle")
+    filter_table = sh(ns, save, "-t", "filter")
+    assert "cali-fhfw-eth0" in filter_table and "cali40all-vxlan-net" in filter_table
+    assert "--dport 22" in filter_table  # failsafes
+    restores = manager.table.restore_calls
+    manager.request_resync()
+    manager.apply()
+    assert manager.table.restore_calls == restores
