@@ -105,6 +105,7 @@ class DataplaneState:
     # monitor, not by apply()): each IPv4 address is a LOCAL_HOST /32 in the routes trie
     local_addrs: dict[str, frozenset[str]] = field(default_factory=dict)
     routes_version: int = 0  # bumped by every route/pool/host message (compile caching)
+    endpoints_version: int = 0  # bumped when a workload endpoint is added or removed
 
     def apply(self, msg: Any) -> None:
         """Fold one agent.proto message into the state. A delta for an unknown IP set
@@ -134,9 +135,12 @@ class DataplaneState:
             case proto.ActiveProfileRemove():
                 self.profiles.pop(msg.id, None)
             case proto.WorkloadEndpointUpdate():
+                if msg.id not in self.endpoints:
+                    self.endpoints_version += 1
                 self.endpoints[msg.id] = msg.endpoint
             case proto.WorkloadEndpointRemove():
-                self.endpoints.pop(msg.id, None)
+                if self.endpoints.pop(msg.id, None) is not None:
+                    self.endpoints_version += 1
             case proto.HostEndpointUpdate():
                 self.host_endpoints[msg.id] = msg.endpoint
             case proto.HostEndpointRemove():
@@ -178,6 +182,7 @@ class IdAllocator:
         self.limit = limit
         self.by_name: dict[tuple[IdKind, str], int] = {}
         self.by_number: dict[int, tuple[IdKind, str]] = {}
+        self._encoded: dict[int, tuple[tuple[IdKind, str], bytes, bytes]] = {}
         self._next_free = 1
         for kind in kinds:
             for number, name in sorted((adopted or {}).get(kind, {}).items()):
@@ -213,16 +218,22 @@ class IdAllocator:
         freed = [n for n in self.by_number if n not in keep]
         for n in freed:
             del self.by_name[self.by_number.pop(n)]
+            self._encoded.pop(n, None)
         if freed:
             self._next_free = min(self._next_free, *freed)
         return freed
 
     def entries(self, numbers: Iterable[int]) -> dict[bytes, bytes]:
-        """ids-map entries for the given numbers."""
+        """ids-map entries for the given numbers (encodings cached per number and name)."""
         out = {}
+        cache = self._encoded
         for n in numbers:
-            kind, name = self.by_number[n]
-            out[ids_map.encode_key(kind, n)] = ids_map.encode_value(name)
+            owner = self.by_number[n]
+            hit = cache.get(n)
+            if hit is None or hit[0] != owner:
+                hit = cache[n] = (owner, ids_map.encode_key(owner[0], n),
+                                  ids_map.encode_value(owner[1]))
+            out[hit[1]] = hit[2]
         return out
 
 
@@ -638,6 +649,9 @@ class PolicyCompiler:
         self._counter_problems: list[str] = []
         self.unavailable_ipsets: frozenset[str] = frozenset()
         self._routes_cache: tuple[Any, dict[bytes, bytes], list[str]] | None = None
+        self._ep_keys: dict[int, tuple[proto.WorkloadEndpoint, tuple]] = {}
+        self._key_intern: dict[tuple, tuple] = {}
+        self._endpoint_order: tuple[Any, int, int, list[proto.WorkloadEndpointID]] | None = None
 
     # ids
 
@@ -648,6 +662,32 @@ class PolicyCompiler:
         except MapFullError as e:
             self._counter_problems.append(f"rule {name!r}: not counted: {e}")
             return 0
+
+    # per-endpoint memo keys
+
+    def _chain_key(self, ep: proto.WorkloadEndpoint) -> tuple:
+        """(tiers, profile_ids) of `ep`, as ONE shared tuple object per distinct content, so
+        the per-compile chain memo hashes a small key and compares it by identity (hashing
+        the tiers of a thousand endpoints on every compile was a visible cost)."""
+        hit = self._ep_keys.get(id(ep))
+        if hit is not None and hit[0] is ep:
+            return hit[1]
+        content = (ep.tiers, ep.profile_ids)
+        if len(self._ep_keys) > 100_000 or len(self._key_intern) > 100_000:
+            self._ep_keys.clear()  # bounded memory; entries are rebuilt on demand
+            self._key_intern.clear()
+        key = self._key_intern.setdefault(content, content)
+        self._ep_keys[id(ep)] = (ep, key)
+        return key
+
+    def _sorted_endpoints(self, state: DataplaneState) -> list[proto.WorkloadEndpointID]:
+        """Endpoint ids in order, re-sorted only when the set of ids changed."""
+        cached = self._endpoint_order
+        if cached is None or cached[0] is not state or cached[1] != len(state.endpoints) \
+                or cached[2] != state.endpoints_version:
+            cached = self._endpoint_order = (state, len(state.endpoints),
+                                             state.endpoints_version, sorted(state.endpoints))
+        return cached[3]
 
     # fragments
 
@@ -766,13 +806,14 @@ class PolicyCompiler:
             self.set_ids.allocate(set_name, IdKind.IPSET)
 
         def chain_for(ep: proto.WorkloadEndpoint, direction: str) -> Chain:
-            key = (ep.tiers, ep.profile_ids, direction)
-            if key not in memo:
-                memo[key] = self._chain(state, ep.tiers, ep.profile_ids, direction)
-            return memo[key]
+            key = (self._chain_key(ep), direction)
+            chain = memo.get(key)
+            if chain is None:
+                chain = memo[key] = self._chain(state, ep.tiers, ep.profile_ids, direction)
+            return chain
 
         ifindex_owner: dict[int, proto.WorkloadEndpointID] = {}
-        for wid in sorted(state.endpoints):
+        for wid in self._sorted_endpoints(state):
             ep = state.endpoints[wid]
             name = f"{wid.orchestrator}/{wid.workload}/{wid.endpoint}"
             try:

@@ -174,6 +174,20 @@ def test_full_trie_is_counted_and_other_endpoints_stay_programmed(
     assert first_build[0].unavailable_ipsets == frozenset()
 
 
+def test_xdp_follows_host_endpoints_with_untracked_policy(node: Node, first_build: list):
+    hep = p.HostEndpointID("node1-eth0")
+    policy = p.ActivePolicyUpdate(p.PolicyID("default", "untracked-deny"), p.Policy(
+        untracked=True, inbound_rules=(p.Rule("deny", src_nets=("192.0.2.0/24",)),)))
+    update = p.HostEndpointUpdate(hep, p.HostEndpoint("eth0", untracked_tiers=(
+        p.TierInfo("default", ingress_policies=("untracked-deny",)),)))
+    run_round(node, first_build, [policy, update])
+    link = sh("ip", "-n", node.name, "link", "show", "eth0")
+    assert "xdpgeneric" in link and "prog/xdp id" in link
+    assert "xdp" not in sh("ip", "-n", node.name, "link", "show", "cali1")
+    run_round(node, first_build, [p.HostEndpointRemove(hep)])
+    assert "xdp" not in sh("ip", "-n", node.name, "link", "show", "eth0")
+
+
 def test_new_interface_gets_programs_through_loop_and_monitor(node: Node, first_build: list):
     from agent.dataplane.ifacemonitor import InterfaceMonitor
 
