@@ -232,18 +232,18 @@ class EtcdStatusStore:
             self._grant()
             return
         self._connect()
+        call = self._lease.LeaseKeepAlive(
+            iter([self._rpc.LeaseKeepAliveRequest(ID=self._lease_id)]), timeout=self._timeout)
         try:
-            replies = self._lease.LeaseKeepAlive(
-                iter([self._rpc.LeaseKeepAliveRequest(ID=self._lease_id)]),
-                timeout=self._timeout)
-            for reply in replies:
-                if int(reply.TTL) <= 0:
-                    self._lease_id = 0
-                    self._grant()
-                break
-        except self._grpc.RpcError as exc:
+            reply = next(call)
+        except (self._grpc.RpcError, StopIteration) as exc:
             self._reset()
-            raise StatusStoreError(f"etcd lease keep-alive: {exc.code().name}") from exc
+            raise StatusStoreError(f"etcd lease keep-alive: {exc}") from exc
+        finally:
+            call.cancel()  # one refresh per call: do not leave the stream open
+        if int(reply.TTL) <= 0:
+            self._lease_id = 0
+            self._grant()
 
     def _put(self, key: str, value: bytes) -> None:
         self._call("put", "kv", "Put",

@@ -130,3 +130,34 @@ def test_etcd_records_appear_and_go_with_the_lease(etcd: EtcdServer) -> None:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
+
+
+def test_etcd_lease_lost_meanwhile_is_regranted_with_every_record(etcd: EtcdServer) -> None:
+    """etcd forgot our lease (restored from backup, or we were paused past the TTL): the next
+    node write grants a new lease and puts the endpoint records back too."""
+    from agent.status.records import EndpointStatus, NodeStatus
+
+    store = open_status_store(f"etcd3://{etcd.endpoint}", ttl=30)
+    assert isinstance(store, EtcdStatusStore)
+    reader = open_status_store(f"etcd3://{etcd.endpoint}")
+    assert isinstance(reader, EtcdStatusStore)
+    try:
+        now = time.time()
+        store.write_node(NodeStatus("node1", now, 1.0, True, True, 30.0))
+        store.write_endpoint(EndpointStatus("node1", "workload", "k8s/a/b/eth0", "up", now))
+        assert _records(reader) == {"nodes": 1, "endpoints": 1}
+        # the lease goes behind our back (etcdctl): etcd drops both keys
+        env = {"ETCDCTL_API": "3", "PATH": "/usr/bin:/bin"}
+        etcdctl = ["etcdctl", f"--endpoints={etcd.writer_endpoint}"]
+        listing = subprocess.run([*etcdctl, "lease", "list"], env=env, check=True,
+                                 capture_output=True, text=True).stdout  # "found 1 leases\nID"
+        leases = listing.splitlines()[1:]
+        assert len(leases) == 1, listing
+        subprocess.run([*etcdctl, "lease", "revoke", leases[0]], env=env, check=True,
+                       capture_output=True)
+        assert _records(reader) == {"nodes": 0, "endpoints": 0}
+        store.write_node(NodeStatus("node1", time.time(), 2.0, False, True, 30.0))
+        assert _records(reader) == {"nodes": 1, "endpoints": 1}
+    finally:
+        store.close()
+        reader.close()
