@@ -66,6 +66,7 @@ def test_policy_latency_figures(leaves_nothing):
     assert f["endpoints"] == 1000 and f["samples"] == 10
     assert 0 < f["p50_ms"] <= f["p99_ms"] <= f["max_ms"]
     assert 0 < f["label_p50_ms"] <= f["label_p99_ms"]
+    assert 0 < f["apply_p50_ms"] <= f["apply_p99_ms"]
 
 
 @pytest.mark.privileged
