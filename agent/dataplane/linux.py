@@ -32,9 +32,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from agent.config import DEFAULT_FAILSAFE_IN, DEFAULT_FAILSAFE_OUT, parse_proto_ports
+from agent.config import DEFAULT_FAILSAFE_IN, DEFAULT_FAILSAFE_OUT
 from agent.dataplane.ifacemonitor import InterfaceMonitor
-from agent.dataplane.iptables.hostendpoints import Failsafes
+from agent.dataplane.iptables.hostendpoints import Failsafes, parse_failsafe_ports
 from agent.dataplane.loop import DataplaneLoop
 from agent.dataplane.manager import Manager
 from agent.dataplane.managers.endpoint_status import EndpointStatusManager, Report
@@ -70,8 +70,8 @@ class LinuxDataplaneConfig:
     resync_interval: float = 90.0  # IptablesRefreshInterval / RouteRefreshInterval
     interface_refresh_interval: float = 90.0  # InterfaceRefreshInterval
     fail_closed_after: float = 300.0  # how long policy may fail to program before exiting
-    failsafe_inbound: tuple[tuple[str, int], ...] = parse_proto_ports(DEFAULT_FAILSAFE_IN)
-    failsafe_outbound: tuple[tuple[str, int], ...] = parse_proto_ports(DEFAULT_FAILSAFE_OUT)
+    failsafe_inbound: tuple[tuple[str, int], ...] = parse_failsafe_ports(DEFAULT_FAILSAFE_IN)
+    failsafe_outbound: tuple[tuple[str, int], ...] = parse_failsafe_ports(DEFAULT_FAILSAFE_OUT)
     interface_exclude: str = "kube-ipvs0"  # InterfaceExclude: names or /regex/, comma-separated
     vxlan_vni: int = DEFAULT_VNI  # VXLANVNI
     vxlan_port: int = DEFAULT_PORT  # VXLANPort
@@ -103,7 +103,7 @@ class LinuxDataplaneConfig:
         for key, default in (("FailsafeInboundHostPorts", DEFAULT_FAILSAFE_IN),
                              ("FailsafeOutboundHostPorts", DEFAULT_FAILSAFE_OUT)):
             try:
-                failsafes[key] = parse_proto_ports(config.get(key, default))
+                failsafes[key] = parse_failsafe_ports(config.get(key, default))
             except ValueError as exc:
                 raise ValueError(f"{key}: {exc}") from exc
         exclude = config.get("InterfaceExclude", "kube-ipvs0")
@@ -152,6 +152,7 @@ def linux_managers(cfg: LinuxDataplaneConfig, *, netns: str | None = None,
             endpoint_to_host_action=cfg.endpoint_to_host_action,
             backend=cfg.iptables_backend,
             failsafes=Failsafes(cfg.failsafe_inbound, cfg.failsafe_outbound),
+            vxlan_port=cfg.vxlan_port,
         ))
     # NAT outgoing in both modes: in BPF mode it uses the same nat-table rules.
     managers.append(NatOutgoingManager(netns=netns, backend=cfg.iptables_backend))
