@@ -23,6 +23,7 @@ Invariants and easy mistakes:
 from __future__ import annotations
 
 import configparser
+import json
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -105,8 +106,25 @@ def enum_of(*choices: str) -> Callable[[str], str]:
     return parse
 
 
+FAILSAFE_PROTOCOLS = ("tcp", "udp", "sctp")
+
+
 def parse_proto_ports(text: str) -> tuple[tuple[str, int], ...]:
-    """Felix's failsafe port lists: `tcp:22, udp:68, 179` (protocol defaults to tcp)."""
+    """Felix's failsafe port lists: `tcp:22, udp:68, 179` (env/file form; tcp when no
+    protocol) or a FelixConfiguration's JSON list `[{"protocol": "TCP", "port": 22}]`.
+    Raises ValueError naming the bad entry."""
+    text = text.strip()
+    if text.startswith("["):
+        try:
+            entries = json.loads(text)
+        except ValueError:
+            raise ValueError(f"{text[:60]!r} is not a JSON list") from None
+        items = []
+        for entry in entries:
+            if not isinstance(entry, dict) or "port" not in entry:
+                raise ValueError(f"{entry!r}: expected {{protocol, port}}")
+            items.append(f"{entry.get('protocol', 'tcp')}:{entry['port']}")
+        text = ",".join(items)
     out = []
     for item in text.split(","):
         item = item.strip()
@@ -114,7 +132,7 @@ def parse_proto_ports(text: str) -> tuple[tuple[str, int], ...]:
             continue
         proto, _, port = item.rpartition(":")
         proto = (proto or "tcp").lower()
-        if proto not in ("tcp", "udp", "sctp"):
+        if proto not in FAILSAFE_PROTOCOLS:
             raise ValueError(f"{item!r}: protocol must be tcp, udp or sctp")
         out.append((proto, parse_port(port)))
     return tuple(out)
@@ -171,6 +189,11 @@ PARAMS: tuple[Param, ...] = (
     Param("FailsafeInboundHostPorts", parse_proto_ports(DEFAULT_FAILSAFE_IN), parse_proto_ports),
     Param("FailsafeOutboundHostPorts", parse_proto_ports(DEFAULT_FAILSAFE_OUT),
           parse_proto_ports),
+    Param("InterfaceExclude", "kube-ipvs0", parse_str, restart=True,
+          help="Interfaces (names or /regex/, comma-separated) never treated as host IPs."),
+    Param("VXLANVNI", 4096, parse_int, restart=True),
+    Param("VXLANPort", 4789, parse_port, restart=True),
+    Param("VXLANMTU", 0, parse_int, restart=True),
     Param("EndpointReportingEnabled", False, parse_bool),
     Param("ReportingTTLSecs", 90.0, parse_seconds),
     Param("DataplaneFailClosedAfter", 60.0, parse_seconds,

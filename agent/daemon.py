@@ -78,6 +78,12 @@ def linux_config(config: Config, *, bpf_mode: bool) -> Any:
         max_ipset_size=config.bpf_map_size_ip_sets,
         resync_interval=config.iptables_refresh_interval,
         fail_closed_after=config.dataplane_fail_closed_after,
+        failsafe_inbound=config.failsafe_inbound_host_ports,
+        failsafe_outbound=config.failsafe_outbound_host_ports,
+        interface_exclude=config.interface_exclude,
+        vxlan_vni=config.vxlanvni,
+        vxlan_port=config.vxlan_port,
+        vxlan_mtu=config.vxlanmtu,
     )
 
 
@@ -119,8 +125,8 @@ class _Forwarder:
     def __init__(self, loop: DataplaneLoop, on_config: Callable[[dict[str, str]], None]):
         self._loop = loop
         self._on_config = on_config
-        self._endpoints: set[Any] = set()
-        self._policies: set[Any] = set()
+        self.endpoints: set[Any] = set()
+        self.policies: set[Any] = set()
         self._profiles: set[Any] = set()
         self._ipsets: dict[str, int] = {}
         self._hosts: set[str] = set()
@@ -135,13 +141,13 @@ class _Forwarder:
     def _count(self, msg: object) -> None:
         match msg:
             case WorkloadEndpointUpdate(id=i):
-                self._endpoints.add(i)
+                self.endpoints.add(i)
             case WorkloadEndpointRemove(id=i):
-                self._endpoints.discard(i)
+                self.endpoints.discard(i)
             case ActivePolicyUpdate(id=i):
-                self._policies.add(i)
+                self.policies.add(i)
             case ActivePolicyRemove(id=i):
-                self._policies.discard(i)
+                self.policies.discard(i)
             case ActiveProfileUpdate(id=i):
                 self._profiles.add(i)
             case ActiveProfileRemove(id=i):
@@ -158,8 +164,8 @@ class _Forwarder:
                 self._hosts.discard(h)
             case _:
                 return
-        metrics.ACTIVE_LOCAL_ENDPOINTS.set(len(self._endpoints))
-        metrics.ACTIVE_LOCAL_POLICIES.set(len(self._policies))
+        metrics.ACTIVE_LOCAL_ENDPOINTS.set(len(self.endpoints))
+        metrics.ACTIVE_LOCAL_POLICIES.set(len(self.policies))
         metrics.ACTIVE_LOCAL_PROFILES.set(len(self._profiles))
         metrics.IPSETS.set(len(self._ipsets))
         metrics.IPSET_MEMBERS.set(sum(self._ipsets.values()))
@@ -243,6 +249,22 @@ class Agent:
         return load_config(environ=self.environ, config_file=self.options.config_file,
                            datastore_global=global_layer, datastore_node=node_layer)
 
+    def _status_reporter(self, config: Config, managers: list[Manager]) -> Any:
+        """Felix's status reporting: a node record with a TTL in the datastore, and endpoint
+        up/down/error records when EndpointReportingEnabled (its manager joins the loop)."""
+        from agent.status import StatusReporter, open_status_store
+
+        store = open_status_store(self.options.datastore, ttl=config.reporting_ttl_secs)
+        if store is None:
+            return None
+        reporter = StatusReporter(store, self.options.hostname, ttl=config.reporting_ttl_secs,
+                                  endpoint_reporting=config.endpoint_reporting_enabled)
+        if config.endpoint_reporting_enabled:
+            from agent.dataplane.managers.endpoint_status import EndpointStatusManager
+
+            managers.append(EndpointStatusManager(reporter.on_endpoint_status))
+        return reporter
+
     def _on_datastore_config(self, merged: dict[str, str]) -> None:
         assert self.config is not None
         new = load_config(environ=self.environ, config_file=self.options.config_file,
@@ -263,6 +285,7 @@ class Agent:
         configure_logging(config.log_severity_screen)
         mode, managers = self._managers_factory(config)
         self.dataplane_mode = mode
+        reporter = self._status_reporter(config, managers)
         log.info("starting agent", extra={"fields": {
             "hostname": self.options.hostname, "datastore": self.options.datastore,
             "dataplane": mode}})
@@ -280,8 +303,9 @@ class Agent:
 
         loop = DataplaneLoop(managers, resync_interval=config.route_refresh_interval,
                              fail_closed_after=config.dataplane_fail_closed_after)
+        forwarder = _Forwarder(loop, self._on_datastore_config)
         pipeline = CalcPipeline(
-            self.options.hostname, _Forwarder(loop, self._on_datastore_config),
+            self.options.hostname, forwarder,
             on_batch=lambda seconds, _messages: metrics.CALC_GRAPH_UPDATE_TIME.observe(seconds))
         tap = _SyncerTap(pipeline)
         syncer = make_syncer(self.options.datastore)
@@ -292,6 +316,8 @@ class Agent:
             monitor = InterfaceMonitor(loop.enqueue, resync_interval=config.route_refresh_interval)
 
         loop.start()
+        if reporter is not None:
+            reporter.start()
         pipeline.start()
         syncer.start(tap)
         if monitor is not None:
@@ -305,7 +331,11 @@ class Agent:
                 health.report("calc-graph", live=pipeline.is_alive(), ready=calc_ok)
                 health.report("dataplane", live=not loop.fatal.is_set(), ready=dp_ok)
                 metrics.DATAPLANE_IN_SYNC.set(1 if dp_ok else 0)
+                if reporter is not None:
+                    reporter.set_in_sync(dp_ok)
                 status.write(calc_in_sync=calc_ok, dataplane_in_sync=dp_ok,
+                             endpoints=len(forwarder.endpoints),
+                             policies=len(forwarder.policies),
                              last_update_wall=tap.last_update_wall,
                              idle=_idle(pipeline, loop), dataplane=mode,
                              rounds_applied=loop.rounds_applied,
@@ -327,6 +357,8 @@ class Agent:
                 monitor.stop()
             pipeline.stop()
             loop.stop()
+            if reporter is not None:
+                reporter.stop(clean=True)
             for manager in managers:
                 close = getattr(manager, "close", None)
                 if close is not None:

@@ -180,7 +180,9 @@ class AgentProcesses:
         assert self.datastore_dir is not None
         newest = self.datastore_dir.stat().st_mtime
         for root, dirs, files in os.walk(self.datastore_dir):
-            for entry in dirs + files:
+            # hidden entries are not resources (the agents' own status records live there)
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            for entry in dirs + [f for f in files if not f.startswith(".")]:
                 try:
                     newest = max(newest, os.stat(os.path.join(root, entry)).st_mtime)
                 except FileNotFoundError:

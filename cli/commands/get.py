@@ -35,6 +35,20 @@ def _table(info: KindInfo, docs: list[dict[str, Any]]) -> str:
                      for row in rows)
 
 
+def _print_status(datastore: str, hostname: str | None, output: str) -> None:
+    """Felix's status records (node records with TTL, endpoint up/down/error) as written by
+    the agents into the datastore; the same view as `pyfelix status --datastore`."""
+    from agent.status.view import collect, render
+
+    status = collect(datastore=datastore, hostname=hostname)
+    if output == "json":
+        click.echo(json.dumps(status, indent=2, sort_keys=True, default=str))
+    elif output == "yaml":
+        click.echo(yaml.safe_dump(json.loads(json.dumps(status, default=str)), sort_keys=True))
+    else:
+        click.echo(render(status))
+
+
 @click.command("get")
 @click.argument("kind")
 @click.argument("name", required=False)
@@ -54,7 +68,11 @@ def command(kind: str, name: str | None, namespace: str | None, all_namespaces: 
       pyfelix get globalnetworkpolicies --datastore ./resources
       pyfelix get networkpolicy allow-web -n shop -o yaml --datastore ./resources
       pyfelix get workloadendpoints -A -o json --datastore cluster.yaml
+      pyfelix get status node1 --datastore ./resources      # agents' status records
     """
+    if kind.lower() in ("status", "felixstatus", "felixstatuses"):
+        _print_status(datastore, name, output)
+        return
     if namespace and all_namespaces:
         raise click.UsageError("give -n/--namespace or -A/--all-namespaces, not both")
     try:

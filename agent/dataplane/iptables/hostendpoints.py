@@ -35,10 +35,11 @@ a wildcard endpoint does not apply to loopback.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from agent.config import FAILSAFE_PROTOCOLS
+from agent.config import parse_proto_ports as parse_failsafe_ports
 from agent.dataplane.iptables.chains import Chain
 from agent.dataplane.iptables.names import (
     CHAIN_FAILSAFE_IN,
@@ -56,7 +57,6 @@ from agent.proto import HostEndpoint, PolicyID, TierInfo
 
 FILTER, MANGLE, RAW = "filter", "mangle", "raw"
 NOTRACK = "-j CT --notrack"
-FAILSAFE_PROTOCOLS = ("tcp", "udp", "sctp")
 
 PortList = tuple[tuple[str, int], ...]
 PolicyKnown = Callable[[PolicyID, str], bool]  # (policy, table it must be rendered in)
@@ -73,35 +73,6 @@ class Failsafes:
             for proto, port in ports:
                 if proto not in FAILSAFE_PROTOCOLS or not 0 < port < 65536:
                     raise ValueError(f"{field}: {proto}:{port} is not tcp|udp|sctp:1-65535")
-
-
-def parse_failsafe_ports(text: str) -> PortList:
-    """A failsafe port list as Felix takes it: `tcp:22, udp:68, 179` (env/file form; tcp when
-    no protocol) or a FelixConfiguration's JSON list `[{"protocol": "TCP", "port": 22}]`.
-    Raises ValueError naming the bad entry."""
-    text = text.strip()
-    if text.startswith("["):
-        try:
-            entries = json.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"{text[:60]!r} is not a JSON list") from exc
-        items = []
-        for entry in entries:
-            if not isinstance(entry, dict) or "port" not in entry:
-                raise ValueError(f"{entry!r}: expected {{protocol, port}}")
-            items.append(f"{entry.get('protocol', 'tcp')}:{entry['port']}")
-        text = ",".join(items)
-    out = []
-    for item in text.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        proto, _, port = item.rpartition(":")
-        proto = (proto or "tcp").lower()
-        if proto not in FAILSAFE_PROTOCOLS or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"{item!r} is not tcp|udp|sctp:1-65535")
-        out.append((proto, int(port)))
-    return tuple(out)
 
 
 def default_failsafes() -> Failsafes:

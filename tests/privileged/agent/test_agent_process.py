@@ -108,6 +108,17 @@ def test_health_metrics_and_sigterm(netns: str, tmp_path: Path) -> None:
                      "felix_calc_graph_update_time_seconds_count",
                      "pyfelix_validation_errors_total", "pyfelix_dataplane_in_sync 1.0"):
             assert name in metrics, f"{name} missing from /metrics"
+        # Felix's status reporting: this node's record in the datastore while it runs
+        check = subprocess.run([sys.executable, "-m", "cli.main", "status", "--datastore",
+                                str(datastore), "--hostname", "node1", "--check"],
+                               cwd=REPO, capture_output=True, text=True, timeout=30)
+        assert check.returncode == 0, check.stdout + check.stderr
+        assert (datastore / ".status" / "nodes" / "node1.json").exists()
+        got = subprocess.run([sys.executable, "-m", "cli.main", "get", "status", "node1",
+                              "--datastore", str(datastore), "-o", "json"],
+                             cwd=REPO, capture_output=True, text=True, timeout=30)
+        assert got.returncode == 0, got.stderr
+        assert "node1" in json.dumps(json.loads(got.stdout)["nodes"])
         chains_before = in_ns(netns, "iptables-save", "-t", "filter").stdout
         assert "cali-tw-cali0123456789a" in chains_before
         started = time.monotonic()
@@ -117,6 +128,8 @@ def test_health_metrics_and_sigterm(netns: str, tmp_path: Path) -> None:
         # the programmed dataplane stays in place after a clean stop
         chains_after = in_ns(netns, "iptables-save", "-t", "filter").stdout
         assert "cali-tw-cali0123456789a" in chains_after
+        # ...and a clean stop removes the node's status record
+        assert not (datastore / ".status" / "nodes" / "node1.json").exists()
     finally:
         if agent.poll() is None:
             agent.kill()

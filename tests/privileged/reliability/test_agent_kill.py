@@ -83,12 +83,6 @@ def test_kill9_under_traffic_breaks_no_flow_and_restart_reconciles(
     root_guard.check()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known bug (reported; agent/dataplane/managers/routes.py + agent/daemon.py): the "
-    "restarted agent's datastore InSync reaches the route manager before the interface "
-    "monitor's first dump, so every endpoint's interface is still unknown, no route is "
-    "desired, and all pod routes are deleted as stale, then re-added ~150-300 ms later; "
-    "UDP flows lose datagrams. Strict: remove this mark when fixed."))
 @pytest.mark.timeout(120)
 def test_restarted_agent_deletes_no_pod_route(root_guard: Any) -> None:
     agent = AgentUnderTest()
