@@ -56,20 +56,29 @@ DEFAULT_MAX_LOG_BYTES = 64 * 1024 * 1024
 
 
 class Breadcrumb:
-    """One log entry: a protocol message as JSON text, its frames cached per compression."""
+    """One log entry: a batch of KV fragments (a `kvs` message) or a status message; its
+    frames are cached per compression."""
 
-    __slots__ = ("_frames", "created", "kv_count", "seq", "text")
+    __slots__ = ("_frames", "_text", "created", "fragments", "kv_count", "seq", "size")
 
-    def __init__(self, seq: int, text: str, kv_count: int, created: float) -> None:
+    def __init__(self, seq: int, created: float, *, fragments: list[str] | None = None,
+                 text: str | None = None) -> None:
+        if (fragments is None) == (text is None):
+            raise ValueError("a breadcrumb holds either KV fragments or a message text")
         self.seq = seq
-        self.text = text
-        self.kv_count = kv_count
         self.created = created  # clock() when the update reached the server
+        self.fragments = fragments  # None for a status entry
+        self.kv_count = len(fragments) if fragments is not None else 0
+        self._text = text
+        self.size = len(text) if text is not None else sum(map(len, fragments or ()))
         self._frames: dict[str, bytes] = {}
 
     @property
-    def size(self) -> int:
-        return len(self.text)
+    def text(self) -> str:
+        """The entry as one protocol message."""
+        if self._text is not None:
+            return self._text
+        return kvs_text(self.fragments or (), self.seq)
 
     def frame(self, compression: str) -> bytes:
         """The whole frame for `compression` (encoded on first use; idempotent, so two
@@ -79,6 +88,31 @@ class Breadcrumb:
             data = encode_text(self.text, compression)
             self._frames[compression] = data
         return data
+
+
+def batch_frames(crumbs: list[Breadcrumb], compression: str) -> bytes:
+    """The frames sending `crumbs` in order, each run of consecutive KV entries merged into
+    ONE `kvs` message (seq = the run's last entry): a client behind by several entries
+    decodes one message, not one per entry."""
+    out: list[bytes] = []
+    run: list[Breadcrumb] = []
+
+    def flush() -> None:
+        if len(run) == 1:
+            out.append(run[0].frame(compression))
+        elif run:
+            fragments = [f for crumb in run for f in crumb.fragments or ()]
+            out.append(encode_text(kvs_text(fragments, run[-1].seq), compression))
+        run.clear()
+
+    for crumb in crumbs:
+        if crumb.fragments is not None:
+            run.append(crumb)
+            continue
+        flush()
+        out.append(crumb.frame(compression))
+    flush()
+    return b"".join(out)
 
 
 @dataclass
@@ -154,7 +188,8 @@ class SnapshotCache:
             if status == self._status:
                 return
             self._status = status
-            seq = self._append_locked(lambda seq: status_text(seq, status), 0)
+            seq = self._append_locked(
+                Breadcrumb(self._seq + 1, self._clock(), text=status_text(self._seq + 1, status)))
         self._publish(seq)
 
     def on_updates(self, updates: list[RawUpdate]) -> None:
@@ -179,9 +214,8 @@ class SnapshotCache:
                     self._fragments[kv.key] = kv.text
                 changes.append(kv.text)
             for start in range(0, len(changes), SNAPSHOT_CHUNK):
-                chunk = changes[start:start + SNAPSHOT_CHUNK]
-                seq = self._append_locked(lambda s, c=chunk: kvs_text(c, s), len(chunk),
-                                          received)
+                seq = self._append_locked(Breadcrumb(
+                    self._seq + 1, received, fragments=changes[start:start + SNAPSHOT_CHUNK]))
             size = len(self._fragments)
         labels = self.syncer_type
         metrics.UPDATES_TOTAL.labels(labels).inc(len(wanted) - skipped)
@@ -196,11 +230,9 @@ class SnapshotCache:
         metrics.DATASTORE_ERRORS.labels(self.syncer_type).inc()
         log.warning("typha %s syncer: datastore error: %s", self.syncer_type, error)
 
-    def _append_locked(self, render: Callable[[int], str], kv_count: int,
-                       created: float | None = None) -> int:
-        self._seq += 1
-        crumb = Breadcrumb(self._seq, render(self._seq), kv_count,
-                           self._clock() if created is None else created)
+    def _append_locked(self, crumb: Breadcrumb) -> int:
+        assert crumb.seq == self._seq + 1
+        self._seq = crumb.seq
         self._log.append(crumb)
         self._log_bytes += crumb.size
         while len(self._log) > 1 and (len(self._log) > self.max_log_entries

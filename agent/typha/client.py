@@ -112,7 +112,7 @@ class _SessionLost(Exception):
     """The current connection ended (timeout, EOF, server error, protocol error)."""
 
 
-class _HelloRefused(Exception):
+class HelloRefused(Exception):
     """The server answered the hello with an error, or with something unusable."""
 
 
@@ -228,8 +228,7 @@ class TyphaSyncer:
         self._session: _Session | None = None
         self._thread: threading.Thread | None = None
         self._callbacks: SyncerCallbacks | None = None
-        self._emitted: dict[tuple[str, str, str], str] = {}  # key -> value fingerprint
-        self._status: SyncStatus | None = None
+        self._state: ClientState | None = None
         self.sessions = 0  # successful hello exchanges so far
         self.connected_to = ""  # address of the current session
         self.failed = threading.Event()
@@ -241,6 +240,7 @@ class TyphaSyncer:
         if self._thread is not None:
             raise RuntimeError("TyphaSyncer already started")
         self._callbacks = callbacks
+        self._state = ClientState(callbacks, self.syncer_type)
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"typha-client:{self.syncer_type}")
         self._thread.start()
@@ -269,13 +269,13 @@ class TyphaSyncer:
 
     @property
     def emitted_keys(self) -> int:
-        return len(self._emitted)
+        return len(self._state.emitted) if self._state is not None else 0
 
     # -- the thread --
 
     def _run(self) -> None:
-        assert self._callbacks is not None
-        self._set_status(SyncStatus.WAIT_FOR_DATASTORE)
+        assert self._callbacks is not None and self._state is not None
+        self._state.set_status(SyncStatus.WAIT_FOR_DATASTORE)
         while not self._stop.is_set():
             try:
                 session = self._connect()
@@ -293,8 +293,7 @@ class TyphaSyncer:
                 if not self._stop.is_set():
                     log.warning("typha client (%s): connection to %s lost: %s; reconnecting",
                                 self.syncer_type, session.address, exc)
-                    if self._status == SyncStatus.IN_SYNC:
-                        self._set_status(SyncStatus.RESYNC)
+                    self._state.connection_lost()
             except Exception as exc:  # a bug: report it, reconnect with a fresh snapshot
                 log.exception("typha client failed unexpectedly")
                 self._callbacks.on_error(DatastoreError(
@@ -329,7 +328,7 @@ class TyphaSyncer:
                     return self._open(address)
                 except _Stopped:
                     raise
-                except (OSError, ssl.SSLError, _HelloRefused, _SessionLost) as exc:
+                except (OSError, ssl.SSLError, HelloRefused, _SessionLost) as exc:
                     errors[address] = str(exc) or type(exc).__name__
                     CLIENT_CONNECT_FAILURES.labels(self.syncer_type).inc()
                     log.warning("typha client (%s): attempt %d/%d at %s failed: %s",
@@ -357,7 +356,7 @@ class TyphaSyncer:
                 sock = self._ssl_context.wrap_socket(raw)
                 refusal = self.tls.refusal(sock.getpeercert())
                 if refusal:
-                    raise _HelloRefused(refusal)
+                    raise HelloRefused(refusal)
         except BaseException:
             raw.close()
             raise
@@ -383,38 +382,16 @@ class TyphaSyncer:
                                   protocol_version=self.protocol_version,
                                   client_version=CLIENT_VERSION))
         reply = session.receive(self.connect_timeout)
-        if reply["type"] == ERROR:
-            raise _HelloRefused(f"refused: {reply.get('code')}: {reply.get('message')}")
-        try:
-            if reply["type"] != SERVER_HELLO:
-                raise ProtocolError(f"expected server_hello, got {reply['type']!r}")
-            version = require(reply, "protocol_version", int)
-            syncer_type = require(reply, "syncer_type", str)
-            compression = require(reply, "compression", str)
-        except ProtocolError as exc:
-            raise _HelloRefused(str(exc)) from None
-        if version not in SUPPORTED_PROTOCOL_VERSIONS:
-            raise _HelloRefused(f"server speaks protocol version {version}; this client "
-                                f"speaks {', '.join(map(str, SUPPORTED_PROTOCOL_VERSIONS))}")
-        if syncer_type != self.syncer_type:
-            raise _HelloRefused(f"server answered for syncer type {syncer_type!r}; this "
-                                f"client asked for {self.syncer_type!r}")
-        if compression not in self.compression:
-            raise _HelloRefused(f"server chose compression {compression!r}, which this "
-                                f"client did not offer ({', '.join(self.compression)})")
-        session.compression = compression
+        session.compression = check_server_hello(reply, self.syncer_type, self.compression)
         self.sessions += 1
         self.connected_to = session.address
         CLIENT_SESSIONS.labels(self.syncer_type).inc()
         log.info("typha client (%s): connected to %s (compression %s)", self.syncer_type,
-                 session.address, compression)
-
-    # -- following the stream --
+                 session.address, session.compression)
 
     def _follow(self, session: _Session) -> None:
-        in_snapshot = False
-        snapshot_done = False
-        seen: set[tuple[str, str, str]] = set()
+        assert self._state is not None
+        follower = StreamFollower(self._state, session.address)
         while not self._stop.is_set():
             try:
                 message = session.receive()
@@ -422,78 +399,173 @@ class TyphaSyncer:
                 if self._stop.is_set():
                     return
                 raise
-            kind = message["type"]
             try:
-                if kind == KVS:
-                    if not (in_snapshot or snapshot_done):
-                        raise ProtocolError("kvs message before snapshot_begin")
-                    self._on_kvs(require(message, "kvs", list), seen if in_snapshot else None)
-                elif kind == SNAPSHOT_BEGIN:
-                    if in_snapshot or snapshot_done:
-                        raise ProtocolError("a second snapshot_begin on one connection")
-                    in_snapshot = True
-                    seen = set()
-                    if self._status == SyncStatus.IN_SYNC:
-                        self._set_status(SyncStatus.RESYNC)
-                elif kind == SNAPSHOT_END:
-                    if not in_snapshot:
-                        raise ProtocolError("snapshot_end without snapshot_begin")
-                    in_snapshot, snapshot_done = False, True
-                    self._delete_missing(seen)
-                    seen = set()
-                elif kind == STATUS:
-                    if not snapshot_done:
-                        raise ProtocolError("status message before the snapshot completed")
-                    self._set_status(decode_status(message))
-                elif kind == PING:
-                    session.send({"type": PONG, "timestamp": message.get("timestamp")})
-                elif kind == ERROR:
-                    raise _SessionLost(f"server closed the connection: {message.get('code')}: "
-                                       f"{message.get('message')}")
-                elif kind != DECODER_RESTART:
-                    raise ProtocolError(f"unexpected {kind!r} message after the hello")
+                reply = follower.handle(message)
             except ProtocolError as exc:
                 raise _SessionLost(f"protocol error from {session.address}: {exc}") from None
+            except ServerClosed as exc:
+                raise _SessionLost(str(exc)) from None
+            if reply is not None:
+                session.send(reply)
 
-    def _on_kvs(self, entries: list[Any], seen: set[tuple[str, str, str]] | None) -> None:
+
+# --------------------------------------------------------------------------------------------
+# The protocol state, shared by every transport (TyphaSyncer's threads, the benchmark's
+# asyncio clients)
+
+
+class ServerClosed(Exception):
+    """The server sent an `error` message: it is closing the connection."""
+
+
+def check_server_hello(reply: dict[str, Any], syncer_type: str,
+                       offered: Sequence[str]) -> str:
+    """The compression the server chose; HelloRefused when the reply is an error or does
+    not fit what this client asked for."""
+    if reply["type"] == ERROR:
+        raise HelloRefused(f"refused: {reply.get('code')}: {reply.get('message')}")
+    try:
+        if reply["type"] != SERVER_HELLO:
+            raise ProtocolError(f"expected server_hello, got {reply['type']!r}")
+        version = require(reply, "protocol_version", int)
+        answered = require(reply, "syncer_type", str)
+        compression = require(reply, "compression", str)
+    except ProtocolError as exc:
+        raise HelloRefused(str(exc)) from None
+    if version not in SUPPORTED_PROTOCOL_VERSIONS:
+        raise HelloRefused(f"server speaks protocol version {version}; this client "
+                           f"speaks {', '.join(map(str, SUPPORTED_PROTOCOL_VERSIONS))}")
+    if answered != syncer_type:
+        raise HelloRefused(f"server answered for syncer type {answered!r}; this "
+                           f"client asked for {syncer_type!r}")
+    if compression not in offered:
+        raise HelloRefused(f"server chose compression {compression!r}, which this "
+                           f"client did not offer ({', '.join(offered)})")
+    return compression
+
+
+class ClientState:
+    """What a client has told its callbacks, across connections: the fingerprint of every
+    key's value, and the last status. Owned by one thread (or one event loop)."""
+
+    def __init__(self, callbacks: SyncerCallbacks, syncer_type: str = "felix") -> None:
+        self.callbacks = callbacks
+        self.syncer_type = syncer_type
+        self.emitted: dict[tuple[str, str, str], str] = {}  # key -> value fingerprint
+        self.status: SyncStatus | None = None
+
+    def set_status(self, status: SyncStatus) -> None:
+        if status == self.status:
+            return
+        self.status = status
+        self.callbacks.on_status(status)
+
+    def connection_lost(self) -> None:
+        if self.status == SyncStatus.IN_SYNC:
+            self.set_status(SyncStatus.RESYNC)
+
+    def apply(self, entries: list[Any], seen: set[tuple[str, str, str]] | None) -> None:
+        """KV entries of a `kvs` message -> on_updates with those that change something.
+        `seen` (during a snapshot) collects the keys the snapshot holds.
+
+        A hot path (every client decodes every update): well-formed entries take a quick
+        route; anything irregular goes through `decode_kv`, which names the entry and field.
+        """
         updates: list[RawUpdate] = []
-        emitted = self._emitted
+        emitted = self.emitted
         for index, entry in enumerate(entries):
-            kv = decode_kv(entry, f"kvs message, entry {index}")
-            key = (sys.intern(kv.key[0]), sys.intern(kv.key[1]), kv.key[2])
+            try:
+                kind, namespace, name = entry["k"]
+                value = entry["v"]
+                fingerprint = entry.get("f")
+                revision = entry.get("r", "")
+                source = entry.get("s", "")
+                regular = (type(kind) is str and type(namespace) is str and type(name) is str
+                           and kind != "" and name != "" and type(revision) is str
+                           and type(source) is str
+                           and (value is None or (type(value) is dict
+                                                  and type(fingerprint) is str)))
+            except (KeyError, TypeError, ValueError, AttributeError):
+                regular = False
+            if not regular:
+                kv = decode_kv(entry, f"kvs message, entry {index}")  # raises if it must
+                (kind, namespace, name), value, fingerprint, revision, source = kv
+            key = (kind, namespace, name)
             if seen is not None:
-                if kv.value is None:
-                    raise ProtocolError(f"snapshot entry {index} ({key[0]} {key[2]}) is a "
-                                        "delete")
+                if value is None:
+                    raise ProtocolError(f"snapshot entry {index} ({kind} {name}) is a delete")
                 seen.add(key)
-            if kv.value is None:
+            if value is None:
                 if emitted.pop(key, None) is not None:
-                    updates.append(RawUpdate(ResourceKey(*key), None, kv.source, kv.revision))
-            elif emitted.get(key) != kv.fingerprint:
-                assert kv.fingerprint is not None
-                emitted[key] = kv.fingerprint
-                updates.append(RawUpdate(ResourceKey(*key), kv.value, kv.source, kv.revision))
+                    updates.append(RawUpdate(ResourceKey(kind, namespace, name), None, source,
+                                             revision))
+                continue
+            known = emitted.get(key)
+            if known == fingerprint:
+                continue
+            if known is None:  # a new key: share the few kind/namespace strings
+                key = (sys.intern(kind), sys.intern(namespace), name)
+            emitted[key] = fingerprint
+            updates.append(RawUpdate(ResourceKey(kind, namespace, name), value, source,
+                                     revision))
         if updates:
-            assert self._callbacks is not None
-            self._callbacks.on_updates(updates)
+            self.callbacks.on_updates(updates)
 
-    def _delete_missing(self, seen: set[tuple[str, str, str]]) -> None:
-        gone = [key for key in self._emitted if key not in seen]
+    def delete_missing(self, seen: set[tuple[str, str, str]]) -> None:
+        """After a snapshot: delete every emitted key the snapshot lacked."""
+        gone = [key for key in self.emitted if key not in seen]
         for key in gone:
-            del self._emitted[key]
+            del self.emitted[key]
         if gone:
-            assert self._callbacks is not None
             log.info("typha client (%s): %d keys vanished while disconnected; deleting them",
                      self.syncer_type, len(gone))
-            self._callbacks.on_updates([RawUpdate(ResourceKey(*key), None, SOURCE)
-                                        for key in sorted(gone)])
+            self.callbacks.on_updates([RawUpdate(ResourceKey(*key), None, SOURCE)
+                                       for key in sorted(gone)])
 
-    def _set_status(self, status: SyncStatus) -> None:
-        if status == self._status:
-            return
-        self._status = status
-        assert self._callbacks is not None
-        self._callbacks.on_status(status)
+
+class StreamFollower:
+    """One connection's messages after the hello -> `ClientState` (snapshot, deltas,
+    statuses). `handle` returns a message to send back (a pong) or None; it raises
+    ProtocolError for a message out of place and ServerClosed for an `error`."""
+
+    def __init__(self, state: ClientState, where: str) -> None:
+        self.state = state
+        self.where = where
+        self.in_snapshot = False
+        self.snapshot_done = False
+        self.seen: set[tuple[str, str, str]] = set()
+
+    def handle(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        kind = message["type"]
+        if kind == KVS:
+            if not (self.in_snapshot or self.snapshot_done):
+                raise ProtocolError("kvs message before snapshot_begin")
+            self.state.apply(require(message, "kvs", list),
+                             self.seen if self.in_snapshot else None)
+        elif kind == SNAPSHOT_BEGIN:
+            if self.in_snapshot or self.snapshot_done:
+                raise ProtocolError("a second snapshot_begin on one connection")
+            self.in_snapshot = True
+            self.seen = set()
+            self.state.connection_lost()  # in sync before: resyncing now
+        elif kind == SNAPSHOT_END:
+            if not self.in_snapshot:
+                raise ProtocolError("snapshot_end without snapshot_begin")
+            self.in_snapshot, self.snapshot_done = False, True
+            self.state.delete_missing(self.seen)
+            self.seen = set()
+        elif kind == STATUS:
+            if not self.snapshot_done:
+                raise ProtocolError("status message before the snapshot completed")
+            self.state.set_status(decode_status(message))
+        elif kind == PING:
+            return {"type": PONG, "timestamp": message.get("timestamp")}
+        elif kind == ERROR:
+            raise ServerClosed(f"server closed the connection: {message.get('code')}: "
+                               f"{message.get('message')}")
+        elif kind != DECODER_RESTART:
+            raise ProtocolError(f"unexpected {kind!r} message after the hello")
+        return None
 
 
 # --------------------------------------------------------------------------------------------

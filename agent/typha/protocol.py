@@ -34,7 +34,7 @@ import struct
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from agent.syncer.api import RawUpdate, ResourceKey, SyncStatus
 
@@ -186,8 +186,7 @@ def encode_kv(update: RawUpdate) -> KVFragment:
     return KVFragment(key, f'{head[:-1]},"f":"{fingerprint}","v":{value_text}}}', fingerprint)
 
 
-@dataclass(frozen=True)
-class DecodedKV:
+class DecodedKV(NamedTuple):
     key: tuple[str, str, str]  # kind, namespace, name
     value: dict[str, Any] | None
     fingerprint: str | None
@@ -199,28 +198,37 @@ class DecodedKV:
 
 
 def decode_kv(entry: Any, where: str) -> DecodedKV:
-    """Check and convert one KV entry; `where` names it in errors ("kvs message, entry 3")."""
-    if not isinstance(entry, dict):
+    """Check and convert one KV entry; `where` names it in errors ("kvs message, entry 3").
+    (A hot path: every client decodes every entry of its snapshot; plain type checks.)"""
+    if type(entry) is not dict:
         raise ProtocolError(f"{where}: is a {type(entry).__name__}, not an object")
     key = entry.get("k")
-    if (not isinstance(key, list) or len(key) != 3
-            or not all(isinstance(part, str) for part in key) or not key[0] or not key[2]):
-        raise ProtocolError(f"{where}: field 'k' must be [kind, namespace, name] strings "
-                            f"(kind and name non-empty), got {key!r}"[:300])
+    if type(key) is not list or len(key) != 3:
+        raise _bad_key(where, key)
+    kind, namespace, name = key
+    if type(kind) is not str or type(namespace) is not str or type(name) is not str \
+            or not kind or not name:
+        raise _bad_key(where, key)
     value = entry.get("v")
-    if value is not None and not isinstance(value, dict):
-        raise ProtocolError(f"{where} ({key[0]} {key[2]}): field 'v' must be an object or "
-                            f"null, got a {type(value).__name__}")
-    fingerprint = entry.get("f")
-    if value is not None and not isinstance(fingerprint, str):
-        raise ProtocolError(f"{where} ({key[0]} {key[2]}): field 'f' must be a string when "
-                            "'v' is set")
     revision = entry.get("r", "")
     source = entry.get("s", "")
-    if not isinstance(revision, str) or not isinstance(source, str):
-        raise ProtocolError(f"{where} ({key[0]} {key[2]}): fields 'r' and 's' must be strings")
-    return DecodedKV((key[0], key[1], key[2]), value, fingerprint if value is not None else None,
-                     revision, source)
+    if type(revision) is not str or type(source) is not str:
+        raise ProtocolError(f"{where} ({kind} {name}): fields 'r' and 's' must be strings")
+    if value is None:
+        return DecodedKV((kind, namespace, name), None, None, revision, source)
+    if type(value) is not dict:
+        raise ProtocolError(f"{where} ({kind} {name}): field 'v' must be an object or "
+                            f"null, got a {type(value).__name__}")
+    fingerprint = entry.get("f")
+    if type(fingerprint) is not str:
+        raise ProtocolError(f"{where} ({kind} {name}): field 'f' must be a string when "
+                            "'v' is set")
+    return DecodedKV((kind, namespace, name), value, fingerprint, revision, source)
+
+
+def _bad_key(where: str, key: Any) -> ProtocolError:
+    return ProtocolError(f"{where}: field 'k' must be [kind, namespace, name] strings "
+                         f"(kind and name non-empty), got {key!r}"[:300])
 
 
 def decode_status(message: Mapping[str, Any]) -> SyncStatus:

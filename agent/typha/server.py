@@ -21,8 +21,10 @@ asyncio event loop in the server's thread; snapshot encoding runs in the loop's 
 A cache wakes the loop with `call_soon_threadsafe` when it has a new entry.
 
 One connection's life: TLS identity check -> client_hello (within `handshake_timeout`) ->
-server_hello -> decoder_restart if compressing -> snapshot -> log entries as they come, and
-a ping every `ping_interval`. The server closes it, sending an `error` message first when the
+server_hello -> decoder_restart if compressing -> snapshot -> log entries as they come
+(an entry waits at most `batch_delay` so that the entries following it go in the same
+write: per client at most 1/`batch_delay` writes per second, whatever the update rate),
+and a ping every `ping_interval`. The server closes it, sending an `error` message first when the
 client can still read one, when:
 - the hello is malformed, names an unsupported version or a syncer type not served;
 - a frame is malformed (bad length, bad JSON, unknown type): "malformed";
@@ -46,6 +48,7 @@ import logging
 import socket
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +60,7 @@ from agent.typha.cache import (
     DEFAULT_MAX_LOG_ENTRIES,
     Breadcrumb,
     SnapshotCache,
+    batch_frames,
 )
 from agent.typha.protocol import (
     CLIENT_HELLO,
@@ -100,6 +104,7 @@ SYNCER_TYPES: dict[str, frozenset[str] | None] = {
     SYNCER_TYPE_BGP: BGP_KINDS,
 }
 DEFAULT_PORT = 5473
+BATCH_CACHE_SIZE = 8  # merged batches kept per syncer type (a few positions in the log)
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,9 @@ class ServerConfig:
     ping_interval: float = 10.0
     pong_timeout: float = 60.0
     write_timeout: float = 30.0
+    # an update waits up to this long so that it goes out with those that follow it: fewer,
+    # bigger writes (per client at most 1/batch_delay writes per second)
+    batch_delay: float = 0.1
     max_send_buffer: int = 8 * 1024 * 1024
     max_log_entries: int = DEFAULT_MAX_LOG_ENTRIES
     max_log_bytes: int = DEFAULT_MAX_LOG_BYTES
@@ -136,6 +144,8 @@ class ServerConfig:
         for name in ("handshake_timeout", "ping_interval", "write_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if not 0 <= self.batch_delay <= 1:
+            raise ValueError("batch_delay must be between 0 and 1 s")
         if self.max_send_buffer < 64 * 1024:
             raise ValueError("max_send_buffer must be at least 64 KiB")
 
@@ -161,6 +171,7 @@ class _Fanout:
         self.loop = loop
         self.published_seq = cache.latest_seq
         self._waiters: set[asyncio.Future[None]] = set()
+        self._batches: OrderedDict[tuple[int, int, str], bytes] = OrderedDict()
         self.latency = metrics.FANOUT_LATENCY.labels(cache.syncer_type)
 
     def publish_threadsafe(self, seq: int) -> None:
@@ -177,6 +188,18 @@ class _Fanout:
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
+
+    def batch(self, crumbs: list[Breadcrumb], compression: str) -> bytes:
+        """`batch_frames(crumbs)`, shared: clients that are at the same place in the log
+        (nearly all, most of the time) send the same bytes, encoded once."""
+        key = (crumbs[0].seq, crumbs[-1].seq, compression)
+        data = self._batches.get(key)
+        if data is None:
+            data = batch_frames(crumbs, compression)
+            self._batches[key] = data
+            while len(self._batches) > BATCH_CACHE_SIZE:
+                self._batches.popitem(last=False)
+        return data
 
     async def wait(self, timeout: float) -> None:
         """Until a new entry is published or `timeout` seconds pass."""
@@ -358,6 +381,11 @@ class _Connection:
                         f"fell behind: its next update {self.next_seq} has left the update "
                         f"log (which now starts at {fanout.cache.oldest_seq()}); reconnect "
                         "for a fresh snapshot"))
+                # batch: let the oldest unsent entry wait up to batch_delay for company
+                wait = crumbs[0].created + self.config.batch_delay - self.clock()
+                if wait > 0 and sum(crumb.size for crumb in crumbs) < batch_bytes:
+                    await asyncio.sleep(wait)
+                    continue
                 await self._send_entries(fanout, crumbs)
                 continue
             now = self.clock()
@@ -369,7 +397,7 @@ class _Connection:
             await fanout.wait(next_ping - now)
 
     async def _send_entries(self, fanout: _Fanout, crumbs: list[Breadcrumb]) -> None:
-        self._write(b"".join(crumb.frame(self.compression) for crumb in crumbs))
+        self._write(fanout.batch(crumbs, self.compression))
         await self._drain()
         now = self.clock()
         for crumb in crumbs:

@@ -65,6 +65,9 @@ def _listen_address(text: str) -> tuple[str, int]:
 @click.option("--write-timeout", type=click.FloatRange(min=0.01), default=30.0,
               show_default=True, help="Drop a client that does not take queued data for "
                                       "this long (a slow client).")
+@click.option("--batch-delay", type=click.FloatRange(0.0, 1.0), default=0.1,
+              show_default=True, help="Seconds an update may wait to share a write with the "
+                                      "updates after it (fewer, bigger writes per client).")
 @click.option("--max-connections", type=click.IntRange(min=1), default=10_000,
               show_default=True, help="Refuse clients beyond this many.")
 @click.option("--log-severity", envvar="TYPHA_LOGSEVERITYSCREEN", default="Info",
@@ -74,7 +77,8 @@ def command(datastore: str, listen: str, insecure: bool, ca_file: str | None,
             cert_file: str | None, key_file: str | None, client_cn: str | None,
             client_uri_san: str | None, syncer_types: str, metrics_port: int,
             metrics_host: str, ping_interval: float, pong_timeout: float,
-            write_timeout: float, max_connections: int, log_severity: str) -> None:
+            write_timeout: float, batch_delay: float, max_connections: int,
+            log_severity: str) -> None:
     """Serve one datastore watch per syncer type to many agents and confds (fan-out).
 
     Agents and `pyfelix calc` connect with --datastore typha://HOST:PORT (syncer type
@@ -118,7 +122,8 @@ def command(datastore: str, listen: str, insecure: bool, ca_file: str | None,
     try:
         config = ServerConfig(host=host, port=port, tls=tls, syncer_types=types,
                               ping_interval=ping_interval, pong_timeout=pong_timeout,
-                              write_timeout=write_timeout, max_connections=max_connections)
+                              write_timeout=write_timeout, batch_delay=batch_delay,
+                              max_connections=max_connections)
         config.validate()
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc

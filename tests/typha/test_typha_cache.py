@@ -183,3 +183,19 @@ def test_snapshot_status_follows_the_syncer() -> None:
     cache.on_status(SyncStatus.IN_SYNC)
     cache.snapshot_reuse_seconds = 0
     assert _decode_frames(cache.snapshot().frames("none"))[-1]["status"] == "in-sync"
+
+
+def test_batches_merge_runs_of_kv_entries_and_keep_status_order() -> None:
+    from agent.typha.cache import batch_frames
+
+    cache = SnapshotCache("felix")
+    cache.on_updates(put(gnp("a")))
+    cache.on_updates(put(gnp("b")))
+    cache.on_status(SyncStatus.IN_SYNC)
+    cache.on_updates(delete(gnp("a")))
+    crumbs = cache.entries_after(0, cache.latest_seq)
+    assert crumbs is not None and len(crumbs) == 4
+    messages = _decode_frames([batch_frames(crumbs, "zlib")], "zlib")
+    assert [(m["type"], m["seq"]) for m in messages] == [("kvs", 2), ("status", 3), ("kvs", 4)]
+    assert [entry["k"][2] for entry in messages[0]["kvs"]] == ["a", "b"]
+    assert messages[2]["kvs"][0]["v"] is None

@@ -1,0 +1,37 @@
+"""The `typha` benchmark runs end to end on its quick plan (a real etcd, a real
+`pyfelix typha` process, simulated clients in a child process) and reports every figure.
+No speed is asserted here: targets live in the benchmark's own figures. Privileged because
+it runs etcd."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.bench import BenchSettings, run
+
+pytestmark = pytest.mark.privileged
+
+FIGURES = {
+    "clients", "client_processes", "clients_connected_at_end", "endpoints", "updates",
+    "update_rate_achieved", "fanout_p50_ms", "fanout_p99_ms", "fanout_max_ms",
+    "missing_deliveries", "client_errors", "server_fanout_p99_ms", "server_rss_mb",
+    "server_peak_rss_mb", "connect_seconds", "etcd_watches_with_typha",
+    "etcd_watches_per_direct_client", "etcd_watches_without_typha",
+}
+
+
+def test_quick_typha_bench_reports_every_figure() -> None:
+    results = run(["typha"], BenchSettings.quick())
+    assert results.errors == {}
+    figures = results.figures["typha"]
+    assert set(figures) == FIGURES
+    assert figures["clients"] == figures["clients_connected_at_end"] == 12
+    assert figures["endpoints"] == 300
+    assert figures["missing_deliveries"] == 0
+    assert figures["client_errors"] == 0
+    assert 0 < figures["fanout_p50_ms"] <= figures["fanout_p99_ms"] <= figures["fanout_max_ms"]
+    assert figures["server_rss_mb"] > 0
+    # one etcd watch for the Typha server; one per client without it
+    assert figures["etcd_watches_with_typha"] == 1
+    assert figures["etcd_watches_per_direct_client"] == 1
+    assert figures["etcd_watches_without_typha"] == 12
