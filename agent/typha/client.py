@@ -28,6 +28,11 @@ Timeouts: `read_timeout` (FELIX_TYPHAREADTIMEOUT, default 30 s): no message at a
 server pings every 10 s) -> reconnect; `write_timeout` (FELIX_TYPHAWRITETIMEOUT, 10 s) for
 the hello and pongs; `connect_timeout` for TCP + TLS + hello.
 
+Structure: the protocol state lives in transport-free pieces, `check_server_hello`,
+`ClientState` (what was emitted, across connections) and `StreamFollower` (one connection's
+snapshot and deltas); `TyphaSyncer` drives them from a thread with a blocking socket (the
+benchmark drives the same pieces from asyncio).
+
 Easy to get wrong: decoding must follow `decoder_restart` frame by frame; a delete for a key
 never emitted must not be forwarded (the validator would see an unknown delete); `stop()`
 must unblock a thread stuck in `recv` (it shuts the socket down).

@@ -16,6 +16,9 @@ a byte stream into payloads; `MessageDecoder` turns payloads into message dicts 
 decoder restarts); `encode_kv`/`decode_kv` convert `RawUpdate`s to and from the JSON text
 of one key/value entry.
 
+The message catalogue, the connection's life and the versioning rules are in
+docs/typha-protocol.md.
+
 Invariants: every malformed input raises `ProtocolError` whose message says what was wrong
 (which frame size, which message, which field); nothing here raises anything else for bad
 bytes. A receiver ignores unknown fields (newer peers may add some); new message types need
