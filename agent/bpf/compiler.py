@@ -82,6 +82,52 @@ class IPSetState:
     type: str  # "net" | "ip_port"
     members: set[str]
     version: int = 0  # bumped by every change, so the compiler can cache encoded members
+    # the last deltas: (version after, added, removed), so a compile costs O(delta)
+    changes: list[tuple[int, frozenset[str], frozenset[str]]] = field(default_factory=list)
+
+    MAX_CHANGES = 64
+
+    def record(self, added: frozenset[str], removed: frozenset[str]) -> None:
+        self.members -= removed
+        self.members |= added
+        self.version += 1
+        self.changes.append((self.version, added, removed))
+        if len(self.changes) > self.MAX_CHANGES:
+            del self.changes[: len(self.changes) - self.MAX_CHANGES]
+
+    def changes_since(self, version: int
+                      ) -> list[tuple[int, frozenset[str], frozenset[str]]] | None:
+        """The deltas from `version` to now, or None if they are not all recorded."""
+        todo = [c for c in self.changes if c[0] > version]
+        if len(todo) != self.version - version:
+            return None
+        return todo
+
+
+@dataclass(eq=False)
+class IPSetKeys:
+    """The trie keys of one set (number) as compiled: `keys` (a dict used as an ordered
+    set; never mutated once published) and its `generation`. When the compiler derived it
+    from the previous generation by a delta, `base_generation` names that one and
+    `added`/`removed` are the net difference, so a manager that holds the base in the
+    kernel writes only the difference."""
+
+    keys: dict[bytes, None]
+    generation: int
+    base_generation: int | None = None
+    added: tuple[bytes, ...] = ()
+    removed: tuple[bytes, ...] = ()
+
+
+@dataclass(eq=False)
+class _EncodedSet:
+    state: IPSetState
+    version: int
+    number: int
+    encoded: dict[str, bytes | str | None]  # member -> key, None (IPv6) or a problem
+    counts: dict[bytes, int]  # key -> members producing it
+    problems: dict[str, str]  # member -> problem text
+    group: IPSetKeys
 
 
 @dataclass
@@ -115,15 +161,20 @@ class DataplaneState:
         match msg:
             case proto.IPSetUpdate():
                 old = self.ipsets.get(msg.id)
-                version = old.version + 1 if old else 0
-                self.ipsets[msg.id] = IPSetState(msg.type, set(msg.members), version)
+                if old is not None and old.type == msg.type:
+                    # a replacement is a delta (often empty): the compile costs its size
+                    added = frozenset(msg.members - old.members)
+                    removed = frozenset(old.members - msg.members)
+                    if added or removed:
+                        old.record(added, removed)
+                else:
+                    version = old.version + 1 if old else 0
+                    self.ipsets[msg.id] = IPSetState(msg.type, set(msg.members), version)
             case proto.IPSetDeltaUpdate():
                 s = self.ipsets.get(msg.id)
                 if s is None:
                     raise CompileError(f"IPSetDeltaUpdate for unknown IP set {msg.id!r}")
-                s.members -= msg.removed
-                s.members |= msg.added
-                s.version += 1
+                s.record(msg.added, msg.removed)
             case proto.IPSetRemove():
                 self.ipsets.pop(msg.id, None)
             case proto.ActivePolicyUpdate():
@@ -545,7 +596,7 @@ class CompiledDataplane:
     must write before pointing endpoints at them); `all_rules()` gives every used index
     (for a full resync against the kernel)."""
 
-    ipsets: dict[bytes, bytes]
+    ipset_groups: dict[int, IPSetKeys]  # set number -> its trie keys
     ids: dict[bytes, bytes]
     rules: dict[bytes, bytes]
     endpoints: dict[bytes, bytes]
@@ -559,6 +610,15 @@ class CompiledDataplane:
     numbers_in_use: dict[str, set[int]]  # "sets" | "rules" | "endpoints" -> numbers
     full_maps: set[str] = field(default_factory=set)  # maps this compile ran out of
     ipset_numbers: dict[int, str] = field(default_factory=dict)  # set number -> IP set id
+
+    @property
+    def ipsets(self) -> dict[bytes, bytes]:
+        """Every trie entry (built on demand: managers use `ipset_groups`)."""
+        value = ipsets_map.VALUE
+        out: dict[bytes, bytes] = {}
+        for group in self.ipset_groups.values():
+            out.update(dict.fromkeys(group.keys, value))
+        return out
 
     def all_rules(self) -> dict[bytes, bytes]:
         out = {}
@@ -642,9 +702,9 @@ class PolicyCompiler:
         for start, chain in adopted.chains:
             self.layout.adopt(chain, start)
         self._netset_members: dict[int, tuple[str, ...]] = {}
-        # IP set id -> (IPSetState object, version, set number, encoded keys, problems)
-        self._encoded_sets: dict[str, tuple[IPSetState, int, int, list[bytes], list[str],
-                                            dict[str, bytes | str | None]]] = {}
+        self._encoded_sets: dict[str, _EncodedSet] = {}  # by IP set id
+        self._netset_groups: dict[int, tuple[tuple[str, ...], IPSetKeys]] = {}
+        self._generation = 0
         self._fragments: dict[tuple[Any, str], tuple[Any, _Fragment]] = {}
         self._counter_problems: list[str] = []
         self.unavailable_ipsets: frozenset[str] = frozenset()
@@ -905,7 +965,7 @@ class PolicyCompiler:
         ids_entries.update(self.endpoint_ids.entries(numbers["endpoints"]))
         problems += self._counter_problems
         return CompiledDataplane(
-            ipsets=ipsets, ids=ids_entries, rules=new_rules, endpoints=endpoints,
+            ipset_groups=ipsets, ids=ids_entries, rules=new_rules, endpoints=endpoints,
             routes=routes, untracked=untracked, config=cfg, programs=programs,
             problems=problems, pending_interfaces=sorted(set(pending)),
             chains_in_use=chains_in_use, numbers_in_use=numbers, full_maps=full_maps,
@@ -923,40 +983,108 @@ class PolicyCompiler:
 
     # other maps
 
-    def _ipset_entries(self, state: DataplaneState, problems: list[str]) -> dict[bytes, bytes]:
-        out: dict[bytes, bytes] = {}
-        value = ipsets_map.VALUE
-        cache = {}
+    def _next_generation(self) -> int:
+        self._generation += 1
+        return self._generation
+
+    def _ipset_entries(self, state: DataplaneState, problems: list[str]
+                       ) -> dict[int, IPSetKeys]:
+        groups: dict[int, IPSetKeys] = {}
+        cache: dict[str, _EncodedSet] = {}
         for set_name in sorted(state.ipsets):
             s = state.ipsets[set_name]
             number = self.set_ids.allocate(set_name, IdKind.IPSET)
             if set_name in self.unavailable_ipsets:
                 continue  # left out whole; rules using it compile to DENY
-            hit = self._encoded_sets.get(set_name)
-            if hit is None or hit[0] is not s or hit[1] != s.version or hit[2] != number:
-                # re-encode only members not seen before (a delta costs dict lookups, not
-                # parsing): member -> key, None (IPv6: skipped) or a problem text
-                known = hit[5] if hit is not None and hit[2] == number else {}
-                encoded: dict[str, bytes | str | None] = {}
-                for member in s.members:
-                    enc = known.get(member, _MISSING)
-                    if enc is _MISSING:
-                        try:
-                            enc = ipsets_map.member_key(number, member)
-                        except ValueError as e:
-                            enc = f"IP set {set_name}: {e}; member ignored"
-                    encoded[member] = enc  # type: ignore[assignment]
-                keys = [k for k in encoded.values() if isinstance(k, bytes)]
-                set_problems = [k for k in encoded.values() if isinstance(k, str)]
-                hit = (s, s.version, number, keys, set_problems, encoded)
-            cache[set_name] = hit
-            problems += hit[4]
-            out.update(dict.fromkeys(hit[3], value))
+            enc = self._encoded_sets.get(set_name)
+            if enc is None or enc.number != number or enc.state is not s:
+                enc = self._encode_set(set_name, s, number, enc)
+            elif enc.version != s.version:
+                changes = s.changes_since(enc.version)
+                enc = (self._encode_delta(set_name, enc, changes) if changes is not None
+                       else self._encode_set(set_name, s, number, enc))
+            cache[set_name] = enc
+            problems += enc.problems.values()
+            groups[number] = enc.group
         self._encoded_sets = cache
+        netsets = {}
         for number, nets in self._netset_members.items():
-            for net in nets:
-                out[ipsets_map.key_for(number, ipaddress.IPv4Network(net))] = value
-        return out
+            hit = self._netset_groups.get(number)
+            if hit is None or hit[0] != nets:
+                keys = dict.fromkeys(ipsets_map.key_for(number, ipaddress.IPv4Network(n))
+                                     for n in nets)
+                hit = (nets, IPSetKeys(keys, self._next_generation()))
+            netsets[number] = hit
+            groups[number] = hit[1]
+        self._netset_groups = netsets
+        return groups
+
+    def _encode_set(self, set_name: str, s: IPSetState, number: int,
+                    previous: _EncodedSet | None) -> _EncodedSet:
+        """Every member's key (members seen before under the same number are looked up,
+        not parsed again)."""
+        known = previous.encoded if previous is not None and previous.number == number else {}
+        encoded: dict[str, bytes | str | None] = {}
+        for member in s.members:
+            key = known.get(member, _MISSING)
+            if key is _MISSING:
+                try:
+                    key = ipsets_map.member_key(number, member)
+                except ValueError as e:
+                    key = f"IP set {set_name}: {e}; member ignored"
+            encoded[member] = key  # type: ignore[assignment]
+        counts: dict[bytes, int] = {}
+        problems: dict[str, str] = {}
+        for member, key in encoded.items():
+            if isinstance(key, bytes):
+                counts[key] = counts.get(key, 0) + 1
+            elif isinstance(key, str):
+                problems[member] = key
+        group = IPSetKeys(dict.fromkeys(counts), self._next_generation())
+        return _EncodedSet(s, s.version, number, encoded, counts, problems, group)
+
+    def _encode_delta(self, set_name: str, enc: _EncodedSet,
+                      changes: list[tuple[int, frozenset[str], frozenset[str]]]
+                      ) -> _EncodedSet:
+        """The next generation from the recorded deltas: O(size of the deltas) plus a
+        C-level copy of the key dict (published generations are never mutated)."""
+        counts = enc.counts  # owned by this cache entry only: mutated in place
+        before: dict[bytes, bool] = {}  # key -> present before these deltas
+        for _, added, removed in changes:
+            for member in removed:
+                key = enc.encoded.pop(member, None)
+                enc.problems.pop(member, None)
+                if isinstance(key, bytes):
+                    before.setdefault(key, True)
+                    left = counts.get(key, 0) - 1
+                    if left > 0:
+                        counts[key] = left
+                    else:
+                        counts.pop(key, None)
+            for member in added:
+                if member in enc.encoded:
+                    continue
+                try:
+                    key = ipsets_map.member_key(enc.number, member)
+                except ValueError as e:
+                    enc.encoded[member] = enc.problems[member] = (
+                        f"IP set {set_name}: {e}; member ignored")
+                    continue
+                enc.encoded[member] = key
+                if isinstance(key, bytes):
+                    before.setdefault(key, key in counts)
+                    counts[key] = counts.get(key, 0) + 1
+        added_keys = tuple(k for k, was in before.items() if not was and k in counts)
+        removed_keys = tuple(k for k, was in before.items() if was and k not in counts)
+        keys = dict(enc.group.keys)
+        for k in removed_keys:
+            del keys[k]
+        keys.update(dict.fromkeys(added_keys))
+        group = IPSetKeys(keys, self._next_generation(), enc.group.generation, added_keys,
+                          removed_keys)
+        enc.version = enc.state.version
+        enc.group = group
+        return enc
 
     def _untracked(self, state: DataplaneState, ifindexes: Mapping[str, int],
                    problems: list[str], pending: list[str]) -> dict[bytes, bytes]:

@@ -307,6 +307,53 @@ def map_update(fd: int, key: bytes, value: bytes, flags: int = BPF_ANY, what: st
     _bpf(BPF_MAP_UPDATE_ELEM, attr, f"MAP_UPDATE_ELEM {what}")
 
 
+def map_update_each(fd: int, items: list[tuple[bytes, bytes]], key_size: int, value_size: int,
+                    flags: int = BPF_ANY, what: str = "map") -> int:
+    """One BPF_MAP_UPDATE_ELEM per item, reusing one key, value and attr buffer (for map
+    types without batch updates, such as LPM tries: a third of the Python cost of
+    map_update per element). On error the raised BpfError has `.done` = items written."""
+    k = ctypes.create_string_buffer(key_size)
+    v = ctypes.create_string_buffer(value_size)
+    attr = _MapElemAttr(map_fd=fd, key=_addr(k), value=_addr(v), flags=flags)
+    size = ctypes.sizeof(attr)
+    ref = ctypes.byref(attr)
+    cmd = ctypes.c_int(BPF_MAP_UPDATE_ELEM)
+    syscall = _libc.syscall
+    last_value = None
+    for done, (key, value) in enumerate(items):
+        ctypes.memmove(k, key, key_size)
+        if value is not last_value:
+            ctypes.memmove(v, value, value_size)
+            last_value = value
+        if syscall(SYS_BPF, cmd, ref, size) < 0:
+            err = ctypes.get_errno()
+            exc = BpfError(err, f"bpf(MAP_UPDATE_ELEM {what}): {os.strerror(err)}")
+            exc.done = done  # type: ignore[attr-defined]
+            raise exc
+    return len(items)
+
+
+def map_delete_each(fd: int, keys: list[bytes], key_size: int, what: str = "map") -> int:
+    """One BPF_MAP_DELETE_ELEM per key, reusing the buffers (map types without batch
+    deletes); absent keys are skipped. Returns how many existed."""
+    k = ctypes.create_string_buffer(key_size)
+    attr = _MapElemAttr(map_fd=fd, key=_addr(k))
+    size = ctypes.sizeof(attr)
+    ref = ctypes.byref(attr)
+    cmd = ctypes.c_int(BPF_MAP_DELETE_ELEM)
+    syscall = _libc.syscall
+    deleted = 0
+    for key in keys:
+        ctypes.memmove(k, key, key_size)
+        if syscall(SYS_BPF, cmd, ref, size) < 0:
+            err = ctypes.get_errno()
+            if err == errno.ENOENT:
+                continue
+            raise BpfError(err, f"bpf(MAP_DELETE_ELEM {what}): {os.strerror(err)}")
+        deleted += 1
+    return deleted
+
+
 def map_delete(fd: int, key: bytes, what: str = "map") -> bool:
     """Delete key; False if it was absent."""
     k = ctypes.create_string_buffer(key, len(key))

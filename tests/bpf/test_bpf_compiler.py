@@ -540,3 +540,63 @@ def test_ip_set_changes_reach_the_trie_entries_across_compiles():
     assert len(out.problems) == 1
     assert out.problems[0].startswith("IP set s: IP set member 'bogus'")
     assert out.problems[0].endswith("; member ignored")
+
+
+def _keys(out: c.CompiledDataplane, number: int) -> set[bytes]:
+    return set(out.ipset_groups[number].keys)
+
+
+def test_ipset_groups_keep_their_generation_and_deltas_carry_the_difference():
+    s = c.DataplaneState()
+    s.apply(p.IPSetUpdate("s1", "net", frozenset({"10.0.0.1/32", "10.0.0.2/32"})))
+    s.apply(p.IPSetUpdate("s2", "net", frozenset({"10.9.0.1/32"})))
+    compiler = c.PolicyCompiler()
+    first = compiler.compile(s, {})
+    n1 = compiler.set_ids.get("s1", c.IdKind.IPSET)
+    n2 = compiler.set_ids.get("s2", c.IdKind.IPSET)
+    g1 = first.ipset_groups[n1]
+    s.apply(p.IPSetDeltaUpdate("s1", added=frozenset({"10.0.0.3/32"}),
+                               removed=frozenset({"10.0.0.1/32"})))
+    second = compiler.compile(s, {})
+    assert second.ipset_groups[n2] is first.ipset_groups[n2]  # untouched set: same object
+    g1b = second.ipset_groups[n1]
+    assert g1b.base_generation == g1.generation and g1b.generation != g1.generation
+    assert g1b.added == (ipsets_map.member_key(n1, "10.0.0.3/32"),)
+    assert g1b.removed == (ipsets_map.member_key(n1, "10.0.0.1/32"),)
+    assert set(g1.keys) == {ipsets_map.member_key(n1, m) for m in ("10.0.0.1/32",
+                                                                   "10.0.0.2/32")}
+    # removed and added back within the deltas of one compile: no net change
+    s.apply(p.IPSetDeltaUpdate("s1", removed=frozenset({"10.0.0.2/32"})))
+    s.apply(p.IPSetDeltaUpdate("s1", added=frozenset({"10.0.0.2/32"})))
+    third = compiler.compile(s, {})
+    assert third.ipset_groups[n1].added == () and third.ipset_groups[n1].removed == ()
+    assert _keys(third, n1) == _keys(second, n1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sets(st.integers(0, 40), max_size=6),
+                          st.sets(st.integers(0, 40), max_size=6)), max_size=12),
+       st.integers(1, 4))
+def test_compiling_after_deltas_equals_compiling_from_scratch(deltas, every):
+    def member(i: int) -> str:
+        # two spellings of some addresses: the same trie key from different members
+        return f"10.1.0.{i % 30}" + ("/32" if i >= 30 else "")
+
+    s = c.DataplaneState()
+    s.apply(p.IPSetUpdate("s", "net", frozenset(member(i) for i in range(0, 40, 3))))
+    compiler = c.PolicyCompiler()
+    out = compiler.compile(s, {})
+    for step, (added, removed) in enumerate(deltas):
+        current = s.ipsets["s"].members
+        add = frozenset(member(i) for i in added) - current
+        remove = frozenset(member(i) for i in removed) & current - add
+        s.apply(p.IPSetDeltaUpdate("s", added=add, removed=remove))
+        if step % every == 0:
+            previous = {k for g in out.ipset_groups.values() for k in g.keys}
+            out = compiler.compile(s, {})
+            group = next(iter(out.ipset_groups.values()))
+            if group.base_generation is not None:
+                assert previous - set(group.removed) | set(group.added) == set(group.keys)
+    out = compiler.compile(s, {})
+    fresh = c.PolicyCompiler().compile(s, {})
+    assert out.ipsets == fresh.ipsets

@@ -255,8 +255,13 @@ class BpfMap:
                 if not syscall.batch_unsupported(e):
                     raise
                 todo = todo[done:]
-        for key, value in todo:
-            self.update(key, value)
+        try:
+            syscall.map_update_each(self.fd, todo, self.params.key_size, self.value_blob_size,
+                                    what=self.params.name)
+        except BpfError as e:
+            if e.errno in MAP_FULL_ERRNOS:
+                raise MapFullError(self.params.name, self.max_entries, str(e)) from e
+            raise
 
     def delete_many(self, keys: Iterable[bytes]) -> int:
         """Delete keys (absent ones are ignored). Returns how many existed."""
@@ -285,9 +290,8 @@ class BpfMap:
                     deleted += done
                     todo = todo[done:]
                     break
-        for key in todo:
-            deleted += self.delete(key)
-        return deleted
+        return deleted + syscall.map_delete_each(self.fd, todo, self.params.key_size,
+                                                 what=self.params.name)
 
     def clear(self) -> int:
         """Remove every entry (arrays: write zeros). Returns the number of entries touched."""

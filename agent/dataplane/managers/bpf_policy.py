@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from agent import proto
@@ -52,11 +52,12 @@ from agent.bpf.compiler import (
     CompiledDataplane,
     CompileError,
     DataplaneState,
+    IPSetKeys,
     PolicyCompiler,
 )
 from agent.bpf.maps import counters as counters_map
 from agent.bpf.maps import ipsets as ipsets_map
-from agent.bpf.maps.base import ARRAY_TYPES, MapFullError, MapType
+from agent.bpf.maps.base import ARRAY_TYPES, MapFullError
 from agent.bpf.maps.ids import IdKind
 from agent.bpf.maps.rules import max_chain_records
 from agent.dataplane.events import InterfaceAddrsUpdate, InterfaceUpdate
@@ -97,11 +98,7 @@ class MapMirror:
         return self.map.params.map_type in ARRAY_TYPES
 
     def reload(self) -> None:
-        if self.map.params.map_type == MapType.LPM_TRIE and self.name == "ipsets":
-            # every member has the same value: reading keys only saves a syscall per entry
-            self.actual = dict.fromkeys(self.map.iter_keys(), ipsets_map.VALUE)
-        else:
-            self.actual = dict(self.map.items())
+        self.actual = dict(self.map.items())
 
     def updates(self, desired: Mapping[bytes, bytes]) -> list[tuple[bytes, bytes]]:
         actual = self.actual or {}
@@ -149,6 +146,88 @@ class MapMirror:
         metrics.MAP_WRITES.labels(self.name, "delete").inc(len(keys))
 
 
+class IPSetMirror:
+    """The IP-set trie as this manager knows it, BY SET: set number -> keys in the kernel,
+    and the compiled generation each set is known to equal (agent.bpf.compiler.IPSetKeys).
+    An unchanged set costs nothing per apply; a set changed by a delta from the generation
+    the kernel holds costs the delta; anything else a set difference of that one set."""
+
+    def __init__(self, bpf_map: Any) -> None:
+        self.map = bpf_map
+        self.by_set: dict[int, set[bytes]] | None = None
+        self.applied: dict[int, int] = {}  # set number -> generation the kernel equals
+        self.count = 0
+
+    def reload(self) -> None:
+        """Read the trie (keys only: every member has the same value)."""
+        by_set: dict[int, set[bytes]] = {}
+        count = 0
+        for key in self.map.iter_keys():
+            by_set.setdefault(_SET_ID.unpack_from(key, 4)[0], set()).add(key)
+            count += 1
+        self.by_set, self.count, self.applied = by_set, count, {}
+
+    def plan(self, groups: Mapping[int, IPSetKeys]
+             ) -> dict[int, tuple[IPSetKeys, list[bytes], list[bytes]]]:
+        """number -> (group, keys to add, keys to remove) for every set that may differ."""
+        assert self.by_set is not None
+        out = {}
+        for number, group in groups.items():
+            applied = self.applied.get(number)
+            if applied == group.generation:
+                continue
+            if applied is not None and group.base_generation == applied:
+                out[number] = (group, list(group.added), list(group.removed))
+                continue
+            have = self.by_set.get(number, set())
+            want = group.keys.keys()
+            out[number] = (group, [k for k in want if k not in have],
+                           [k for k in have if k not in group.keys])
+        return out
+
+    def write(self, number: int, keys: list[bytes]) -> bool:
+        """Add keys of one set; False if the trie ran full (what fit stays recorded)."""
+        assert self.by_set is not None
+        have = self.by_set.setdefault(number, set())
+        value = ipsets_map.VALUE
+        try:
+            self.map.update_many([(key, value) for key in keys])
+        except MapFullError:
+            # what fit is unknown: write one by one (idempotent) to find out
+            for i, key in enumerate(keys):
+                try:
+                    self.map.update(key, value)
+                except MapFullError:
+                    metrics.MAP_WRITES.labels("ipsets", "update").inc(i)
+                    return False
+                self._record(have, key)
+        else:
+            for key in keys:
+                self._record(have, key)
+        metrics.MAP_WRITES.labels("ipsets", "update").inc(len(keys))
+        return True
+
+    def _record(self, have: set[bytes], key: bytes) -> None:
+        if key not in have:
+            have.add(key)
+            self.count += 1
+
+    def delete(self, number: int, keys: Iterable[bytes]) -> None:
+        assert self.by_set is not None
+        todo = list(keys)
+        if not todo:
+            return
+        self.map.delete_many(todo)
+        have = self.by_set.get(number, set())
+        for key in todo:
+            if key in have:
+                have.discard(key)
+                self.count -= 1
+        if not have:
+            self.by_set.pop(number, None)
+        metrics.MAP_WRITES.labels("ipsets", "delete").inc(len(todo))
+
+
 class BpfPolicyManager(ManagerBase):
     """Programs the BPF data maps from the calc graph's messages (see module docstring)."""
 
@@ -170,7 +249,9 @@ class BpfPolicyManager(ManagerBase):
         if missing:
             raise ValueError(f"BpfPolicyManager: maps {missing} not given")
         self._maps = dict(maps)
-        self._mirrors = {n: MapMirror(maps[n]) for n in SYNCED_MAPS}
+        self._mirrors = {n: MapMirror(maps[n]) for n in SYNCED_MAPS if n != "ipsets"}
+        self._ipsets = IPSetMirror(maps["ipsets"])
+        self._ipset_plan: dict[int, tuple[IPSetKeys, list[bytes], list[bytes]]] = {}
         self._prefixes = interface_prefixes
         self._base_config = dict(base_config or {})
         self._rules_per_prog = rules_per_prog
@@ -253,6 +334,7 @@ class BpfPolicyManager(ManagerBase):
     def _read_kernel(self) -> None:
         for mirror in self._mirrors.values():
             mirror.reload()
+        self._ipsets.reload()
         if self._list_interfaces is not None:
             self.interfaces.replace_all(self._list_interfaces())
         if self.compiler is None:
@@ -283,8 +365,7 @@ class BpfPolicyManager(ManagerBase):
         when the trie has room for all their members)."""
         if retry_all or not self._unavailable_sets:
             return set()
-        ipsets = self._mirrors["ipsets"]
-        room = ipsets.map.max_entries - len(ipsets.actual or {})
+        room = self._ipsets.map.max_entries - self._ipsets.count
         keep = set()
         for name in sorted(self._unavailable_sets):
             s = self.state.ipsets.get(name)
@@ -301,25 +382,26 @@ class BpfPolicyManager(ManagerBase):
     def _write_ipset_adds(self, compiled: CompiledDataplane) -> set[str]:
         """ids adds, then IP-set members set by set; returns the sets that did not fit."""
         self._write_checked("ids", self._mirrors["ids"].updates(compiled.ids))
-        ipsets = self._mirrors["ipsets"]
-        by_set: dict[int, list[tuple[bytes, bytes]]] = {}
-        for key, value in ipsets.updates(compiled.ipsets):
-            by_set.setdefault(_SET_ID.unpack_from(key, 4)[0], []).append((key, value))
+        ipsets = self._ipsets
+        plan = self._ipset_plan = ipsets.plan(compiled.ipset_groups)
         failed: set[str] = set()
         # compiler-made net sets (a rule's nets, small) first, then IP sets smallest first:
         # when the trie is nearly full, as many sets as possible fit whole
-        order = sorted(by_set, key=lambda n: (n in compiled.ipset_numbers, len(by_set[n]), n))
+        order = sorted((n for n in plan if plan[n][1]),
+                       key=lambda n: (n in compiled.ipset_numbers, len(plan[n][1]), n))
         for number in order:
-            if ipsets.write(by_set[number]):
-                name = compiled.ipset_numbers.get(number)
-                self._count_full("ipsets", len(by_set[number]))
-                if name is None:  # a compiler-made net set (a rule's nets): not isolable
-                    raise MapFullError("ipsets", ipsets.map.max_entries,
-                                       f"no room for the nets of set number {number}")
-                log.error("BPF map 'ipsets' is full (max_entries=%d): IP set %r (%d members) "
-                          "left out; endpoints whose policy uses it deny that direction",
-                          ipsets.map.max_entries, name, len(by_set[number]))
-                failed.add(name)
+            adds = plan[number][1]
+            if ipsets.write(number, adds):
+                continue
+            name = compiled.ipset_numbers.get(number)
+            self._count_full("ipsets", len(adds))
+            if name is None:  # a compiler-made net set (a rule's nets): not isolable
+                raise MapFullError("ipsets", ipsets.map.max_entries,
+                                   f"no room for the nets of set number {number}")
+            log.error("BPF map 'ipsets' is full (max_entries=%d): IP set %r (%d new members) "
+                      "left out; endpoints whose policy uses it deny that direction",
+                      ipsets.map.max_entries, name, len(adds))
+            failed.add(name)
         return failed
 
     def _write_rest(self, compiled: CompiledDataplane) -> None:
@@ -336,9 +418,21 @@ class BpfPolicyManager(ManagerBase):
             self._write_checked(name, self._mirrors[name].updates(getattr(compiled, name)))
 
     def _write_deletes(self, compiled: CompiledDataplane) -> None:
-        for name in ("endpoints", "routes", "untracked", "ipsets", "ids"):
+        for name in ("endpoints", "routes", "untracked"):
             mirror = self._mirrors[name]
             mirror.delete(mirror.stale(getattr(compiled, name)))
+        ipsets = self._ipsets
+        assert ipsets.by_set is not None
+        for number, (group, _, removes) in self._ipset_plan.items():
+            ipsets.delete(number, removes)
+            ipsets.applied[number] = group.generation
+        for number in [n for n in ipsets.by_set if n not in compiled.ipset_groups]:
+            ipsets.delete(number, list(ipsets.by_set[number]))
+            ipsets.applied.pop(number, None)
+        for number in [n for n in ipsets.applied if n not in compiled.ipset_groups]:
+            del ipsets.applied[number]
+        ids = self._mirrors["ids"]
+        ids.delete(ids.stale(compiled.ids))
 
     def _write_checked(self, name: str, items: list[tuple[bytes, bytes]]) -> None:
         failed = self._mirrors[name].write(items)
@@ -374,6 +468,8 @@ class BpfPolicyManager(ManagerBase):
             log.warning("BPF policy: %s", problem)
         self._logged_problems = problems
         metrics.COMPILE_PROBLEMS.set(len(problems))
+        metrics.MAP_ENTRIES.labels("ipsets").set(self._ipsets.count)
+        metrics.MAP_MAX_ENTRIES.labels("ipsets").set(self._ipsets.map.max_entries)
         for name, mirror in self._mirrors.items():
             if name == "rules":
                 used = sum(len(chain) for chain in compiled.chains_in_use)
