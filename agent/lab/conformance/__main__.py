@@ -19,7 +19,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import yaml
 
@@ -39,7 +39,7 @@ def run_conformance(
     max_workers: int = DEFAULT_MAX_WORKERS,
     interface_prefix: str = "cali",
     nodes: int = 1,
-    progress: object = None,
+    progress: Callable[[str], None] | None = None,
 ) -> ConformanceReport:
     """Run the selected cases on each dataplane in turn (one lab per dataplane), with the
     pods spread over `nodes` nodes (several: confd + BIRD route between them)."""
@@ -51,15 +51,15 @@ def run_conformance(
     outcomes = [
         run_dataplane(cases, dataplane, probe_timeout=probe_timeout, max_workers=max_workers,
                       interface_prefix=interface_prefix, plan=plan,
-                      progress=progress if callable(progress) else None)
+                      progress=progress)
         for dataplane in dataplanes
     ]
     return ConformanceReport(outcomes, time.monotonic() - started)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m agent.lab.conformance",
+        prog=prog,
         description="Network-policy conformance suite: x/y/z x a/b/c reachability matrices "
                     "on real agents in a network-namespace lab.")
     parser.add_argument("--dataplane", action="append", choices=DATAPLANE_NAMES,
@@ -81,8 +81,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = "python -m agent.lab.conformance"
+         ) -> int:
+    """The command line; `prog` names the command in --help (`pyfelix lab conformance`)."""
+    args = _parser(prog).parse_args(argv)
     if not 0.05 <= args.probe_timeout <= 30:
         print("--probe-timeout must be between 0.05 and 30 seconds", file=sys.stderr)
         return 2

@@ -16,6 +16,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+from typing import Any
 
 import pytest
 import yaml
@@ -303,3 +304,19 @@ def test_report_all_agree_needs_every_case_and_no_error() -> None:
 
 def test_cell_target_ip() -> None:
     assert str(Cell("x/a", "z/c", TCP_80, True).target_ip) == "10.65.3.12"
+
+
+def test_command_line_without_a_lab(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from agent.lab.conformance.__main__ import main
+
+    assert main(["--list", "--case", "k8s-policy-update"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in listed] == [
+        "k8s-pod-selector", "k8s-pod-relabel-source", "k8s-policy-update"]
+    target = tmp_path / "suite.yaml"
+    assert main(["--case", "calico-icmp-type", "--emit-scenario", str(target)]) == 0
+    scenario = parse_scenario(yaml.load(target.read_text(), Loader=_LOADER))
+    assert len(scenario.steps) == 1 and len(scenario.probes) == 216  # ICMP is not in it
+    assert main(["--probe-timeout", "0"]) == 2
+    assert main(["--nodes", "10"]) == 2
+    assert main(["--case", "no-such-case"]) == 2
