@@ -210,10 +210,20 @@ class AgentProcesses:
                 return False
         return not self.use_bgp or self._bgp_routes_ready()
 
+    def _existing_pods(self) -> set[str]:
+        """`namespace/name` of the pods whose Pod document is in the datastore now (a step
+        may have deleted one: it rightly has no route then)."""
+        from agent.syncer.file import load_path
+
+        assert self.datastore_dir is not None
+        updates, _ = load_path(self.datastore_dir)
+        return {f"{u.key.namespace}/{u.key.name}" for u in updates if u.key.kind == "Pod"}
+
     def _bgp_routes_ready(self) -> bool:
         """Every node has a BGP-learned route (BIRD's kernel protocol, proto bird) covering
-        every pod that lives on another node."""
+        every existing pod that lives on another node."""
         assert self.topology is not None
+        existing = self._existing_pods()
         for name, node in self.topology.nodes.items():
             done = subprocess.run(["ip", "-n", node.netns, "-j", "route", "show", "proto",
                                    "bird"], capture_output=True, text=True, timeout=10)
@@ -221,7 +231,7 @@ class AgentProcesses:
                 return False
             nets = [ipaddress.ip_network(_route_dst(r)) for r in json.loads(done.stdout or "[]")]
             for pod in self.topology.pods.values():
-                if pod.node.name == name:
+                if pod.node.name == name or pod.key not in existing:
                     continue
                 address = ipaddress.ip_address(str(pod.spec.ip))
                 if not any(address in net for net in nets):

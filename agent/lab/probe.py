@@ -22,9 +22,11 @@ ceil(len(probes) / max_workers) * timeout.
 from __future__ import annotations
 
 import errno
+import random
 import secrets
 import select
 import socket
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -66,6 +68,41 @@ class ProbeResult:
         }
 
 
+# Every probe binds its own source port, taken in turn from a range below the kernel's
+# ephemeral ports: a probe never shares a 5-tuple with an earlier one, so it cannot ride a
+# flow conntrack still remembers from a previous step (a UDP "reply" to an old allowed flow
+# would otherwise read as allow under a new deny policy).
+SOURCE_PORT_FIRST = 10000
+SOURCE_PORT_COUNT = 20000
+_BIND_ATTEMPTS = 20
+
+
+class _SourcePorts:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next = random.randrange(SOURCE_PORT_COUNT)
+
+    def take(self) -> int:
+        with self._lock:
+            port = SOURCE_PORT_FIRST + self._next
+            self._next = (self._next + 1) % SOURCE_PORT_COUNT
+            return port
+
+
+_SOURCE_PORTS = _SourcePorts()
+
+
+def _bind_fresh_port(sock: socket.socket) -> None:
+    for _ in range(_BIND_ATTEMPTS):
+        try:
+            sock.bind(("0.0.0.0", _SOURCE_PORTS.take()))
+            return
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+    raise OSError(errno.EADDRINUSE, f"no free probe source port in {_BIND_ATTEMPTS} tries")
+
+
 class Prober:
     """Runs probe batches from pod namespaces with a bounded thread pool."""
 
@@ -104,6 +141,7 @@ class Prober:
         with in_netns(self.pod_netns[probe.source]):
             sock = socket.socket(socket.AF_INET, kind | socket.SOCK_CLOEXEC)
         try:
+            _bind_fresh_port(sock)
             address = (str(probe.target_ip), probe.port)
             if probe.protocol == "TCP":
                 verdict, detail = _probe_tcp(sock, address, deadline)

@@ -186,6 +186,22 @@ def sweep_command(orphans: bool, output: str) -> None:
         raise click.ClickException("sweep incomplete:\n  " + "\n  ".join(report.errors))
 
 
+@command.command("conformance", context_settings={"ignore_unknown_options": True,
+                                                  "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def conformance_command(args: tuple[str, ...]) -> None:
+    """Network-policy conformance suite (x/y/z x a/b/c matrices) on real agents.
+
+    Options are the suite's own (`pyfelix lab conformance --help`): --dataplane, --case,
+    --nodes, -o json, --list, --emit-scenario.
+    """
+    from agent.lab.conformance.__main__ import main
+
+    if "--list" not in args and "--help" not in args:
+        _require_root()
+    sys.exit(main(list(args), prog="pyfelix lab conformance"))
+
+
 @command.command("demo")
 @click.option("--dataplane", type=click.Choice(DATAPLANES), default="bpf", show_default=True)
 @click.option("--probe-timeout", type=click.FloatRange(min=0.05, max=30.0), default=0.5,

@@ -44,7 +44,7 @@ CROSS_NODE_SAMPLE: tuple[str, ...] = (
 )
 
 # Add "bpf" here once `python -m agent.lab.conformance --dataplane bpf` reports no mismatch.
-CONFORMANT_DATAPLANES: tuple[str, ...] = ("iptables",)
+CONFORMANT_DATAPLANES: tuple[str, ...] = ("iptables", "bpf")
 
 __all__ = ["ALL_CASES", "CALICO_CASES", "CONFORMANT_DATAPLANES", "CROSS_NODE_SAMPLE",
            "K8S_CASES", "Case"]
