@@ -54,11 +54,12 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from agent.bench.registry import BenchContext, Figures, benchmark
 from agent.syncer.api import DatastoreError, RawUpdate, SyncStatus
@@ -178,7 +179,7 @@ class _Etcd:
         self.log_path = directory / "etcd.log"
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [ETCD_BINARY, "--name", name, "--data-dir", str(directory / "etcd-data"),
+                [ETCD_BINARY, "--name", name, "--data-dir", str(directory / f"etcd-{self.port}"),
                  "--listen-client-urls", f"http://127.0.0.1:{self.port}",
                  "--advertise-client-urls", f"http://127.0.0.1:{self.port}",
                  "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
@@ -190,7 +191,9 @@ class _Etcd:
         while "etcd_server_has_leader 1" not in self.metrics():
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"etcd did not start: {self.log_path.read_text()[-2000:]}")
+                log = self.log_path.read_text()
+                error = _PortRace if "address already in use" in log else RuntimeError
+                raise error(f"etcd did not start: {log[-2000:]}")
             time.sleep(0.1)
 
     @property
@@ -210,10 +213,30 @@ class _Etcd:
         _stop_process(self.process, signal.SIGKILL)
 
 
-class _Server:
-    """`pyfelix typha` in a child process; stopped with SIGTERM (killed if it hangs)."""
+T = TypeVar("T")
 
-    def __init__(self, datastore: str, log_path: Path) -> None:
+
+def _retry_port_race(start: Callable[[], T], attempts: int = 3) -> T:
+    """Free ports are picked before the child binds them; another process may take one in
+    between. Start again with new ports."""
+    for attempt in range(attempts):
+        try:
+            return start()
+        except _PortRace:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+class _PortRace(RuntimeError):
+    """A child could not bind the port picked for it."""
+
+
+class _Server:
+    """`pyfelix typha` in a child process, started and loaded with `keys` keys; stopped with
+    SIGTERM (killed if it hangs)."""
+
+    def __init__(self, datastore: str, log_path: Path, timeout: float, keys: int) -> None:
         self.port = _free_port()
         self.metrics_port = _free_port()
         self.log_path = log_path
@@ -226,6 +249,11 @@ class _Server:
                  "felix", "--metrics-port", str(self.metrics_port), "--metrics-host",
                  "127.0.0.1", "--log-severity", "Warning"],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, cwd=REPO_ROOT)
+        try:
+            self.wait_snapshot(keys, timeout)
+        except BaseException:
+            self.stop()
+            raise
 
     def metrics(self) -> str:
         return _http_get(f"http://127.0.0.1:{self.metrics_port}/metrics")
@@ -234,8 +262,10 @@ class _Server:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"typha server exited with {self.process.returncode}: "
-                                   f"{self.log_path.read_text()[-2000:]}")
+                log = self.log_path.read_text()
+                error = _PortRace if "in use" in log else RuntimeError
+                raise error(f"typha server exited with {self.process.returncode}: "
+                            f"{log[-2000:]}")
             size = _sample(self.metrics(), "typha_snapshot_size", 'syncer_type="felix"')
             if size is not None and size >= keys:
                 return
@@ -550,11 +580,12 @@ def run_typha_bench(plan: TyphaBenchPlan) -> Figures:
     server: _Server | None = None
     store = None
     try:
-        etcd = _Etcd(workdir)
+        etcd = _retry_port_race(lambda: _Etcd(workdir))
         store = open_etcd_datastore([etcd.endpoint])
         _load(store, plan)
-        server = _Server(f"etcd3://{etcd.endpoint}", workdir / "typha.log")
-        server.wait_snapshot(plan.endpoints, plan.sync_timeout)
+        server = _retry_port_race(lambda: _Server(f"etcd3://{etcd.endpoint}",
+                                                  workdir / "typha.log", plan.sync_timeout,
+                                                  plan.endpoints))
         started = time.monotonic()
         clients = _ClientProcesses(server.port, plan)
         connected = clients.wait_ready(plan.sync_timeout + 60)

@@ -381,9 +381,12 @@ class _Connection:
                         f"fell behind: its next update {self.next_seq} has left the update "
                         f"log (which now starts at {fanout.cache.oldest_seq()}); reconnect "
                         "for a fresh snapshot"))
-                # batch: let the oldest unsent entry wait up to batch_delay for company
+                # batch: let the oldest unsent entry wait up to batch_delay for company,
+                # unless the client already has half a log's worth of entries pending
+                # (waiting could then let its next entry leave the log)
                 wait = crumbs[0].created + self.config.batch_delay - self.clock()
-                if wait > 0 and sum(crumb.size for crumb in crumbs) < batch_bytes:
+                if (wait > 0 and sum(crumb.size for crumb in crumbs) < batch_bytes
+                        and upto - self.next_seq < self.config.max_log_entries // 2):
                     await asyncio.sleep(wait)
                     continue
                 await self._send_entries(fanout, crumbs)

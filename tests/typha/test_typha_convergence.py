@@ -100,12 +100,17 @@ def test_slow_client_is_dropped_then_reconnects_and_gets_the_deletes_it_missed(
     slow_rec.wait_converged(store.expected(), "slow client's first snapshot")
     dropped_before = _metric("typha_connections_dropped_total", reason="slow")
 
+    cache = server.caches["felix"]
     gate.clear()  # the slow client's callback now blocks: it stops reading its socket
     try:
+        seq = cache.latest_seq
         store.put(wep("pod5", "ns2", ip="10.65.0.6", padding=20_000))
+        wait_until(lambda: cache.latest_seq > seq, "the server logging the change")
         # a burst far bigger than both socket buffers and the send bound
         for round_ in range(8):
+            seq = cache.latest_seq
             store.put(*(wep(f"big{round_}-{i}", "bulk", padding=10_000) for i in range(20)))
+            wait_until(lambda seq=seq: cache.latest_seq > seq, "the server logging the burst")
         wait_until(lambda: _metric("typha_connections_dropped_total", reason="slow")
                    > dropped_before, "the server dropping the slow client", timeout=20)
         # deletes the slow client cannot see now
@@ -138,3 +143,41 @@ def test_compression_choices_all_converge(store: FileStore, start_server, start_
     assert len(chosen) == 2
     assert _metric("typha_snapshot_bytes", syncer_type="felix", compression="zlib") > 0
     assert _metric("typha_snapshot_bytes", syncer_type="felix", compression="none") > 0
+
+
+def test_client_that_falls_out_of_the_log_is_dropped_and_converges(
+        store: FileStore, start_server, start_client) -> None:
+    _seed(store)
+    # a tiny log, generous timeouts: the client is dropped for being BEHIND, not slow
+    server = start_server(max_log_entries=3, write_timeout=20.0, pong_timeout=30.0,
+                          max_send_buffer=64 * 1024, socket_send_buffer=32 * 1024)
+    gate = threading.Event()
+    gate.set()
+    lagging, rec = start_client(server.address, recorder=Recorder(block=gate),
+                                socket_receive_buffer=32 * 1024, read_timeout=30.0)
+    rec.wait_converged(store.expected(), "first snapshot")
+    behind_before = _metric("typha_connections_dropped_total", reason="behind")
+    cache = server.caches["felix"]
+
+    def put_and_wait(*docs: dict) -> None:
+        seq = cache.latest_seq
+        store.put(*docs)
+        wait_until(lambda: cache.latest_seq > seq, "the server logging the write")
+
+    gate.clear()
+    try:
+        put_and_wait(gnp("first"))  # the client's callback blocks on this one
+        # more than the socket buffers hold: the server's writer now waits on this client...
+        for i in range(20):
+            put_and_wait(wep(f"big-{i}", "bulk", padding=20_000))
+        # ...while the log moves on by many more entries than it keeps
+        for i in range(12):
+            put_and_wait(gnp(f"policy-{i}"))
+        store.delete(*(key for key in list(store.state) if key.namespace == "bulk"))
+    finally:
+        gate.set()
+    wait_until(lambda: _metric("typha_connections_dropped_total", reason="behind")
+               > behind_before, "the server dropping the lagging client")
+    rec.wait_converged(store.expected(), "after reconnecting")
+    assert lagging.sessions >= 2
+    assert rec.violations == []

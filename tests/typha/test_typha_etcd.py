@@ -28,9 +28,16 @@ pytestmark = pytest.mark.privileged
 def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
     if not Path(ETCD_BINARY).exists():
         pytest.fail(f"{ETCD_BINARY} is missing: install Debian's etcd-server (scripts/setup.sh)")
-    server = EtcdServer(tmp_path)
+    for attempt in range(3):  # its free ports are picked before etcd binds them: retry a race
+        server = EtcdServer(tmp_path)
+        try:
+            server.start()
+            break
+        except RuntimeError:
+            server.close()
+            if attempt == 2:
+                raise
     try:
-        server.start()
         yield server
     finally:
         server.close()

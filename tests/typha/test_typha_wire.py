@@ -345,3 +345,32 @@ def test_connection_limit(store: FileStore, start_server) -> None:
     assert second_reply["code"] == "server-full"
     assert second_reply["message"] == "the server already has 1 clients (its limit)"
     assert second.closed_by_server()
+
+
+@pytest.mark.parametrize(("batch_delay", "expected"), [
+    (0.0, [["a"], ["b"], ["c"]]),
+    (1.0, [["a", "b", "c"]]),
+])
+def test_updates_close_together_share_one_message(batch_delay: float, expected: list,
+                                                  store: FileStore, start_server) -> None:
+    server = start_server(batch_delay=batch_delay)
+    cache = server.caches["felix"]
+    wait_until(lambda: cache.status == SyncStatus.IN_SYNC, "the server in sync")
+    raw = RawClient(server.address)
+    raw.hello()
+    raw.messages_until("status")  # the snapshot
+    for name in ("a", "b", "c"):
+        seq = cache.latest_seq
+        store.put(gnp(name))
+        wait_until(lambda seq=seq: cache.latest_seq > seq, "the server logging the write")
+        if not batch_delay:  # each one is sent before the next is written
+            message = raw.message()
+            while message["type"] != "kvs":
+                message = raw.message()
+            assert [entry["k"][2] for entry in message["kvs"]] == [name]
+    if batch_delay:
+        message = raw.message()
+        while message["type"] != "kvs":
+            message = raw.message()
+        assert [[entry["k"][2] for entry in message["kvs"]]] == expected
+        assert message["seq"] == cache.latest_seq  # one message for three log entries
