@@ -18,7 +18,6 @@ removes its data directory; etcd also gets SIGKILL if the test process itself di
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import signal
@@ -34,10 +33,10 @@ ETCD_BINARY = "/usr/bin/etcd"
 _counter = 0
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL etcd if the test process dies (even by SIGKILL)."""
-    pr_set_pdeathsig = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+# etcd gets SIGKILL if the test process dies (even by SIGKILL): util-linux's setpriv sets
+# the parent-death signal and execs etcd. Not a preexec_fn: running Python between fork and
+# exec in a process that has loaded gRPC can abort the child (gRPC's fork handlers).
+DIE_WITH_PARENT = ["setpriv", "--pdeathsig", "KILL", "--"]
 
 
 def free_port() -> int:
@@ -142,9 +141,8 @@ class EtcdServer:
         started = time.monotonic()
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         try:
-            self.process = subprocess.Popen(args, stdout=log, stderr=log,
-                                            stdin=subprocess.DEVNULL,
-                                            preexec_fn=_die_with_parent)
+            self.process = subprocess.Popen([*DIE_WITH_PARENT, *args], stdout=log, stderr=log,
+                                            stdin=subprocess.DEVNULL)
         finally:
             log.close()
         self._wait_healthy(timeout)
