@@ -14,6 +14,9 @@ Verdicts:
   ARP resolution may drop one); `allow` when the token echoes back; `deny` on an ICMP
   port-unreachable (seen as ECONNREFUSED) or when the deadline passes.
 
+The verdicts on a bound socket (`tcp_echo_verdict`, `udp_echo_verdict`, `deny_for`) are
+shared with the conformance suite's probes (`agent.lab.conformance.probes`).
+
 Invariants: every probe ends within its timeout (plus scheduling slack); at most
 `max_workers` probes run at once; a batch is therefore bounded by
 ceil(len(probes) / max_workers) * timeout.
@@ -144,19 +147,21 @@ class Prober:
             _bind_fresh_port(sock)
             address = (str(probe.target_ip), probe.port)
             if probe.protocol == "TCP":
-                verdict, detail = _probe_tcp(sock, address, deadline)
+                verdict, detail = tcp_echo_verdict(sock, address, deadline)
             else:
-                verdict, detail = _probe_udp(sock, address, deadline)
+                verdict, detail = udp_echo_verdict(sock, address, deadline)
         finally:
             sock.close()
         return ProbeResult(probe, step, verdict, detail, time.monotonic() - started)
 
 
-def _remaining(deadline: float) -> float:
+def remaining(deadline: float) -> float:
+    """Seconds left until the monotonic `deadline`, never negative."""
     return max(0.0, deadline - time.monotonic())
 
 
-def _deny_for(exc: OSError) -> tuple[str, str]:
+def deny_for(exc: OSError) -> tuple[str, str]:
+    """The deny verdict and detail word for a socket error."""
     if isinstance(exc, ConnectionRefusedError):
         return DENY, "refused"
     if isinstance(exc, TimeoutError):
@@ -166,15 +171,22 @@ def _deny_for(exc: OSError) -> tuple[str, str]:
     return DENY, errno.errorcode.get(exc.errno or 0, str(exc)).lower()
 
 
-def _probe_tcp(sock: socket.socket, address: tuple[str, int], deadline: float) -> tuple[str, str]:
-    token = b"pyfelix-probe-" + secrets.token_hex(8).encode()
+def _token(prefix: bytes) -> bytes:
+    return prefix + secrets.token_hex(8).encode()
+
+
+def tcp_echo_verdict(sock: socket.socket, address: tuple[str, int], deadline: float, *,
+                     token_prefix: bytes = b"pyfelix-probe-") -> tuple[str, str]:
+    """Connect the (bound) stream socket `sock` to `address`, send a random token and
+    allow when it comes back before `deadline`. The caller closes the socket."""
+    token = _token(token_prefix)
     try:
-        sock.settimeout(_remaining(deadline) or 0.001)
+        sock.settimeout(remaining(deadline) or 0.001)
         sock.connect(address)
         sock.sendall(token)
         received = b""
         while len(received) < len(token):
-            left = _remaining(deadline)
+            left = remaining(deadline)
             if left == 0:
                 return DENY, "connected, no echo"
             sock.settimeout(left)
@@ -183,20 +195,24 @@ def _probe_tcp(sock: socket.socket, address: tuple[str, int], deadline: float) -
                 return DENY, "connected, closed"
             received += chunk
     except OSError as exc:
-        return _deny_for(exc)
+        return deny_for(exc)
     return (ALLOW, "echoed") if received == token else (DENY, "connected, wrong echo")
 
 
-def _probe_udp(sock: socket.socket, address: tuple[str, int], deadline: float) -> tuple[str, str]:
-    token = b"pyfelix-probe-" + secrets.token_hex(8).encode()
+def udp_echo_verdict(sock: socket.socket, address: tuple[str, int], deadline: float, *,
+                     token_prefix: bytes = b"pyfelix-probe-") -> tuple[str, str]:
+    """Send a random token from the (bound) datagram socket `sock` to `address` up to
+    `UDP_ATTEMPTS` times, spread over the time left; allow when it echoes back before
+    `deadline`. The caller closes the socket."""
+    token = _token(token_prefix)
     sock.setblocking(False)
     try:
         sock.connect(address)
         attempts_left = UDP_ATTEMPTS
-        while attempts_left > 0 and _remaining(deadline) > 0:
+        while attempts_left > 0 and remaining(deadline) > 0:
             sock.send(token)
             attempts_left -= 1
-            wait_until = time.monotonic() + _remaining(deadline) / (attempts_left + 1)
+            wait_until = time.monotonic() + remaining(deadline) / (attempts_left + 1)
             while (left := wait_until - time.monotonic()) > 0:
                 readable, _, _ = select.select([sock], [], [], left)
                 if not readable:
@@ -204,5 +220,5 @@ def _probe_udp(sock: socket.socket, address: tuple[str, int], deadline: float) -
                 if sock.recv(len(token) + 64) == token:
                     return ALLOW, "echoed"
     except OSError as exc:
-        return _deny_for(exc)
+        return deny_for(exc)
     return DENY, "timeout"

@@ -5,14 +5,17 @@ Role: decide `allow` / `deny` for one matrix cell. Verdicts as the lab's probes
 the token echoes back (sent up to 3 times within the timeout); ICMP when an echo reply with
 our identifier, sequence and token comes back. Anything else before the deadline is deny.
 
-Why not the lab's probes as they are: they let the kernel pick the source port. The suite
-runs ~90 cases back to back against the same pods, and a stateful firewall (conntrack, in
-the iptables and the BPF dataplane alike) rightly lets a packet of an EXISTING flow through
-after the policy changed. A UDP probe whose random source port happens to repeat an earlier
-allowed probe's (about one in a thousand per deny probe with ~30 live entries per pair) is
-such a packet, and comes out `allow` under a deny policy. So every probe here takes the next
-source port (ICMP: identifier) from `FlowIds`, which never hands out the same one twice for
-a source pod within a lab: every probe is a new flow, as the expectation assumes.
+Why every probe is a new flow: the suite runs ~90 cases back to back against the same pods,
+and a stateful firewall (conntrack, in the iptables and the BPF dataplane alike) rightly lets
+a packet of an EXISTING flow through after the policy changed. A UDP probe whose source port
+repeats an earlier allowed probe's is such a packet, and comes out `allow` under a deny
+policy. So every probe here takes the next source port (ICMP: identifier) from `FlowIds`,
+which never hands out the same one twice for a source pod within a lab.
+
+Shared with the lab's probes: the TCP and UDP verdicts on a bound socket
+(`tcp_echo_verdict`, `udp_echo_verdict`). This module's own: `FlowIds` (per source pod,
+also the ICMP identifiers; the lab's prober takes ports from one process-wide counter and
+retries a port in use, here a bind failure is a deny naming the errno) and ICMP echo.
 
 Inputs: source namespace, target address, port/protocol, a timeout, a `FlowIds`.
 Outputs: `(verdict, detail)`: ("allow", "echoed"), ("deny", "timeout" | "refused" |
@@ -26,7 +29,6 @@ namespace, so replies are matched on source address, identifier, sequence and to
 
 from __future__ import annotations
 
-import errno
 import ipaddress
 import secrets
 import select
@@ -34,17 +36,22 @@ import socket
 import struct
 import threading
 import time
+from typing import Protocol
 
 from agent.lab.netns import in_netns
+from agent.lab.probe import ALLOW, DENY, deny_for, tcp_echo_verdict, udp_echo_verdict
 
-ALLOW = "allow"
-DENY = "deny"
 FIRST_SOURCE_PORT = 10000
 LAST_SOURCE_PORT = 29999
-UDP_ATTEMPTS = 3
+TOKEN_PREFIX = b"pyfelix-conformance-"
 ICMP_ECHO_REPLY = 0
 ICMP_DEST_UNREACHABLE = 3
 ICMP_ECHO_REQUEST = 8
+
+
+class EchoVerdict(Protocol):
+    def __call__(self, sock: socket.socket, address: tuple[str, int], deadline: float, *,
+                 token_prefix: bytes) -> tuple[str, str]: ...
 
 
 class FlowIds:
@@ -68,74 +75,33 @@ class FlowIds:
 
 # --- TCP and UDP --------------------------------------------------------------------------
 
-def _deny_for(exc: OSError) -> tuple[str, str]:
-    if isinstance(exc, ConnectionRefusedError):
-        return DENY, "refused"
-    if isinstance(exc, TimeoutError):
-        return DENY, "timeout"
-    if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
-        return DENY, "unreachable"
-    return DENY, errno.errorcode.get(exc.errno or 0, str(exc)).lower()
-
-
-def _left(deadline: float) -> float:
-    return max(0.0, deadline - time.monotonic())
+def _probe_from_port(kind: int, netns: str, target: str, port: int, source_port: int,
+                     timeout: float, verdict_on: EchoVerdict) -> tuple[str, str]:
+    """Create a `kind` socket in `netns`, bind it to `source_port` (a bind failure is a
+    deny with its errno word) and let `verdict_on` decide."""
+    deadline = time.monotonic() + timeout
+    with in_netns(netns):
+        sock = socket.socket(socket.AF_INET, kind | socket.SOCK_CLOEXEC)
+    try:
+        try:
+            sock.bind(("0.0.0.0", source_port))
+        except OSError as exc:
+            return deny_for(exc)
+        return verdict_on(sock, (target, port), deadline, token_prefix=TOKEN_PREFIX)
+    finally:
+        sock.close()
 
 
 def probe_tcp(netns: str, target: str, port: int, source_port: int,
               timeout: float) -> tuple[str, str]:
-    deadline = time.monotonic() + timeout
-    token = b"pyfelix-conformance-" + secrets.token_hex(8).encode()
-    with in_netns(netns):
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    try:
-        sock.bind(("0.0.0.0", source_port))
-        sock.settimeout(_left(deadline) or 0.001)
-        sock.connect((target, port))
-        sock.sendall(token)
-        received = b""
-        while len(received) < len(token):
-            left = _left(deadline)
-            if left == 0:
-                return DENY, "connected, no echo"
-            sock.settimeout(left)
-            chunk = sock.recv(len(token) - len(received))
-            if not chunk:
-                return DENY, "connected, closed"
-            received += chunk
-    except OSError as exc:
-        return _deny_for(exc)
-    finally:
-        sock.close()
-    return (ALLOW, "echoed") if received == token else (DENY, "connected, wrong echo")
+    return _probe_from_port(socket.SOCK_STREAM, netns, target, port, source_port, timeout,
+                            tcp_echo_verdict)
 
 
 def probe_udp(netns: str, target: str, port: int, source_port: int,
               timeout: float) -> tuple[str, str]:
-    deadline = time.monotonic() + timeout
-    token = b"pyfelix-conformance-" + secrets.token_hex(8).encode()
-    with in_netns(netns):
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-    try:
-        sock.bind(("0.0.0.0", source_port))
-        sock.setblocking(False)
-        sock.connect((target, port))
-        attempts_left = UDP_ATTEMPTS
-        while attempts_left > 0 and _left(deadline) > 0:
-            sock.send(token)
-            attempts_left -= 1
-            wait_until = time.monotonic() + _left(deadline) / (attempts_left + 1)
-            while (left := wait_until - time.monotonic()) > 0:
-                readable, _, _ = select.select([sock], [], [], left)
-                if not readable:
-                    break
-                if sock.recv(len(token) + 64) == token:
-                    return ALLOW, "echoed"
-    except OSError as exc:
-        return _deny_for(exc)
-    finally:
-        sock.close()
-    return DENY, "timeout"
+    return _probe_from_port(socket.SOCK_DGRAM, netns, target, port, source_port, timeout,
+                            udp_echo_verdict)
 
 
 # --- ICMP ---------------------------------------------------------------------------------
@@ -196,7 +162,7 @@ def probe_icmp(netns: str, target: ipaddress.IPv4Address | str, identifier: int,
         try:
             sock.sendto(echo_request(identifier, sequence, payload), (target_text, 0))
         except OSError as exc:
-            return _deny_for(exc)
+            return deny_for(exc)
         while (left := deadline - time.monotonic()) > 0:
             readable, _, _ = select.select([sock], [], [], left)
             if not readable:
