@@ -12,8 +12,30 @@ import sys
 
 import click
 
+from agent.syncer.api import RawUpdate
 from agent.syncer.client import DatastoreClientError, open_datastore
 from agent.syncer.file import load_path, load_text
+
+
+def read_input(filename: str, *, not_done: str, empty: str) -> list[RawUpdate]:
+    """Every document of `filename` (a file, a directory read recursively, or - for stdin).
+
+    A missing input, any unreadable document (the message ends "nothing was `not_done`")
+    or an input without documents ("`filename` `empty`") is a `click.ClickException`.
+    Shared by `apply` and `delete`.
+    """
+    if filename == "-":
+        updates, errors = load_text("<stdin>", sys.stdin.read())
+    elif not os.path.exists(filename):
+        raise click.ClickException(f"input {filename} does not exist")
+    else:
+        updates, errors = load_path(filename)
+    if errors:
+        lines = "\n".join(f"  {error}" for error in errors)
+        raise click.ClickException(f"cannot read the input; nothing was {not_done}:\n{lines}")
+    if not updates:
+        raise click.ClickException(f"{filename} {empty}")
+    return updates
 
 
 def _validate(doc: object) -> None:
@@ -39,17 +61,7 @@ def command(filename: str, datastore: str) -> None:
       pyfelix apply -f manifests/ --datastore ./resources
       cat pool.yaml | pyfelix apply -f - --datastore cluster.yaml
     """
-    if filename == "-":
-        updates, errors = load_text("<stdin>", sys.stdin.read())
-    elif not os.path.exists(filename):
-        raise click.ClickException(f"input {filename} does not exist")
-    else:
-        updates, errors = load_path(filename)
-    if errors:
-        lines = "\n".join(f"  {error}" for error in errors)
-        raise click.ClickException(f"cannot read the input; nothing was written:\n{lines}")
-    if not updates:
-        raise click.ClickException(f"{filename} holds no resources")
+    updates = read_input(filename, not_done="written", empty="holds no resources")
     try:
         store = open_datastore(datastore, validate=_validate)
         results = store.apply([u.value or {} for u in updates],

@@ -7,28 +7,15 @@ exist (unless `--skip-not-exists`) or nothing is deleted. The library
 
 from __future__ import annotations
 
-import os
-import sys
-
 import click
 
 from agent.syncer.api import ResourceKey
 from agent.syncer.client import DatastoreClientError, open_datastore, resolve_kind
-from agent.syncer.file import load_path, load_text
+from cli.commands.apply import read_input
 
 
 def _keys_from_file(filename: str) -> list[ResourceKey]:
-    if filename == "-":
-        updates, errors = load_text("<stdin>", sys.stdin.read())
-    elif not os.path.exists(filename):
-        raise click.ClickException(f"input {filename} does not exist")
-    else:
-        updates, errors = load_path(filename)
-    if errors:
-        lines = "\n".join(f"  {error}" for error in errors)
-        raise click.ClickException(f"cannot read the input; nothing was deleted:\n{lines}")
-    if not updates:
-        raise click.ClickException(f"{filename} names no resources")
+    updates = read_input(filename, not_done="deleted", empty="names no resources")
     return [update.key for update in updates]
 
 
