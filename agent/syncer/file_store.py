@@ -46,7 +46,6 @@ from agent.syncer.api import DatastoreError, ResourceKey, key_of
 from agent.syncer.client import (
     ApplyResult,
     DatastoreClientError,
-    InvalidResources,
     ResourceNotFound,
     Validator,
     minimal_validate,
@@ -62,6 +61,7 @@ from agent.syncer.file import (
     parse_text,
     path_order,
 )
+from agent.syncer.write_checks import checked_documents
 
 _YamlLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _YamlDumper: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
@@ -349,26 +349,9 @@ class FileDatastore:
 
     def _checked(self, docs: Sequence[Mapping[str, Any]],
                  sources: Sequence[str] | None) -> list[tuple[ResourceKey, dict[str, Any]]]:
-        problems: list[str] = []
-        keyed: list[tuple[ResourceKey, dict[str, Any]]] = []
-        seen: dict[ResourceKey, str] = {}
-        for position, doc in enumerate(docs):
-            label = sources[position] if sources else f"document {position + 1}"
-            try:
-                key = key_of(doc)
-                self._validate(doc)
-                if not self.single_file:
-                    _check_file_name_parts(key)
-            except ValueError as exc:
-                problems.append(f"{label}: {exc}")
-                continue
-            if key in seen:
-                problems.append(f"{label}: {key} appears twice in the input (also {seen[key]})")
-                continue
-            seen[key] = label
-            keyed.append((key, dict(doc)))
-        if problems:
-            raise InvalidResources(problems)
+        keyed = checked_documents(
+            docs, sources, self._validate,
+            None if self.single_file else _check_file_name_parts)
         if self.single_file and self.path.endswith(JSON_SUFFIX) and keyed:
             self._refuse_json_single_file()
         return keyed
@@ -433,7 +416,7 @@ class FileDatastore:
         return {update.key: update.value for update in updates if update.value is not None}
 
 
-def _check_file_name_parts(key: ResourceKey) -> None:
+def _check_file_name_parts(key: ResourceKey, doc: Mapping[str, Any]) -> None:
     for field_name, value in (("metadata.name", key.name), ("metadata.namespace", key.namespace)):
         if not value:
             continue

@@ -1,13 +1,15 @@
 """Checks every datastore client runs on `apply` input before writing anything.
 
-Role: shared by the etcd and Kubernetes clients (`agent.syncer.etcd_store`,
-`agent.syncer.kube_store`). Input: the documents and, optionally, a label per document
-(`"policy.yaml#2"`). Output: `(key, document)` pairs in input order, or `InvalidResources`
-listing EVERY problem (label, resource, field) so the user can fix them all at once.
+Role: shared by the etcd, Kubernetes and file clients (`agent.syncer.etcd_store`,
+`agent.syncer.kube_store`, `agent.syncer.file_store`). Input: the documents and, optionally,
+a label per document (`"policy.yaml#2"`). Output: `(key, document)` pairs in input order,
+or `InvalidResources` listing EVERY problem (label, resource, field) so the user can fix
+them all at once.
 
 Checks: the document can be keyed (`key_of`), passes the injected `validate` hook (which
 raises ValueError naming resource and field), passes the backend's own `check(key, doc)`
-(for instance "this kind can be stored here"), and its key appears only once in the input.
+(for instance "this kind can be stored here", or "this name can be a file name"), and its
+key appears only once in the input.
 """
 
 from __future__ import annotations
