@@ -11,9 +11,9 @@ The experiment (`RestartExperiment`, also driven by tests/privileged/restart):
     restart the agent (same settings, same pin directory)         -> resync_seconds
     probes: a new connection to 80 is allowed, 9000 is now denied (stale state removed)
 
-Agents run as `nsenter --net=<node netns> pyfelix agent` (`PinKeepingAgents`), not
-`ip netns exec`: the latter remounts /sys, so the agent could not reach the host's bpffs and
-its pins would die with it (agent.bpf.loader.resolve_pin_dir).
+Agents run as the lab runs them, `nsenter --net=<node netns> pyfelix agent`
+(`PinKeepingAgents` checks it), not `ip netns exec`: that remounts /sys, so the agent could
+not reach the host's bpffs and its pins would die with it (agent.bpf.loader.resolve_pin_dir).
 
 Figures:
 - `established_flow_resets`: times the held connection failed (reset, closed, or a message
@@ -83,8 +83,13 @@ SCENARIO: dict[str, Any] = {
 }
 
 
+def _enters_network_namespace_only(proc: subprocess.Popen[bytes]) -> bool:
+    args = proc.args if isinstance(proc.args, list) else []
+    return bool(args) and str(args[0]) == "nsenter" and str(args[1]).startswith("--net=")
+
+
 class PinKeepingAgents(AgentProcesses):
-    """The lab's agent processes, entered with `nsenter --net` (host mounts kept, so pins
+    """The lab's agent processes (entered with `nsenter --net`: host mounts kept, so pins
     land in the host's bpffs), with `kill()` (SIGKILL) and `restart()` per node."""
 
     def __init__(self, dataplane: str, **kw: Any) -> None:
@@ -95,11 +100,11 @@ class PinKeepingAgents(AgentProcesses):
                log_path: Path) -> subprocess.Popen[bytes]:
         if args and args[0] == "agent":
             self._spawn_args[args[args.index("--hostname") + 1]] = (netns, args, env, log_path)
-        with open(log_path, "ab") as log_file:
-            return subprocess.Popen(
-                ["nsenter", f"--net=/run/netns/{netns}", self.python, "-m", "cli.main", *args],
-                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True)
+        proc = super()._spawn(netns, args, env, log_path)
+        if not _enters_network_namespace_only(proc):
+            raise RuntimeError("the lab's agent processes must keep the host's mounts "
+                               "(nsenter --net): pins would not survive a restart")
+        return proc
 
     def kill(self, node: str) -> None:
         proc = self.processes[f"agent:{node}"]

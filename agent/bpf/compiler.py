@@ -708,6 +708,7 @@ class PolicyCompiler:
         self._fragments: dict[tuple[Any, str], tuple[Any, _Fragment]] = {}
         self._counter_problems: list[str] = []
         self.unavailable_ipsets: frozenset[str] = frozenset()
+        self.host_endpoint_ifaces: Mapping[str, proto.HostEndpointID] | None = None
         self._routes_cache: tuple[Any, dict[bytes, bytes], list[str]] | None = None
         self._ep_keys: dict[int, tuple[proto.WorkloadEndpoint, tuple]] = {}
         self._key_intern: dict[tuple, tuple] = {}
@@ -836,15 +837,20 @@ class PolicyCompiler:
     # the whole dataplane
 
     def compile(self, state: DataplaneState, ifindexes: Mapping[str, int], *,
-                unavailable_ipsets: frozenset[str] = frozenset()) -> CompiledDataplane:
+                unavailable_ipsets: frozenset[str] = frozenset(),
+                host_endpoint_ifaces: Mapping[str, proto.HostEndpointID] | None = None,
+                ) -> CompiledDataplane:
         """Desired map contents for `state`; `ifindexes` maps interface names to ifindexes
         (from netlink). `unavailable_ipsets`: IP sets the manager could not write (the
         trie was full): their members are left out and every chain direction that
         references one becomes DENY (fail closed), with a problem naming it.
         When the rules array has no room for an endpoint's chain, that endpoint direction
         gets a DENY chain instead ("rules" in `full_maps`, a problem names it); other
-        endpoints are unaffected."""
+        endpoints are unaffected. `host_endpoint_ifaces` (interface or "*" -> host endpoint,
+        as the dataplane resolved them from names and expected IPs) places host endpoints'
+        untracked denies; without it they are placed by name."""
         self._counter_problems = []
+        self.host_endpoint_ifaces = host_endpoint_ifaces
         self._netset_members = {}
         self.unavailable_ipsets = frozenset(unavailable_ipsets)
         return self._compile(state, ifindexes)
@@ -1089,14 +1095,20 @@ class PolicyCompiler:
     def _untracked(self, state: DataplaneState, ifindexes: Mapping[str, int],
                    problems: list[str], pending: list[str]) -> dict[bytes, bytes]:
         out: dict[bytes, bytes] = {}
-        for hid in sorted(state.host_endpoints):
+        if self.host_endpoint_ifaces is not None:
+            pairs = sorted((iface, hid) for iface, hid in self.host_endpoint_ifaces.items()
+                           if hid in state.host_endpoints)
+        else:  # by name only (an endpoint known by its expected IPs needs the resolution)
+            pairs = sorted((hep.name, hid) for hid, hep in state.host_endpoints.items()
+                           if hep.name)
+        for iface, hid in pairs:
             hep = state.host_endpoints[hid]
-            if hep.name == "*":
+            if iface == "*":
                 ifindex: int | None = 0
             else:
-                ifindex = ifindexes.get(hep.name)
+                ifindex = ifindexes.get(iface)
                 if ifindex is None:
-                    pending.append(hep.name)
+                    pending.append(iface)
                     continue
             for src, counter in self._leading_src_denies(state, hep, problems):
                 key = untracked_map.encode_key(ifindex, src)

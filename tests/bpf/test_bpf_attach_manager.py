@@ -167,3 +167,23 @@ def test_close_closes_the_attacher_and_releases_the_build():
     m.close()
     assert fake.closed and released == [1]
     assert ours(fake, "cali1") == CURRENT  # programs stay attached
+
+
+def test_xdp_for_a_host_endpoint_known_by_its_expected_ips():
+    from agent.dataplane.events import InterfaceAddrsUpdate
+
+    m, fake, _ = setup()
+    fake.add_link("eth1", 3)
+    m.on_update(p.InSync())
+    m.on_update(InterfaceAddrsUpdate("eth0", frozenset({"198.18.0.1/15"})))
+    m.on_update(InterfaceAddrsUpdate("eth1", frozenset({"192.0.2.1/24"})))
+    m.on_update(p.HostEndpointUpdate(p.HostEndpointID("by-ip"), p.HostEndpoint(
+        "", expected_ipv4_addrs=("192.0.2.1",),
+        untracked_tiers=(p.TierInfo("default", ingress_policies=("x",)),))))
+    m.request_resync()  # learn eth1 from the kernel listing
+    m.apply()
+    assert fake.links["eth1"].xdp_prog_id == 503
+    assert fake.links["eth0"].xdp_prog_id == 0
+    m.on_update(InterfaceAddrsUpdate("eth1", frozenset()))  # the address moved away
+    m.apply()
+    assert fake.links["eth1"].xdp_prog_id == 0

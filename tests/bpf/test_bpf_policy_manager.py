@@ -293,3 +293,20 @@ def test_bad_message_is_logged_not_raised():
     assert ingress_actions(maps, 11) is not None
 
 
+
+
+def test_untracked_denies_of_a_host_endpoint_known_by_its_expected_ips():
+    from agent.bpf.maps import untracked as untracked_map
+
+    maps = fake_maps()
+    m = BpfPolicyManager(maps, list_interfaces=lambda: (dict(IFACES), {
+        "eth0": frozenset({"198.18.0.1/15"})}))
+    feed(m, [p.ActivePolicyUpdate(p.PolicyID("default", "block"), p.Policy(
+        untracked=True, inbound_rules=(p.Rule("deny", src_nets=("192.0.2.0/24",)),))),
+        p.HostEndpointUpdate(p.HostEndpointID("node-eth0"), p.HostEndpoint(
+            "", expected_ipv4_addrs=("198.18.0.1",),
+            untracked_tiers=(p.TierInfo("default", ingress_policies=("block",)),))),
+        p.InSync()])
+    m.apply()
+    keys = [untracked_map.decode_key(k) for k in maps["untracked"].data]
+    assert [(k["ifindex"], k["src"]) for k in keys] == [(IFACES["eth0"], "192.0.2.0/24")]

@@ -6,8 +6,9 @@ Role: keeps, in the agent's own network namespace,
   clsact qdisc with `calico_from_wep` at tc ingress (what the pod sends) and `calico_to_wep`
   at tc egress (what the pod receives), as filters named `pyfelix:<prog>:<prog id>` at our
   priority/handle (agent.bpf.attach);
-- `calico_xdp` on each host interface named by a host endpoint with untracked (doNotTrack)
-  policy (`*`: every interface that is not a workload interface or `lo`), and on no other.
+- `calico_xdp` on each host interface of a host endpoint with untracked (doNotTrack)
+  policy: by name, or (name "") every interface carrying one of its expected IPs (`*`:
+  every interface that is not a workload interface or `lo`), and on no other.
 
 Inputs (`on_update`): InterfaceUpdate (a new interface is checked in the very next apply,
 which the loop runs right after the batch: attach latency is the loop's batch latency, see
@@ -47,9 +48,10 @@ from agent.bpf.attach import (
     InterfaceGone,
     filter_name,
 )
-from agent.dataplane.events import IFACE_ABSENT, InterfaceUpdate
+from agent.dataplane.events import IFACE_ABSENT, InterfaceAddrsUpdate, InterfaceUpdate
 from agent.dataplane.manager import ManagerBase
 from agent.dataplane.managers import bpf_metrics as metrics
+from agent.dataplane.managers.hostips import resolve_host_endpoints
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +96,10 @@ class BpfAttachManager(ManagerBase):
         self._dirty: set[int] = set()  # workload ifindexes to check
         self._first_seen: dict[int, float] = {}  # for attach latency
         self._current: set[int] = set()  # workload ifindexes known to run our programs
-        self._xdp_wanted: dict[proto.HostEndpointID, str] = {}  # host endpoint -> iface
+        # host endpoints with untracked policy, and interface addresses (endpoints known by
+        # their expected IPs apply to the interfaces carrying them)
+        self._xdp_wanted: dict[proto.HostEndpointID, proto.HostEndpoint] = {}
+        self._addrs: dict[str, frozenset[str]] = {}
         self._xdp_attached: dict[int, int] = {}  # ifindex -> our XDP prog id
         self._xdp_dirty = True
         self._xdp_check_all = True
@@ -107,9 +112,16 @@ class BpfAttachManager(ManagerBase):
     def on_update(self, msg: object) -> None:
         if isinstance(msg, InterfaceUpdate):
             self._on_interface(msg)
+        elif isinstance(msg, InterfaceAddrsUpdate):
+            if msg.addrs is None:
+                self._addrs.pop(msg.name, None)
+            else:
+                self._addrs[msg.name] = msg.addrs
+            if self._xdp_wanted:
+                self._xdp_dirty = True
         elif isinstance(msg, proto.HostEndpointUpdate):
             if msg.endpoint.untracked_tiers:
-                self._xdp_wanted[msg.id] = msg.endpoint.name
+                self._xdp_wanted[msg.id] = msg.endpoint
             else:
                 self._xdp_wanted.pop(msg.id, None)
             self._xdp_dirty = True
@@ -235,9 +247,9 @@ class BpfAttachManager(ManagerBase):
         return errors
 
     def _xdp_interfaces(self) -> set[int]:
-        if self._xdp is None:
+        if self._xdp is None or not self._xdp_wanted:
             return set()
-        names = set(self._xdp_wanted.values())
+        names = set(resolve_host_endpoints(self._xdp_wanted, self._addrs, self._prefixes))
         out = set()
         for name, ifindex in self._links.items():
             if self._is_workload(name) or name == "lo":

@@ -64,6 +64,7 @@ from agent.dataplane.events import InterfaceAddrsUpdate, InterfaceUpdate
 from agent.dataplane.manager import ManagerBase
 from agent.dataplane.managers import bpf_metrics as metrics
 from agent.dataplane.managers.bpf_ifaces import InterfaceTable, Lister
+from agent.dataplane.managers.hostips import resolve_host_endpoints
 
 log = logging.getLogger(__name__)
 
@@ -357,8 +358,11 @@ class BpfPolicyManager(ManagerBase):
 
     def _compile(self, unavailable: set[str]) -> CompiledDataplane:
         assert self.compiler is not None
+        heps = resolve_host_endpoints(self.state.host_endpoints, self.interfaces.addrs_by_name,
+                                      self._prefixes) if self.state.host_endpoints else {}
         return self.compiler.compile(self.state, self.interfaces.index_by_name,
-                                     unavailable_ipsets=frozenset(unavailable))
+                                     unavailable_ipsets=frozenset(unavailable),
+                                     host_endpoint_ifaces=heps)
 
     def _sets_to_keep_out(self, retry_all: bool) -> set[str]:
         """IP sets that did not fit before and still would not (retried at a resync, or
