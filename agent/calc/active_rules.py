@@ -37,6 +37,7 @@ from agent.calc.dispatcher import (
 from agent.calc.labels import LabelInheritIndex, labels_and_parents
 from agent.calc.selector_index import SelectorIndex
 from agent.calc.selectors import applies_to
+from agent.calc.set_index import discard_member
 from agent.model import NetworkPolicy, Profile
 from agent.syncer.api import ResourceKey
 
@@ -112,7 +113,7 @@ class ActiveRulesCalculator:
             self._labels.update_item(key, labels, new_profiles)
             self._endpoint_profiles[key] = new_profiles
         for name in set(old_profiles) - set(new_profiles):
-            _discard(self._profile_users, name, key)
+            discard_member(self._profile_users, name, key)
             self._dirty_profiles.add(name)
         for name in set(new_profiles) - set(old_profiles):
             self._profile_users.setdefault(name, set()).add(key)
@@ -164,11 +165,3 @@ class ActiveRulesCalculator:
                 self._active_profiles.discard(name)
                 self._rules.on_profile_inactive(name)
         self._dirty_profiles.clear()
-
-
-def _discard(index: dict, key: Any, member: Any) -> None:
-    bucket = index.get(key)
-    if bucket is not None:
-        bucket.discard(member)
-        if not bucket:
-            del index[key]

@@ -39,6 +39,7 @@ from agent.calc.dispatcher import (
     CalcUpdate,
     Dispatcher,
 )
+from agent.calc.set_index import discard_member
 from agent.model import NetworkPolicy, Tier
 from agent.syncer.api import ResourceKey
 
@@ -146,8 +147,8 @@ class PolicyResolver:
         self._dirty.add(endpoint)
 
     def on_policy_match_stopped(self, policy: ResourceKey, endpoint: ResourceKey) -> None:
-        _discard(self._policies_of_endpoint, endpoint, policy)
-        _discard(self._endpoints_of_policy, policy, endpoint)
+        discard_member(self._policies_of_endpoint, endpoint, policy)
+        discard_member(self._endpoints_of_policy, policy, endpoint)
         self._dirty.add(endpoint)
 
     # --- output -------------------------------------------------------------------------
@@ -198,11 +199,3 @@ class PolicyResolver:
                 default_action=settings[name].default_action,
             ))
         return tuple(infos)
-
-
-def _discard(index: dict, key: Any, member: Any) -> None:
-    bucket = index.get(key)
-    if bucket is not None:
-        bucket.discard(member)
-        if not bucket:
-            del index[key]

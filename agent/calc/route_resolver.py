@@ -39,6 +39,7 @@ from agent.calc.dispatcher import (
     Dispatcher,
 )
 from agent.calc.passthru import host_ipv4_of
+from agent.calc.set_index import discard_member
 from agent.model import BlockAffinity, IPPool, WorkloadEndpoint
 from agent.syncer.api import ResourceKey
 
@@ -114,7 +115,7 @@ class RouteResolver:
         key, wep = update.key, update.value
         old = self._weps.pop(key, None)
         if old is not None:
-            _discard(self._weps_of_node, old[0], key)
+            discard_member(self._weps_of_node, old[0], key)
         if isinstance(wep, WorkloadEndpoint):
             nets = tuple(Network.parse(n) for n in wep.ip_networks)
             self._weps[key] = (wep.node, nets, wep.interface_name)
@@ -137,7 +138,7 @@ class RouteResolver:
         self._dirty_sources.add(("block", key))
         old = self._blocks.pop(key, None)
         if old is not None:
-            _discard(self._blocks_of_node, old[0], key)
+            discard_member(self._blocks_of_node, old[0], key)
             self._mark_node_dirty(old[0])
         if isinstance(block, BlockAffinity) and block.state == "confirmed" and not block.deleted:
             self._blocks[key] = (block.node, Network.parse(block.cidr))
@@ -233,7 +234,7 @@ class RouteResolver:
             if before == after:
                 continue
             if after is None:
-                _discard(self._sources_of_dst, dst, source)
+                discard_member(self._sources_of_dst, dst, source)
             elif before is None:
                 self._sources_of_dst.setdefault(dst, set()).add(source)
             self._dirty_dsts.add(dst)
@@ -244,11 +245,3 @@ class RouteResolver:
             return candidates[0] if candidates else None
         return min(candidates, key=lambda r: (r.dst_node != self.hostname,
                                               _TYPE_RANK[r.type], r.dst_node, repr(r)))
-
-
-def _discard(index: dict, key: Any, member: Any) -> None:
-    bucket = index.get(key)
-    if bucket is not None:
-        bucket.discard(member)
-        if not bucket:
-            del index[key]

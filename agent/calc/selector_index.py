@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping
 
 from agent.calc.selectors import NAMESPACE_LABEL_PREFIX, SERVICE_ACCOUNT_LABEL_PREFIX
+from agent.calc.set_index import discard_member
 from agent.selector import Selector
 
 MatchCallback = Callable[[Hashable, Hashable], None]
@@ -147,8 +148,8 @@ class SelectorIndex:
         self._started(sel_id, item)
 
     def _stop(self, sel_id: Hashable, item: Hashable) -> None:
-        _discard(self._matches_of_sel, sel_id, item)
-        _discard(self._matches_of_item, item, sel_id)
+        discard_member(self._matches_of_sel, sel_id, item)
+        discard_member(self._matches_of_item, item, sel_id)
         self._stopped(sel_id, item)
 
     def _choose_anchor(self, selector: Selector) -> Anchor:
@@ -188,9 +189,9 @@ class SelectorIndex:
         kind = anchor[0]
         if kind == "value":
             for value in anchor[2]:
-                _discard(self._sels_by_value, (anchor[1], value), sel_id)
+                discard_member(self._sels_by_value, (anchor[1], value), sel_id)
         elif kind == "key":
-            _discard(self._sels_by_key, anchor[1], sel_id)
+            discard_member(self._sels_by_key, anchor[1], sel_id)
         elif kind == "none":
             self._sels_unanchored.discard(sel_id)
 
@@ -229,9 +230,9 @@ class SelectorIndex:
         indexed = self._indexed_keys
         for key, value in old.items():
             if key in indexed and new.get(key) != value:
-                _discard(self._items_by_value, (key, value), item)
+                discard_member(self._items_by_value, (key, value), item)
                 if key not in new:
-                    _discard(self._items_by_key, key, item)
+                    discard_member(self._items_by_key, key, item)
         for key, value in new.items():
             if key in indexed and old.get(key) != value:
                 self._items_by_value.setdefault((key, value), set()).add(item)
@@ -242,8 +243,8 @@ class SelectorIndex:
         indexed = self._indexed_keys
         for key, value in labels.items():
             if key in indexed:
-                _discard(self._items_by_value, (key, value), item)
-                _discard(self._items_by_key, key, item)
+                discard_member(self._items_by_value, (key, value), item)
+                discard_member(self._items_by_key, key, item)
 
     def _candidate_items(self, sel_id: Hashable) -> set[Hashable] | dict:
         anchor = self._anchors[sel_id]
@@ -274,11 +275,3 @@ class SelectorIndex:
             if found:
                 out |= found
         return out
-
-
-def _discard(index: dict, key: Hashable, member: Hashable) -> None:
-    bucket = index.get(key)
-    if bucket is not None:
-        bucket.discard(member)
-        if not bucket:
-            del index[key]
