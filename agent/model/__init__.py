@@ -1,7 +1,9 @@
 """Typed Calico v3 and Kubernetes resources, parsed and validated from raw documents.
 
 Modules:
-- `resources`: the resource dataclasses and `parse_resource(doc)`, the entry point;
+- `resources`: policy and endpoint dataclasses and `parse_resource(doc)`, the entry point;
+- `infrastructure`, `kubernetes`: networking/configuration kinds, Kubernetes kinds;
+- `base`: `Metadata`, `Resource` and the helpers every kind's parser shares;
 - `rules`: policy rules (Rule, EntityRule, Port, ICMPMatch, ServiceAccountMatch);
 - `policy_selectors`: what a policy and its rules select, in Calico's semantics
   (namespace and service-account prefixes), as plain selector text for the calc graph;
@@ -12,39 +14,42 @@ Invariants: every model object is a frozen dataclass holding tuples (hashable, s
 between threads and stages); `parse_resource` raises only `ValidationError`.
 """
 
+from agent.model.base import Metadata, Resource
 from agent.model.fields import ValidationError
-from agent.model.policy_selectors import entity_selector, inherited_labels, policy_selector
-from agent.model.resources import (
-    IPNAT,
-    K8S_KINDS,
-    KNOWN_KINDS,
+from agent.model.infrastructure import (
     BGPConfiguration,
     BGPPeer,
     BlockAffinity,
     Community,
-    ContainerPort,
-    EndpointPort,
     FelixConfiguration,
-    HostEndpoint,
-    IPBlock,
     IPPool,
+    Node,
+    NodeBGP,
+    PrefixAdvertisement,
+)
+from agent.model.kubernetes import (
+    ContainerPort,
+    IPBlock,
     K8sNetworkPolicy,
     K8sPeer,
     K8sPolicyRule,
     K8sPort,
     LabelSelector,
     LabelSelectorRequirement,
-    Metadata,
     Namespace,
+    Pod,
+    ServiceAccount,
+)
+from agent.model.policy_selectors import entity_selector, inherited_labels, policy_selector
+from agent.model.resources import (
+    IPNAT,
+    K8S_KINDS,
+    KNOWN_KINDS,
+    EndpointPort,
+    HostEndpoint,
     NetworkPolicy,
     NetworkSet,
-    Node,
-    NodeBGP,
-    Pod,
-    PrefixAdvertisement,
     Profile,
-    Resource,
-    ServiceAccount,
     Tier,
     WorkloadEndpoint,
     parse_resource,

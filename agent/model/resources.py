@@ -9,9 +9,10 @@ namespace/name and field path. Nothing else ever escapes it, whatever the input
 This module holds the policy kinds (Tier, (Global)NetworkPolicy, Profile,
 (Global)NetworkSet) and endpoints (WorkloadEndpoint, HostEndpoint) and dispatches every
 kind; networking/configuration kinds live in `infrastructure`, Kubernetes kinds in
-`kubernetes` (all re-exported here). Turning Kubernetes objects into Calico's model
-(workload endpoints, `kns.`/`ksa.` profiles, `knp.default.` policies) is
-`agent.conversion`'s job; a Kubernetes v1 Node parses straight into the model `Node`.
+`kubernetes` (all re-exported by `agent.model`, the place to import them from). Turning
+Kubernetes objects into Calico's model (workload endpoints, `kns.`/`ksa.` profiles,
+`knp.default.` policies) is `agent.conversion`'s job; a Kubernetes v1 Node parses straight
+into the model `Node`.
 
 Defaults follow Calico:
 - policy `types`: Ingress when there are no egress rules, Egress when there are only egress
@@ -47,15 +48,6 @@ from agent.model.base import (
 )
 from agent.model.fields import Fields, ValidationError
 from agent.model.infrastructure import (
-    BGPConfiguration,
-    BGPPeer,
-    BlockAffinity,
-    Community,
-    FelixConfiguration,
-    IPPool,
-    Node,
-    NodeBGP,
-    PrefixAdvertisement,
     parse_bgp_configuration,
     parse_bgp_peer,
     parse_block_affinity,
@@ -65,19 +57,6 @@ from agent.model.infrastructure import (
     parse_kubernetes_node,
 )
 from agent.model.kubernetes import (
-    ANNOTATION_POD_IP,
-    ANNOTATION_POD_IPS,
-    ContainerPort,
-    IPBlock,
-    K8sNetworkPolicy,
-    K8sPeer,
-    K8sPolicyRule,
-    K8sPort,
-    LabelSelector,
-    LabelSelectorRequirement,
-    Namespace,
-    Pod,
-    ServiceAccount,
     parse_kubernetes_network_policy,
     parse_namespace,
     parse_pod,
@@ -91,7 +70,6 @@ from agent.model.labels import (
 )
 from agent.model.names import is_dns_label, is_interface_name, is_port_name
 from agent.model.rules import (
-    RULE_FIELDS,
     Rule,
     no_global,
     normalise_ip,
@@ -506,43 +484,3 @@ def parse_resource(doc: Any) -> Resource:
                           f"{shown} is not {' or '.join(repr(e) for e in expected)} "
                           f"for kind {key.kind}")
 
-
-__all__ = [
-    "ANNOTATION_POD_IP",
-    "ANNOTATION_POD_IPS",
-    "CALICO_API",
-    "IPNAT",
-    "K8S_KINDS",
-    "KNOWN_KINDS",
-    "RULE_FIELDS",
-    "BGPConfiguration",
-    "BGPPeer",
-    "BlockAffinity",
-    "Community",
-    "ContainerPort",
-    "EndpointPort",
-    "FelixConfiguration",
-    "HostEndpoint",
-    "IPBlock",
-    "IPPool",
-    "K8sNetworkPolicy",
-    "K8sPeer",
-    "K8sPolicyRule",
-    "K8sPort",
-    "LabelSelector",
-    "LabelSelectorRequirement",
-    "Metadata",
-    "Namespace",
-    "NetworkPolicy",
-    "NetworkSet",
-    "Node",
-    "NodeBGP",
-    "Pod",
-    "PrefixAdvertisement",
-    "Profile",
-    "Resource",
-    "ServiceAccount",
-    "Tier",
-    "WorkloadEndpoint",
-    "parse_resource",
-]

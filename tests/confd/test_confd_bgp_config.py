@@ -15,8 +15,7 @@ from confd_fakes import (
     upd,
 )
 
-from agent.model import BGPConfiguration, Metadata
-from agent.model.resources import PrefixAdvertisement
+from agent.model import BGPConfiguration, Metadata, PrefixAdvertisement
 from agent.syncer.api import ResourceKey
 from confd.bgp_config import (
     BirdConfig,
