@@ -8,10 +8,12 @@ programmed dataplane stays in place, as Felix leaves it on SIGTERM).
 Order of a round (phase 1 `apply`, then phase 2 `finish_apply` in the same order):
 
     extra_managers      (e.g. BPF maps, given by the caller, first: policy before plumbing)
-    IPSetsManager       calc-graph IP sets (iptables mode) ... phase 2: destroys unused sets
+    IPSetsManager       calc-graph IP sets ... phase 2: destroys unused sets (BPF mode:
+                        only the sets host endpoint rules match)
     HostIPsManager      `cali40this-host` from the interface monitor's addresses (both modes)
-    IptablesManager     filter/mangle/raw rules referencing those sets (iptables mode):
-                        workload and host endpoint policy, failsafes, IPVS awareness
+    IptablesManager     filter/mangle/raw rules referencing those sets: workload and host
+                        endpoint policy, failsafes, IPVS awareness (BPF mode: host endpoints
+                        and failsafes only, see below)
     NatOutgoingManager  nat table + pool IP sets: natOutgoing (both modes: in BPF mode NAT
                         outgoing uses the same nat-table rules)
     RouteManager        workload routes (+ static ARP), blackholes for local blocks
@@ -19,9 +21,33 @@ Order of a round (phase 1 `apply`, then phase 2 `finish_apply` in the same order
     SysctlManager       forwarding, proxy ARP, rp_filter (0 in BPF mode)
     EndpointStatusManager  up/down per endpoint to a callback (status reporting), when given
 
-In BPF mode the iptables and IP-set managers are left out (the BPF dataplane enforces policy;
-host endpoint enforcement there is the BPF managers' job); whoever switches modes must clean
-the other mode's state up (not done here yet).
+BPF mode: the split between the tc/XDP programs and iptables.
+
+    workload interfaces       BPF only. The tc programs apply the pods' ingress/egress policy
+                              and profiles, and DefaultEndpointToHostAction to pod->host
+                              packets (Drop drops there; Return behaves as Accept). iptables
+                              has no workload dispatch or endpoint chains, and its rules never
+                              judge a packet by a workload interface: cali-FORWARD has no
+                              workload rules at all (pod traffic not crossing a host endpoint
+                              with applyOnForward policy passes on to FORWARD's own rules),
+                              and cali-INPUT hands pod->host packets back (RETURN), or
+                              ACCEPTs them when the action is Accept, as in iptables mode.
+    host endpoints            iptables (`IptablesManager(host_endpoints_only=True)`): filter
+                              INPUT/OUTPUT (normal policy and profiles) and FORWARD
+                              (applyOnForward), mangle PREROUTING (preDNAT), raw
+                              PREROUTING/OUTPUT (doNotTrack), failsafes first in every table,
+                              the VXLAN source rules. Only the policies and profiles host
+                              endpoints list are rendered, and only the IP sets their rules
+                              match are programmed. The XDP program additionally drops the
+                              leading source-only doNotTrack denies early (a subset of what
+                              the raw table decides, so the two never disagree).
+    NAT outgoing, routes, VXLAN, host IPs, sysctls: the same managers as in iptables mode.
+
+Known BPF-mode limits: kube-proxy IPVS awareness (the iptables mode's rules that keep
+IPVS-forwarded pod traffic out of host endpoint egress policy) is not rendered, since it
+rests on the workload chains' marks; switching from BPF to iptables mode does not remove
+the programs (switching the other way, the first apply after in-sync sweeps the workload
+chains and the IP sets no rule uses any more).
 
 Settings keep Felix's names (`FelixConfiguration` / `FELIX_*`); `LinuxDataplaneConfig.from_felix`
 reads them from a mapping of strings and names the offending key on bad values.
@@ -140,20 +166,22 @@ def linux_managers(cfg: LinuxDataplaneConfig, *, netns: str | None = None,
     `endpoint_status(kind, endpoint id, status | None)`: when given (EndpointReportingEnabled),
     an `EndpointStatusManager` runs last and reports each endpoint's up/down/error."""
     managers: list[Manager] = list(extra_managers)
-    if not cfg.bpf_mode:
-        managers.append(IPSetsManager(netns=netns, max_size=cfg.max_ipset_size))
-    managers.append(HostIPsManager(netns=netns,
-                                   exclude=InterfaceMatcher.parse(cfg.interface_exclude),
-                                   workload_prefixes=cfg.interface_prefixes))
-    if not cfg.bpf_mode:
-        managers.append(IptablesManager(
-            netns=netns,
-            interface_prefixes=cfg.interface_prefixes,
-            endpoint_to_host_action=cfg.endpoint_to_host_action,
-            backend=cfg.iptables_backend,
-            failsafes=Failsafes(cfg.failsafe_inbound, cfg.failsafe_outbound),
-            vxlan_port=cfg.vxlan_port,
-        ))
+    iptables = IptablesManager(
+        netns=netns,
+        interface_prefixes=cfg.interface_prefixes,
+        endpoint_to_host_action=cfg.endpoint_to_host_action,
+        backend=cfg.iptables_backend,
+        failsafes=Failsafes(cfg.failsafe_inbound, cfg.failsafe_outbound),
+        vxlan_port=cfg.vxlan_port,
+        host_endpoints_only=cfg.bpf_mode,
+    )
+    managers += [
+        IPSetsManager(netns=netns, max_size=cfg.max_ipset_size,
+                      only=iptables.referenced_ip_sets if cfg.bpf_mode else None),
+        HostIPsManager(netns=netns, exclude=InterfaceMatcher.parse(cfg.interface_exclude),
+                       workload_prefixes=cfg.interface_prefixes),
+        iptables,
+    ]
     # NAT outgoing in both modes: in BPF mode it uses the same nat-table rules.
     managers.append(NatOutgoingManager(netns=netns, backend=cfg.iptables_backend))
     managers += [

@@ -1,19 +1,31 @@
-"""Host endpoints, failsafes, DefaultEndpointToHostAction and IPVS awareness in iptables mode,
-judged by what the programmed raw -> mangle -> filter chains DO to packets (PacketWalker).
+"""Host endpoints, failsafes, DefaultEndpointToHostAction and IPVS awareness, judged by what
+the programmed raw -> mangle -> filter chains DO to packets (PacketWalker).
 
 A packet arriving for the host walks raw PREROUTING, mangle PREROUTING, then filter INPUT
 (one packet, its mark carried along); a forwarded one ends in filter FORWARD; a packet the
 host sends walks raw OUTPUT then filter OUTPUT.
+
+Host endpoint tests run in both modes (`mode` fixture): iptables, and BPF mode's
+host-endpoints-only iptables manager. The BPF-mode tests at the end check the split: no
+iptables rule judges workload traffic there, and only the policies and IP sets host
+endpoints use are programmed.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
 
 from agent.dataplane.events import IFACE_ABSENT, IFACE_UP, InterfaceAddrsUpdate, InterfaceUpdate
 from agent.dataplane.iptables.hostendpoints import Failsafes, parse_failsafe_ports
+from agent.dataplane.iptables.names import (
+    CALC_IPSET_PREFIXES,
+    IPSET_TYPE_NET,
+    ipset_name,
+    policy_chain_name,
+)
 from agent.dataplane.managers.hostips import HostIPsManager
 from agent.dataplane.managers.ipsets import IPSetsManager
 from agent.dataplane.managers.iptables import IptablesManager
@@ -27,6 +39,8 @@ from agent.proto import (
     HostEndpointRemove,
     HostEndpointUpdate,
     InSync,
+    IPSetDeltaUpdate,
+    IPSetUpdate,
     Policy,
     PolicyID,
     PortRange,
@@ -48,12 +62,19 @@ ALLOW_ALL = ActiveProfileUpdate("allow-all", Profile(inbound_rules=(Rule(action=
 
 
 class HostHarness:
-    def __init__(self, **iptables_kw: object) -> None:
-        self.cmds = FakeCommands()
-        kw = {"failsafes": FAILSAFES, **iptables_kw}
-        self.managers = [IPSetsManager(runner=self.cmds), HostIPsManager(runner=self.cmds),
-                         IptablesManager(runner=self.cmds, **kw)]  # type: ignore[arg-type]
-        self.iptables = self.managers[2]
+    """IP sets + host IPs + iptables managers over one FakeCommands, wired as
+    `linux_managers()` wires them in `mode` ("iptables", or "bpf": iptables for host
+    endpoints only, IP sets limited to what those rules match)."""
+
+    def __init__(self, mode: str = "iptables", *, cmds: FakeCommands | None = None,
+                 **iptables_kw: object) -> None:
+        self.cmds = cmds or FakeCommands()
+        bpf = mode == "bpf"
+        kw = {"failsafes": FAILSAFES, "host_endpoints_only": bpf, **iptables_kw}
+        self.iptables = IptablesManager(runner=self.cmds, **kw)  # type: ignore[arg-type]
+        self.ipsets = IPSetsManager(runner=self.cmds,
+                                    only=self.iptables.referenced_ip_sets if bpf else None)
+        self.managers = [self.ipsets, HostIPsManager(runner=self.cmds), self.iptables]
         self.walker = PacketWalker(self.cmds.iptables, self.cmds.ipset)
 
     def feed(self, *msgs: object) -> None:
@@ -116,13 +137,20 @@ def tier(*names: str, ingress: bool = True, egress: bool = True) -> TierInfo:
                     egress_policies=names if egress else ())
 
 
+@pytest.fixture(params=["iptables", "bpf"])
+def mode(request: pytest.FixtureRequest) -> str:
+    """Host endpoint behaviour is the same in both dataplane modes (in BPF mode the same
+    iptables rules, rendered by a host-endpoints-only manager, enforce it)."""
+    return str(request.param)
+
+
 DENY_ALL = policy("deny-all", inbound=[Rule(action="deny")], outbound=[Rule(action="deny")])
 TCP = 6
 UDP = 17
 
 
-def test_host_endpoint_without_policy_denies_all_but_failsafes() -> None:
-    h = HostHarness()
+def test_host_endpoint_without_policy_denies_all_but_failsafes(mode: str) -> None:
+    h = HostHarness(mode)
     h.sync(hep())
     assert h.to_host(proto=TCP, dport=80) == "DROP"
     assert h.to_host(proto=TCP, dport=22) == "ACCEPT"  # failsafe inbound
@@ -136,8 +164,8 @@ def test_host_endpoint_without_policy_denies_all_but_failsafes() -> None:
     assert h.from_host(oif="cali1", proto=TCP, dport=80) == "ACCEPT"
 
 
-def test_deny_all_policy_never_blocks_failsafe_ports() -> None:
-    h = HostHarness()
+def test_deny_all_policy_never_blocks_failsafe_ports(mode: str) -> None:
+    h = HostHarness(mode)
     h.sync(DENY_ALL, hep(tiers=[tier("deny-all")]))
     assert h.to_host(proto=TCP, dport=22) == "ACCEPT"
     assert h.to_host(proto=TCP, dport=23) == "DROP"
@@ -179,8 +207,8 @@ def test_bad_failsafe_port_lists_are_rejected(text: str) -> None:
         parse_failsafe_ports(text)
 
 
-def test_policies_and_profiles_of_a_host_endpoint() -> None:
-    h = HostHarness()
+def test_policies_and_profiles_of_a_host_endpoint(mode: str) -> None:
+    h = HostHarness(mode)
     web = policy("web", inbound=[Rule(action="allow", protocol=TCP,
                                       dst_ports=(PortRange(80, 80),))])
     h.sync(web, ALLOW_ALL, hep(tiers=[tier("web", egress=False)], profiles=["allow-all"]))
@@ -192,8 +220,8 @@ def test_policies_and_profiles_of_a_host_endpoint() -> None:
     assert h.to_host(proto=TCP, dport=81) == "ACCEPT"
 
 
-def test_pre_dnat_policy_decides_in_mangle_and_failsafes_still_win() -> None:
-    h = HostHarness()
+def test_pre_dnat_policy_decides_in_mangle_and_failsafes_still_win(mode: str) -> None:
+    h = HostHarness(mode)
     deny_peer = policy("deny-peer", inbound=[Rule(action="deny", src_nets=(f"{PEER}/32",))],
                        pre_dnat=True)
     allow_8080 = policy("allow-8080", inbound=[Rule(action="allow", protocol=TCP,
@@ -214,8 +242,8 @@ def test_pre_dnat_policy_decides_in_mangle_and_failsafes_still_win() -> None:
     assert h.to_host(proto=TCP, dport=9090) == "DROP"
 
 
-def test_do_not_track_policy_in_raw() -> None:
-    h = HostHarness()
+def test_do_not_track_policy_in_raw(mode: str) -> None:
+    h = HostHarness(mode)
     allow_udp = policy("allow-udp", inbound=[Rule(action="allow", protocol=UDP)],
                        outbound=[Rule(action="allow", protocol=UDP)], untracked=True)
     block = policy("block", inbound=[Rule(action="deny", protocol=TCP,
@@ -231,8 +259,8 @@ def test_do_not_track_policy_in_raw() -> None:
     assert "cali-fh-eth0" in h.cmds.iptables.tables["raw"]
 
 
-def test_untracked_deny_cannot_block_failsafes_or_their_replies() -> None:
-    h = HostHarness()
+def test_untracked_deny_cannot_block_failsafes_or_their_replies(mode: str) -> None:
+    h = HostHarness(mode)
     deny = policy("deny", inbound=[Rule(action="deny")], outbound=[Rule(action="deny")],
                   untracked=True)
     h.sync(deny, hep(untracked=[tier("deny")]))
@@ -243,8 +271,8 @@ def test_untracked_deny_cannot_block_failsafes_or_their_replies() -> None:
     assert h.to_host(proto=TCP, sport=180, dport=40000, ctstate="ESTABLISHED") == "DROP"
 
 
-def test_apply_on_forward_policies_only_affect_forwarded_traffic() -> None:
-    h = HostHarness()
+def test_apply_on_forward_policies_only_affect_forwarded_traffic(mode: str) -> None:
+    h = HostHarness(mode)
     open_profile = ActiveProfileUpdate("open", Profile(inbound_rules=(Rule(action="allow"),),
                                                        outbound_rules=(Rule(action="allow"),)))
     no_ssh_fwd = policy("no-ssh-fwd", inbound=[Rule(action="deny", protocol=TCP,
@@ -265,8 +293,8 @@ def test_apply_on_forward_policies_only_affect_forwarded_traffic() -> None:
     assert "cali-fhfw-eth0" not in h.cmds.iptables.chains
 
 
-def test_expected_ips_resolve_to_the_interface_that_has_them() -> None:
-    h = HostHarness()
+def test_expected_ips_resolve_to_the_interface_that_has_them(mode: str) -> None:
+    h = HostHarness(mode)
     h.sync(hep(name="", ips=(HOST_IP,)))
     assert h.iptables.active_host_endpoints == {"eth0": HostEndpointID("node1-eth0")}
     assert h.to_host(proto=TCP, dport=80) == "DROP"
@@ -280,8 +308,8 @@ def test_expected_ips_resolve_to_the_interface_that_has_them() -> None:
     assert "cali-fh-eth0" not in h.cmds.iptables.chains
 
 
-def test_wildcard_endpoint_covers_host_interfaces_but_not_loopback_or_workloads() -> None:
-    h = HostHarness()
+def test_wildcard_endpoint_covers_host_interfaces_but_not_loopback_or_workloads(mode: str) -> None:
+    h = HostHarness(mode)
     h.sync(hep(name="*", hep_id="all"), hep(name="eth1", hep_id="eth1", profiles=["allow-all"]),
            ALLOW_ALL)
     assert h.to_host(iif="eth0", proto=TCP, dport=80) == "DROP"
@@ -291,8 +319,8 @@ def test_wildcard_endpoint_covers_host_interfaces_but_not_loopback_or_workloads(
     assert h.from_host(oif="cali5", proto=TCP, dport=80) == "ACCEPT"
 
 
-def test_two_endpoints_claiming_one_interface_first_by_id_wins() -> None:
-    h = HostHarness()
+def test_two_endpoints_claiming_one_interface_first_by_id_wins(mode: str) -> None:
+    h = HostHarness(mode)
     h.sync(ALLOW_ALL, hep(hep_id="b-open", profiles=["allow-all"]), hep(hep_id="a-closed"))
     assert h.iptables.active_host_endpoints == {"eth0": HostEndpointID("a-closed")}
     assert h.to_host(proto=TCP, dport=80) == "DROP"
@@ -301,8 +329,8 @@ def test_two_endpoints_claiming_one_interface_first_by_id_wins() -> None:
     assert h.to_host(proto=TCP, dport=80) == "ACCEPT"
 
 
-def test_removing_the_endpoint_removes_its_chains_and_reapply_writes_nothing() -> None:
-    h = HostHarness()
+def test_removing_the_endpoint_removes_its_chains_and_reapply_writes_nothing(mode: str) -> None:
+    h = HostHarness(mode)
     h.sync(hep())
     assert "cali-fh-eth0" in h.cmds.iptables.chains
     restores = h.cmds.iptables.restore_calls
@@ -315,8 +343,8 @@ def test_removing_the_endpoint_removes_its_chains_and_reapply_writes_nothing() -
     assert h.to_host(proto=TCP, dport=80) == "ACCEPT"
 
 
-def test_invalid_host_endpoint_interface_is_ignored() -> None:
-    h = HostHarness()
+def test_invalid_host_endpoint_interface_is_ignored(mode: str) -> None:
+    h = HostHarness(mode)
     h.sync(hep(name="bad name!"), hep(name="cali123", hep_id="wl"))
     assert h.iptables.active_host_endpoints == {}
     assert h.to_host(proto=TCP, dport=80) == "ACCEPT"
@@ -388,8 +416,8 @@ def test_ipvs_service_addresses_are_not_host_ips_and_policy_still_applies() -> N
                                             proto=TCP, dport=80)) == "DROP"
 
 
-def test_vxlan_between_nodes_survives_a_deny_all_host_endpoint() -> None:
-    h = HostHarness()
+def test_vxlan_between_nodes_survives_a_deny_all_host_endpoint(mode: str) -> None:
+    h = HostHarness(mode)
     vteps = [VXLANTunnelEndpointUpdate(node, f"02:00:00:00:00:0{i}", f"10.65.255.{i}",
                                        f"198.18.0.{i}") for i, node in ((1, "node1"), (2, "node2"))]
     h.sync(DENY_ALL, hep(tiers=[tier("deny-all")]), *vteps)
@@ -404,3 +432,119 @@ def test_vxlan_between_nodes_survives_a_deny_all_host_endpoint() -> None:
     h.apply()
     assert "cali40all-vxlan-net" not in h.cmds.ipset.sets
     assert h.to_host(iif="eth1", src="198.18.0.77", proto=UDP, dport=4789) == "ACCEPT"
+
+
+# --- BPF mode: iptables for host endpoints only ---------------------------------------------
+
+WORKLOAD_CHAIN = re.compile(r"^cali-(tw|fw)-|^cali-(from|to)-wl-dispatch$|^cali-wl-to-host$")
+WORKLOAD_IFACE = re.compile(r"(^| )-[io] cali\S*")
+TARGET = re.compile(r" -[jg] (\S+)")
+
+
+def our_sets(h: HostHarness | FakeCommands) -> set[str]:
+    cmds = h.cmds if isinstance(h, HostHarness) else h
+    return {name for name in cmds.ipset.sets if name.startswith(CALC_IPSET_PREFIXES)}
+
+
+def test_bpf_mode_iptables_never_judges_workload_traffic() -> None:
+    h = HostHarness("bpf")
+    deny_wl = policy("wl-deny-all", inbound=[Rule(action="deny")],
+                     outbound=[Rule(action="deny")])
+    h.sync(DENY_ALL, deny_wl, hep(name="*", hep_id="all", tiers=[tier("deny-all")]),
+           endpoint("cali1", "10.65.0.1", tiers=[tier("wl-deny-all")]),
+           endpoint("cali2", "10.65.0.2", tiers=[tier("wl-deny-all")]))
+    tables = h.cmds.iptables.tables
+    # no workload chain, and the workloads' policy is not rendered (the tc programs have it)
+    assert not [c for t in tables.values() for c in t if WORKLOAD_CHAIN.search(c)]
+    assert policy_chain_name("default", "wl-deny-all", inbound=True) not in tables["filter"]
+    assert policy_chain_name("default", "deny-all", inbound=True) in tables["filter"]
+    assert h.iptables.referenced_ip_sets() == frozenset()
+    # every rule that names a workload interface hands the packet on without judging it
+    for table in tables.values():
+        for chain, rules in table.items():
+            for rule in rules:
+                if WORKLOAD_IFACE.search(rule):
+                    target = TARGET.search(rule)
+                    assert target and target.group(1) == "RETURN", (chain, rule)
+    # so workload traffic passes iptables even under deny-all workload and "*" host policy
+    pod1, pod2 = "10.65.0.1", "10.65.0.2"
+    assert h.forward("cali1", "cali2", src=pod1, dst=pod2) == "ACCEPT"
+    assert h.forward("cali1", "eth0", src=pod1, dst=PEER) == "ACCEPT"
+    assert h.forward("eth0", "cali1", dst=pod1) == "ACCEPT"
+    assert h.to_host(iif="cali1", src=pod1) == "ACCEPT"
+    assert h.from_host(oif="cali1", dst=pod1) == "ACCEPT"
+    # while the host's own traffic is judged: deny-all, failsafes
+    assert h.to_host(proto=TCP, dport=80) == "DROP"
+    assert h.to_host(iif="eth7", proto=TCP, dport=22) == "ACCEPT"
+    assert h.from_host(proto=TCP, dport=80) == "DROP"
+
+
+@pytest.mark.parametrize(("action", "verdict"), [("Drop", "DROP"), ("Return", "DROP"),
+                                                 ("Accept", "ACCEPT")])
+def test_bpf_mode_pod_to_host_is_handed_back_or_accepted_never_judged(action: str,
+                                                                      verdict: str) -> None:
+    """The tc program applied the pod's egress policy and the action (dropping on Drop);
+    iptables returns pod->host packets to INPUT (here: the host's own DROP rule decides)
+    or, for Accept, accepts them before the host's rules, as iptables mode does."""
+    h = HostHarness("bpf", endpoint_to_host_action=action)
+    h.sync(endpoint("cali1", "10.65.0.1"))  # no policy: iptables mode would drop it
+    h.cmds.iptables.chains["INPUT"].append("-j DROP")  # the admin's own firewall
+    assert h.to_host(iif="cali1", src="10.65.0.1", proto=TCP, dport=80) == verdict
+    assert h.to_host(proto=TCP, dport=80) == "DROP"  # host traffic: the admin's rule
+    # the datastore's spelling switches it live
+    other = "Drop" if action == "Accept" else "Accept"
+    h.feed(ConfigUpdate((("defaultEndpointToHostAction", other),)))
+    h.apply()
+    expected = "ACCEPT" if other == "Accept" else "DROP"
+    assert h.to_host(iif="cali1", src="10.65.0.1", proto=TCP, dport=80) == expected
+
+
+def test_bpf_mode_renders_only_what_host_endpoints_use_and_follows_them() -> None:
+    h = HostHarness("bpf")
+    admins, peers = "admins", "peers"
+    allow_from = {name: policy(f"from-{name}", inbound=[
+        Rule(action="allow", src_ip_set_ids=(name,))]) for name in (admins, peers)}
+    h.sync(IPSetUpdate(admins, IPSET_TYPE_NET, frozenset({"198.18.7.0/24"})),
+           IPSetUpdate(peers, IPSET_TYPE_NET, frozenset({PEER})), *allow_from.values(),
+           endpoint("cali1", "10.65.0.1", tiers=[tier("from-peers", egress=False)]),
+           hep(tiers=[tier("from-admins", egress=False)]))
+    assert our_sets(h) == {ipset_name(admins, IPSET_TYPE_NET)}
+    assert h.to_host(src="198.18.7.7", proto=TCP, dport=80) == "ACCEPT"
+    assert h.to_host(proto=TCP, dport=80) == "DROP"  # PEER is not an admin
+    # changes to a set no host endpoint rule uses write nothing
+    writes = h.cmds.ipset.restore_calls
+    h.feed(IPSetDeltaUpdate(peers, added=frozenset({"198.18.9.9"})))
+    h.apply()
+    assert h.cmds.ipset.restore_calls == writes
+    # the host endpoint now lists the other policy: its set appears whole, before the rules
+    # that match it; the unused one goes after them
+    h.feed(hep(tiers=[tier("from-peers", egress=False)]))
+    h.apply()
+    assert our_sets(h) == {ipset_name(peers, IPSET_TYPE_NET)}
+    assert h.cmds.ipset.members(ipset_name(peers, IPSET_TYPE_NET)) == {PEER, "198.18.9.9"}
+    assert h.to_host(proto=TCP, dport=80) == "ACCEPT"
+    assert h.to_host(src="198.18.9.9", proto=TCP, dport=80) == "ACCEPT"
+    assert h.to_host(src="198.18.7.7", proto=TCP, dport=80) == "DROP"
+    # the host endpoint goes: its policy's chains and set go too
+    h.feed(HostEndpointRemove(HostEndpointID("node1-eth0")))
+    h.apply()
+    assert our_sets(h) == set()
+    assert not [c for c in h.cmds.iptables.chains if c.startswith(("cali-pi-", "cali-po-"))]
+    writes = (h.cmds.iptables.restore_calls, h.cmds.ipset.restore_calls)
+    h.apply()
+    assert (h.cmds.iptables.restore_calls, h.cmds.ipset.restore_calls) == writes
+
+
+def test_switching_to_bpf_mode_sweeps_workload_chains_and_sets_keeps_host_endpoints() -> None:
+    cmds = FakeCommands()
+    state = [IPSetUpdate("peers", IPSET_TYPE_NET, frozenset({PEER})),
+             policy("from-peers", inbound=[Rule(action="allow", src_ip_set_ids=("peers",))]),
+             endpoint("cali1", "10.65.0.1", tiers=[tier("from-peers", egress=False)]),
+             DENY_ALL, hep(tiers=[tier("deny-all")])]
+    HostHarness("iptables", cmds=cmds).sync(*state)
+    assert "cali-tw-cali1" in cmds.iptables.chains and our_sets(cmds)
+    h = HostHarness("bpf", cmds=cmds)  # the agent restarts with BPFEnabled
+    h.sync(*state)
+    assert not [c for t in cmds.iptables.tables.values() for c in t if WORKLOAD_CHAIN.search(c)]
+    assert our_sets(cmds) == set()
+    assert h.to_host(proto=TCP, dport=80) == "DROP" and h.to_host(proto=TCP, dport=22) == "ACCEPT"

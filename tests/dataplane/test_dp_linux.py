@@ -5,16 +5,20 @@ from __future__ import annotations
 import pytest
 
 from agent.dataplane.linux import LinuxDataplane, LinuxDataplaneConfig
+from agent.dataplane.managers.iptables import IptablesManager
 
 
-def test_iptables_mode_order_and_bpf_mode_without_iptables() -> None:
+def test_manager_order_in_both_modes_and_bpf_mode_iptables_for_host_endpoints_only() -> None:
     dp = LinuxDataplane(netns="unused-not-opened")
-    assert [m.name for m in dp.loop.managers] == [
-        "ipsets", "host-ips", "iptables", "nat-outgoing", "routes", "vxlan", "sysctls"]
+    names = ["ipsets", "host-ips", "iptables", "nat-outgoing", "routes", "vxlan", "sysctls"]
+    assert [m.name for m in dp.loop.managers] == names
+    iptables = dp.loop.managers[2]
+    assert isinstance(iptables, IptablesManager) and not iptables.host_endpoints_only
     dp = LinuxDataplane(netns="unused", config=LinuxDataplaneConfig(bpf_mode=True))
-    # plain-Linux pieces stay in BPF mode: host IPs, NAT outgoing (nat table), routes
-    assert [m.name for m in dp.loop.managers] == ["host-ips", "nat-outgoing", "routes",
-                                                  "vxlan", "sysctls"]
+    # BPF mode: the same Linux managers; iptables for host endpoints and failsafes only
+    assert [m.name for m in dp.loop.managers] == names
+    iptables = dp.loop.managers[2]
+    assert isinstance(iptables, IptablesManager) and iptables.host_endpoints_only
 
 
 def test_config_from_felix_names() -> None:

@@ -83,6 +83,21 @@ def default_failsafes() -> Failsafes:
                      parse_failsafe_ports(DEFAULT_FAILSAFE_OUT))
 
 
+def host_endpoint_policy_ids(endpoints: Iterable[HostEndpoint]) -> frozenset[PolicyID]:
+    """Every policy a host endpoint lists, in any of its tier kinds and directions."""
+    return frozenset(
+        PolicyID(tier.name, name)
+        for hep in endpoints
+        for tiers in (hep.tiers, hep.untracked_tiers, hep.pre_dnat_tiers, hep.forward_tiers)
+        for tier in tiers
+        for name in (*tier.ingress_policies, *tier.egress_policies)
+    )
+
+
+def host_endpoint_profile_ids(endpoints: Iterable[HostEndpoint]) -> frozenset[str]:
+    return frozenset(prof for hep in endpoints for prof in hep.profile_ids)
+
+
 def _has(tiers: tuple[TierInfo, ...], inbound: bool) -> bool:
     return any(t.ingress_policies if inbound else t.egress_policies for t in tiers)
 

@@ -22,6 +22,8 @@ Chains (all `cali-`; see names.py):
         ACCEPT mark -> ACCEPT; -o cali+ RETURN (host to workload: no host endpoint policy);
         clear marks; -> cali-to-host-endpoint (-o IF goto cali-th-IF); ACCEPT mark -> ACCEPT
     With kube-ipvs0 present (kube-proxy IPVS), see `static_chains(ipvs=True)`.
+    In BPF mode (tc programs police workloads) the three chains have no workload rules:
+    `host_endpoint_only_chains()`.
 
 Endpoint chain (cali-tw-IF with ingress policies / inbound profile rules; cali-fw-IF with
 egress / outbound):
@@ -471,9 +473,12 @@ class RuleRenderer:
                 + ["-j DROP"])),
         ]
 
-    def static_chains(self, *, ipvs: bool = False, vxlan_port: int | None = None
-                      ) -> list[Chain]:
+    def static_chains(self, *, ipvs: bool = False, vxlan_port: int | None = None,
+                      workload_policy: bool = True) -> list[Chain]:
         """cali-FORWARD, cali-INPUT, cali-wl-to-host and cali-OUTPUT (filter table).
+
+        `workload_policy=False` (BPF mode: the tc programs police workloads) renders the
+        host-endpoint-only variant, see `host_endpoint_only_chains`.
 
         `vxlan_port` (VXLAN tunnel endpoints exist): VXLAN packets from other nodes
         (`cali40all-vxlan-net`: their VTEPs' parent IPs) are accepted first thing in
@@ -488,6 +493,10 @@ class RuleRenderer:
         is forwarded to (the packet carries `marks.ipvs_forward` from INPUT). Forwarded to
         anywhere else it keeps the ACCEPT mark its egress policy gave it, so host endpoint
         egress policy does not apply to it (it is not the host's own traffic)."""
+        if not workload_policy:
+            if ipvs:
+                raise ValueError("static_chains: the IPVS rules need workload policy chains")
+            return self.host_endpoint_only_chains(vxlan_port=vxlan_port)
         m = self.marks
         wildcards = [f"{p}+" for p in self.interface_prefixes]
         accepted = f"{match_mark(m.accept, m.accept)} -j ACCEPT"
@@ -527,6 +536,41 @@ class RuleRenderer:
             Chain(CHAIN_WL_TO_HOST, tuple(wl_to_host)),
             Chain(CHAIN_OUTPUT, tuple(output)),
         ]
+
+    def host_endpoint_only_chains(self, *, vxlan_port: int | None = None) -> list[Chain]:
+        """cali-FORWARD, cali-INPUT and cali-OUTPUT when BPF programs police the workloads.
+
+        Nothing here filters workload traffic: no workload dispatch chains, no endpoint
+        chains, no cali-wl-to-host. cali-FORWARD keeps only the applyOnForward host endpoint
+        dispatch (whose chains RETURN at once for workload interfaces, so pod-to-pod traffic
+        passes through untouched and goes on to FORWARD's own rules; a pod's traffic leaving
+        through a host endpoint with applyOnForward policy gets that policy, as in Felix).
+        cali-INPUT hands workload-to-host packets back without judging them: the tc program
+        already applied the pod's egress policy and DefaultEndpointToHostAction (it drops on
+        Drop); `-j ACCEPT` for Accept (as the iptables dataplane's cali-INPUT does, so the
+        host's own INPUT rules do not see them), `-j RETURN` otherwise. Host endpoint
+        policy, failsafes and the VXLAN rules are as in `static_chains`."""
+        m = self.marks
+        wildcards = [f"{p}+" for p in self.interface_prefixes]
+        accepted = f"{match_mark(m.accept, m.accept)} -j ACCEPT"
+        forward = [set_mark(0, m.all & ~m.accept),
+                   f"{match_mark(0, m.accept)} -j {CHAIN_FROM_HEP_FORWARD_DISPATCH}",
+                   f"-j {CHAIN_TO_HEP_FORWARD_DISPATCH}", accepted]
+        input_rules: list[str] = []
+        output: list[str] = []
+        if vxlan_port is not None:
+            vxlan = f"-p udp --dport {vxlan_port}"
+            input_rules += [f"{vxlan} -m set --match-set {IPSET_ALL_VXLAN} src -j ACCEPT",
+                            f"{vxlan} -j DROP"]
+            output.append(f"{vxlan} -m set --match-set {IPSET_ALL_VXLAN} dst -j ACCEPT")
+        to_host = "ACCEPT" if self.endpoint_to_host_action.lower() == "accept" else "RETURN"
+        input_rules += [f"-i {w} -j {to_host}" for w in wildcards]
+        input_rules += [accepted, set_mark(0, m.all), f"-j {CHAIN_FROM_HOST_DISPATCH}", accepted]
+        output.append(accepted)
+        output += [f"-o {w} -j RETURN" for w in wildcards]
+        output += [set_mark(0, m.all), f"-j {CHAIN_TO_HOST_DISPATCH}", accepted]
+        return [Chain(CHAIN_FORWARD, tuple(forward)), Chain(CHAIN_INPUT, tuple(input_rules)),
+                Chain(CHAIN_OUTPUT, tuple(output))]
 
     @staticmethod
     def base_chain_inserts() -> dict[str, tuple[str, ...]]:

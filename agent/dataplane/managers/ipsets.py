@@ -11,6 +11,12 @@ Two phases, in Felix's order around the iptables rules:
 - `finish_apply()` (after the iptables manager): destroy sets nobody wants any more, when
   no rule references them. Unknown sets of ours are destroyed only after InSync.
 
+`only` (BPF mode): a callable returning the ids of the sets to program - the iptables
+manager's `referenced_ip_sets()`, the sets its host endpoint rules match. Every set is still
+tracked (a set becoming referenced is programmed whole at once); the others are not in the
+kernel (the BPF programs keep their own copy in the `ipsets` map), and a set no longer
+referenced is destroyed in phase 2 like a removed one.
+
 Normalisation: members are kept in the form `ipset save` prints, so desired and actual
 compare equal: host entries without "/32", networks as a.b.c.d/len; 0.0.0.0/0 (which
 hash:net cannot hold) is split into 0.0.0.0/1 + 128.0.0.0/1. IPv6 members are skipped (these
@@ -27,6 +33,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from agent.dataplane.delta import DeltaTracker
@@ -177,8 +184,10 @@ class IPSetsManager(ManagerBase):
         runner: CommandRunner | None = None,
         max_size: int = 1048576,
         ipset_binary: str = "ipset",
+        only: Callable[[], Collection[str]] | None = None,
     ) -> None:
         super().__init__()
+        self._only = only
         if max_size <= 0:
             raise ValueError("IPSetsManager: max_size must be positive")
         self._runner = runner or NetnsCommandRunner(netns)
@@ -186,6 +195,7 @@ class IPSetsManager(ManagerBase):
         self._max_size = max_size
         self._sets: dict[str, _SetMembers] = {}  # set id -> members, normalised as they come
         self._dirty: set[str] = set()
+        self._programmed: set[str] = set()  # with `only`: ids of the sets programmed
         self._tracker: DeltaTracker[str, IPSetState] = DeltaTracker()
         self.skipped_ipv6 = 0
         self.restore_calls = 0
@@ -201,6 +211,7 @@ class IPSetsManager(ManagerBase):
             old = self._sets.get(msg.id)
             if old is not None and old.set_type != msg.type:
                 self._tracker.delete_desired(ipset_name(msg.id, old.set_type))
+                self._programmed.discard(msg.id)
                 old = None
             entry = _SetMembers(msg.id, msg.type)
             entry.replace(msg.members, old)
@@ -221,11 +232,19 @@ class IPSetsManager(ManagerBase):
             if entry is not None:
                 self._tracker.delete_desired(ipset_name(msg.id, entry.set_type))
             self._dirty.discard(msg.id)
+            self._programmed.discard(msg.id)
         elif isinstance(msg, InSync):
             self._datastore_in_sync = True
 
     def _refresh_desired(self) -> None:
-        for set_id in self._dirty:
+        dirty = self._dirty
+        if self._only is not None:
+            wanted = {set_id for set_id in self._only() if set_id in self._sets}
+            for set_id in self._programmed - wanted:
+                self._tracker.delete_desired(ipset_name(set_id, self._sets[set_id].set_type))
+            dirty = (dirty & wanted) | (wanted - self._programmed)
+            self._programmed = wanted
+        for set_id in dirty:
             entry = self._sets.get(set_id)
             if entry is None:
                 continue

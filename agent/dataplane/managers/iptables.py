@@ -22,6 +22,20 @@ IP sets the rules reference are programmed by `IPSetsManager` (calc-graph sets) 
 `HostIPsManager` (`cali40this-host`, IPVS rules), which the loop applies BEFORE this manager
 (creates/fills) and finishes AFTER it (deletions).
 
+Host-endpoints-only mode (`host_endpoints_only=True`, what `linux_managers()` builds in BPF
+mode, where tc programs police workload interfaces): workload endpoint messages are ignored;
+no workload dispatch, endpoint or cali-wl-to-host chains and no IPVS rules are rendered;
+cali-FORWARD keeps only the applyOnForward host endpoint dispatch (which returns at once for
+workload interfaces), cali-INPUT hands pod->host packets back to INPUT (RETURN, or ACCEPT
+when DefaultEndpointToHostAction is Accept: the tc program already applied the pod's egress
+policy and the action, dropping on Drop) - so nothing here filters workload traffic a
+second time (`RuleRenderer.host_endpoint_only_chains`). Only the policies and profiles some
+host endpoint lists are rendered (a policy becomes rendered/removed when a host endpoint
+starts/stops listing it), and `referenced_ip_sets()` tells the IP-sets manager which sets
+their rules match. Everything else - host endpoint chains in all three tables, failsafes,
+VXLAN source rules, DefaultEndpointToHostAction / failsafe config updates - is as in
+iptables mode.
+
 Host endpoints: one per interface (`interfaceName`; "*" = every host interface; none = every
 interface carrying one of its `expectedIPs`). When two claim the same interface, the first
 by id wins (logged). Workload interfaces are never host endpoints.
@@ -47,6 +61,8 @@ from agent.dataplane.iptables.hostendpoints import (
     Failsafes,
     HostEndpointRenderer,
     default_failsafes,
+    host_endpoint_policy_ids,
+    host_endpoint_profile_ids,
     parse_failsafe_ports,
 )
 from agent.dataplane.iptables.names import IPSET_ALL_VXLAN, valid_iface_name
@@ -117,8 +133,11 @@ class IptablesManager(ManagerBase):
         runner: CommandRunner | None = None,
         failsafes: Failsafes | None = None,
         vxlan_port: int = 4789,
+        host_endpoints_only: bool = False,
     ) -> None:
         super().__init__()
+        # BPF mode: workloads are the tc programs' business (see the module docstring)
+        self.host_endpoints_only = host_endpoints_only
         self._runner = runner or NetnsCommandRunner(netns)
         self._vxlan_port = vxlan_port
         self._vxlan_sources: dict[str, str] = {}  # node -> its VTEP's parent IP
@@ -155,6 +174,11 @@ class IptablesManager(ManagerBase):
         self._heps_dirty = True
         self._ipvs = False
         self.active_host_endpoints: dict[str, HostEndpointID] = {}  # iface -> endpoint
+        # host-endpoints-only mode: the policies/profiles host endpoints list (only those
+        # are rendered), and the IP sets their rules use (None: to be recomputed)
+        self._hep_policy_ids: frozenset[PolicyID] = frozenset()
+        self._hep_profile_ids: frozenset[str] = frozenset()
+        self._hep_ip_sets: frozenset[str] | None = frozenset()
 
     # --- tables ------------------------------------------------------------------------------
 
@@ -180,6 +204,9 @@ class IptablesManager(ManagerBase):
     # --- on_update ---------------------------------------------------------------------------
 
     def on_update(self, msg: object) -> None:
+        if isinstance(msg, (ActivePolicyUpdate, ActivePolicyRemove, ActiveProfileUpdate,
+                            ActiveProfileRemove)):
+            self._hep_ip_sets = None
         if isinstance(msg, ActivePolicyUpdate):
             if msg.id not in self._policies:
                 self._all_endpoints_dirty = True
@@ -202,6 +229,9 @@ class IptablesManager(ManagerBase):
                 self._dirty_profiles.add(msg.id)
                 self._all_endpoints_dirty = True
                 self._heps_dirty = True
+        elif isinstance(msg, WorkloadEndpointUpdate | WorkloadEndpointRemove) \
+                and self.host_endpoints_only:
+            return  # the BPF programs police workloads
         elif isinstance(msg, WorkloadEndpointUpdate):
             if not valid_iface_name(msg.endpoint.name):
                 log.error("workload endpoint %s: interface name %r is invalid; endpoint ignored",
@@ -219,6 +249,7 @@ class IptablesManager(ManagerBase):
         elif isinstance(msg, HostEndpointRemove):
             if self._host_endpoints.pop(msg.id, None) is not None:
                 self._heps_dirty = True
+                self._host_endpoint_references_changed()
         elif isinstance(msg, InterfaceAddrsUpdate):
             self._on_addrs(msg)
         elif isinstance(msg, InterfaceUpdate):
@@ -253,6 +284,43 @@ class IptablesManager(ManagerBase):
             return
         self._host_endpoints[msg.id] = msg.endpoint
         self._heps_dirty = True
+        self._host_endpoint_references_changed()
+
+    def _host_endpoint_references_changed(self) -> None:
+        """Host-endpoints-only mode: policies/profiles that became (un)referenced are dirty
+        (rendered or removed at the next apply)."""
+        if not self.host_endpoints_only:
+            return
+        endpoints = self._host_endpoints.values()
+        policies = host_endpoint_policy_ids(endpoints)
+        profiles = host_endpoint_profile_ids(endpoints)
+        self._dirty_policies |= policies ^ self._hep_policy_ids
+        self._dirty_profiles |= profiles ^ self._hep_profile_ids
+        self._hep_policy_ids, self._hep_profile_ids = policies, profiles
+        self._hep_ip_sets = None
+
+    def _renders_policy(self, pid: PolicyID) -> bool:
+        return not self.host_endpoints_only or pid in self._hep_policy_ids
+
+    def _renders_profile(self, prof_id: str) -> bool:
+        return not self.host_endpoints_only or prof_id in self._hep_profile_ids
+
+    def referenced_ip_sets(self) -> frozenset[str]:
+        """Host-endpoints-only mode: ids of the calc-graph IP sets the rendered rules match
+        (the only sets `IPSetsManager(only=...)` programs). Pure: computed from on_update
+        state, so the IP-sets manager may ask before this manager's apply()."""
+        if self._hep_ip_sets is None:
+            rules = [rule
+                     for pid in self._hep_policy_ids if pid in self._policies
+                     for rule in (*self._policies[pid].inbound_rules,
+                                  *self._policies[pid].outbound_rules)]
+            rules += [rule
+                      for prof in self._hep_profile_ids if prof in self._profiles
+                      for rule in (*self._profiles[prof].inbound_rules,
+                                   *self._profiles[prof].outbound_rules)]
+            self._hep_ip_sets = frozenset(set_id for rule in rules
+                                          for set_id in rule.ip_set_ids())
+        return self._hep_ip_sets
 
     def _on_addrs(self, msg: InterfaceAddrsUpdate) -> None:
         if msg.addrs is None:
@@ -314,7 +382,7 @@ class IptablesManager(ManagerBase):
         self._dirty_policies.clear()
         table = self.table
         for prof_id in self._dirty_profiles:
-            profile = self._profiles.get(prof_id)
+            profile = self._profiles.get(prof_id) if self._renders_profile(prof_id) else None
             for chain in self._renderer.profile_chains(prof_id, profile or Profile()):
                 if profile is None:
                     table.remove_chain(chain.name)
@@ -323,7 +391,7 @@ class IptablesManager(ManagerBase):
         self._dirty_profiles.clear()
         dirty = set(self._endpoints) if self._all_endpoints_dirty else set()
         dirty |= self._dirty_endpoints
-        if self._dirty_endpoints:
+        if self._dirty_endpoints and not self.host_endpoints_only:
             self._set_dispatch()
         for ep_id in dirty:
             self._render_endpoint(ep_id)
@@ -334,9 +402,13 @@ class IptablesManager(ManagerBase):
 
     def _render_static(self) -> None:
         filter_table = self.table
-        self._set_dispatch()  # cali-FORWARD jumps to the dispatch chains: always present
+        workloads = not self.host_endpoints_only
+        if workloads:
+            self._set_dispatch()  # cali-FORWARD jumps to the dispatch chains: always present
         vxlan_port = self._vxlan_port if self._vxlan_sources else None
-        for chain in self._renderer.static_chains(ipvs=self._ipvs, vxlan_port=vxlan_port):
+        for chain in self._renderer.static_chains(ipvs=self._ipvs and workloads,
+                                                  vxlan_port=vxlan_port,
+                                                  workload_policy=workloads):
             filter_table.set_chain(chain)
         for base, rules in self._renderer.base_chain_inserts().items():
             filter_table.set_base_inserts(base, rules)
@@ -353,7 +425,7 @@ class IptablesManager(ManagerBase):
         self._static_dirty = False
 
     def _render_policy(self, pid: PolicyID) -> None:
-        policy = self._policies.get(pid)
+        policy = self._policies.get(pid) if self._renders_policy(pid) else None
         old_table = self._policy_tables.pop(pid, None)
         if old_table is not None and (policy is None or policy_table(policy) != old_table):
             for chain in self._renderer.policy_chains(pid, Policy()):

@@ -14,8 +14,9 @@ from agent.lab import naming
 from agent.lab.runstate import run_is_alive
 from tests.privileged.felix_extras.extras_lab import RootSnapshot
 
-# The dataplanes every lab test here runs on; "bpf" joins when the BPF dataplane exists.
-DATAPLANES = ["iptables"]
+# The dataplanes every lab test here runs on (in BPF mode host endpoints and failsafes are
+# iptables rules beside the tc programs: see agent/dataplane/linux.py).
+DATAPLANES = ["iptables", "bpf"]
 
 
 @pytest.fixture

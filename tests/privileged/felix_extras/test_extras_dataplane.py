@@ -213,12 +213,15 @@ def test_ipvs_service_address_is_not_host_traffic_and_egress_policy_still_applie
         workload.close()
 
 
+@pytest.mark.parametrize("mode", ["iptables", "bpf"])
 @pytest.mark.parametrize("backend", ["nft", "legacy"])
 def test_host_endpoint_chains_in_all_tables_load_into_the_kernel(namespaces: list[str],
-                                                                  backend: str) -> None:
+                                                                  backend: str,
+                                                                  mode: str) -> None:
     """raw (doNotTrack, CT --notrack), mangle (preDNAT), filter (normal, applyOnForward),
     failsafes, VXLAN source rules: the real iptables accepts them, and applying the same
-    state again runs no restore."""
+    state again runs no restore. In BPF mode (host endpoints only) the same, with no
+    workload chain in any table although a workload endpoint is known."""
     from agent.dataplane.iptables.restore import BACKENDS
     from agent.dataplane.managers.hostips import HostIPsManager
     from agent.dataplane.managers.iptables import IptablesManager
@@ -233,7 +236,8 @@ def test_host_endpoint_chains_in_all_tables_load_into_the_kernel(namespaces: lis
     ns = namespaces[0]
     runner = NetnsCommandRunner(ns)
     host_ips = HostIPsManager(runner=runner)
-    manager = IptablesManager(runner=runner, backend=backend)
+    manager = IptablesManager(runner=runner, backend=backend,
+                              host_endpoints_only=mode == "bpf")
     allow = (Rule(action="allow", protocol=6),)
     msgs = [
         ActivePolicyUpdate(PolicyID("default", "n"), Policy(inbound_rules=allow,
@@ -250,6 +254,8 @@ def test_host_endpoint_chains_in_all_tables_load_into_the_kernel(namespaces: lis
             untracked_tiers=(TierInfo("default", ingress_policies=("u",),
                                       egress_policies=("u",)),),
             pre_dnat_tiers=(TierInfo("default", ingress_policies=("p",)),))),
+        OPEN,
+        endpoint(),
         InSync(),
     ]
     for msg in msgs:
@@ -264,6 +270,12 @@ def test_host_endpoint_chains_in_all_tables_load_into_the_kernel(namespaces: lis
     filter_table = sh(ns, save, "-t", "filter")
     assert "cali-fhfw-eth0" in filter_table and "cali40all-vxlan-net" in filter_table
     assert "--dport 22" in filter_table  # failsafes
+    workload_chains = ("cali-tw-cali1", "cali-fw-cali1", "cali-from-wl-dispatch",
+                       "cali-wl-to-host")
+    if mode == "bpf":
+        assert not any(name in filter_table for name in workload_chains)
+    else:
+        assert all(name in filter_table for name in workload_chains)
     restores = manager.table.restore_calls
     manager.request_resync()
     manager.apply()

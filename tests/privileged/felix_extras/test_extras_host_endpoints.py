@@ -1,11 +1,19 @@
-"""Host endpoints and failsafes with a real agent in lab namespaces.
+"""Host endpoints and failsafes with a real agent in lab namespaces, on both dataplanes.
 
-node1's eth0 gets a host endpoint under a deny-all policy. From an external host on the
-underlay: the inbound failsafe port (tcp:22) of the node stays reachable, tcp:8080 is
-dropped; from the node: the outbound failsafe port (tcp:179) of the external host stays
-reachable, tcp:8081 is dropped; a pod's forwarded traffic through eth0 is unaffected (no
-applyOnForward policy). Failsafe ports changed in a FelixConfiguration apply live. A pod
-reaching its own node is subject to DefaultEndpointToHostAction (Drop, then Accept).
+In BPF mode the tc programs police the pods and iptables (host-endpoints-only) polices the
+host interfaces: these tests check that split from the outside.
+
+- Failsafes: node1's eth0 gets a host endpoint under a deny-all policy. From an external
+  host on the underlay: the inbound failsafe port (tcp:22) of the node stays reachable,
+  tcp:8080 is dropped; from the node: the outbound failsafe port (tcp:179) of the external
+  host stays reachable, tcp:8081 is dropped; a pod's forwarded traffic through eth0 is
+  unaffected (no applyOnForward policy). Failsafe ports changed in a FelixConfiguration
+  apply live, and Felix's defaults come back when it stops setting them.
+- Pod to its own node with DefaultEndpointToHostAction Accept (agent setting) under a
+  deny-all "*" host endpoint: the pod reaches the node (host endpoint policy never judges
+  workload traffic), the external host does not; the pod's egress policy still applies
+  first; pod-to-external traffic is forwarded untouched.
+- DefaultEndpointToHostAction switched live by a FelixConfiguration (Drop -> Accept).
 """
 
 from __future__ import annotations
@@ -36,10 +44,20 @@ HOST_ENDPOINT = {"apiVersion": CALICO, "kind": "HostEndpoint",
                  "metadata": {"name": "node1-eth0", "labels": {"role": "host"}},
                  "spec": {"node": "node1", "interfaceName": "eth0",
                           "expectedIPs": [NODE_IP]}}
+ALL_INTERFACES = {"apiVersion": CALICO, "kind": "HostEndpoint",
+                  "metadata": {"name": "node1-all", "labels": {"role": "host"}},
+                  "spec": {"node": "node1", "interfaceName": "*"}}
 DENY_ALL = {"apiVersion": CALICO, "kind": "GlobalNetworkPolicy",
             "metadata": {"name": "host-deny-all"},
             "spec": {"selector": "role == 'host'", "types": ["Ingress", "Egress"],
                      "ingress": [{"action": "Deny"}], "egress": [{"action": "Deny"}]}}
+POD_NO_EGRESS_TO_8080 = {
+    "apiVersion": CALICO, "kind": "GlobalNetworkPolicy",
+    "metadata": {"name": "pod-no-8080"},
+    "spec": {"selector": "projectcalico.org/namespace == 'x'", "types": ["Egress"],
+             "egress": [{"action": "Deny", "protocol": "TCP",
+                         "destination": {"ports": [8080]}},
+                        {"action": "Allow"}]}}
 
 
 def felix_config(**spec: object) -> dict:
@@ -74,13 +92,62 @@ def test_failsafe_ports_stay_reachable_under_deny_all_host_endpoint_policy(
             assert tcp_connect(ext.netns, NODE_IP, 8080)
             assert not tcp_connect(ext.netns, NODE_IP, 22)
 
-            # a pod talking to its own node: DefaultEndpointToHostAction
-            assert not tcp_connect(pod_ns, NODE_IP, 8080)  # Drop, the default
-            apply_and_sync(lab, [felix_config(defaultEndpointToHostAction="Accept")])
-            assert tcp_connect(pod_ns, NODE_IP, 8080)
-            # that FelixConfiguration no longer sets failsafes: back to Felix's defaults
+            # the FelixConfiguration no longer sets failsafes: back to Felix's defaults
+            apply_and_sync(lab, [felix_config(logSeverityScreen="Info")])
             assert tcp_connect(ext.netns, NODE_IP, 22)
             assert not tcp_connect(ext.netns, NODE_IP, 8080)
         finally:
             for server in servers:
                 server.close()
+
+
+@pytest.mark.parametrize("dataplane", DATAPLANES)
+def test_pod_reaches_its_node_under_deny_all_wildcard_host_endpoint_when_action_is_accept(
+        dataplane: str, root_unchanged: None) -> None:
+    env = {"FELIX_DEFAULTENDPOINTTOHOSTACTION": "Accept"}
+    with agent_lab(SCENARIO, dataplane, extra_env=env) as lab:
+        node_ns = lab.topology.nodes["node1"].netns
+        pod_ns = lab.topology.pods["x/a"].netns
+        ext = ExternalHost(lab, address=EXTERNAL, routes={"10.65.0.0/16": NODE_IP}).create()
+        servers = [RecordingServer(node_ns, port) for port in (8080, 8081)]
+        servers.append(RecordingServer(ext.netns, 8081))
+        try:
+            apply_and_sync(lab, [ALL_INTERFACES, DENY_ALL])
+            assert not tcp_connect(ext.netns, NODE_IP, 8080)  # "*" covers eth0
+            assert not tcp_connect(node_ns, EXTERNAL, 8081)
+            assert tcp_connect(pod_ns, NODE_IP, 8080)  # workload -> host: Accept
+            assert tcp_connect(pod_ns, EXTERNAL, 8081)  # forwarded through eth0
+
+            # the pod's own egress policy still decides first
+            apply_and_sync(lab, [POD_NO_EGRESS_TO_8080])
+            assert not tcp_connect(pod_ns, NODE_IP, 8080)
+            assert tcp_connect(pod_ns, NODE_IP, 8081)
+        finally:
+            for server in servers:
+                server.close()
+
+
+# The BPF compiler reads the FelixConfiguration key as "DefaultEndpointToHostAction" only,
+# while the datastore spells it "defaultEndpointToHostAction" (agent/bpf/compiler.py
+# `_config`, not this test's to fix): strict, so the fix makes this fail until removed.
+_LIVE_ACTION_DATAPLANES = [
+    pytest.param(d, marks=pytest.mark.xfail(
+        strict=True, reason="BPF compiler ignores the camelCase FelixConfiguration key"))
+    if d == "bpf" else d
+    for d in DATAPLANES
+]
+
+
+@pytest.mark.parametrize("dataplane", _LIVE_ACTION_DATAPLANES)
+def test_default_endpoint_to_host_action_switches_live(dataplane: str,
+                                                       root_unchanged: None) -> None:
+    with agent_lab(SCENARIO, dataplane) as lab:
+        node_ns = lab.topology.nodes["node1"].netns
+        pod_ns = lab.topology.pods["x/a"].netns
+        server = RecordingServer(node_ns, 8080)
+        try:
+            assert not tcp_connect(pod_ns, NODE_IP, 8080)  # Drop, the default
+            apply_and_sync(lab, [felix_config(defaultEndpointToHostAction="Accept")])
+            assert tcp_connect(pod_ns, NODE_IP, 8080)
+        finally:
+            server.close()
