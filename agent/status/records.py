@@ -34,6 +34,17 @@ class StatusRecordError(ValueError):
     """A stored status record does not parse; the message names the record and field."""
 
 
+def _json_object(text: str | bytes, where: str) -> dict[str, Any]:
+    """`text` parsed, when it is a JSON object; else a StatusRecordError naming `where`."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise StatusRecordError(f"{where}: not JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise StatusRecordError(f"{where}: not a JSON object")
+    return data
+
+
 def _field(data: dict[str, Any], name: str, kind: type, where: str) -> Any:
     value = data.get(name)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
@@ -60,12 +71,7 @@ class NodeStatus:
 
     @classmethod
     def from_json(cls, text: str | bytes, where: str = "node status") -> NodeStatus:
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise StatusRecordError(f"{where}: not JSON ({exc})") from exc
-        if not isinstance(data, dict):
-            raise StatusRecordError(f"{where}: not a JSON object")
+        data = _json_object(text, where)
         return cls(hostname=_field(data, "hostname", str, where),
                    timestamp=_field(data, "timestamp", float, where),
                    uptime=_field(data, "uptime", float, where),
@@ -95,12 +101,7 @@ class EndpointStatus:
 
     @classmethod
     def from_json(cls, text: str | bytes, where: str = "endpoint status") -> EndpointStatus:
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise StatusRecordError(f"{where}: not JSON ({exc})") from exc
-        if not isinstance(data, dict):
-            raise StatusRecordError(f"{where}: not a JSON object")
+        data = _json_object(text, where)
         return cls(hostname=_field(data, "hostname", str, where),
                    kind=_field(data, "kind", str, where),
                    endpoint=_field(data, "endpoint", str, where),
