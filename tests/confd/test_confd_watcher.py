@@ -3,11 +3,14 @@ in the running BIRD, and what the counters say."""
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import shutil
 import stat
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confd_fakes import (
@@ -179,17 +182,34 @@ def next_outcome(outcomes: queue.Queue[Outcome]) -> Outcome:
             return outcome
 
 
-def test_loop_reloads_after_in_sync_and_on_each_change(paths: tuple[Path, Path]) -> None:
-    reconciler, bird = make(paths)
+@contextlib.contextmanager
+def running_loop(reconciler: ConfdReconciler,
+                 **options: Any) -> Iterator[tuple[FakeSyncer, queue.Queue[Outcome]]]:
+    """A started ConfdLoop (debounce 0.01 s) on a FakeSyncer whose callbacks are set; yields
+    the syncer and the loop's outcomes; the loop is stopped when the block ends."""
     syncer = FakeSyncer()
     outcomes: queue.Queue[Outcome] = queue.Queue()
-    loop = ConfdLoop(syncer, reconciler, debounce=0.01, max_delay=0.1,
-                     on_outcome=outcomes.put)
+    loop = ConfdLoop(syncer, reconciler, debounce=0.01, on_outcome=outcomes.put, **options)
     loop.start()
     try:
         deadline = time.monotonic() + 5
         while syncer.callbacks is None and time.monotonic() < deadline:
             time.sleep(0.01)
+        yield syncer, outcomes
+    finally:
+        loop.stop()
+
+
+def outcome_after(outcomes: queue.Queue[Outcome], repeated: Outcome) -> Outcome:
+    """The first outcome that is not `repeated` (a failure the loop keeps retrying)."""
+    while (outcome := next_outcome(outcomes)) is repeated:
+        pass
+    return outcome
+
+
+def test_loop_reloads_after_in_sync_and_on_each_change(paths: tuple[Path, Path]) -> None:
+    reconciler, bird = make(paths)
+    with running_loop(reconciler, max_delay=0.1) as (syncer, outcomes):
         syncer.status(SyncStatus.RESYNC)
         syncer.send(*BASE)
         syncer.status(SyncStatus.IN_SYNC)
@@ -197,33 +217,19 @@ def test_loop_reloads_after_in_sync_and_on_each_change(paths: tuple[Path, Path])
         syncer.send(doc_block("b1", "node1", "10.65.1.0/26"))
         assert next_outcome(outcomes) is Outcome.RELOADED
         assert "route 10.65.1.0/26 blackhole;" in (bird.running_config or "")
-    finally:
-        loop.stop()
     assert syncer.stopped
 
 
 def test_loop_retries_a_failed_reload_without_a_new_change(paths: tuple[Path, Path]) -> None:
     reconciler, bird = make(paths)
     bird.down = True
-    syncer = FakeSyncer()
-    outcomes: queue.Queue[Outcome] = queue.Queue()
-    loop = ConfdLoop(syncer, reconciler, debounce=0.01, reload_retry_interval=0.05,
-                     on_outcome=outcomes.put)
-    loop.start()
-    try:
-        deadline = time.monotonic() + 5
-        while syncer.callbacks is None and time.monotonic() < deadline:
-            time.sleep(0.01)
+    with running_loop(reconciler, reload_retry_interval=0.05) as (syncer, outcomes):
         syncer.send(*BASE)
         syncer.status(SyncStatus.IN_SYNC)
         assert next_outcome(outcomes) is Outcome.RELOAD_FAILED
         bird.down = False
-        while (outcome := next_outcome(outcomes)) is Outcome.RELOAD_FAILED:
-            pass
-        assert outcome is Outcome.RELOADED
+        assert outcome_after(outcomes, Outcome.RELOAD_FAILED) is Outcome.RELOADED
         assert bird.running_config == paths[0].read_text()
-    finally:
-        loop.stop()
 
 
 def test_loop_survives_an_unexpected_error_and_retries(paths: tuple[Path, Path]) -> None:
@@ -231,22 +237,10 @@ def test_loop_survives_an_unexpected_error_and_retries(paths: tuple[Path, Path])
     blocker = paths[0].parent
     blocker.parent.mkdir(parents=True, exist_ok=True)
     blocker.write_text("a file where the config directory should be")  # staging fails
-    syncer = FakeSyncer()
-    outcomes: queue.Queue[Outcome] = queue.Queue()
-    loop = ConfdLoop(syncer, reconciler, debounce=0.01, reload_retry_interval=0.05,
-                     on_outcome=outcomes.put)
-    loop.start()
-    try:
-        deadline = time.monotonic() + 5
-        while syncer.callbacks is None and time.monotonic() < deadline:
-            time.sleep(0.01)
+    with running_loop(reconciler, reload_retry_interval=0.05) as (syncer, outcomes):
         syncer.send(*BASE)
         syncer.status(SyncStatus.IN_SYNC)
         assert next_outcome(outcomes) is Outcome.ERROR
         blocker.unlink()
-        while (outcome := next_outcome(outcomes)) is Outcome.ERROR:
-            pass
-        assert outcome is Outcome.RELOADED
+        assert outcome_after(outcomes, Outcome.ERROR) is Outcome.RELOADED
         assert bird.running_config == paths[0].read_text()
-    finally:
-        loop.stop()
