@@ -46,7 +46,7 @@ from agent.lab.netns import in_netns
 from agent.lab.runner import LabRunner
 from agent.lab.scenario import parse_scenario
 
-REPLY_TIMEOUT_S = 2.0
+REPLY_TIMEOUT_S = 3.0
 MESSAGE_INTERVAL_S = 0.02
 DOWN_SECONDS = 1.0
 
@@ -201,7 +201,7 @@ class RestartResult:
 class RestartExperiment:
     """One run of the experiment in the module docstring."""
 
-    def __init__(self, dataplane: str = "bpf", *, probe_timeout: float = 0.5) -> None:
+    def __init__(self, dataplane: str = "bpf", *, probe_timeout: float = 1.5) -> None:
         self.dataplane = dataplane
         self.probe_timeout = probe_timeout
         self.scenario = parse_scenario(SCENARIO, source="<restart benchmark>")

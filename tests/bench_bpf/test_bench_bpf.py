@@ -83,6 +83,6 @@ def test_dataplane_compare_figures(leaves_nothing):
 @pytest.mark.privileged
 def test_restart_figures(leaves_nothing):
     f = quick("restart")
-    assert f["established_flow_resets"] == 0
-    assert f["stale_policy_removed"] == 1 and f["new_connections_allowed"] == 1
-    assert f["messages_while_down"] > 0 and f["resync_seconds"] > 0
+    assert f["established_flow_resets"] == 0, f
+    assert f["stale_policy_removed"] == 1 and f["new_connections_allowed"] == 1, f
+    assert f["messages_while_down"] > 0 and f["resync_seconds"] > 0, f
