@@ -3,12 +3,15 @@
 
 Only kinds every backend can hold: Calico CRD kinds (policies, network sets, an IP pool)
 and Kubernetes' own (namespaces, service accounts, pods on two nodes, a NetworkPolicy).
+`write_file_datastore(directory)` writes it as the reference file datastore;
 `calc_summary(syncer, hostname)` runs a started-to-in-sync pipeline over any syncer, as
 `agent.calc.snapshot.compute` does for non-file datastores.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from agent.calc.dataplane_state import DataplaneState
@@ -95,6 +98,16 @@ PODS = (
     _pod("client-1", "shop", "node-b", "10.65.1.2", "client"),
     _pod("console", "admin", "node-b", "10.65.1.3", "console"),
 )
+
+
+def write_file_datastore(directory: Path) -> Path:
+    """The scenario as a file datastore: `directory/resources` holding cluster.yaml (the
+    documents of SCENARIO_YAML) and pods.json (PODS)."""
+    resources = directory / "resources"
+    resources.mkdir()
+    (resources / "cluster.yaml").write_text(SCENARIO_YAML)
+    (resources / "pods.json").write_text("\n".join(json.dumps(p) for p in PODS))
+    return resources
 
 
 def calc_summary(syncer: Syncer, hostname: str = HOSTNAME,

@@ -6,7 +6,6 @@ tests/fakes_kube, which serves it over the real list/watch protocol.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import yaml
@@ -15,16 +14,19 @@ from agent.calc.snapshot import compute
 from agent.syncer.kube import KubeSyncer
 from agent.syncer.kube_api import KubeAPI
 from agent.syncer.kube_resources import to_crd_object
-from tests.fakes_kube.calc_scenario import HOSTNAME, PODS, SCENARIO_YAML, calc_summary
+from tests.fakes_kube.calc_scenario import (
+    HOSTNAME,
+    PODS,
+    SCENARIO_YAML,
+    calc_summary,
+    write_file_datastore,
+)
 from tests.fakes_kube.server import FakeKubeAPIServer
 
 
 def test_same_calc_output_as_the_file_datastore(fake_kube: FakeKubeAPIServer,
                                                 kube_api: KubeAPI, tmp_path: Path) -> None:
-    resources = tmp_path / "resources"
-    resources.mkdir()
-    (resources / "cluster.yaml").write_text(SCENARIO_YAML)
-    (resources / "pods.json").write_text("\n".join(json.dumps(p) for p in PODS))
+    resources = write_file_datastore(tmp_path)
     expected = compute(str(resources), HOSTNAME).summary
     assert expected["endpoints"] and expected["ipsets"]  # a scenario with substance
 

@@ -3,7 +3,6 @@ datastore holding the same resources (tests/fakes_kube/calc_scenario.py)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -13,17 +12,14 @@ from agent.syncer.etcd import EtcdSyncer
 from agent.syncer.etcd_store import EtcdDatastore
 from agent.syncer.file import load_path
 from agent.validator import validate_document
-from tests.fakes_kube.calc_scenario import HOSTNAME, PODS, SCENARIO_YAML, calc_summary
+from tests.fakes_kube.calc_scenario import HOSTNAME, calc_summary, write_file_datastore
 from tests.privileged.etcd.etcd_server import EtcdServer
 
 pytestmark = pytest.mark.privileged
 
 
 def test_same_calc_output_as_the_file_datastore(etcd: EtcdServer, tmp_path: Path) -> None:
-    resources = tmp_path / "resources"
-    resources.mkdir()
-    (resources / "cluster.yaml").write_text(SCENARIO_YAML)
-    (resources / "pods.json").write_text("\n".join(json.dumps(p) for p in PODS))
+    resources = write_file_datastore(tmp_path)
     expected = compute(str(resources), HOSTNAME).summary
     assert expected["endpoints"] and expected["ipsets"]  # a scenario with substance
 

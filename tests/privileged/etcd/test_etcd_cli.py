@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
-from tests.fakes_kube.calc_scenario import HOSTNAME, PODS, SCENARIO_YAML
+from tests.fakes_kube.calc_scenario import HOSTNAME, write_file_datastore
 from tests.privileged.etcd.etcd_server import EtcdServer
 from tests.privileged.etcd.etcd_testlib import etcd_contents
 
@@ -48,10 +48,7 @@ def test_apply_get_delete_and_calc_match_the_file_datastore(
     assert "GlobalNetworkPolicy(broken)" in result.output and "spec.selector" in result.output
     assert etcd_contents(etcd.writer_config()) == {}
 
-    resources = tmp_path / "resources"
-    resources.mkdir()
-    (resources / "cluster.yaml").write_text(SCENARIO_YAML)
-    (resources / "pods.json").write_text("\n".join(json.dumps(p) for p in PODS))
+    resources = write_file_datastore(tmp_path)
     result = runner.invoke(cli, ["apply", "-f", str(resources), "--datastore", url])
     assert result.exit_code == 0, result.output
     assert "Pod(shop/web-1) created" in result.output
