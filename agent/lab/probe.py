@@ -15,7 +15,8 @@ Verdicts:
   port-unreachable (seen as ECONNREFUSED) or when the deadline passes.
 
 The verdicts on a bound socket (`tcp_echo_verdict`, `udp_echo_verdict`, `deny_for`) are
-shared with the conformance suite's probes (`agent.lab.conformance.probes`).
+shared with the conformance suite's probes (`agent.lab.conformance.probes`), and the bounded
+pool (`check_sources`, `run_bounded`) with its `MatrixProber`.
 
 Invariants: every probe ends within its timeout (plus scheduling slack); at most
 `max_workers` probes run at once; a batch is therefore bounded by
@@ -31,9 +32,10 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from agent.lab.netns import in_netns
 from agent.lab.scenario import ProbeSpec
@@ -43,6 +45,8 @@ DEFAULT_MAX_WORKERS = 32
 UDP_ATTEMPTS = 3
 ALLOW = "allow"
 DENY = "deny"
+ItemT = TypeVar("ItemT")
+ResultT = TypeVar("ResultT")
 
 
 @dataclass(frozen=True)
@@ -123,19 +127,9 @@ class Prober:
         self.max_workers = max(1, max_workers)
 
     def run(self, probes: Sequence[ProbeSpec], step: int = 0) -> list[ProbeResult]:
-        if not probes:
-            return []
-        unknown = sorted({p.source for p in probes} - set(self.pod_netns))
-        if unknown:
-            raise ValueError(f"probe sources are not pods of this lab: {unknown}")
-        workers = min(self.max_workers, len(probes))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lab-probe") as pool:
-            futures = [pool.submit(self.probe_once, p, step) for p in probes]
-            try:
-                return [f.result() for f in futures]
-            except BaseException:
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise
+        check_sources((p.source for p in probes), self.pod_netns)
+        return run_bounded(probes, lambda probe: self.probe_once(probe, step),
+                           max_workers=self.max_workers, thread_name_prefix="lab-probe")
 
     def probe_once(self, probe: ProbeSpec, step: int = 0) -> ProbeResult:
         started = time.monotonic()
@@ -153,6 +147,29 @@ class Prober:
         finally:
             sock.close()
         return ProbeResult(probe, step, verdict, detail, time.monotonic() - started)
+
+
+def check_sources(sources: Iterable[str], pod_netns: Mapping[str, str]) -> None:
+    """ValueError naming every source that is not a pod of the lab."""
+    unknown = sorted(set(sources) - set(pod_netns))
+    if unknown:
+        raise ValueError(f"probe sources are not pods of this lab: {unknown}")
+
+
+def run_bounded(items: Sequence[ItemT], work: Callable[[ItemT], ResultT], *, max_workers: int,
+                thread_name_prefix: str) -> list[ResultT]:
+    """`work(item)` for every item, at most `max_workers` at once, results in item order.
+    The first exception raised cancels the items not started yet and is raised."""
+    if not items:
+        return []
+    workers = min(max_workers, len(items))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=thread_name_prefix) as pool:
+        futures = [pool.submit(work, item) for item in items]
+        try:
+            return [f.result() for f in futures]
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
 
 
 def remaining(deadline: float) -> float:

@@ -19,12 +19,12 @@ from __future__ import annotations
 import ipaddress
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from agent.lab.conformance.case import Case
 from agent.lab.conformance.probes import ALLOW, DENY, FlowIds, probe_icmp, probe_tcp, probe_udp
 from agent.lab.conformance.world import ALL_POD_KEYS, Column, pod_ip
+from agent.lab.probe import check_sources, run_bounded
 
 DEFAULT_MAX_WORKERS = 96
 
@@ -97,19 +97,9 @@ class MatrixProber:
         self.flow_ids = FlowIds()
 
     def run(self, cells: Sequence[Cell]) -> list[CellResult]:
-        if not cells:
-            return []
-        unknown = sorted({c.source for c in cells} - set(self.pod_netns))
-        if unknown:
-            raise ValueError(f"probe sources are not pods of this lab: {unknown}")
-        workers = min(self.max_workers, len(cells))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="conformance") as pool:
-            futures = [pool.submit(self.probe, cell) for cell in cells]
-            try:
-                return [f.result() for f in futures]
-            except BaseException:
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise
+        check_sources((c.source for c in cells), self.pod_netns)
+        return run_bounded(cells, self.probe, max_workers=self.max_workers,
+                           thread_name_prefix="conformance")
 
     def probe(self, cell: Cell) -> CellResult:
         netns = self.pod_netns[cell.source]
