@@ -163,24 +163,23 @@ def normalise_ip(text: str) -> str | None:
         return None
 
 
-def parse_network(text: Any, fields: Fields, key: str) -> Network:
-    """Like `parse_net`, returning the `ipaddress` network object."""
+def _parse_cidr(text: Any, fields: Fields, key: str) -> tuple[str, Network]:
     if not isinstance(text, str):
         fields.fail(key, f"expected a CIDR string, got {type(text).__name__}")
     parsed = cached_network(text)
     if parsed is None:
         fields.fail(key, f"invalid CIDR {text[:60]!r}")
-    return parsed[1]
+    return parsed
+
+
+def parse_network(text: Any, fields: Fields, key: str) -> Network:
+    """Like `parse_net`, returning the `ipaddress` network object."""
+    return _parse_cidr(text, fields, key)[1]
 
 
 def parse_net(text: Any, fields: Fields, key: str) -> str:
     """A CIDR or bare address, normalised to its network (`10.0.0.5/24` -> `10.0.0.0/24`)."""
-    if not isinstance(text, str):
-        fields.fail(key, f"expected a CIDR string, got {type(text).__name__}")
-    parsed = cached_network(text)
-    if parsed is None:
-        fields.fail(key, f"invalid CIDR {text[:60]!r}")
-    return parsed[0]
+    return _parse_cidr(text, fields, key)[0]
 
 
 def parse_port(value: object, fields: Fields, key: str) -> Port:
