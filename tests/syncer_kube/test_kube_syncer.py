@@ -67,6 +67,18 @@ def _relists(resource: ResourceType) -> float:
                                      {"resource": str(resource)}) or 0.0
 
 
+def _lists(fake: FakeKubeAPIServer, path: str) -> list[dict[str, str]]:
+    """The query of every list (GET without watch) of `path` the fake server received."""
+    return [q for method, p, q in fake.requests
+            if method == "GET" and p == path and "watch" not in q]
+
+
+def _watches(fake: FakeKubeAPIServer, path: str) -> list[dict[str, str]]:
+    """The query of every watch of `path` the fake server received."""
+    return [q for method, p, q in fake.requests
+            if method == "GET" and p == path and q.get("watch") == "true"]
+
+
 def _populate(fake: FakeKubeAPIServer) -> None:
     cluster = fake.cluster
     cluster.put_object({"apiVersion": "v1", "kind": "Namespace",
@@ -122,8 +134,7 @@ def test_list_in_pages_converts_every_type(fake_kube: FakeKubeAPIServer,
     assert recorder.state[ResourceKey("NetworkPolicy", "shop", "allow-db")]["metadata"] == {
         "name": "allow-db", "namespace": "shop"}
     # The pods were listed in pages of 2, following continue tokens.
-    pod_lists = [q for method, path, q in fake_kube.requests
-                 if method == "GET" and path == "/api/v1/pods" and "watch" not in q]
+    pod_lists = _lists(fake_kube, "/api/v1/pods")
     assert [q.get("limit") for q in pod_lists] == ["2", "2", "2"]
     assert [bool(q.get("continue")) for q in pod_lists] == [False, True, True]
     assert all(len(recorder.updates_of(key)) == 1 for key in recorder.state)
@@ -136,8 +147,7 @@ def test_watch_follows_changes_from_the_list_resource_version(
     list_version = fake_kube.cluster.version
     syncer, recorder = start_kube_syncer()
     recorder.wait_in_sync()
-    pod_watches = [q for method, path, q in fake_kube.requests
-                   if path == "/api/v1/pods" and q.get("watch") == "true"]
+    pod_watches = _watches(fake_kube, "/api/v1/pods")
     assert pod_watches[0]["resourceVersion"] == str(list_version)
     assert pod_watches[0]["allowWatchBookmarks"] == "true"
 
@@ -220,9 +230,7 @@ def test_expired_continue_token_restarts_the_list(fake_kube: FakeKubeAPIServer,
     def compact_once_after_a_pod_page() -> None:
         if compactions:
             return
-        pod_pages = [1 for method, path, q in fake_kube.requests
-                     if path == "/api/v1/pods" and "watch" not in q]
-        if pod_pages:
+        if _lists(fake_kube, "/api/v1/pods"):
             fake_kube.cluster.put_object(pod("web-added-while-paging", "node-a", "10.65.0.77"))
             compactions.append(fake_kube.cluster.compact())
 
@@ -230,8 +238,7 @@ def test_expired_continue_token_restarts_the_list(fake_kube: FakeKubeAPIServer,
     _, recorder = start_kube_syncer(page_size=2)
     recorder.wait_in_sync()
     assert compactions
-    pod_lists = [q for method, path, q in fake_kube.requests
-                 if path == "/api/v1/pods" and "watch" not in q]
+    pod_lists = _lists(fake_kube, "/api/v1/pods")
     # The second page's token had expired: the list started over without a token.
     assert [bool(q.get("continue")) for q in pod_lists][:3] == [False, True, False]
     assert pod_key("web-added-while-paging") in recorder.state
@@ -268,8 +275,7 @@ def test_bookmarks_move_the_resume_point_and_avoid_a_relist(
                                   "metadata": {"name": "late"}})
     recorder.wait_for(lambda r: ResourceKey("Namespace", "", "late") in r.state, "late")
     assert _relists(NAMESPACES) == relists
-    resumed = [q for method, path, q in fake_kube.requests
-               if path == "/api/v1/namespaces" and q.get("watch") == "true"]
+    resumed = _watches(fake_kube, "/api/v1/namespaces")
     assert resumed[-1]["resourceVersion"] == str(current)
     assert recorder.duplicates() == []
 
@@ -284,8 +290,7 @@ def test_broken_stream_resumes_from_the_last_resource_version(
     fake_kube.break_watches()
     fake_kube.cluster.put_object(pod("after-break", "node-a", "10.65.3.2"))
     recorder.wait_for(lambda r: pod_key("after-break") in r.state, "after-break")
-    resumed = [q for method, path, q in fake_kube.requests
-               if path == "/api/v1/pods" and q.get("watch") == "true"]
+    resumed = _watches(fake_kube, "/api/v1/pods")
     assert stored["metadata"]["resourceVersion"] in [q["resourceVersion"] for q in resumed]
     assert recorder.statuses == [SyncStatus.WAIT_FOR_DATASTORE, SyncStatus.RESYNC,
                                  SyncStatus.IN_SYNC]
