@@ -326,3 +326,46 @@ def test_table_remove_all_takes_out_every_chain_and_insert_of_ours_only() -> Non
     assert h.cmds.iptables.user_chains() == set()
     assert h.cmds.iptables.chains["FORWARD"] == ["-j ACCEPT"]
     assert h.cmds.iptables.chains["INPUT"] == []
+
+
+def test_ipsets_only_mode_programs_the_wanted_sets_and_follows_the_selection() -> None:
+    """BPF mode's IP-sets manager: `only` picks the sets in the kernel; the rest are kept
+    (deltas included) and appear whole when wanted; unwanted ones go in phase 2."""
+    from agent.dataplane.managers.ipsets import IPSetsManager
+
+    cmds = FakeCommands()
+    wanted: set[str] = {"a"}
+    m = IPSetsManager(runner=cmds, only=lambda: wanted)
+
+    def run(*msgs: object) -> None:
+        for msg in msgs:
+            m.on_update(msg)
+        m.apply()
+        m.finish_apply()
+
+    def kernel() -> dict[str, set[str]]:
+        return {n: cmds.ipset.members(n) for n in cmds.ipset.sets}
+
+    a, b = ipset_name("a", "net"), ipset_name("b", "net")
+    run(IPSetUpdate("a", "net", frozenset({"10.0.0.1"})),
+        IPSetUpdate("b", "net", frozenset({"10.0.0.2", "10.0.0.3"})), InSync())
+    assert kernel() == {a: {"10.0.0.1"}}
+    writes = cmds.ipset.restore_calls
+    run(IPSetDeltaUpdate("b", added=frozenset({"10.0.0.4/32"}),
+                         removed=frozenset({"10.0.0.2"})))
+    assert cmds.ipset.restore_calls == writes  # an unwanted set: nothing written
+    wanted.clear()
+    wanted.add("b")
+    run()
+    assert kernel() == {b: {"10.0.0.3", "10.0.0.4"}}
+    # a wanted set changing type is recreated under its new name; removal takes it out
+    run(IPSetUpdate("b", "ip_port", frozenset({"10.0.0.3,tcp:80"})))
+    assert kernel() == {ipset_name("b", "ip_port"): {"10.0.0.3,tcp:80"}}
+    run(IPSetRemove("b"), IPSetRemove("a"))
+    assert kernel() == {}
+    wanted.add("a")
+    run()  # removed sets stay removed even when still wanted
+    assert kernel() == {}
+    writes = cmds.ipset.restore_calls
+    run()
+    assert cmds.ipset.restore_calls == writes

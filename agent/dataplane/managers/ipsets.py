@@ -13,8 +13,9 @@ Two phases, in Felix's order around the iptables rules:
 
 `only` (BPF mode): a callable returning the ids of the sets to program - the iptables
 manager's `referenced_ip_sets()`, the sets its host endpoint rules match. Every set is still
-tracked (a set becoming referenced is programmed whole at once); the others are not in the
-kernel (the BPF programs keep their own copy in the `ipsets` map), and a set no longer
+tracked (a set becoming referenced is programmed whole at once), but only the referenced
+ones are normalised and in the kernel (the BPF programs keep their own copy in the `ipsets`
+map); updates to the others cost a Python set operation and write nothing. A set no longer
 referenced is destroyed in phase 2 like a removed one.
 
 Normalisation: members are kept in the form `ipset save` prints, so desired and actual
@@ -195,7 +196,9 @@ class IPSetsManager(ManagerBase):
         self._max_size = max_size
         self._sets: dict[str, _SetMembers] = {}  # set id -> members, normalised as they come
         self._dirty: set[str] = set()
-        self._programmed: set[str] = set()  # with `only`: ids of the sets programmed
+        # with `only`: the sets not programmed, as received (set id -> type, raw members);
+        # normalised only once wanted. Every set is in exactly one of _sets / _unprogrammed.
+        self._unprogrammed: dict[str, tuple[str, set[str]]] = {}
         self._tracker: DeltaTracker[str, IPSetState] = DeltaTracker()
         self.skipped_ipv6 = 0
         self.restore_calls = 0
@@ -208,16 +211,23 @@ class IPSetsManager(ManagerBase):
                 log.error("IPSetUpdate %s: type %r is not net or ip_port; set ignored",
                           msg.id, msg.type)
                 return
+            if self._only is not None and msg.id not in self._sets:
+                self._unprogrammed[msg.id] = (msg.type, set(msg.members))
+                return
             old = self._sets.get(msg.id)
             if old is not None and old.set_type != msg.type:
                 self._tracker.delete_desired(ipset_name(msg.id, old.set_type))
-                self._programmed.discard(msg.id)
                 old = None
             entry = _SetMembers(msg.id, msg.type)
             entry.replace(msg.members, old)
             self._sets[msg.id] = entry
             self._dirty.add(msg.id)
         elif isinstance(msg, IPSetDeltaUpdate):
+            unprogrammed = self._unprogrammed.get(msg.id)
+            if unprogrammed is not None:
+                unprogrammed[1].difference_update(msg.removed)
+                unprogrammed[1].update(msg.added)
+                return
             entry = self._sets.get(msg.id)
             if entry is None:
                 log.error("IPSetDeltaUpdate %s: unknown set; ignored", msg.id)
@@ -232,19 +242,30 @@ class IPSetsManager(ManagerBase):
             if entry is not None:
                 self._tracker.delete_desired(ipset_name(msg.id, entry.set_type))
             self._dirty.discard(msg.id)
-            self._programmed.discard(msg.id)
+            self._unprogrammed.pop(msg.id, None)
         elif isinstance(msg, InSync):
             self._datastore_in_sync = True
 
+    def _select_programmed(self, wanted: Collection[str]) -> None:
+        """`only` mode: move sets between programmed (normalised, desired in the kernel) and
+        not (raw, absent from the kernel) as `wanted` says."""
+        wanted = set(wanted)
+        for set_id in [i for i in self._sets if i not in wanted]:
+            entry = self._sets.pop(set_id)
+            self._tracker.delete_desired(ipset_name(set_id, entry.set_type))
+            self._unprogrammed[set_id] = (entry.set_type, set(entry.raw))
+        for set_id in wanted:
+            unprogrammed = self._unprogrammed.pop(set_id, None)
+            if unprogrammed is not None:
+                entry = _SetMembers(set_id, unprogrammed[0])
+                entry.replace(frozenset(unprogrammed[1]), None)
+                self._sets[set_id] = entry
+                self._dirty.add(set_id)
+
     def _refresh_desired(self) -> None:
-        dirty = self._dirty
         if self._only is not None:
-            wanted = {set_id for set_id in self._only() if set_id in self._sets}
-            for set_id in self._programmed - wanted:
-                self._tracker.delete_desired(ipset_name(set_id, self._sets[set_id].set_type))
-            dirty = (dirty & wanted) | (wanted - self._programmed)
-            self._programmed = wanted
-        for set_id in dirty:
+            self._select_programmed(self._only())
+        for set_id in self._dirty:
             entry = self._sets.get(set_id)
             if entry is None:
                 continue
