@@ -128,9 +128,6 @@ class ActiveRulesCalculator:
     def active_profiles(self) -> list[str]:
         return sorted(self._active_profiles)
 
-    def endpoints_matching(self, policy: ResourceKey) -> list[ResourceKey]:
-        return sorted(self._selector_index.matches_of_selector(policy))
-
     # --- internals ----------------------------------------------------------------------
 
     def _on_labels(self, endpoint: Any, labels: dict[str, str] | None) -> None:

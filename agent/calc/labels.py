@@ -98,9 +98,6 @@ class LabelInheritIndex:
         for item in list(self._items_of_parent.get(parent, ())):
             self._recalculate(item)
 
-    def labels_of(self, item: Hashable) -> Labels | None:
-        return self._effective.get(item)
-
     def items(self) -> dict[Hashable, Labels]:
         return dict(self._effective)
 

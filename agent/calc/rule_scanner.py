@@ -246,9 +246,6 @@ class RuleScanner:
         self._sink.on_profile_remove(name)
         self._update_owner(owner, {})
 
-    def active_ip_sets(self) -> dict[str, IPSetSpec]:
-        return dict(sorted(self._specs.items()))
-
     def _update_owner(self, owner: object, ip_sets: dict[str, IPSetSpec]) -> None:
         old = self._sets_of_owner.get(owner, frozenset())
         new = frozenset(ip_sets)

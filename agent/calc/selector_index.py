@@ -128,15 +128,6 @@ class SelectorIndex:
     def matches_of_item(self, item: Hashable) -> frozenset:
         return frozenset(self._matches_of_item.get(item, ()))
 
-    def labels_of(self, item: Hashable) -> Mapping[str, str] | None:
-        return self._items.get(item)
-
-    def selector_ids(self) -> list[Hashable]:
-        return list(self._selectors)
-
-    def anchor_of(self, sel_id: Hashable) -> Anchor | None:
-        return self._anchors.get(sel_id)
-
     def __len__(self) -> int:
         return len(self._items)
 

@@ -92,9 +92,6 @@ class EntityRule:
     def named_ports(self) -> tuple[Port, ...]:
         return tuple(p for p in self.ports if p.name)
 
-    def not_named_ports(self) -> tuple[Port, ...]:
-        return tuple(p for p in self.not_ports if p.name)
-
 
 @dataclass(frozen=True)
 class Rule:

@@ -53,11 +53,6 @@ def compile_evaluator(node: Node) -> Evaluator:
     return function
 
 
-def generated_source(node: Node) -> str:
-    """The expression `compile_evaluator` compiles (for debugging and the CLI)."""
-    return _emit(node, {})
-
-
 def _emit(node: Node, constants: dict[str, object]) -> str:
     match node:
         case All():

@@ -104,7 +104,6 @@ KINDS: tuple[KindInfo, ...] = (
              "kubernetesnetworkpolicies", True),
 )
 
-_KIND_BY_KEY_KIND = {info.kind: info for info in KINDS}
 _KIND_BY_NAME: dict[str, KindInfo] = {}
 for _info in KINDS:
     _KIND_BY_NAME[_info.kind.lower()] = _info
@@ -120,10 +119,6 @@ def resolve_kind(text: str) -> KindInfo:
         raise DatastoreClientError(f"unknown resource kind {text!r}; known kinds: {known} "
                                    "(singular or plural, any case)")
     return info
-
-
-def kind_info(key_kind: str) -> KindInfo | None:
-    return _KIND_BY_KEY_KIND.get(key_kind)
 
 
 def minimal_validate(doc: Mapping[str, Any]) -> None:

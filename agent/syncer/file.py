@@ -404,9 +404,6 @@ class DatastoreTree:
                                            "last good contents (if any) stay in effect")
         return True, parse_text(path, text)
 
-    def known_files(self) -> list[str]:
-        return sorted(self._records, key=path_order)
-
 
 # --------------------------------------------------------------------------------------------
 # Merging files into one keyed view
@@ -603,9 +600,6 @@ class _InotifyWatcher:
     @property
     def root_watched(self) -> bool:
         return self._tree.watch_root in self._wd_of_dir
-
-    def watched_directories(self) -> list[str]:
-        return sorted(self._wd_of_dir)
 
     def _watch_root(self) -> None:
         if self._tree.single_file:
