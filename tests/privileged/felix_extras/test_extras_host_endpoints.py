@@ -14,6 +14,9 @@ host interfaces: these tests check that split from the outside.
   workload traffic), the external host does not; the pod's egress policy still applies
   first; pod-to-external traffic is forwarded untouched.
 - DefaultEndpointToHostAction switched live by a FelixConfiguration (Drop -> Accept).
+- The other host endpoint policy kinds on eth0, seen from the external host: a doNotTrack
+  deny of one port (not a source-only deny, so beyond what XDP drops), a preDNAT deny and
+  an applyOnForward deny of ports of a pod behind the node; other ports pass.
 """
 
 from __future__ import annotations
@@ -58,6 +61,18 @@ POD_NO_EGRESS_TO_8080 = {
              "egress": [{"action": "Deny", "protocol": "TCP",
                          "destination": {"ports": [8080]}},
                         {"action": "Allow"}]}}
+
+
+
+
+def host_policy(name: str, ingress: list[dict], **flags: bool) -> dict:
+    return {"apiVersion": CALICO, "kind": "GlobalNetworkPolicy", "metadata": {"name": name},
+            "spec": {"selector": "role == 'host'", "types": ["Ingress"], "ingress": ingress,
+                     **flags}}
+
+
+def deny_port(port: int) -> dict:
+    return {"action": "Deny", "protocol": "TCP", "destination": {"ports": [port]}}
 
 
 def felix_config(**spec: object) -> dict:
@@ -151,3 +166,39 @@ def test_default_endpoint_to_host_action_switches_live(dataplane: str,
             assert tcp_connect(pod_ns, NODE_IP, 8080)
         finally:
             server.close()
+
+
+@pytest.mark.parametrize("dataplane", DATAPLANES)
+def test_do_not_track_pre_dnat_and_apply_on_forward_host_endpoint_policy(
+        dataplane: str, root_unchanged: None) -> None:
+    pod_ip = SCENARIO["pods"][0]["ip"]  # type: ignore[index]
+    with agent_lab(SCENARIO, dataplane) as lab:
+        node_ns = lab.topology.nodes["node1"].netns
+        pod_ns = lab.topology.pods["x/a"].netns
+        ext = ExternalHost(lab, address=EXTERNAL, routes={"10.65.0.0/16": NODE_IP}).create()
+        servers = [RecordingServer(node_ns, port) for port in (9000, 9001)]
+        servers += [RecordingServer(pod_ns, port) for port in (8082, 8083, 8084)]
+        try:
+            allow_all = {"apiVersion": CALICO, "kind": "GlobalNetworkPolicy",
+                         "metadata": {"name": "host-allow-all", },
+                         "spec": {"selector": "role == 'host'", "order": 1000,
+                                  "types": ["Ingress", "Egress"],
+                                  "ingress": [{"action": "Allow"}],
+                                  "egress": [{"action": "Allow"}]}}
+            apply_and_sync(lab, [
+                HOST_ENDPOINT, allow_all,
+                host_policy("untracked-no-9000", [deny_port(9000)], doNotTrack=True,
+                            applyOnForward=True),
+                host_policy("pre-dnat-no-8082", [deny_port(8082)], preDNAT=True,
+                            applyOnForward=True),
+                host_policy("forward-no-8084", [deny_port(8084), {"action": "Allow"}],
+                            applyOnForward=True),
+            ])
+            assert not tcp_connect(ext.netns, NODE_IP, 9000)  # raw table
+            assert tcp_connect(ext.netns, NODE_IP, 9001)
+            assert not tcp_connect(ext.netns, pod_ip, 8082)  # mangle, before routing
+            assert tcp_connect(ext.netns, pod_ip, 8083)
+            assert not tcp_connect(ext.netns, pod_ip, 8084)  # filter FORWARD
+        finally:
+            for server in servers:
+                server.close()
