@@ -33,8 +33,11 @@ Figures (one run; the run is long, so no repeats):
 With `BenchSettings.quick()` (tests, `pyfelix bench --quick`) the plan shrinks to a few
 clients and endpoints; the figures then only show that the path works.
 
-Both processes and etcd share the machine's 2 cores: the clients' decoding competes with
-the server.
+The simulated clients run in `client_processes` processes (2), each with an asyncio loop
+driving the real client's protocol pieces (see `_SimulatedClients`), with the cyclic
+garbage collector off (see `_client_worker`). They, the server,
+etcd and the writer share the machine's 2 cores: the clients' decoding competes with the
+server, so the figures are an upper bound of what the server alone would show.
 """
 
 from __future__ import annotations
@@ -481,6 +484,11 @@ def _client_worker(port: int, names: list[str], wave: int, sync_timeout: float,
     """A client process: connect `names` in waves, report ("ready", n) or ("failed", why);
     then on ("drain", final generations, timeout) wait for them and report
     ("done", latencies, errors)."""
+    # 250 clients' state in one process makes each cyclic-GC pass cost tens to hundreds of
+    # milliseconds (measured: seconds of CPU per 10 s of updates), which a real agent, one
+    # client per process, never pays: run without it (reference counting still frees
+    # everything but cycles, and this process lives for minutes)
+    gc.disable()
     registry = _Registry()
     callbacks: list[_BenchClient] = []
     clients = _SimulatedClients(port)
@@ -495,9 +503,6 @@ def _client_worker(port: int, names: list[str], wave: int, sync_timeout: float,
                                      f"sync after {sync_timeout} s; errors: "
                                      f"{clients.errors[:3]}"))
                 return
-        # the snapshots left millions of long-lived objects: keep the collector off them
-        gc.collect()
-        gc.freeze()
         conn.send(("ready", len(callbacks)))
         _, final, drain_timeout = conn.recv()
         drain_deadline = time.monotonic() + drain_timeout

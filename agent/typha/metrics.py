@@ -65,7 +65,8 @@ UPDATE_LOG_ENTRIES = Gauge(
 FANOUT_LATENCY = Histogram(
     "typha_updates_fanout_latency",
     "Seconds from the server receiving an update from its datastore syncer to the update "
-    "being written to a client's socket (one observation per update batch per client).",
+    "being written to a client's socket (one observation per write to a client: the "
+    "oldest update in that write).",
     ["syncer_type"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )

@@ -402,10 +402,11 @@ class _Connection:
     async def _send_entries(self, fanout: _Fanout, crumbs: list[Breadcrumb]) -> None:
         self._write(fanout.batch(crumbs, self.compression))
         await self._drain()
-        now = self.clock()
-        for crumb in crumbs:
-            if crumb.kv_count:
-                fanout.latency.observe(max(now - crumb.created, 0.0))
+        # one observation per write: the latency of its oldest update (the batch's worst);
+        # one per update would cost more than the fan-out itself with many clients
+        oldest = next((crumb.created for crumb in crumbs if crumb.kv_count), None)
+        if oldest is not None:
+            fanout.latency.observe(max(self.clock() - oldest, 0.0))
         self.next_seq = crumbs[-1].seq + 1
 
     # -- I/O helpers --
@@ -441,6 +442,9 @@ class _Connection:
         self.writer.write(data)
 
     async def _drain(self) -> None:
+        transport = self.writer.transport
+        if transport.get_write_buffer_size() == 0 and not transport.is_closing():
+            return  # all taken by the kernel: nothing to wait for (the usual case)
         try:
             await _within(self.writer.drain(), self.config.write_timeout)
         except TimeoutError:
