@@ -18,7 +18,9 @@ Invariants:
   list of 50,000 keys must not become one giant message every client must swallow);
 - the log is bounded in entries AND bytes; a client whose next entry was dropped from the
   log cannot catch up and must be disconnected (it gets a fresh snapshot when it returns);
-- message bytes are encoded once per compression and shared by every client.
+- message bytes are encoded once per compression and shared by every client;
+  `batch_frames` merges a run of KV entries into one message for a client that has
+  several pending.
 
 Easy to get wrong: the snapshot must be taken under the same lock as the entry sequence, or
 a client could miss or repeat an entry; encoding a big snapshot must happen outside that

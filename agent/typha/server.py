@@ -20,6 +20,11 @@ Threads: the syncers run in their own threads; every connection is a coroutine o
 asyncio event loop in the server's thread; snapshot encoding runs in the loop's executor.
 A cache wakes the loop with `call_soon_threadsafe` when it has a new entry.
 
+Fan-out cost: a client's pending entries go out in one write, runs of KV entries merged into
+one `kvs` message (`cache.batch_frames`); clients at the same place in the log (nearly all)
+share those bytes (`_Fanout.batch`), so an update is encoded and compressed once however
+many clients there are. The fan-out latency histogram gets one observation per write.
+
 One connection's life: TLS identity check -> client_hello (within `handshake_timeout`) ->
 server_hello -> decoder_restart if compressing -> snapshot -> log entries as they come
 (an entry waits at most `batch_delay` so that the entries following it go in the same
