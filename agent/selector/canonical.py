@@ -46,9 +46,9 @@ def normalise(node: Node) -> Node:
         case Not(operand):
             return _negate(normalise(operand))
         case And(operands):
-            return _normalise_and(operands)
+            return _normalise_flat(And, operands)
         case Or(operands):
-            return _normalise_or(operands)
+            return _normalise_flat(Or, operands)
         case _:
             return node
 
@@ -77,30 +77,26 @@ def _negate(operand: Node) -> Node:
             return Not(operand)
 
 
-def _normalise_and(operands: tuple[Node, ...]) -> Node:
+def _normalise_flat(kind: type[And] | type[Or], operands: tuple[Node, ...]) -> Node:
+    """`&&` or `||` in normal form: operands normalised and flattened, duplicates dropped.
+    `all()` is the identity of `&&` and absorbs `||`; `!all()` absorbs `&&` and is the
+    identity of `||`."""
+    is_and = kind is And
     flat: dict[str, Node] = {}
     for operand in operands:
         normal = normalise(operand)
-        parts = normal.operands if isinstance(normal, And) else (normal,)
-        for part in parts:
-            if part == _NOTHING:
-                return _NOTHING
-            if not isinstance(part, All):
-                flat.setdefault(render(part), part)
-    return _join(And, flat, empty=All())
-
-
-def _normalise_or(operands: tuple[Node, ...]) -> Node:
-    flat: dict[str, Node] = {}
-    for operand in operands:
-        normal = normalise(operand)
-        parts = normal.operands if isinstance(normal, Or) else (normal,)
+        parts = normal.operands if isinstance(normal, kind) else (normal,)
         for part in parts:
             if isinstance(part, All):
+                if is_and:
+                    continue
                 return All()
-            if part != _NOTHING:
-                flat.setdefault(render(part), part)
-    return _join(Or, flat, empty=_NOTHING)
+            if part == _NOTHING:
+                if is_and:
+                    return _NOTHING
+                continue
+            flat.setdefault(render(part), part)
+    return _join(kind, flat, empty=All() if is_and else _NOTHING)
 
 
 def _join(kind: type[And] | type[Or], by_text: dict[str, Node], empty: Node) -> Node:
