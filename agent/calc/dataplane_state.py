@@ -44,6 +44,10 @@ def _policy_ids(tiers: tuple[proto.TierInfo, ...]) -> set[proto.PolicyID]:
             for n in t.ingress_policies + t.egress_policies}
 
 
+def _host_endpoint_tiers(hep: proto.HostEndpoint) -> tuple[proto.TierInfo, ...]:
+    return hep.tiers + hep.untracked_tiers + hep.pre_dnat_tiers + hep.forward_tiers
+
+
 def _rule_ip_sets(rules: tuple[proto.Rule, ...]) -> set[str]:
     out: set[str] = set()
     for rule in rules:
@@ -118,10 +122,12 @@ class DataplaneState:
 
     # --- policies and profiles ----------------------------------------------------------
 
-    def _on_ActivePolicyUpdate(self, m: proto.ActivePolicyUpdate) -> None:
-        rules = m.policy.inbound_rules + m.policy.outbound_rules
+    def _check_ip_set_refs(self, m: Any, rules: tuple[proto.Rule, ...]) -> None:
         missing = sorted(_rule_ip_sets(rules) - self.ip_sets.keys())
         self._check(not missing, m, f"references unknown IP sets {missing}")
+
+    def _on_ActivePolicyUpdate(self, m: proto.ActivePolicyUpdate) -> None:
+        self._check_ip_set_refs(m, m.policy.inbound_rules + m.policy.outbound_rules)
         self.policies[m.id] = m.policy
 
     def _on_ActivePolicyRemove(self, m: proto.ActivePolicyRemove) -> None:
@@ -130,15 +136,12 @@ class DataplaneState:
             users = [str(k) for k, ep in self.workload_endpoints.items()
                      if m.id in _policy_ids(ep.tiers)]
             users += [str(k) for k, hep in self.host_endpoints.items()
-                      if m.id in _policy_ids(hep.tiers + hep.untracked_tiers
-                                             + hep.pre_dnat_tiers + hep.forward_tiers)]
+                      if m.id in _policy_ids(_host_endpoint_tiers(hep))]
             self._check(not users, m, f"policy still used by {users}")
         self.policies.pop(m.id, None)
 
     def _on_ActiveProfileUpdate(self, m: proto.ActiveProfileUpdate) -> None:
-        rules = m.profile.inbound_rules + m.profile.outbound_rules
-        missing = sorted(_rule_ip_sets(rules) - self.ip_sets.keys())
-        self._check(not missing, m, f"references unknown IP sets {missing}")
+        self._check_ip_set_refs(m, m.profile.inbound_rules + m.profile.outbound_rules)
         self.profiles[m.id] = m.profile
 
     def _on_ActiveProfileRemove(self, m: proto.ActiveProfileRemove) -> None:
@@ -166,10 +169,8 @@ class DataplaneState:
         self.workload_endpoints.pop(m.id, None)
 
     def _on_HostEndpointUpdate(self, m: proto.HostEndpointUpdate) -> None:
-        ep = m.endpoint
-        self._check_endpoint_refs(m, ep.profile_ids, ep.tiers + ep.untracked_tiers
-                                  + ep.pre_dnat_tiers + ep.forward_tiers)
-        self.host_endpoints[m.id] = ep
+        self._check_endpoint_refs(m, m.endpoint.profile_ids, _host_endpoint_tiers(m.endpoint))
+        self.host_endpoints[m.id] = m.endpoint
 
     def _on_HostEndpointRemove(self, m: proto.HostEndpointRemove) -> None:
         self._check(m.id in self.host_endpoints, m, "removes an unknown host endpoint")
