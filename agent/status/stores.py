@@ -279,15 +279,19 @@ class EtcdStatusStore:
             except StatusStoreError as exc:
                 log.warning("revoking the status lease: %s", exc)
             self._lease_id = 0
+        from agent.syncer.etcd_conn import prefix_end
+
         prefix = f"{ETCD_STATUS_ROOT}{_escape(hostname)}/".encode()
         self._call("delete", "kv", "DeleteRange",
-                   self._rpc.DeleteRangeRequest(key=prefix, range_end=_prefix_end(prefix)))
+                   self._rpc.DeleteRangeRequest(key=prefix, range_end=prefix_end(prefix)))
         self._written.clear()
 
     def read(self) -> StatusSnapshot:
+        from agent.syncer.etcd_conn import prefix_end
+
         prefix = ETCD_STATUS_ROOT.encode()
         response = self._call("range", "kv", "Range",
-                              self._rpc.RangeRequest(key=prefix, range_end=_prefix_end(prefix)))
+                              self._rpc.RangeRequest(key=prefix, range_end=prefix_end(prefix)))
         snapshot = StatusSnapshot([], [], [])
         for kv in response.kvs:
             key = kv.key.decode(errors="replace")
@@ -304,16 +308,6 @@ class EtcdStatusStore:
         if self._channel is not None:
             self._channel.close()
             self._channel = None
-
-
-def _prefix_end(prefix: bytes) -> bytes:
-    end = bytearray(prefix)
-    while end:
-        if end[-1] < 0xFF:
-            end[-1] += 1
-            return bytes(end)
-        end.pop()
-    return b"\0"
 
 
 def open_status_store(datastore: str, *, ttl: float = 90.0) -> StatusStore | None:
