@@ -1,16 +1,5 @@
-"""Fixtures for the conformance tests: the lab tests' root-namespace guard."""
+"""Fixtures for the conformance tests: the lab tests' root-namespace guard (`root_guard`)."""
 
-from __future__ import annotations
+from tests.privileged.lab.conftest import root_guard
 
-import os
-
-import pytest
-
-from tests.privileged.lab.conftest import RootGuard
-
-
-@pytest.fixture
-def root_guard() -> RootGuard:
-    if os.geteuid() != 0:
-        pytest.skip("needs root (network namespaces)")
-    return RootGuard()
+__all__ = ["root_guard"]
