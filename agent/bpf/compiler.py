@@ -146,7 +146,7 @@ class DataplaneState:
     routes: dict[str, proto.RouteUpdate] = field(default_factory=dict)
     pools: dict[str, proto.IPAMPoolUpdate] = field(default_factory=dict)
     host_ips: dict[str, str] = field(default_factory=dict)  # hostname -> IPv4
-    config: dict[str, str] = field(default_factory=dict)
+    config: dict[str, str] = field(default_factory=dict)  # Felix settings, keys lower-case
     # this host's own addresses by interface (set by the manager from the interface
     # monitor, not by apply()): each IPv4 address is a LOCAL_HOST /32 in the routes trie
     local_addrs: dict[str, frozenset[str]] = field(default_factory=dict)
@@ -209,7 +209,7 @@ class DataplaneState:
             case proto.HostMetadataRemove():
                 self.host_ips.pop(msg.hostname, None)
             case proto.ConfigUpdate():
-                self.config = dict(msg.config)
+                self.config = {k.lower(): v for k, v in msg.config}
             case _:
                 pass
 
@@ -1268,7 +1268,7 @@ class PolicyCompiler:
 
     @staticmethod
     def _config(state: DataplaneState, problems: list[str]) -> dict[bytes, bytes]:
-        text = state.config.get("DefaultEndpointToHostAction", "Drop")
+        text = state.config.get("defaultendpointtohostaction", "Drop")
         try:
             action = config_map.action_from_felix(text)
         except ValueError as e:

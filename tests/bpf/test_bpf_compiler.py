@@ -360,7 +360,8 @@ def test_routes_pools_host_ips_and_config():
                           dst_node_ip="198.18.0.2"))
     s.apply(p.RouteUpdate("10.65.0.5/32", "local_workload", local_workload_iface="cali1"))
     s.apply(p.RouteUpdate("fd00::/64", "remote_workload"))
-    s.apply(p.ConfigUpdate((("DefaultEndpointToHostAction", "Accept"),)))
+    # a FelixConfiguration spells the key in camelCase
+    s.apply(p.ConfigUpdate((("defaultEndpointToHostAction", "Accept"),)))
     out = c.PolicyCompiler().compile(s, {"cali1": 9})
     rows = {routes_map.decode_key(k): routes_map.decode_value(v) for k, v in out.routes.items()}
     assert rows["198.18.0.1/32"]["flags"] == ["local_host"]

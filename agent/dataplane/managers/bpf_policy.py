@@ -254,7 +254,10 @@ class BpfPolicyManager(ManagerBase):
         self._ipsets = IPSetMirror(maps["ipsets"])
         self._ipset_plan: dict[int, tuple[IPSetKeys, list[bytes], list[bytes]]] = {}
         self._prefixes = interface_prefixes
-        self._base_config = dict(base_config or {})
+        # Keys lower-cased: the agent's own settings are spelled as Felix names them
+        # (DefaultEndpointToHostAction), a FelixConfiguration's in camelCase
+        # (defaultEndpointToHostAction); the datastore's value overrides the agent's.
+        self._base_config = {k.lower(): v for k, v in (base_config or {}).items()}
         self._rules_per_prog = rules_per_prog
         self._list_interfaces = list_interfaces
         self.state = DataplaneState(hostname=hostname, config=dict(self._base_config))
@@ -279,7 +282,8 @@ class BpfPolicyManager(ManagerBase):
                 return
             self._dirty = True
         elif isinstance(msg, proto.ConfigUpdate):
-            self.state.config = {**self._base_config, **dict(msg.config)}
+            self.state.config = {**self._base_config,
+                                 **{k.lower(): v for k, v in msg.config}}
             self._dirty = True
         elif isinstance(msg, InterfaceUpdate | InterfaceAddrsUpdate):
             if self.interfaces.observe(msg):

@@ -142,15 +142,8 @@ def test_pod_reaches_its_node_under_deny_all_wildcard_host_endpoint_when_action_
                 server.close()
 
 
-# The BPF compiler reads the FelixConfiguration key as "DefaultEndpointToHostAction" only,
-# while the datastore spells it "defaultEndpointToHostAction" (agent/bpf/compiler.py
-# `_config`, not this test's to fix): strict, so the fix makes this fail until removed.
-_LIVE_ACTION_DATAPLANES = [
-    pytest.param(d, marks=pytest.mark.xfail(
-        strict=True, reason="BPF compiler ignores the camelCase FelixConfiguration key"))
-    if d == "bpf" else d
-    for d in DATAPLANES
-]
+# The datastore spells the key "defaultEndpointToHostAction"; both dataplanes must take it.
+_LIVE_ACTION_DATAPLANES = DATAPLANES
 
 
 @pytest.mark.parametrize("dataplane", _LIVE_ACTION_DATAPLANES)
