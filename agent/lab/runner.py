@@ -49,7 +49,7 @@ from agent.lab import naming
 from agent.lab.datastore import LabDatastore, topology_documents
 from agent.lab.probe import DEFAULT_TIMEOUT_SECONDS, Prober, ProbeResult
 from agent.lab.runstate import RunState, remove_run_kernel_objects, sweep_stale_runs
-from agent.lab.scenario import ProbeSpec, ResourceRef, Scenario
+from agent.lab.scenario import ProbeSpec, ResourceRef, Scenario, Step
 from agent.lab.servers import PodServers
 from agent.lab.topology import LabTopology, TopologyBuilder, plan_topology
 
@@ -267,6 +267,14 @@ class LabRunner:
         with self._timed("apply_s"):
             self.datastore.delete(refs)
 
+    def enter_step(self, step: Step) -> None:
+        """Apply `step`'s documents, delete its resources, then wait until in sync."""
+        if step.apply:
+            self.apply_resources(step.apply)
+        if step.delete:
+            self.delete_resources(step.delete)
+        self.wait_in_sync()
+
     def wait_in_sync(self, timeout: float = DEFAULT_SYNC_TIMEOUT_SECONDS) -> None:
         """Poll the agents until they report in-sync; `LabSyncTimeout` after `timeout`."""
         deadline = time.monotonic() + timeout
@@ -293,11 +301,7 @@ class LabRunner:
         results: list[ProbeResult] = []
         for index, step in enumerate(self.scenario.steps):
             self.check_interrupted()
-            if step.apply:
-                self.apply_resources(step.apply)
-            if step.delete:
-                self.delete_resources(step.delete)
-            self.wait_in_sync()
+            self.enter_step(step)
             results.extend(self.run_probes(step.probes, index))
         return results
 

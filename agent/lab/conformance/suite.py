@@ -166,11 +166,7 @@ class _DataplaneRun:
         for planned, step in zip(self.plan.steps, self.plan.scenario.steps, strict=True):
             runner.check_interrupted()
             step_started = time.monotonic()
-            if step.apply:
-                runner.apply_resources(step.apply)
-            if step.delete:
-                runner.delete_resources(step.delete)
-            runner.wait_in_sync()
+            runner.enter_step(step)
             synced = time.monotonic()
             results = prober.run(planned.cells)
             runner.check_interrupted()
