@@ -211,6 +211,10 @@ PARAMS: tuple[Param, ...] = (
     Param("TyphaKeyFile", "", parse_str, restart=True, datastore=False),
     Param("TyphaCN", "", parse_str, restart=True, datastore=False),
     Param("TyphaURISAN", "", parse_str, restart=True, datastore=False),
+    Param("TyphaReadTimeout", 30.0, parse_seconds, restart=True, datastore=False),
+    Param("TyphaWriteTimeout", 10.0, parse_seconds, restart=True, datastore=False),
+    Param("FelixHostname", "", parse_str, restart=True, datastore=False,
+          help="This node's name, when --hostname/NODENAME are not given."),
 )
 PARAMS_BY_KEY = {p.name.lower(): p for p in PARAMS}
 

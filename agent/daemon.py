@@ -198,7 +198,14 @@ class _SyncerTap:
 def datastore_felix_config(datastore: str, hostname: str) -> tuple[dict[str, str], dict[str, str]]:
     """FelixConfiguration `default` and `node.<hostname>` as read at start-up."""
     from agent.model import FelixConfiguration, ValidationError, parse_resource
-    from agent.syncer.client import open_datastore
+    from agent.syncer.client import open_datastore, parse_datastore_url
+
+    if parse_datastore_url(datastore).backend == "typha":
+        # Typha is read-only: take the effective (global, then per-node) settings from one
+        # pass of its stream through the calc graph, as the running agent will see them.
+        from agent.calc.snapshot import compute
+
+        return dict(compute(datastore, hostname).state.config), {}
 
     client = open_datastore(datastore)
     layers: list[dict[str, str]] = []
@@ -308,7 +315,7 @@ class Agent:
             self.options.hostname, forwarder,
             on_batch=lambda seconds, _messages: metrics.CALC_GRAPH_UPDATE_TIME.observe(seconds))
         tap = _SyncerTap(pipeline)
-        syncer = make_syncer(self.options.datastore)
+        syncer = make_syncer(self.options.datastore, hostname=self.options.hostname)
         monitor = None
         if self._monitor_interfaces:
             from agent.dataplane.ifacemonitor import InterfaceMonitor
@@ -344,6 +351,11 @@ class Agent:
                     log.critical("dataplane failed closed: %s; exiting", loop.fatal_reason)
                     exit_code = EXIT_FATAL
                     break
+                if _syncer_gave_up(syncer):
+                    log.critical("datastore connection failed for good (%s); exiting",
+                                 self.options.datastore)
+                    exit_code = EXIT_FATAL
+                    break
                 if not pipeline.is_alive():
                     log.critical("calculation graph thread died (%r); exiting", pipeline.failure)
                     exit_code = EXIT_FATAL
@@ -366,6 +378,13 @@ class Agent:
             if health_server is not None:
                 health_server.stop()
         return exit_code
+
+
+def _syncer_gave_up(syncer: Any) -> bool:
+    """A syncer that stops retrying (Typha's client after its connection attempts) sets a
+    `failed` event; the agent then exits non-zero, as Felix does when Typha is gone."""
+    failed = getattr(syncer, "failed", None)
+    return failed is not None and failed.is_set()
 
 
 def _idle(pipeline: CalcPipeline, loop: DataplaneLoop) -> bool:

@@ -25,7 +25,7 @@ class DatastoreUnavailable(RuntimeError):
 
 def open_syncer(url: str) -> Syncer:
     try:
-        return make_syncer(url)
+        return make_syncer(url, syncer_type="bgp")
     except DatastoreClientError as exc:
         raise DatastoreUnavailable(str(exc)) from exc
 

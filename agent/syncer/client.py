@@ -220,6 +220,9 @@ def parse_datastore_url(url: str) -> DatastoreLocation:
         if not rest:
             raise DatastoreURLError(f"--datastore {url!r} names no path")
         return DatastoreLocation("file", path=rest)
+    if scheme == "typha" and not rest.strip():
+        # no address: discovered from FELIX_TYPHAADDR or the FELIX_TYPHAK8SSERVICENAME service
+        return DatastoreLocation("typha")
     if scheme in ("etcd3", "typha"):
         return DatastoreLocation(scheme, endpoints=_endpoints(url, rest))
     raise DatastoreURLError(f"--datastore {url!r}: unknown scheme {scheme!r}; expected "
@@ -247,13 +250,30 @@ def open_datastore(url: str, *, validate: Validator | None = None) -> Datastore:
         from agent.syncer.kube_store import open_kube_datastore
 
         return open_kube_datastore(validate=validate or minimal_validate)
+    if location.backend == "typha":
+        raise DatastoreURLError(
+            f"--datastore {url!r}: Typha only fans out the datastore's watch (read-only); "
+            "apply, delete and get need the datastore itself")
     raise _not_implemented(location)
 
 
-def make_syncer(url: str, **options: Any) -> Syncer:
+def make_syncer(url: str, *, syncer_type: str = "felix", hostname: str = "",
+                **options: Any) -> Syncer:
     """The syncer for a --datastore value; `options` go to the backend's constructor
-    (file backend: poll_interval, debounce, use_inotify, rescan_interval...)."""
+    (file backend: poll_interval, debounce, use_inotify, rescan_interval...).
+
+    `syncer_type` ("felix": every kind; "bgp": what confd needs) and `hostname` matter only
+    to Typha, which serves one filtered stream per syncer type; a direct datastore syncer
+    carries every kind and its consumer picks what it needs."""
     location = parse_datastore_url(url)
+    if location.backend == "typha":
+        from agent.typha.client import TyphaConfigError, make_typha_syncer
+
+        try:
+            return make_typha_syncer(location.endpoints, syncer_type=syncer_type,
+                                     hostname=hostname, **options)
+        except TyphaConfigError as exc:
+            raise DatastoreURLError(str(exc)) from None
     if location.backend == "file":
         from agent.syncer.file import FileSyncer
 

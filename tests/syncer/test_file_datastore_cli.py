@@ -13,7 +13,6 @@ from syncer_testlib import gnp, gnp_key, netpol, write, yaml_docs
 
 from agent.syncer.api import ResourceKey
 from agent.syncer.client import (
-    BackendNotImplemented,
     DatastoreClientError,
     DatastoreURLError,
     make_syncer,
@@ -114,7 +113,7 @@ def test_get_and_delete_errors_are_clear(tmp_path: Path) -> None:
                        "--datastore", str(store))
     assert code == 0 and "skipped" in out
     code, _, err = run("get", "pods", "--datastore", "typha://127.0.0.1:5473")
-    assert code != 0 and "not implemented yet" in err
+    assert code != 0 and "Typha only fans out the datastore's watch (read-only)" in err
     code, _, err = run("get", "pods", "--datastore", str(tmp_path / "missing"))
     assert code != 0 and "does not exist" in err
     assert keys(store) == {gnp_key("a")}
@@ -149,11 +148,11 @@ def test_factories_pick_the_backend(tmp_path: Path) -> None:
     assert isinstance(syncer, FileSyncer)
     assert open_datastore(str(tmp_path)).description == f"file datastore {tmp_path}"
     from agent.syncer.etcd import EtcdSyncer
+    from agent.typha.client import TyphaSyncer
 
     assert isinstance(make_syncer("etcd3://127.0.0.1:2379"), EtcdSyncer)
-    with pytest.raises(BackendNotImplemented, match="not implemented yet"):
-        make_syncer("typha://127.0.0.1:5473")
-    with pytest.raises(NotImplementedError):
+    assert isinstance(make_syncer("typha://127.0.0.1:5473", syncer_type="bgp"), TyphaSyncer)
+    with pytest.raises(DatastoreURLError, match="read-only"):
         open_datastore("typha://127.0.0.1:5473")
 
 
