@@ -1,15 +1,16 @@
 """Fixtures for privileged lab tests: a before/after snapshot of the root network namespace.
 
 `root_guard` records, before the test, what `ip netns list`, `ip -o link`, `ip route show
-table all` and `ls /sys/fs/bpf` show in the root namespace; `root_guard.check()` fails the
+table all`, `ls /sys/fs/bpf` and the iptables rules (nft and legacy, every table) show in the
+root namespace; `root_guard.check()` fails the
 test with a readable diff if anything was added or removed since. Tests call it explicitly
 after their lab is torn down, so the check is part of what they assert.
 
-Links and routes are compared in full: nothing may create or remove either in the root
-namespace. Namespaces and bpffs entries are shared with other processes on a development
-machine (other test suites create their own, concurrently), so there only entries named as
-the lab names things (`pf<6 hex>-...` namespaces, `pf<6 hex>` bpffs dirs) count, and those of
-a run that is still alive (another lab running right now) are left out.
+Links, routes and iptables rules are compared in full: nothing may create or remove any of
+them in the root namespace. Namespaces and bpffs entries are shared with other processes on
+a development machine (other test suites create their own, concurrently), so there only
+entries named as the lab names things (`pf<6 hex>-...` namespaces, `pf<6 hex>` bpffs dirs)
+count, and those of a run that is still alive (another lab running right now) are left out.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class RootSnapshot:
     links: frozenset[str]
     routes: frozenset[str]
     bpffs: frozenset[str]
+    iptables: frozenset[str]
 
     @classmethod
     def take(cls) -> RootSnapshot:
@@ -51,11 +53,12 @@ class RootSnapshot:
             ),
             routes=frozenset(line.strip() for line in routes.splitlines() if line.strip()),
             bpffs=frozenset(os.listdir(bpffs)) if bpffs.is_dir() else frozenset(),
+            iptables=_iptables_rules(),
         )
 
     def differences(self, after: RootSnapshot) -> list[str]:
         problems = []
-        for what in ("links", "routes"):
+        for what in ("links", "routes", "iptables"):
             before_set, after_set = getattr(self, what), getattr(after, what)
             if after_set - before_set:
                 problems.append(f"new {what}: {sorted(after_set - before_set)}")
@@ -69,6 +72,19 @@ class RootSnapshot:
         if leaked_pins:
             problems.append(f"new lab bpffs entries: {sorted(leaked_pins)}")
         return problems
+
+
+def _iptables_rules() -> frozenset[str]:
+    """Chains and rules of every table, both backends (counters and comments stripped)."""
+    lines: set[str] = set()
+    for binary in ("iptables-nft-save", "iptables-legacy-save"):
+        done = subprocess.run([binary], capture_output=True, text=True, check=False)
+        for line in done.stdout.splitlines():
+            if line.startswith(("#", "COMMIT")) or not line.strip():
+                continue
+            line = re.sub(r"\[\d+:\d+\]", "", line).strip()
+            lines.add(f"{binary}: {line}")
+    return frozenset(lines)
 
 
 def _leaked(run_id: str | None) -> bool:
