@@ -25,6 +25,7 @@ from agent.dataplane.managers.ipsets import (
     IPSetState,
     normalise_member,
     parse_ipset_save,
+    restore_lines,
 )
 from agent.shims.cmd import CommandError, CommandRunner
 
@@ -92,21 +93,9 @@ class FixedIPSets:
         """Create and fill; returns True when a restore ran."""
         if self._resync_needed:
             self._resync()
-        lines: list[str] = []
         updates = self._tracker.pending_updates()
-        for name, state in updates:
-            actual = self._tracker.get_dataplane(name)
-            if actual is not None and actual.kernel_type != state.kernel_type:
-                raise IPSetError(f"ipset {name}: kernel has type {actual.kernel_type}, "
-                                 f"want {state.kernel_type}; remove it by hand")
-            old: frozenset[str] = frozenset()
-            if actual is None:
-                maxelem = max(self._max_size, len(state.members))
-                lines.append(f"create {name} {KERNEL_TYPE} family inet maxelem {maxelem}")
-            else:
-                old = actual.members
-            lines += [f"del {name} {m}" for m in sorted(old - state.members)]
-            lines += [f"add {name} {m}" for m in sorted(state.members - old)]
+        lines = [line for name, state in updates for line in restore_lines(
+            name, state, self._tracker.get_dataplane(name), self._max_size)]
         if not lines:
             return False
         self.restore_calls += 1

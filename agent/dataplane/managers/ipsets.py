@@ -174,6 +174,25 @@ class _SetMembers:
         return count
 
 
+def restore_lines(name: str, state: IPSetState, actual: IPSetState | None,
+                  max_size: int) -> list[str]:
+    """`ipset restore` lines taking set `name` from `actual` (None: absent) to `state`:
+    create it if absent, then delete and add only the members that differ."""
+    if actual is not None and actual.kernel_type != state.kernel_type:
+        raise IPSetError(f"ipset {name}: kernel has type {actual.kernel_type}, "
+                         f"want {state.kernel_type}; remove it by hand")
+    lines: list[str] = []
+    old: frozenset[str] = frozenset()
+    if actual is None:
+        maxelem = max(max_size, len(state.members))
+        lines.append(f"create {name} {state.kernel_type} family inet maxelem {maxelem}")
+    else:
+        old = actual.members
+    lines += [f"del {name} {m}" for m in sorted(old - state.members)]
+    lines += [f"add {name} {m}" for m in sorted(state.members - old)]
+    return lines
+
+
 class IPSetsManager(ManagerBase):
     name = "ipsets"
     policy_critical = True
@@ -293,22 +312,9 @@ class IPSetsManager(ManagerBase):
         self._refresh_desired()
         if self._resync_requested:
             self._resync()
-        lines: list[str] = []
         updates = self._tracker.pending_updates()
-        for name, state in updates:
-            actual = self._tracker.get_dataplane(name)
-            if actual is not None and actual.kernel_type != state.kernel_type:
-                raise IPSetError(f"ipset {name}: kernel has type {actual.kernel_type}, "
-                                 f"want {state.kernel_type}; remove it by hand")
-            if actual is None:
-                maxelem = max(self._max_size, len(state.members))
-                lines.append(f"create {name} {state.kernel_type} family inet "
-                             f"maxelem {maxelem}")
-                old: frozenset[str] = frozenset()
-            else:
-                old = actual.members
-            lines += [f"del {name} {m}" for m in sorted(old - state.members)]
-            lines += [f"add {name} {m}" for m in sorted(state.members - old)]
+        lines = [line for name, state in updates for line in restore_lines(
+            name, state, self._tracker.get_dataplane(name), self._max_size)]
         if not lines:
             return
         self.restore_calls += 1
