@@ -29,12 +29,16 @@ def command(datastore: str, hostname: str, config_file: str | None) -> None:
     """
     from agent.config import ConfigError
     from agent.daemon import EXIT_CONFIG, AgentOptions, DataplaneUnavailable, run_agent
+    from agent.syncer.client import DatastoreClientError
 
     try:
         code = run_agent(AgentOptions(datastore=datastore, hostname=hostname,
                                       config_file=config_file))
     except ConfigError as exc:
         click.echo(f"pyfelix agent: bad configuration: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+    except DatastoreClientError as exc:
+        click.echo(f"pyfelix agent: {exc}", err=True)
         sys.exit(EXIT_CONFIG)
     except DataplaneUnavailable as exc:
         click.echo(f"pyfelix agent: {exc}. Set FELIX_BPFFALLBACK=iptables to fall back, or "
