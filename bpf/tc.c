@@ -47,7 +47,7 @@ PF_INLINE int policy_verdict(struct policy_state *st, int allowed, __u32 counter
 		return TC_ACT_SHOT;
 	}
 	count_global(GCNT_POLICY_ALLOWED);
-	ct_create(&st->pkt, st->ifindex, st->hook, bpf_ktime_get_ns(), counter_id);
+	ct_create(&st->pkt, st->ifindex, st->hook, ct_now_ns(), counter_id);
 	return TC_ACT_OK;
 }
 
@@ -143,7 +143,7 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 		return TC_ACT_SHOT;
 	}
 
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = ct_now_ns();
 	if (ct_lookup_update(&pkt, ifindex, hook, now)) {
 		count_global(GCNT_CT_HIT);
 		count_endpoint(endpoint_id, hook, 1, pkt.len);

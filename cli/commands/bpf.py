@@ -9,7 +9,6 @@ else /sys/fs/bpf/pyfelix (the agent's BPFPinDir).
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import click
@@ -67,7 +66,7 @@ def read_rows(map_name: str, pin_dir: str) -> list[dict[str, Any]]:
     try:
         if map_name == "conntrack":
             with BpfMap.open_pinned(ct_map.PARAMS, path) as m:
-                return ct_map.dump(m, now_ns=time.monotonic_ns())
+                return ct_map.dump(m, now_ns=ct_map.now_ns())
         return dump_pinned(map_name, path)
     except OSError as exc:
         raise click.ClickException(

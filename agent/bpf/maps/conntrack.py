@@ -1,8 +1,8 @@
 """The `conntrack` map: per-interface flow table, LRU hash (bpf/include/conntrack.h).
 
 Key = (ifindex, 5-tuple normalised so side A is the smaller (address, port) as host-order
-numbers). Value = timestamps (CLOCK_MONOTONIC ns, as bpf_ktime_get_ns and
-time.monotonic_ns), packet/byte counts, CT_F_* flags, the counter id of the allowing rule.
+numbers). Value = timestamps (CLOCK_MONOTONIC_COARSE ns: the programs' bpf_ktime_get_coarse_ns,
+`now_ns()` here), packet/byte counts, CT_F_* flags, the counter id of the allowing rule.
 `Timeouts` holds the timeout table; the loader passes it to the C (-DCT_TIMEOUT_*) so the
 programs and the cleaner (agent.bpf.conntrack) always agree on what has expired.
 """
@@ -14,12 +14,20 @@ import enum
 import ipaddress
 import os
 import struct
+import time
 from dataclasses import asdict, dataclass
 
 from agent.bpf.maps.base import BpfMap, MapParams, MapType, be32_to_ip, ip_to_be32
 
 IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP = 1, 6, 17
 NS_PER_S = 1_000_000_000
+# Linux's clock id (include/uapi/linux/time.h); Python's time module does not name it.
+CLOCK_MONOTONIC_COARSE = 6
+
+
+def now_ns() -> int:
+    """The conntrack clock as the programs read it (ct_now_ns() in conntrack.h)."""
+    return time.clock_gettime_ns(CLOCK_MONOTONIC_COARSE)
 
 
 class CtFlags(enum.IntFlag):
@@ -163,7 +171,7 @@ def open_pinned(pin_dir: str | os.PathLike[str]) -> BpfMap:
 
 def dump(m: BpfMap, *, now_ns: int | None = None,
          timeouts: Timeouts = DEFAULT_TIMEOUTS) -> list[dict]:
-    """One dict per flow, with "expires_in_s" when now_ns (time.monotonic_ns()) is given."""
+    """One dict per flow, with "expires_in_s" when now_ns (`now_ns()`) is given."""
     rows = []
     for kraw, vraw in m.items():
         k, v = decode_key(kraw), decode_value(vraw)

@@ -345,9 +345,21 @@ def test_reply_traffic_is_allowed_by_conntrack_only(harness):
     assert h.dp.maps["conntrack"].lookup(key_b) is None
 
 
-def test_conntrack_entries_expire_and_closed_connections_restart_through_policy(harness):
-    import time
+def test_conntrack_timestamps_are_on_the_clock_python_reads(harness):
+    # the cleaner and `pyfelix bpf conntrack dump` compare these stamps with ct_map.now_ns();
+    # a program on another clock (e.g. bpf_ktime_get_ns vs the coarse clock) would make
+    # every age off by up to a tick, or by boot-time offsets for other clocks
+    h = harness
+    pod_to_pod(h, (p.Rule("allow"),))
+    before = ct_map.now_ns()
+    assert h.verdict("from", pk.tcp(A, B, 40000, 80, "S"), "d1") == "allow"
+    after = ct_map.now_ns()
+    key = ct_map.encode_key(ct_map.normalise(h.ifindexes["d1"], A, B, 40000, 80, 6)[0])
+    v = ct_map.decode_value(h.dp.maps["conntrack"].lookup(key))
+    assert before <= v.created_ns == v.last_seen_ns <= after
 
+
+def test_conntrack_entries_expire_and_closed_connections_restart_through_policy(harness):
     h = harness
     pod_to_pod(h, (p.Rule("allow"),))
     assert h.verdict("from", pk.tcp(A, B, 40000, 80, "S"), "d1") == "allow"
@@ -359,7 +371,7 @@ def test_conntrack_entries_expire_and_closed_connections_restart_through_policy(
     # age it past its timeout (as a SYN-only entry: 20 s, since the machine's monotonic
     # clock may be younger than the 1 h established timeout): the reply is now a miss,
     # and A's ingress policy denies it
-    now = time.monotonic_ns()
+    now = ct_map.now_ns()
     if now < 25 * ct_map.NS_PER_S:
         pytest.skip("monotonic clock younger than 25 s")
     old = ct_map.FlowValue(v.created_ns, now - 25 * ct_map.NS_PER_S, v.packets, v.bytes,
