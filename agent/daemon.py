@@ -6,8 +6,9 @@ Wiring (each box is a thread; arrows are queues)::
     (make_syncer(url))         (validator, graph,              (metrics, config   (managers:
                                 event sequencer)                 restart check)     apply())
     InterfaceMonitor ──InterfaceUpdate/InterfaceAddrsUpdate───────────────────────────┘
-    main thread: health + status file ticks; exits on SIGTERM/SIGINT, a fatal dataplane
-    failure (fail closed), or a FelixConfiguration change that needs a restart.
+    main thread: health + status file + GC policy (agent.gc_policy) ticks; exits on
+    SIGTERM/SIGINT, a fatal dataplane failure (fail closed), or a FelixConfiguration change
+    that needs a restart.
 
 Start-up order matters: configuration is loaded from env/file AND the datastore's
 FelixConfiguration resources before the dataplane is built, so the dataplane mode is decided
@@ -37,6 +38,7 @@ from agent.config import Config, load_config
 from agent.dataplane.errors import DataplaneUnavailable
 from agent.dataplane.loop import DataplaneLoop
 from agent.dataplane.manager import Manager
+from agent.gc_policy import GcPolicy
 from agent.health import HealthAggregator, HealthServer
 from agent.proto import (
     ActivePolicyRemove,
@@ -330,6 +332,7 @@ class Agent:
         if monitor is not None:
             monitor.start()
         status = StatusWriter(config.status_file, self.options.hostname)
+        gc_policy = GcPolicy()
         exit_code = EXIT_OK
         try:
             while not self._stop.wait(0.1):
@@ -338,6 +341,7 @@ class Agent:
                 health.report("calc-graph", live=pipeline.is_alive(), ready=calc_ok)
                 health.report("dataplane", live=not loop.fatal.is_set(), ready=dp_ok)
                 metrics.DATAPLANE_IN_SYNC.set(1 if dp_ok else 0)
+                gc_policy.tick(time.monotonic(), in_sync=dp_ok)
                 if reporter is not None:
                     reporter.set_in_sync(dp_ok)
                 status.write(calc_in_sync=calc_ok, dataplane_in_sync=dp_ok,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -108,6 +109,9 @@ def test_health_metrics_and_sigterm(netns: str, tmp_path: Path) -> None:
                      "felix_calc_graph_update_time_seconds_count",
                      "pyfelix_validation_errors_total", "pyfelix_dataplane_in_sync 1.0"):
             assert name in metrics, f"{name} missing from /metrics"
+        # the GC policy froze the long-lived state at the first in-sync tick
+        frozen = re.search(r"^pyfelix_gc_frozen_objects (\S+)$", metrics, re.M)
+        assert frozen and float(frozen.group(1)) > 1000, "GC policy did not settle"
         # Felix's status reporting: this node's record in the datastore while it runs
         check = subprocess.run([sys.executable, "-m", "cli.main", "status", "--datastore",
                                 str(datastore), "--hostname", "node1", "--check"],
