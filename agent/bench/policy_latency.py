@@ -1,7 +1,8 @@
 """Benchmark `policy-latency`: from a datastore write to the BPF map change, with 1,000
 local endpoints.
 
-The pipeline is the agent's, in-process: file datastore (inotify, 50 ms debounce) ->
+The pipeline is the agent's, in-process: file datastore (inotify; an atomic rename settles
+after 10 ms of quiet) ->
 FileSyncer -> CalcPipeline (validator, calc graph, event sequencer) -> DataplaneLoop ->
 BpfPolicyManager -> real kernel maps (created with the raw bpf() syscall, unpinned: no BCC
 build, nothing attached, no namespace; the maps die with their fds). The node has 1,000
@@ -20,7 +21,8 @@ Figures: `p50_ms`, `p99_ms`, `max_ms` (policy writes; target p99 <= 100 ms), `la
 `label_p99_ms`, `endpoints`, `samples`. With few samples p99 is close to the maximum.
 `apply_p50_ms` / `apply_p99_ms`: the BPF manager's apply() alone (compile + diff + map
 writes) during those writes: the dataplane's share. The rest is the file datastore's
-inotify debounce (50 ms of quiet, FileSyncer's default) and the calc graph (~2 ms).
+settle (10 ms of quiet after a complete write, FileSyncer's default) and the calc graph
+(~2 ms).
 Like the agent, the benchmark applies `agent.gc_policy` once in sync (the long-lived state
 is frozen out of the cyclic collector's passes).
 """

@@ -33,8 +33,16 @@ Invariants (what the rest of the pipeline relies on):
 - Watching uses inotify (ctypes, `agent.syncer.inotify`), with watches added BEFORE the
   initial scan so no edit between scan and watch is lost, and a polling fallback (stat
   signature: inode, size, mtime, ctime) when inotify is unavailable or out of watches.
-  Bursts are debounced (default 50 ms of quiet, at most 1 s) because editors save in
-  several steps; a slow periodic rescan backs inotify up.
+  Bursts are debounced because editors save in several steps, for at most 1 s
+  (`settle_limit`); how long the quiet must last depends on what the burst shows (inotify):
+    - every resource file it touched was last seen closed after writing (IN_CLOSE_WRITE)
+      or renamed into place (IN_MOVED_TO), i.e. complete writes such as the atomic renames
+      of `pyfelix apply` and the lab: `settle` (default 10 ms) of quiet, so several files
+      written back to back still land in one batch;
+    - anything else (a file still open for writing, a delete or move out that may be half
+      of a replace, directory changes, Kubernetes' `..data` swap, an overflow): `debounce`
+      (default 50 ms) of quiet. Polling always uses `debounce`.
+  A slow periodic rescan backs inotify up.
 
 Easy to get wrong: inotify watches are per directory (new subdirectories need new watches
 and a rescan); a directory moved out of the tree keeps reporting under its old path unless
@@ -68,6 +76,8 @@ from agent.syncer.api import (
     key_of,
 )
 from agent.syncer.inotify import (
+    IN_ATTRIB,
+    IN_CLOSE_WRITE,
     IN_CREATE,
     IN_DELETE,
     IN_DELETE_SELF,
@@ -537,6 +547,44 @@ def load_path(path: str) -> tuple[list[RawUpdate], list[DatastoreError]]:
 Changes = dict[str, bool]  # path to rescan -> force a re-read even if the stat is unchanged
 
 
+class WriteTracker:
+    """Whether an inotify burst so far consists of complete writes only (module docstring).
+
+    Fed events in arrival order; `complete` is true when at least one resource file was
+    touched, each one's last content event was IN_CLOSE_WRITE or IN_MOVED_TO, and nothing
+    else happened that may be the first half of a change (directories, `..` names, deletes
+    or moves out as a file's last event, overflow, the watched directory itself changing).
+    IN_ATTRIB (chmod, touch) says nothing about content and leaves a file as it was.
+    """
+
+    _FINISHED = IN_CLOSE_WRITE | IN_MOVED_TO
+    _UNSETTLING = IN_Q_OVERFLOW | IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF
+
+    def __init__(self, is_resource: Callable[[InotifyEvent], bool]) -> None:
+        self._is_resource = is_resource
+        self._unfinished: set[tuple[int, str]] = set()
+        self._touched = False
+        self._unsettled = False
+
+    def add(self, events: Iterable[InotifyEvent]) -> None:
+        for event in events:
+            if event.mask & self._UNSETTLING or event.is_dir or event.name.startswith(".."):
+                self._unsettled = True
+                continue
+            if not event.name or not self._is_resource(event):
+                continue
+            key = (event.wd, event.name)
+            self._touched = True
+            if event.mask & self._FINISHED:
+                self._unfinished.discard(key)
+            elif not event.mask & IN_ATTRIB:
+                self._unfinished.add(key)
+
+    @property
+    def complete(self) -> bool:
+        return self._touched and not self._unsettled and not self._unfinished
+
+
 class _PollingWatcher:
     """Finds changes by stat-ing every file each `interval` seconds."""
 
@@ -577,12 +625,13 @@ class _InotifyWatcher:
     mode = "inotify"
 
     def __init__(self, tree: DatastoreTree, stop: threading.Event, wake_fd: int, *,
-                 debounce: float, settle_limit: float, poll_interval: float,
+                 debounce: float, settle: float, settle_limit: float, poll_interval: float,
                  rescan_interval: float, clock: Callable[[], float]) -> None:
         self._tree = tree
         self._stop = stop
         self._wake_fd = wake_fd
         self._debounce = debounce
+        self._settle = settle
         self._settle_limit = settle_limit
         self._poll_interval = poll_interval
         self._rescan_interval = rescan_interval
@@ -645,17 +694,27 @@ class _InotifyWatcher:
         if not readable:
             return self._on_timeout()
         events = self._inotify.read_events()
+        tracker = WriteTracker(self._is_resource_event)
+        tracker.add(events)
         deadline = self._clock() + self._settle_limit
-        while True:  # debounce: keep collecting until quiet for `debounce` seconds
-            remaining = min(self._debounce, deadline - self._clock())
+        while True:  # keep collecting until quiet for `settle` or `debounce` seconds
+            quiet = self._settle if tracker.complete else self._debounce
+            remaining = min(quiet, deadline - self._clock())
             if remaining <= 0:
                 break
             readable, _, _ = select.select([self._inotify.fileno(), self._wake_fd], [], [],
                                            remaining)
             if not readable or self._stop.is_set():
                 break
-            events.extend(self._inotify.read_events())
+            more = self._inotify.read_events()
+            tracker.add(more)
+            events.extend(more)
         return self._interpret(events)
+
+    def _is_resource_event(self, event: InotifyEvent) -> bool:
+        if self._tree.single_file:
+            return os.path.join(self._dir_of_wd.get(event.wd, ""), event.name) == self._tree.root
+        return not is_hidden_name(event.name) and is_resource_file_name(event.name)
 
     def _on_timeout(self) -> Changes:
         self._next_rescan = self._clock() + self._rescan_interval
@@ -727,12 +786,16 @@ class FileSyncer:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, poll_interval: float = 1.0,
-                 debounce: float = 0.05, settle_limit: float = 1.0, use_inotify: bool = True,
-                 rescan_interval: float = 300.0,
+                 debounce: float = 0.05, settle: float = 0.01, settle_limit: float = 1.0,
+                 use_inotify: bool = True, rescan_interval: float = 300.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        if not 0 <= settle <= debounce:
+            raise ValueError(f"FileSyncer: settle {settle!r} must be within 0..debounce "
+                             f"({debounce!r})")
         self.path = os.fspath(path)
         self._poll_interval = poll_interval
         self._debounce = debounce
+        self._settle = settle
         self._settle_limit = settle_limit
         self._use_inotify = use_inotify
         self._rescan_interval = rescan_interval
@@ -822,7 +885,8 @@ class FileSyncer:
             try:
                 watcher = _InotifyWatcher(
                     tree, self._stop, self._wake_read, debounce=self._debounce,
-                    settle_limit=self._settle_limit, poll_interval=self._poll_interval,
+                    settle=self._settle, settle_limit=self._settle_limit,
+                    poll_interval=self._poll_interval,
                     rescan_interval=self._rescan_interval, clock=self._clock)
                 self.mode = watcher.mode
                 return watcher
