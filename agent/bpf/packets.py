@@ -24,7 +24,8 @@ def ethernet(ethertype: int, payload: bytes) -> bytes:
     return DST_MAC + SRC_MAC + struct.pack("!H", ethertype) + payload
 
 
-def _checksum(data: bytes) -> int:
+def checksum(data: bytes) -> int:
+    """The Internet checksum (RFC 1071) of `data`: 0 over a header with its checksum in place."""
     if len(data) % 2:
         data += b"\0"
     total = sum(struct.unpack(f"!{len(data) // 2}H", data))
@@ -43,7 +44,7 @@ def ipv4_header(src: str, dst: str, proto: int, payload_len: int, *, ttl: int = 
         "!BBHHHBBH4s4s", (4 << 4) | ihl, 0, ihl * 4 + payload_len, 0x1234, frag_off, ttl,
         proto, 0, ipaddress.IPv4Address(src).packed, ipaddress.IPv4Address(dst).packed,
     ) + options
-    csum = _checksum(hdr)
+    csum = checksum(hdr)
     return hdr[:10] + struct.pack("!H", csum) + hdr[12:]
 
 

@@ -38,6 +38,7 @@ import threading
 import time
 from typing import Protocol
 
+from agent.bpf.packets import checksum
 from agent.lab.netns import in_netns
 from agent.lab.probe import ALLOW, DENY, deny_for, tcp_echo_verdict, udp_echo_verdict
 
@@ -105,16 +106,6 @@ def probe_udp(netns: str, target: str, port: int, source_port: int,
 
 
 # --- ICMP ---------------------------------------------------------------------------------
-
-def checksum(data: bytes) -> int:
-    """The Internet checksum (RFC 1071) of `data`."""
-    if len(data) % 2:
-        data += b"\0"
-    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    return ~total & 0xFFFF
-
 
 def echo_request(identifier: int, sequence: int, payload: bytes) -> bytes:
     header = struct.pack("!BBHHH", ICMP_ECHO_REQUEST, 0, 0, identifier, sequence)

@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.bpf.packets import checksum
 from agent.lab.conformance import ALL_CASES
 from agent.lab.conformance.case import Case, check_cases, select_cases
 from agent.lab.conformance.matrix import Cell, CellResult, expected_cells, truth_table
 from agent.lab.conformance.plan import PlanError, build_plan, plan_steps
 from agent.lab.conformance.probes import (
     FlowIds,
-    checksum,
     classify,
     echo_request,
 )
