@@ -1,4 +1,5 @@
-"""`pyfelix bpf <map> dump [-o json] [--pin-dir DIR]`: print a pinned BPF map.
+"""`pyfelix bpf <map> dump [-o json] [--pin-dir DIR]`: print a pinned BPF map;
+`pyfelix bpf summary`: how full every pinned map is (entries / max_entries).
 
 Adds no logic: `agent.bpf.maps.dump_pinned` opens the pin with raw bpf() syscalls (no BCC,
 no compile) and returns JSON-ready rows, sorted; this module formats them as a table (nested
@@ -52,17 +53,22 @@ def table(rows: list[dict[str, Any]]) -> str:
                      for r in cells)
 
 
+def _resolved(pin_dir: str) -> str:
+    from agent.bpf.loader import LoaderError, resolve_pin_dir
+
+    try:
+        return str(resolve_pin_dir(pin_dir, mount=False))
+    except LoaderError as exc:
+        raise click.ClickException(f"{exc} (set --pin-dir or FELIX_BPFPINDIR)") from exc
+
+
 def read_rows(map_name: str, pin_dir: str) -> list[dict[str, Any]]:
     """The library call behind `dump` (raises click errors with the pin path named)."""
-    from agent.bpf.loader import LoaderError, resolve_pin_dir
     from agent.bpf.maps import conntrack as ct_map
     from agent.bpf.maps import dump_pinned
     from agent.bpf.maps.base import BpfMap
 
-    try:
-        path = resolve_pin_dir(pin_dir, mount=False)
-    except LoaderError as exc:
-        raise click.ClickException(f"{exc} (set --pin-dir or FELIX_BPFPINDIR)") from exc
+    path = _resolved(pin_dir)
     try:
         if map_name == "conntrack":
             with BpfMap.open_pinned(ct_map.PARAMS, path) as m:
@@ -74,13 +80,18 @@ def read_rows(map_name: str, pin_dir: str) -> list[dict[str, Any]]:
             f"running with BPFPinDir={pin_dir}?)") from exc
 
 
+_output_option = click.option("-o", "--output", type=click.Choice(["table", "json"]),
+                              default="table", show_default=True)
+_pin_dir_option = click.option("--pin-dir", envvar="FELIX_BPFPINDIR", default=DEFAULT_PIN_DIR,
+                               show_default=True, metavar="DIR",
+                               help="bpffs directory the agent pins under. "
+                                    "Env: FELIX_BPFPINDIR.")
+
+
 def _dump_command(map_name: str) -> click.Command:
     @click.command("dump")
-    @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table",
-                  show_default=True)
-    @click.option("--pin-dir", envvar="FELIX_BPFPINDIR", default=DEFAULT_PIN_DIR,
-                  show_default=True, metavar="DIR",
-                  help="bpffs directory the agent pins under. Env: FELIX_BPFPINDIR.")
+    @_output_option
+    @_pin_dir_option
     def dump(output: str, pin_dir: str) -> None:
         rows = read_rows(map_name, pin_dir)
         if output == "json":
@@ -110,7 +121,42 @@ def command() -> None:
       pyfelix bpf ipsets dump -o json
       pyfelix bpf conntrack dump --pin-dir /sys/fs/bpf/pyfelix
       FELIX_BPFPINDIR=/sys/fs/bpf/pyfelix pyfelix bpf global_counters dump
+      pyfelix bpf summary
     """
+
+
+@command.command("summary")
+@_output_option
+@_pin_dir_option
+def summary(output: str, pin_dir: str) -> None:
+    """How full each pinned map is: entries, max_entries, fill %.
+
+    Entries are keys for hash, LRU and LPM-trie maps and the slots in use for the rules and
+    config arrays; counter arrays show none (every slot always exists). A map that is not
+    pinned is listed with the error, and the command exits 1.
+
+    \b
+    Examples:
+      pyfelix bpf summary
+      pyfelix bpf summary -o json --pin-dir /sys/fs/bpf/pyfelix
+    """
+    from agent.bpf.maps import summary_pinned
+
+    rows = summary_pinned(_resolved(pin_dir))
+    if output == "json":
+        click.echo(json.dumps(rows, indent=2, sort_keys=True))
+    else:
+        click.echo(table([_summary_cells(row) for row in rows]))
+    missing = [row["map"] for row in rows if "error" in row]
+    if missing:
+        raise click.ClickException(f"not pinned under {pin_dir}: {', '.join(missing)}")
+
+
+def _summary_cells(row: dict[str, Any]) -> dict[str, Any]:
+    """A summary row for the table: "-" where a figure does not apply (counter arrays)."""
+    if "error" in row:
+        return row
+    return {**row, **{k: "-" for k in ("entries", "fill_pct") if row[k] is None}}
 
 
 for _name in sorted(BY_NAME):

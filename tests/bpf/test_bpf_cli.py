@@ -52,3 +52,23 @@ def test_table_aligns_columns_and_prints_nested_values_as_json():
     assert lines[2].split() == ["12", '{"len":1,"start":2}', "[1,2]"]
     assert lines[1].index("{") == lines[2].index("{")  # aligned
     assert table([]) == "(no entries)"
+
+
+def test_summary_has_help_and_names_a_missing_pin_dir(tmp_path):
+    out = CliRunner().invoke(cli, ["bpf", "summary", "--help"])
+    assert out.exit_code == 0 and "pyfelix bpf summary" in out.output
+    out = CliRunner().invoke(cli, ["bpf", "summary", "--pin-dir", str(tmp_path / "none")])
+    assert out.exit_code == 1 and "none" in out.output and "FELIX_BPFPINDIR" in out.output
+
+
+def test_summary_table_marks_figures_that_do_not_apply():
+    from cli.commands.bpf import _summary_cells
+
+    counters = {"map": "rule_counters", "type": "percpu_array", "max_entries": 16,
+                "entries": None, "fill_pct": None}
+    assert _summary_cells(counters)["entries"] == "-" == _summary_cells(counters)["fill_pct"]
+    trie = {"map": "ipsets", "type": "lpm_trie", "max_entries": 4, "entries": 1,
+            "fill_pct": 25.0}
+    assert _summary_cells(trie) == trie
+    missing = {"map": "ids", "error": "not readable: ENOENT"}
+    assert _summary_cells(missing) == missing

@@ -1,17 +1,23 @@
 """Real-kernel map tests: ctypes layouts equal what BCC built from the C, pins and adoption
-across a reload, the raw-syscall map API (batches, fallbacks, "map full")."""
+across a reload, the raw-syscall map API (batches, fallbacks, "map full"), and
+`pyfelix bpf summary` over the real pins."""
 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import secrets
+import subprocess
+import sys
 
 import pytest
 
+from agent import proto as p
+from agent.bpf import packets as pk
 from agent.bpf import syscall
 from agent.bpf.loader import BuildConfig, load_dataplane, prepare_pins, remove_pin_dir
-from agent.bpf.maps import ALL_MAPS, endpoints, ipsets
+from agent.bpf.maps import ALL_MAPS, BY_NAME, endpoints, ipsets
 from agent.bpf.maps import conntrack as ct_map
 from agent.bpf.maps.base import BpfMap, MapFullError, MapParams, MapType
 
@@ -222,3 +228,30 @@ def test_sweep_removes_only_other_builds_pins():
         assert sorted(os.listdir(pin_dir)) == ["progs_new", "rules_v1", "scratch_new"]
     finally:
         remove_pin_dir(pin_dir)
+
+
+def test_summary_counts_what_each_pinned_map_holds(harness, pin_dir):
+    h = harness
+    h.apply(p.IPSetUpdate("clients", "net", frozenset({"10.1.0.0/16", "10.2.0.1/32"})),
+            p.ActivePolicyUpdate(p.PolicyID("default", "in"), p.Policy(inbound_rules=(
+                p.Rule("allow", protocol=6, src_ip_set_ids=("clients",)),))),
+            h.endpoint("a", "d1", tiers=(p.TierInfo("default", ingress_policies=("in",)),)),
+            h.endpoint("b", "d2", tiers=(p.TierInfo("default", ingress_policies=("in",)),)))
+    assert h.verdict("to", pk.tcp("10.2.0.1", "10.65.0.2", 40000, 80, "S"), "d1") == "allow"
+    done = subprocess.run([sys.executable, "-m", "cli.main", "bpf", "summary", "-o", "json",
+                           "--pin-dir", pin_dir], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    rows = {row["map"]: row for row in json.loads(done.stdout)}
+    assert set(rows) == set(BY_NAME)
+    maps = h.dp.maps
+    assert rows["endpoints"]["entries"] == 2 == len(maps["endpoints"].items())
+    assert rows["ipsets"]["entries"] == len(list(maps["ipsets"].iter_keys())) >= 2
+    assert rows["conntrack"]["entries"] == 1
+    in_use = sum(1 for _, v in maps["rules"].items() if any(v))
+    assert rows["rules"]["entries"] == in_use > 0
+    assert rows["rules"]["max_entries"] == maps["rules"].max_entries
+    assert rows["rules"]["fill_pct"] == round(100 * in_use / maps["rules"].max_entries, 1)
+    assert rows["rule_counters"]["entries"] is None  # counters: every slot always exists
+    table = subprocess.run([sys.executable, "-m", "cli.main", "bpf", "summary",
+                            "--pin-dir", pin_dir], capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0 and table.stdout.splitlines()[0].split()[:2] == ["MAP", "TYPE"]
