@@ -97,6 +97,7 @@ log = logging.getLogger(__name__)
 BACKEND = "file"
 RESOURCE_SUFFIXES = (".yaml", ".yml", ".json")
 JSON_SUFFIX = ".json"
+DEFAULT_SETTLE = 0.01  # seconds of quiet after complete writes (module docstring)
 
 _YamlLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -786,10 +787,13 @@ class FileSyncer:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, poll_interval: float = 1.0,
-                 debounce: float = 0.05, settle: float = 0.01, settle_limit: float = 1.0,
-                 use_inotify: bool = True, rescan_interval: float = 300.0,
+                 debounce: float = 0.05, settle: float | None = None,
+                 settle_limit: float = 1.0, use_inotify: bool = True,
+                 rescan_interval: float = 300.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        if not 0 <= settle <= debounce:
+        if settle is None:
+            settle = min(DEFAULT_SETTLE, debounce)
+        elif not 0 <= settle <= debounce:
             raise ValueError(f"FileSyncer: settle {settle!r} must be within 0..debounce "
                              f"({debounce!r})")
         self.path = os.fspath(path)

@@ -83,6 +83,7 @@ def test_anything_else_waits_for_the_debounce(events: list[InotifyEvent]) -> Non
 def test_settle_must_not_exceed_debounce(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="settle"):
         FileSyncer(tmp_path, debounce=0.05, settle=0.1)
+    FileSyncer(tmp_path, debounce=0.005)  # the default settle shrinks to a shorter debounce
 
 
 @pytest.fixture
