@@ -86,6 +86,7 @@ def linux_config(config: Config, *, bpf_mode: bool) -> Any:
         vxlan_vni=config.vxlanvni,
         vxlan_port=config.vxlan_port,
         vxlan_mtu=config.vxlanmtu,
+        bpf_pin_dir=config.bpf_pin_dir,
     )
 
 

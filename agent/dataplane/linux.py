@@ -20,6 +20,11 @@ Order of a round (phase 1 `apply`, then phase 2 `finish_apply` in the same order
     VXLANManager        vxlan.calico device, VTEP FDB/ARP, routes to remote VXLAN blocks
     SysctlManager       forwarding, proxy ARP, rp_filter (0 in BPF mode)
     EndpointStatusManager  up/down per endpoint to a callback (status reporting), when given
+    BpfCleanupManager   iptables mode with a pin dir only, LAST: phase 2 of the first round
+                        after in-sync (and of every resync) detaches the tc filters and XDP
+                        program an earlier BPF-mode agent left in this namespace (ours only,
+                        by name) and removes its pin directory; the chains are in place by
+                        then (make before break)
 
 BPF mode: the split between the tc/XDP programs and iptables.
 
@@ -43,11 +48,14 @@ BPF mode: the split between the tc/XDP programs and iptables.
                               the raw table decides, so the two never disagree).
     NAT outgoing, routes, VXLAN, host IPs, sysctls: the same managers as in iptables mode.
 
-Known BPF-mode limits: kube-proxy IPVS awareness (the iptables mode's rules that keep
+Switching modes: from BPF to iptables, `BpfCleanupManager` (managers/bpf_cleanup.py)
+removes the BPF agent's programs and pins once the chains are programmed (it needs
+`bpf_pin_dir`, which the agent always passes: `BPFPinDir`); the other way, the first apply
+after in-sync sweeps the workload chains and the IP sets no rule uses any more.
+
+Known BPF-mode limit: kube-proxy IPVS awareness (the iptables mode's rules that keep
 IPVS-forwarded pod traffic out of host endpoint egress policy) is not rendered, since it
-rests on the workload chains' marks; switching from BPF to iptables mode does not remove
-the programs (switching the other way, the first apply after in-sync sweeps the workload
-chains and the IP sets no rule uses any more).
+rests on the workload chains' marks.
 
 Settings keep Felix's names (`FelixConfiguration` / `FELIX_*`); `LinuxDataplaneConfig.from_felix`
 reads them from a mapping of strings and names the offending key on bad values.
@@ -63,6 +71,7 @@ from agent.dataplane.ifacemonitor import InterfaceMonitor
 from agent.dataplane.iptables.hostendpoints import Failsafes, parse_failsafe_ports
 from agent.dataplane.loop import DataplaneLoop
 from agent.dataplane.manager import Manager
+from agent.dataplane.managers.bpf_cleanup import BpfCleanupManager
 from agent.dataplane.managers.endpoint_status import EndpointStatusManager, Report
 from agent.dataplane.managers.hostips import HostIPsManager, InterfaceMatcher
 from agent.dataplane.managers.ipsets import IPSetsManager
@@ -102,6 +111,10 @@ class LinuxDataplaneConfig:
     vxlan_vni: int = DEFAULT_VNI  # VXLANVNI
     vxlan_port: int = DEFAULT_PORT  # VXLANPort
     vxlan_mtu: int = 0  # VXLANMTU (0: the parent interface's MTU - 50)
+    # BPFPinDir: where a BPF-mode agent pins its maps. In iptables mode, set: a
+    # BpfCleanupManager removes that agent's programs and pins; None (the default here, for
+    # tests and tools that build a namespace's dataplane directly): no cleanup at all.
+    bpf_pin_dir: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.vxlan_vni < 1 << 24:
@@ -142,6 +155,7 @@ class LinuxDataplaneConfig:
             except ValueError as exc:
                 raise ValueError(f"{key}: {config[key]!r} is not an integer") from exc
         return cls(
+            bpf_pin_dir=config.get("BPFPinDir") or None,
             vxlan_vni=vxlan["VXLANVNI"],
             vxlan_port=vxlan["VXLANPort"],
             vxlan_mtu=vxlan["VXLANMTU"],
@@ -164,7 +178,8 @@ def linux_managers(cfg: LinuxDataplaneConfig, *, netns: str | None = None,
     """The managers of one namespace's dataplane, in the order a round applies them.
 
     `endpoint_status(kind, endpoint id, status | None)`: when given (EndpointReportingEnabled),
-    an `EndpointStatusManager` runs last and reports each endpoint's up/down/error."""
+    an `EndpointStatusManager` reports each endpoint's up/down/error. In iptables mode with
+    `cfg.bpf_pin_dir` set, a `BpfCleanupManager` comes last of all."""
     managers: list[Manager] = list(extra_managers)
     iptables = IptablesManager(
         netns=netns,
@@ -192,6 +207,10 @@ def linux_managers(cfg: LinuxDataplaneConfig, *, netns: str | None = None,
     ]
     if endpoint_status is not None:
         managers.append(EndpointStatusManager(endpoint_status))
+    if not cfg.bpf_mode and cfg.bpf_pin_dir is not None:
+        # last: its finish_apply runs after every other manager's, once the chains are in
+        # place (make before break); it never imports bcc
+        managers.append(BpfCleanupManager(cfg.bpf_pin_dir, netns=netns))
     return managers
 
 

@@ -1,0 +1,245 @@
+"""Switching a node from BPF mode to iptables mode on a real kernel, in a namespace of our
+own: the BPF managers attach our programs (tc on two workload veths, XDP on a host veth)
+and pin under a per-test directory, then go away as a stopped agent would (programs and
+pins stay); a foreign tool's programs sit beside ours (a bpf filter at another priority,
+a u32 filter, an XDP program on another interface). A real `pyfelix agent` process in
+iptables mode, against the same namespace and pin directory, must reach in-sync with our
+filters gone at both hooks, our XDP program gone, the pin directory gone, every foreign
+program still attached, and its iptables chains in place. A second sweep in-process then
+finds nothing (its duration is printed).
+
+Teardown on success and failure: the agent is killed, the namespace deleted (veths, filters
+and XDP programs go with it), the pin directory removed; `root_untouched` (conftest)
+checks that nothing of ours is left in the root namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent import proto as p
+from agent.bpf.attach import HOOK_PARENTS, XDP_FLAGS_SKB_MODE
+from agent.bpf.loader import remove_pin_dir
+from agent.bpf.testrun import NetnsThread
+from agent.config import load_config
+from agent.dataplane.bpf_dataplane import build_bpf_managers
+from agent.dataplane.managers.bpf_cleanup import BpfCleanupManager
+
+pytestmark = pytest.mark.privileged
+
+REPO = Path(__file__).resolve().parents[3]
+WORKLOADS = ("cali1", "cali2")
+HOSTS = ("eth0", "eth1")  # eth0: our XDP (untracked host endpoint); eth1: a foreign XDP
+
+FOREIGN_SOURCE = """
+int foreign_cls(struct __sk_buff *skb) { return -1; /* TC_ACT_UNSPEC: carry on */ }
+int foreign_xdp(struct xdp_md *ctx) { return 2; /* XDP_PASS */ }
+"""
+
+DATASTORE = """
+apiVersion: projectcalico.org/v3
+kind: WorkloadEndpoint
+metadata: {name: node1-k8s-web-eth0, namespace: default, labels: {app: web}}
+spec: {node: node1, orchestrator: k8s, workload: web, pod: web, endpoint: eth0,
+       interfaceName: cali1, ipNetworks: [10.65.0.5/32]}
+"""
+
+
+def sh(*argv: str) -> str:
+    return subprocess.run(argv, check=True, capture_output=True, text=True, timeout=60).stdout
+
+
+class Node:
+    def __init__(self, name: str, thread: NetnsThread) -> None:
+        self.name = name
+        self.thread = thread
+
+    def filters(self, iface: str, hook: str) -> str:
+        return sh("ip", "netns", "exec", self.name, "tc", "filter", "show", "dev", iface, hook)
+
+    def link(self, iface: str) -> str:
+        return sh("ip", "-n", self.name, "link", "show", iface)
+
+    def ifindex(self, iface: str) -> int:
+        return int(self.link(iface).split(":")[0])
+
+
+@pytest.fixture
+def node(root_untouched: None) -> Iterator[Node]:
+    name = f"pyfbpf-cl-{os.getpid()}-{secrets.token_hex(2)}"
+    sh("ip", "netns", "add", name)
+    try:
+        sh("ip", "-n", name, "link", "set", "lo", "up")
+        for iface in (*WORKLOADS, *HOSTS):
+            # peers named p<iface>: not matching the workload prefix `cali`
+            sh("ip", "-n", name, "link", "add", iface, "type", "veth", "peer", "name",
+               f"p{iface}")
+            sh("ip", "-n", name, "link", "set", iface, "up")
+        with NetnsThread(f"/run/netns/{name}") as thread:
+            yield Node(name, thread)
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False, timeout=60)
+
+
+@pytest.fixture
+def pin_dir(root_untouched: None) -> Iterator[str]:
+    path = f"/sys/fs/bpf/pyfelix-test-cl-{secrets.token_hex(4)}"
+    try:
+        yield path
+    finally:
+        remove_pin_dir(path)
+
+
+@pytest.fixture
+def foreign_programs() -> Iterator[dict[str, int]]:
+    """A foreign tool's tc and XDP programs (fds), compiled with BCC."""
+    import bcc
+
+    bpf = bcc.BPF(text=FOREIGN_SOURCE.encode())
+    try:
+        yield {"cls": bpf.load_func(b"foreign_cls", bcc.BPF.SCHED_CLS).fd,
+               "xdp": bpf.load_func(b"foreign_xdp", bcc.BPF.XDP).fd}
+    finally:
+        bpf.cleanup()
+
+
+def bpf_mode_config(pin_dir: str) -> Any:
+    return load_config(environ={
+        "FELIX_BPFPINDIR": pin_dir, "FELIX_BPFMAPSIZEIPSETS": "64",
+        "FELIX_BPFMAPSIZERULES": "4096", "FELIX_BPFMAPSIZECONNTRACK": "4096",
+        "FELIX_BPFMAPSIZEENDPOINTS": "64", "FELIX_BPFMAPSIZEROUTES": "1024"})
+
+
+def bpf_mode_messages() -> list[object]:
+    profile = p.ActiveProfileUpdate("kns.default", p.Profile(
+        inbound_rules=(p.Rule("allow"),), outbound_rules=(p.Rule("allow"),)))
+    endpoints = [p.WorkloadEndpointUpdate(
+        p.WorkloadEndpointID("k8s", f"default/{iface}", "eth0"),
+        p.WorkloadEndpoint("active", iface, profile_ids=("kns.default",)))
+        for iface in WORKLOADS]
+    untracked = p.ActivePolicyUpdate(p.PolicyID("default", "untracked-deny"), p.Policy(
+        untracked=True, inbound_rules=(p.Rule("deny", src_nets=("192.0.2.0/24",)),)))
+    host = p.HostEndpointUpdate(p.HostEndpointID("node1-eth0"), p.HostEndpoint(
+        "eth0", untracked_tiers=(p.TierInfo("default", ingress_policies=("untracked-deny",)),)))
+    return [profile, untracked, *endpoints, host, p.InSync()]
+
+
+def run_bpf_agent_once(node: Node, pin_dir: str) -> None:
+    """What a BPF-mode agent leaves behind when it stops: programs attached, maps pinned."""
+    def run() -> None:
+        managers = build_bpf_managers(bpf_mode_config(pin_dir))
+        try:
+            for msg in bpf_mode_messages():
+                for m in managers:
+                    m.on_update(msg)
+            for m in managers:
+                m.apply()
+            for m in managers:
+                m.finish_apply()
+        finally:
+            for m in managers:
+                m.close()
+
+    node.thread.call(run)
+
+
+def add_foreign_programs(node: Node, fds: dict[str, int]) -> None:
+    from pyroute2 import IPRoute
+
+    def run() -> None:
+        with IPRoute() as ipr:
+            for iface, hook in (("cali1", "ingress"), ("cali2", "egress")):
+                ipr.tc("add-filter", "bpf", node.ifindex(iface), 1, fd=fds["cls"],
+                       name="foreign_cls", parent=HOOK_PARENTS[hook], classid=1,
+                       direct_action=True, prio=5)
+            ipr.link("set", index=node.ifindex("eth1"), xdp={"attrs": [
+                ("IFLA_XDP_FD", fds["xdp"]), ("IFLA_XDP_FLAGS", XDP_FLAGS_SKB_MODE)]})
+
+    node.thread.call(run)
+    sh("ip", "netns", "exec", node.name, "tc", "filter", "add", "dev", "cali1", "egress",
+       "prio", "8", "protocol", "all", "u32", "match", "u32", "0", "0", "flowid", "1:1")
+
+
+def in_sync(status: Path) -> bool:
+    try:
+        return bool(json.loads(status.read_text()).get("dataplane_in_sync"))
+    except (OSError, ValueError):
+        return False
+
+
+def test_iptables_agent_removes_our_programs_and_pins_and_keeps_foreign_ones(
+        node: Node, pin_dir: str, foreign_programs: dict[str, int], tmp_path: Path):
+    run_bpf_agent_once(node, pin_dir)
+    add_foreign_programs(node, foreign_programs)
+    for iface in WORKLOADS:
+        assert "pyfelix:calico_from_wep:" in node.filters(iface, "ingress")
+        assert "pyfelix:calico_to_wep:" in node.filters(iface, "egress")
+    assert "prog/xdp" in node.link("eth0") and "prog/xdp" in node.link("eth1")
+    assert os.listdir(pin_dir)
+
+    datastore = tmp_path / "ds"
+    datastore.mkdir()
+    (datastore / "resources.yaml").write_text(DATASTORE)
+    status, log_path = tmp_path / "status.json", tmp_path / "agent.log"
+    env = {**os.environ, "FELIX_BPFENABLED": "false", "FELIX_BPFPINDIR": pin_dir,
+           "FELIX_STATUSFILE": str(status), "FELIX_LOGSEVERITYSCREEN": "Info"}
+    # nsenter --net keeps our mount namespace (the pins' bpffs), as the lab runs agents
+    with open(log_path, "wb") as log_file:
+        agent = subprocess.Popen(
+            ["nsenter", f"--net=/run/netns/{node.name}", sys.executable, "-m", "cli.main",
+             "agent", "--datastore", str(datastore), "--hostname", "node1"],
+            cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log_file,
+            stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while not in_sync(status):
+            assert agent.poll() is None, f"agent exited:\n{log_path.read_text()}"
+            assert time.monotonic() < deadline, f"not in sync:\n{log_path.read_text()}"
+            time.sleep(0.1)
+        log_text = log_path.read_text()
+        for iface in WORKLOADS:
+            for hook in ("ingress", "egress"):
+                assert "pyfelix:" not in node.filters(iface, hook), (iface, hook, log_text)
+        assert "foreign_cls" in node.filters("cali1", "ingress")
+        assert "foreign_cls" in node.filters("cali2", "egress")
+        assert "u32" in node.filters("cali1", "egress")
+        assert "prog/xdp" not in node.link("eth0")
+        assert "prog/xdp" in node.link("eth1")  # the foreign XDP program
+        assert not os.path.exists(pin_dir)
+        assert "removed 4 tc filter(s) and 1 XDP program(s) of ours on 3 interface(s)" \
+            in log_text, log_text
+        chains = sh("ip", "netns", "exec", node.name, "iptables-save", "-t", "filter")
+        assert "cali-tw-cali1" in chains
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=15) == 0
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+
+    # a later resync finds nothing of ours: reads only, foreign programs untouched
+    cleanup = BpfCleanupManager(pin_dir, netns=node.name)
+    try:
+        cleanup.on_update(p.InSync())
+        cleanup.finish_apply()  # opens the netlink socket in the namespace
+        cleanup.request_resync()
+        started = time.perf_counter()
+        cleanup.finish_apply()
+        elapsed = time.perf_counter() - started
+    finally:
+        cleanup.close()
+    assert cleanup.sweeps == 2 and cleanup.last is not None and not cleanup.last.anything
+    assert "foreign_cls" in node.filters("cali1", "ingress")
+    print(f"\nresync sweep with nothing to remove, {len(WORKLOADS) + len(HOSTS) + 1} "
+          f"interfaces: {elapsed * 1000:.1f} ms")
