@@ -69,13 +69,20 @@ def http_get(netns: str, port: int, path: str) -> tuple[int, str]:
     return int(status or 0), body
 
 
+def own_pin_dir() -> dict[str, str]:
+    """A BPFPinDir of this test's own that never exists: an iptables-mode agent sweeps its
+    pin directory (BPF -> iptables cleanup), which must never be the machine's default."""
+    return {"FELIX_BPFPINDIR": f"/sys/fs/bpf/pyfelix-test-absent-{uuid.uuid4().hex[:8]}"}
+
+
 def start_agent(netns: str, datastore: Path, env: dict[str, str],
                 log: Path) -> subprocess.Popen[bytes]:
     with open(log, "wb") as out:
         return subprocess.Popen(
             ["ip", "netns", "exec", netns, sys.executable, "-m", "cli.main", "agent",
              "--datastore", str(datastore), "--hostname", "node1"],
-            cwd=REPO, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)
+            cwd=REPO, env={**os.environ, **own_pin_dir(), **env}, stdout=out,
+            stderr=subprocess.STDOUT)
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:
@@ -150,7 +157,8 @@ def test_bad_config_is_one_clear_error(netns: str, tmp_path: Path, env: dict[str
     datastore = tmp_path / "ds"
     datastore.mkdir()
     done = in_ns(netns, sys.executable, "-m", "cli.main", "agent", "--datastore",
-                 str(datastore), "--hostname", "node1", cwd=REPO, env={**os.environ, **env})
+                 str(datastore), "--hostname", "node1", cwd=REPO,
+                 env={**os.environ, **own_pin_dir(), **env})
     assert done.returncode == 2
     errors = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(errors) == 1 and fragment in errors[0], done.stderr

@@ -108,7 +108,9 @@ def test_agents_converge_through_typha(namespaces: tuple[str, str], tmp_path: Pa
                           f"198.18.0.1:{PORT}", "--insecure"], logs[0], {})]
     try:
         for (node, _), ns, log in zip(NODES.items(), (ns_a, ns_b), logs[1:], strict=True):
+            # a pin directory of its own: iptables mode sweeps BPFPinDir (never the default)
             env = {"FELIX_BPFENABLED": "false",
+                   "FELIX_BPFPINDIR": f"/sys/fs/bpf/pyfelix-test-absent-{uuid.uuid4().hex[:8]}",
                    "FELIX_STATUSFILE": str(tmp_path / f"{node}.status.json")}
             procs.append(spawn(ns, ["agent", "--datastore", f"typha://198.18.0.1:{PORT}",
                                     "--hostname", node], log, env))
