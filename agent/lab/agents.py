@@ -1,6 +1,6 @@
 """Real agents in the lab: one `pyfelix agent` per node namespace, plus confd + BIRD per
 node when the scenario has several nodes (pods on different nodes then reach each other only
-through BGP-learned routes).
+through BGP-learned routes), optionally all fed by one Typha.
 
 Role: the `NodeAgents` implementation `LabRunner` drives. Per node:
 
@@ -9,6 +9,12 @@ Role: the `NodeAgents` implementation `LabRunner` drives. Per node:
              FELIX_BPFPINDIR=<bpffs run dir>/N, FELIX_INTERFACEPREFIX
     [several nodes] nsenter ... python -m cli.main confd run ... (renders bird.conf)
                     then BIRD (confd.bird.BirdInstance) in the same namespace
+    [typha=True]    before any agent: `pyfelix typha --insecure` in the FIRST node's
+                    namespace, listening on that node's underlay IP (port TYPHA_PORT), as a
+                    host-networked Typha pod would; every agent and confd then uses
+                    --datastore typha://<that IP>:TYPHA_PORT instead of the directory, so the
+                    whole lab reads the datastore through one watch. Plain TCP: the underlay
+                    is the lab's own bridge between namespaces it created.
 
 In-sync (`is_in_sync`, polled by the runner after every step's datastore writes): every
 agent's status file says the dataplane is in sync and idle, and the agent has seen updates
@@ -19,6 +25,7 @@ the calc graph and the dataplane is not mistaken for idleness.
 
 Teardown (`stop`): SIGTERM each process group, then SIGKILL after a bound; BIRD through its
 own `stop()`. Agent logs stay in the run directory until the run directory is removed.
+`describe()` says how the agents ran (dataplane, datastore URL, BGP), for the lab's report.
 """
 
 from __future__ import annotations
@@ -27,18 +34,21 @@ import ipaddress
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from agent.lab.netns import in_netns
 from agent.lab.topology import LabTopology
 
 NO_UPDATE_GRACE_S = 1.5
 STOP_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 60.0
 LAB_IP_POOL = "10.65.0.0/16"
+TYPHA_PORT = 5473
 
 
 class AgentStartError(RuntimeError):
@@ -52,7 +62,7 @@ class AgentProcesses:
 
     def __init__(self, dataplane: str = "bpf", *, interface_prefix: str = "cali",
                  bgp: bool | None = None, python: str = sys.executable,
-                 extra_env: dict[str, str] | None = None) -> None:
+                 extra_env: dict[str, str] | None = None, typha: bool = False) -> None:
         if dataplane not in ("bpf", "iptables"):
             raise ValueError(f"dataplane must be bpf or iptables, not {dataplane!r}")
         self.dataplane = dataplane
@@ -60,6 +70,8 @@ class AgentProcesses:
         self.bgp = bgp
         self.python = python
         self.extra_env = dict(extra_env or {})
+        self.typha = typha
+        self.datastore_url = ""
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.birds: dict[str, Any] = {}
         self.status_paths: dict[str, Path] = {}
@@ -79,6 +91,9 @@ class AgentProcesses:
         self.topology = topology
         if use_bgp:
             self._write_ip_pool(datastore_dir)
+        self.datastore_url = str(datastore_dir)
+        if self.typha:
+            self.datastore_url = self._start_typha(topology, datastore_dir)
         for name, node in topology.nodes.items():
             status = self.run_dir / f"{name}.status.json"
             self.status_paths[name] = status
@@ -92,10 +107,15 @@ class AgentProcesses:
                 **self.extra_env,
             }
             self.processes[f"agent:{name}"] = self._spawn(
-                node.netns, ["agent", "--datastore", str(datastore_dir), "--hostname", name],
+                node.netns, ["agent", "--datastore", self.datastore_url, "--hostname", name],
                 env, self.run_dir / f"{name}.agent.log")
             if use_bgp:
-                self._start_bgp(name, node.netns, datastore_dir, env)
+                self._start_bgp(name, node.netns, env)
+
+    def describe(self) -> dict[str, Any]:
+        """How the agents run, for the lab's JSON report."""
+        return {"dataplane": self.dataplane, "datastore": self.datastore_url,
+                "bgp": self.use_bgp, "typha": self.typha}
 
     def is_in_sync(self) -> bool:
         ok = self._check_once()
@@ -131,7 +151,30 @@ class AgentProcesses:
                 start_new_session=True,
             )
 
-    def _start_bgp(self, name: str, netns: str, datastore_dir: Path, env: dict[str, str]) -> None:
+    def _start_typha(self, topology: LabTopology, datastore_dir: Path) -> str:
+        """Typha in the first node's namespace; returns the URL the clients use once it
+        accepts connections (AgentStartError with its log's end if it exits or never does)."""
+        assert self.run_dir is not None
+        host = topology.nodes[sorted(topology.nodes)[0]]
+        address = (str(host.ip), TYPHA_PORT)
+        key = f"typha:{host.name}"
+        self.processes[key] = self._spawn(
+            host.netns, ["typha", "--datastore", str(datastore_dir), "--listen",
+                         f"{address[0]}:{address[1]}", "--insecure"],
+            {**os.environ, **self.extra_env}, self.run_dir / f"{host.name}.typha.log")
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not _accepts(host.netns, address):
+            proc = self.processes[key]
+            if proc.poll() is not None:
+                raise AgentStartError(f"typha on {host.name} exited with {proc.returncode}; "
+                                      f"its log ends:\n{self._log_tail(host.name, 'typha')}")
+            if time.monotonic() > deadline:
+                raise AgentStartError(f"typha on {host.name} did not listen on "
+                                      f"{address[0]}:{address[1]} in {START_TIMEOUT_S:g}s")
+            time.sleep(0.05)
+        return f"typha://{address[0]}:{address[1]}"
+
+    def _start_bgp(self, name: str, netns: str, env: dict[str, str]) -> None:
         from confd.bird import BirdInstance
 
         assert self.run_dir is not None
@@ -140,7 +183,7 @@ class AgentProcesses:
         conf = bird_dir / "bird.conf"
         sock = bird_dir / "bird.ctl"
         self.processes[f"confd:{name}"] = self._spawn(
-            netns, ["confd", "run", "--datastore", str(datastore_dir), "--hostname", name,
+            netns, ["confd", "run", "--datastore", self.datastore_url, "--hostname", name,
                     "--interface-prefix", self.interface_prefix, "--bird-socket", str(sock),
                     "--config-file", str(conf)],
             env, self.run_dir / f"{name}.confd.log")
@@ -242,6 +285,17 @@ class AgentProcesses:
 def _route_dst(route: dict[str, Any]) -> str:
     dst = str(route.get("dst", ""))
     return dst if "/" in dst else f"{dst}/32"
+
+
+def _accepts(netns: str, address: tuple[str, int]) -> bool:
+    """A TCP connect to `address` from inside `netns` succeeds."""
+    with in_netns(netns), socket.socket() as sock:
+        sock.settimeout(0.5)
+        try:
+            sock.connect(address)
+        except OSError:
+            return False
+    return True
 
 
 def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:

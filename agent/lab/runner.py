@@ -111,16 +111,20 @@ class LabReport:
     enforces_policy: bool
     results: list[ProbeResult] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    agents: dict[str, Any] | None = None  # how the agents ran (AgentProcesses.describe())
 
     @property
     def mismatches(self) -> list[ProbeResult]:
         return [r for r in self.results if r.mismatch]
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "probes": [r.to_json() for r in self.results],
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
         }
+        if self.agents is not None:
+            out["agents"] = self.agents
+        return out
 
 
 class LabRunner:
@@ -257,6 +261,8 @@ class LabRunner:
         self.check_interrupted()
         with self._timed("agents_s"):
             self.agents.start(self.topology, self.datastore_dir, self.bpffs_dir)
+        describe = getattr(self.agents, "describe", None)
+        self.report.agents = describe() if describe is not None else None
         self.check_interrupted()
 
     def apply_resources(self, documents: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> None:

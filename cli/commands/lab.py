@@ -89,6 +89,9 @@ def command() -> None:
                    "with --no-agent).")
 @click.option("--hold", type=click.FloatRange(min=0.0), default=0.0,
               help="Keep the lab up this many seconds after the probes, for inspection.")
+@click.option("--typha", is_flag=True,
+              help="Run `pyfelix typha` on the first node; every agent and confd reads the "
+                   "datastore through it.")
 def run_command(
     scenario_file: str,
     dataplane: str,
@@ -97,6 +100,7 @@ def run_command(
     probe_timeout: float,
     static_routes: bool | None,
     hold: float,
+    typha: bool,
 ) -> None:
     """Build SCENARIO_FILE's topology, run its steps and probes, tear everything down.
 
@@ -106,6 +110,7 @@ def run_command(
     Examples:
       pyfelix lab run shared/scenarios/calico-gnp-order.yaml -o json
       pyfelix lab run my.yaml --probe-timeout 0.5
+      pyfelix lab run my.yaml --dataplane iptables --typha
     """
     from agent.lab.scenario import ScenarioError, load_scenario
 
@@ -114,6 +119,8 @@ def run_command(
     except ScenarioError as exc:
         raise click.ClickException(str(exc)) from exc
     _require_root()
+    if typha and no_agent:
+        raise click.UsageError("--typha serves the agents: it cannot go with --no-agent")
     agents = None
     if no_agent:
         _stderr(NO_AGENT_NOTICE)
@@ -121,7 +128,7 @@ def run_command(
         from agent.lab.agents import AgentProcesses
 
         agents = AgentProcesses(dataplane, interface_prefix=_interface_prefix(),
-                                bgp=False if static_routes else None)
+                                bgp=False if static_routes else None, typha=typha)
     report = _run_lab(
         scenario,
         agents=agents,
