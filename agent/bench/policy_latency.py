@@ -29,6 +29,7 @@ is frozen out of the cyclic collector's passes).
 
 from __future__ import annotations
 
+import gc
 import os
 import statistics
 import tempfile
@@ -161,6 +162,7 @@ def run_latency(iterations: int) -> dict[str, Any]:
         finally:
             pipeline.stop()
             close_maps(maps)
+            gc.unfreeze()  # Pipeline.start() froze the state as the agent would
 
 
 def _measure(pipeline: Pipeline, store: Datastore, maps: dict[str, Any],
