@@ -31,12 +31,15 @@ Invariants: a key's updates are sent in revision order, at most once per revisio
 that is not valid JSON, or a document whose kind/namespace/name disagree with its key, is
 reported as a `DatastoreError` and handled as a delete of that key (etcd holds no valid
 resource there); keys under the prefix that are not in the layout (Calico kinds pyfelix does
-not use) are ignored.
+not use) are ignored. Like an update, a rejected value is reported (logged, counted in
+`pyfelix_datastore_parse_errors_total`, sent to `on_error`) once per revision: a relist
+finding it unchanged says nothing again.
 
-Easy to get wrong: a relist must compare with what was SENT, not re-send everything; the
-pages of a list must share one revision or a concurrent write can be missed; a key created
-and deleted while the syncer was disconnected (after every change it waits for) may still
-be replayed, as a put then its delete, just after IN_SYNC.
+Easy to get wrong: a relist must compare with what was SENT (and with what was REJECTED),
+not re-send or re-report everything; the pages of a list must share one revision or a
+concurrent write can be missed; a key created and deleted while the syncer was
+disconnected (after every change it waits for) may still be replayed, as a put then its
+delete, just after IN_SYNC.
 """
 
 from __future__ import annotations
@@ -136,6 +139,8 @@ class EtcdSyncer:
         self._stream: WatchStream | None = None
         # State owned by the syncer thread:
         self._sent: dict[bytes, _Sent] = {}
+        # keys whose value at this mod revision was reported as unusable (not in _sent)
+        self._rejected: dict[bytes, int] = {}
         self._revision = 0  # every change up to this revision has been sent
         self._listed = False
         self._status: SyncStatus | None = None
@@ -236,12 +241,17 @@ class EtcdSyncer:
             for kv in kvs:
                 seen.add(kv.key)
                 sent = self._sent.get(kv.key)
-                if sent is None or sent.mod_revision != kv.mod_revision:
-                    updates.extend(self._put(kv.key, kv.value, kv.mod_revision))
+                if sent is not None and sent.mod_revision == kv.mod_revision:
+                    continue  # sent already
+                if sent is None and self._rejected.get(kv.key) == kv.mod_revision:
+                    continue  # reported already
+                updates.extend(self._put(kv.key, kv.value, kv.mod_revision))
             self._emit(updates)
         gone = [path for path in self._sent if path not in seen]
         self._emit([update for path in sorted(gone)
                     for update in self._delete(path, list_revision)])
+        for path in [path for path in self._rejected if path not in seen]:
+            del self._rejected[path]
         self._revision = list_revision
         self._listed = True
         self._backoff.succeeded()
@@ -346,28 +356,31 @@ class EtcdSyncer:
 
     # -- turning keys and values into updates --
 
-    def _key_of(self, path: bytes) -> ResourceKey | None:
-        text = path.decode("utf-8", "replace")
-        try:
-            return parse_etcd_key(text)
-        except EtcdKeyError as exc:
-            self._report(text, str(exc))
-            return None
-
     def _put(self, path: bytes, value: bytes, revision: int) -> list[RawUpdate]:
-        key = self._key_of(path)
-        if key is None:
-            return self._delete(path, revision)
         source = path.decode("utf-8", "replace")
+        try:
+            key = parse_etcd_key(source)
+        except EtcdKeyError as exc:
+            return self._reject(path, revision, str(exc))
+        if key is None:  # not ours
+            return self._delete(path, revision)
         try:
             doc = decode_value(source, key, value)
         except ValueError as exc:
-            self._report(source, f"{exc}; handled as a delete")
-            return self._delete(path, revision)
+            return self._reject(path, revision, f"{exc}; handled as a delete")
+        self._rejected.pop(path, None)
         self._sent[path] = _Sent(key, revision)
         return [RawUpdate(key, doc, source, str(revision))]
 
+    def _reject(self, path: bytes, revision: int, message: str) -> list[RawUpdate]:
+        """Report an unusable key or value; what was sent for the key before is deleted."""
+        updates = self._delete(path, revision)
+        self._rejected[path] = revision
+        self._report(path.decode("utf-8", "replace"), message)
+        return updates
+
     def _delete(self, path: bytes, revision: int) -> list[RawUpdate]:
+        self._rejected.pop(path, None)
         sent = self._sent.pop(path, None)
         if sent is None:
             return []

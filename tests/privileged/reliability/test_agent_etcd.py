@@ -1,0 +1,615 @@
+"""A running `pyfelix agent` (iptables mode) on the etcd3 datastore: etcd outages and
+malformed documents written straight into etcd.
+
+The world of each test, built by `etcd_agent_world()` and torn down on success, failure and
+Ctrl-C (one ExitStack; etcd and the agent also get SIGKILL if pytest itself is killed,
+which leaves only the namespace and a /tmp/pfet* directory behind):
+- a network namespace `pfet<hex>` with one workload interface, a veth named as Calico's CNI
+  names the host side of pod default/web (`cali` + 11 hex digits), its peer beside it;
+- a real etcd (Debian's, see tests/privileged/etcd/etcd_server.py) started INSIDE that
+  namespace: its client and peer ports are on the namespace's own 127.0.0.1, so nothing of
+  it is reachable from the machine's network. The test itself writes through a unix socket
+  etcd also listens on (`unix://writer:1`, created in etcd's working directory): the
+  filesystem is shared between namespaces, the network is not;
+- the agent, started with `ip netns exec` like the operators' DaemonSet runs it, with
+  `--datastore etcd3://127.0.0.1:<port>`, health on 9099 and metrics on 9091 inside the
+  namespace, its BPF pin directory a per-test directory on bpffs (removed at teardown).
+
+1. `test_etcd_outage_keeps_the_dataplane_and_recovers`: with a policy programmed, etcd is
+   killed for 10 s. Meanwhile the agent stays up, liveness AND readiness stay 200, and the
+   whole programmed dataplane (every iptables table and the IP sets) stays exactly as it
+   was; `felix_resync_state` shows the datastore resync (2). Readiness staying 200 is the
+   documented behaviour of this agent (readiness = "the first in-sync has been reached and
+   the dataplane is programmed", agent/health.py and agent/calc/pipeline.py: `in_sync` is
+   set once and never cleared) and what Felix does in practice: Felix's calc graph reports
+   ready only while its syncer says InSync, but libcalico-go's watcher syncer never leaves
+   InSync once reached, so an etcd outage does not make calico-node unready either. After
+   etcd restarts on the same data directory, a policy change written then is programmed
+   within 30 s, the agent resumed its watch (no relist), and a delete is programmed too.
+2. `test_malformed_documents_in_etcd_are_counted_and_change_nothing`: invalid JSON, a JSON
+   array, a NetworkPolicy with a bad selector, a policy with a wrong-typed field, a document
+   of an unknown kind under a known kind's directory, a key of the wrong shape, and a key of
+   a kind pyfelix does not know, written raw (no `pyfelix apply` validation) beside a good
+   policy. The agent does not exit; the good policy is untouched; the undecodable values
+   and bad keys count once each in `pyfelix_datastore_parse_errors_total{backend="etcd3"}`,
+   the decodable-but-invalid documents once each in `pyfelix_validation_errors_total`, and
+   the unknown kind's key is ignored (counted nowhere), as agent/syncer/etcd.py documents.
+   Later good changes (one a fix of a bad document) are programmed.
+
+Figures printed (`-s` not needed): outage and recovery times.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.conversion.k8s import workload_interface_name
+from agent.dataplane.iptables.names import policy_chain_name
+from agent.lab.netns import in_netns, processes_in_netns
+from agent.syncer.api import ResourceKey
+from agent.syncer.etcd_conn import EtcdConnection
+from agent.syncer.etcd_keys import decode_value, encode_value, etcd_key, parse_etcd_key
+from agent.syncer.etcd_store import EtcdDatastore
+from agent.validator import validate_document
+from tests.privileged.etcd.etcd_server import DIE_WITH_PARENT, ETCD_BINARY, EtcdServer
+from tests.privileged.etcd.etcd_testlib import CALICO, namespace, pod
+from tests.privileged.reliability.harness import (
+    dataplane_snapshot,
+    snapshot_difference,
+    wait_for,
+)
+
+pytestmark = pytest.mark.privileged
+
+REPO = Path(__file__).resolve().parents[3]
+NODE = "node1"
+POD_IP = "10.65.0.5"
+PEER_IFACE = "pfetpeer0"
+HEALTH_PORT = 9099
+METRICS_PORT = 9091
+BPFFS = Path("/sys/fs/bpf")
+WRITER_SOCKET = "writer:1"  # etcd's unix URL must look like host:port; the file gets that name
+OUTAGE_SECONDS = 10.0
+SYNC_TIMEOUT_S = 45.0
+PROGRAM_TIMEOUT_S = 30.0
+AGENT_STOP_TIMEOUT_S = 10.0
+PARSE_ERRORS = "pyfelix_datastore_parse_errors_total"
+VALIDATION_ERRORS = "pyfelix_validation_errors_total"
+RESYNC_STATE = "felix_resync_state"
+ETCD_RECONNECTS = "pyfelix_etcd_reconnects_total"
+ETCD_RELISTS = "pyfelix_etcd_relists_total"
+IN_SYNC, RESYNC = 3.0, 2.0  # felix_resync_state values
+_COUNTERS = re.compile(r" \[\d+:\d+\]$")
+
+
+# --- etcd inside the namespace --------------------------------------------------------------
+
+class NamespacedEtcd(EtcdServer):
+    """`EtcdServer` started inside `netns`: the code under test reaches it on the namespace's
+    127.0.0.1:`client_port`; the test's own writes go through a unix socket in the server's
+    directory (`writer_endpoint`), reachable from the root namespace without any network.
+    Ports, data directory, stop/restart/close and the health wait are the parent's."""
+
+    def __init__(self, base: Path, netns: str) -> None:
+        super().__init__(base)
+        self.netns = netns
+
+    @property
+    def writer_endpoint(self) -> str:
+        return f"unix:{self.base / WRITER_SOCKET}"
+
+    @property
+    def datastore_url(self) -> str:
+        return f"etcd3://{self.endpoint}"
+
+    def start(self, *, syncer_port: bool = True, timeout: float = 20.0) -> None:
+        assert self.process is None, "etcd already running"
+        self.base.mkdir(parents=True, exist_ok=True)
+        # a killed etcd leaves its socket file behind, and etcd will not bind over it
+        (self.base / WRITER_SOCKET).unlink(missing_ok=True)
+        urls = ([f"http://127.0.0.1:{self.client_port}"] if syncer_port else []) + [
+            f"unix://{WRITER_SOCKET}"]
+        peer_url = f"http://127.0.0.1:{self.peer_port}"
+        args = [
+            ETCD_BINARY, "--name", self.name, "--data-dir", str(self.data_dir),
+            "--listen-client-urls", ",".join(urls),
+            "--advertise-client-urls", f"http://127.0.0.1:{self.client_port}",
+            "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+            "--initial-cluster", f"{self.name}={peer_url}", "--initial-cluster-state", "new",
+            "--initial-cluster-token", self.name, "--logger", "zap", "--log-level", "warn",
+        ]
+        started = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            # `ip netns exec` and setpriv both exec: the pid is etcd's own
+            self.process = subprocess.Popen(
+                ["ip", "netns", "exec", self.netns, *DIE_WITH_PARENT, *args], cwd=self.base,
+                stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        self._wait_healthy(timeout)
+        self.start_seconds = time.monotonic() - started
+
+
+# --- the agent --------------------------------------------------------------------------------
+
+class EtcdAgent:
+    """One `pyfelix agent` process in `netns` on etcd, and the test's views of it."""
+
+    def __init__(self, netns: str, datastore_url: str, run_dir: Path, pin_dir: Path) -> None:
+        self.netns = netns
+        self.datastore_url = datastore_url
+        self.log_path = run_dir / "agent.log"
+        self.status_path = run_dir / "agent.status.json"
+        self.pin_dir = pin_dir
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {
+            **os.environ,
+            "FELIX_BPFENABLED": "false",
+            "FELIX_BPFPINDIR": str(self.pin_dir),
+            "FELIX_INTERFACEPREFIX": "cali",
+            "FELIX_HEALTHENABLED": "true",
+            "FELIX_HEALTHHOST": "127.0.0.1",
+            "FELIX_HEALTHPORT": str(HEALTH_PORT),
+            "FELIX_PROMETHEUSMETRICSENABLED": "true",
+            "FELIX_PROMETHEUSMETRICSHOST": "127.0.0.1",
+            "FELIX_PROMETHEUSMETRICSPORT": str(METRICS_PORT),
+            "FELIX_STATUSFILE": str(self.status_path),
+            "FELIX_LOGSEVERITYSCREEN": "Info",
+        }
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                ["ip", "netns", "exec", self.netns, *DIE_WITH_PARENT, sys.executable, "-m",
+                 "cli.main", "agent", "--datastore", self.datastore_url, "--hostname", NODE],
+                cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True)
+
+    def stop(self) -> None:
+        """SIGTERM (a clean stop), SIGKILL to the whole group if it does not exit in time."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self._signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=AGENT_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self._signal(signal.SIGKILL)
+                self.process.wait(timeout=5)
+        self._signal(signal.SIGKILL)  # anything left in its group
+
+    def _signal(self, signum: int) -> None:
+        assert self.process is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signum)
+
+    def exit_code(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, lines: int = 25) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def assert_running(self) -> None:
+        code = self.exit_code()
+        assert code is None, f"the agent exited with {code}; log:\n{self.log_tail()}"
+
+    def http_status(self, path: str) -> int:
+        """The HTTP status of the health endpoint `path`; 0 if nothing answers."""
+        with in_netns(self.netns):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{HEALTH_PORT}{path}",
+                                            timeout=2) as response:
+                    return int(response.status)
+            except urllib.error.HTTPError as exc:
+                return int(exc.code)
+            except OSError:
+                return 0
+
+    def metrics(self) -> dict[str, float]:
+        """Every sample of /metrics: `name{label="v",...}` (labels sorted) -> value."""
+        with in_netns(self.netns):
+            text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics",
+                                          timeout=5).read().decode()
+        samples: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+                samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+        return samples
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of `name`'s samples whose labels include `labels`."""
+        wanted = {f'{k}="{v}"' for k, v in labels.items()}
+        total = 0.0
+        for sample, value in self.metrics().items():
+            base, _, rest = sample.partition("{")
+            if base == name and wanted <= set(rest.rstrip("}").split(",")):
+                total += value
+        return total
+
+    def status(self) -> dict[str, Any]:
+        try:
+            return dict(json.loads(self.status_path.read_text()))
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+
+
+# --- the world ------------------------------------------------------------------------------
+
+@dataclass
+class World:
+    netns: str
+    iface: str
+    etcd: NamespacedEtcd
+    store: EtcdDatastore
+    agent: EtcdAgent
+
+    def raw_put(self, items: Sequence[tuple[str, bytes]]) -> None:
+        """Write raw values at raw etcd keys, in order, bypassing every client-side check."""
+        connection = EtcdConnection(self.etcd.writer_endpoint, self.etcd.writer_config())
+        try:
+            for key, value in items:
+                connection.put(key.encode(), value)
+        finally:
+            connection.close()
+
+    def filter_table(self) -> str:
+        done = subprocess.run(["ip", "netns", "exec", self.netns, "iptables-save", "-t",
+                               "filter"], check=True, capture_output=True, text=True,
+                              timeout=30)
+        return done.stdout
+
+    def chain_rules(self, chain: str) -> list[str] | None:
+        """The rules of `chain` in the filter table (None: the chain does not exist)."""
+        table = self.filter_table()
+        if not re.search(rf"^:{re.escape(chain)} ", table, re.M):
+            return None
+        return [line for line in table.splitlines() if line.startswith(f"-A {chain} ")]
+
+    def wait_until_settled(self, timeout: float = SYNC_TIMEOUT_S) -> dict[str, list[str]]:
+        """Wait for an idle, in-sync agent whose dataplane snapshot no longer changes;
+        returns that snapshot."""
+        previous: list[dict[str, list[str]] | None] = [None]
+
+        def settled() -> dict[str, list[str]] | None:
+            self.agent.assert_running()
+            status = self.agent.status()
+            if not (status.get("dataplane_in_sync") and status.get("idle")):
+                previous[0] = None
+                return None
+            snapshot = dataplane_snapshot(self.netns)
+            stable = snapshot if snapshot == previous[0] else None
+            previous[0] = snapshot
+            return stable
+
+        return wait_for(settled, timeout, "an idle agent with a stable dataplane", poll=0.3)
+
+
+def _mount_bpffs_if_needed() -> None:
+    with open("/proc/mounts") as mounts:
+        if any(line.split()[1:3] == [str(BPFFS), "bpf"] for line in mounts):
+            return
+    subprocess.run(["mount", "-t", "bpf", "bpf", str(BPFFS)], check=True)
+
+
+@contextlib.contextmanager
+def etcd_agent_world(documents: Sequence[dict[str, Any]]) -> Iterator[World]:
+    """Namespace + workload veth + etcd (inside it) holding `documents` + a running agent.
+    Everything is undone on the way out, whatever the way out is."""
+    if not Path(ETCD_BINARY).exists():
+        pytest.fail(f"{ETCD_BINARY} is missing: install Debian's etcd-server (scripts/setup.sh)")
+    token = uuid.uuid4().hex[:6]
+    netns = f"pfet{token}"
+    iface = workload_interface_name("default", "web")
+    with contextlib.ExitStack() as undo:
+        # A short base directory: a unix socket path must stay under 108 bytes.
+        base = Path(tempfile.mkdtemp(prefix=f"pfet{token}-"))
+        undo.callback(shutil.rmtree, base, ignore_errors=True)
+        subprocess.run(["ip", "netns", "add", netns], check=True)
+        undo.callback(subprocess.run, ["ip", "netns", "del", netns], check=False)
+        for command in (["link", "set", "lo", "up"],
+                        ["link", "add", iface, "type", "veth", "peer", "name", PEER_IFACE],
+                        ["link", "set", iface, "up"], ["link", "set", PEER_IFACE, "up"]):
+            subprocess.run(["ip", "-n", netns, *command], check=True)
+        _mount_bpffs_if_needed()
+        pin_dir = BPFFS / f"pfet{token}"
+        pin_dir.mkdir()
+        undo.callback(shutil.rmtree, pin_dir, ignore_errors=True)
+
+        etcd = NamespacedEtcd(base, netns)
+        undo.callback(etcd.close)
+        etcd.start()
+        store = EtcdDatastore(etcd.writer_config())
+        undo.callback(store.close)
+        store.apply(list(documents))
+
+        run_dir = base / "agent"
+        run_dir.mkdir()
+        agent = EtcdAgent(netns, etcd.datastore_url, run_dir, pin_dir)
+        undo.callback(agent.stop)
+        agent.start()
+        yield World(netns, iface, etcd, store, agent)
+    assert processes_in_netns(netns) == [], "processes left in the test's namespace"
+    assert not pin_dir.exists()
+
+
+# --- documents --------------------------------------------------------------------------------
+
+def web_policy(name: str, port: int, kind: str = "GlobalNetworkPolicy",
+               namespace_name: str | None = None) -> dict[str, Any]:
+    """A policy admitting TCP `port` to the pods labelled app=web."""
+    metadata: dict[str, Any] = {"name": name}
+    if namespace_name is not None:
+        metadata["namespace"] = namespace_name
+    return {"apiVersion": CALICO, "kind": kind, "metadata": metadata,
+            "spec": {"selector": "app == 'web'", "types": ["Ingress"], "ingress": [
+                {"action": "Allow", "protocol": "TCP", "destination": {"ports": [port]}}]}}
+
+
+def inbound_chain(name: str) -> str:
+    """The ingress chain of a policy of the default tier (`<ns>/<name>` if namespaced)."""
+    return policy_chain_name("default", name, inbound=True)
+
+
+def base_documents(*policies: dict[str, Any]) -> list[dict[str, Any]]:
+    return [namespace("default"), pod("web", "default", NODE, POD_IP), *policies]
+
+
+def _admits_port(rules: list[str] | None, port: int) -> bool:
+    return rules is not None and any(re.search(rf"\b{port}\b", rule) for rule in rules)
+
+
+def _wait_programmed(world: World, chain: str, port: int, what: str,
+                     timeout: float = PROGRAM_TIMEOUT_S) -> float:
+    """Wait until `chain` admits `port`; returns when it was first seen (monotonic)."""
+    def check() -> bool:
+        world.agent.assert_running()
+        return _admits_port(world.chain_rules(chain), port)
+
+    wait_for(check, timeout, what, poll=0.1)
+    return time.monotonic()
+
+
+def _wait_ready(world: World, chain: str, port: int) -> None:
+    wait_for(lambda: (world.agent.assert_running(),
+                      world.agent.http_status("/readiness") == 200)[1],
+             SYNC_TIMEOUT_S, "readiness 200", poll=0.2)
+    _wait_programmed(world, chain, port, f"{chain} admitting port {port}")
+
+
+def _report(capsys: pytest.CaptureFixture[str], line: str) -> None:
+    with capsys.disabled():
+        print(f"\n{line}")
+
+
+# --- 1. etcd outage ------------------------------------------------------------------------------
+
+@pytest.mark.timeout(150)
+def test_etcd_outage_keeps_the_dataplane_and_recovers(
+        root_guard: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    policy = web_policy("etcd-web", 80)
+    chain = inbound_chain("etcd-web")
+    with etcd_agent_world(base_documents(policy)) as world:
+        agent = world.agent
+        _wait_ready(world, chain, 80)
+        before = world.wait_until_settled()
+        assert agent.http_status("/liveness") == 200
+        assert agent.metric(RESYNC_STATE) == IN_SYNC
+        assert f"-j {chain}" in world.filter_table()  # the endpoint's chain jumps to it
+        reconnects = agent.metric(ETCD_RECONNECTS)
+        relists = agent.metric(ETCD_RELISTS)
+        pid = agent.process.pid if agent.process else None
+
+        # -- etcd goes away --
+        killed_at = time.monotonic()
+        world.etcd.stop()
+        samples = 0
+        resync_seen_after: float | None = None
+        while time.monotonic() - killed_at < OUTAGE_SECONDS:
+            agent.assert_running()
+            assert agent.http_status("/liveness") == 200, "liveness lost during the outage"
+            assert agent.http_status("/readiness") == 200, "readiness lost during the outage"
+            if resync_seen_after is None and agent.metric(RESYNC_STATE) == RESYNC:
+                resync_seen_after = time.monotonic() - killed_at
+            during = dataplane_snapshot(world.netns)
+            assert during == before, ("the dataplane changed while etcd was down:\n"
+                                      + snapshot_difference(before, during))
+            samples += 1
+            time.sleep(0.5)
+        assert resync_seen_after is not None, "felix_resync_state never showed the resync"
+        assert agent.metric(RESYNC_STATE) == RESYNC
+        assert samples >= 5
+
+        # -- etcd comes back (same data directory); a change written right away --
+        restarted_at = time.monotonic()
+        world.etcd.start()
+        answered_at = time.monotonic()
+        world.store.apply([web_policy("etcd-web", 8080)])
+        written_at = time.monotonic()
+        seen: dict[str, float] = {}
+
+        def recovered() -> bool:  # times are taken after each check: upper bounds
+            agent.assert_running()
+            if "in sync" not in seen and agent.metric(RESYNC_STATE) == IN_SYNC:
+                seen["in sync"] = time.monotonic()
+            if "programmed" not in seen and _admits_port(world.chain_rules(chain), 8080):
+                seen["programmed"] = time.monotonic()
+            return len(seen) == 2
+
+        wait_for(recovered, PROGRAM_TIMEOUT_S,
+                 "felix_resync_state 3 and the change written after the restart programmed")
+        in_sync_at, programmed_at = seen["in sync"], seen["programmed"]
+        assert not _admits_port(world.chain_rules(chain), 80)
+        assert agent.metric(ETCD_RECONNECTS) > reconnects
+        assert agent.metric(ETCD_RELISTS) == relists  # resumed the watch, no relist
+        assert agent.http_status("/readiness") == 200
+
+        # -- a delete after the restart --
+        deleted_at = time.monotonic()
+        world.store.delete(ResourceKey("GlobalNetworkPolicy", "", "etcd-web"))
+        wait_for(lambda: world.chain_rules(chain) is None, PROGRAM_TIMEOUT_S,
+                 f"{chain} removed after the policy's delete", poll=0.1)
+        removed_at = time.monotonic()
+        assert f"-j {chain}" not in world.filter_table()
+        agent.assert_running()
+        assert agent.process is not None and agent.process.pid == pid
+        assert agent.http_status("/liveness") == 200
+        assert "Traceback" not in agent.log_text(), agent.log_tail(60)
+    root_guard.check()
+    _report(capsys, (
+        f"agent on etcd, {OUTAGE_SECONDS:.0f} s etcd outage: resync noticed "
+        f"{resync_seen_after * 1000:.0f} ms after the kill; liveness/readiness 200 and "
+        f"dataplane unchanged in {samples} samples; etcd restart took "
+        f"{(answered_at - restarted_at) * 1000:.0f} ms; felix_resync_state 3 "
+        f"{(in_sync_at - restarted_at) * 1000:.0f} ms after the restart began; change written "
+        f"{(written_at - restarted_at) * 1000:.0f} ms "
+        f"after the restart began was programmed {(programmed_at - written_at) * 1000:.0f} ms"
+        f" later ({(programmed_at - restarted_at) * 1000:.0f} ms from the restart); delete "
+        f"programmed in {(removed_at - deleted_at) * 1000:.0f} ms"))
+
+
+# --- 2. malformed documents -----------------------------------------------------------------------
+
+POLICIES = "/calico/resources/v3/projectcalico.org/globalnetworkpolicies/"
+NAMESPACED_POLICIES = "/calico/resources/v3/projectcalico.org/networkpolicies/"
+
+
+def _json(doc: Any) -> bytes:
+    return json.dumps(doc).encode()
+
+
+def _bad_selector() -> dict[str, Any]:
+    doc = web_policy("bad-selector", 82, kind="NetworkPolicy", namespace_name="default")
+    doc["spec"]["selector"] = "app == 'web' &&"
+    return doc
+
+
+def _wrong_type() -> dict[str, Any]:
+    doc = web_policy("wrong-type", 83)
+    doc["spec"]["ingress"] = {"action": "Allow"}  # a mapping where a list of rules belongs
+    return doc
+
+
+# Undecodable at their key: the syncer reports each (parse error), the validator never sees it.
+UNPARSEABLE: dict[str, tuple[str, bytes]] = {
+    "invalid JSON": (POLICIES + "bad-json", b'{"kind": "GlobalNetworkPolicy", "metadata": '),
+    "a JSON array": (POLICIES + "an-array", b'[{"kind": "GlobalNetworkPolicy"}]'),
+    "an unknown kind under a known kind's directory": (POLICIES + "gadget", _json({
+        "apiVersion": CALICO, "kind": "Gadget", "metadata": {"name": "gadget"},
+        "spec": {"selector": "all()"}})),
+    "a namespaced kind's key without a namespace": (NAMESPACED_POLICIES + "no-namespace",
+                                                    _json(web_policy("no-namespace", 84))),
+}
+# Decodable and keyed right, rejected by the validator.
+INVALID: dict[str, tuple[str, dict[str, Any]]] = {
+    "a NetworkPolicy with a bad selector": (NAMESPACED_POLICIES + "default/bad-selector",
+                                            _bad_selector()),
+    "a wrong-typed field": (POLICIES + "wrong-type", _wrong_type()),
+}
+# Not in the layout at all (a Calico kind pyfelix does not use): skipped, counted nowhere.
+IGNORED = ("/calico/resources/v3/projectcalico.org/gadgets/g1",
+           _json({"apiVersion": CALICO, "kind": "Gadget", "metadata": {"name": "g1"}}))
+
+
+def _check_the_inputs_are_what_they_claim() -> None:
+    """Preconditions, so the counts asserted below mean what they say."""
+    for what, (key, raw) in UNPARSEABLE.items():
+        try:
+            resource_key = parse_etcd_key(key)
+            assert resource_key is not None, what
+            decode_value(key, resource_key, raw)
+        except ValueError:  # EtcdKeyError is a ValueError too
+            continue
+        raise AssertionError(f"{what} ({key}) decodes")
+    for what, (key, doc) in INVALID.items():
+        resource_key = parse_etcd_key(key)
+        assert resource_key is not None
+        assert decode_value(key, resource_key, _json(doc)) == doc, what
+        with pytest.raises(Exception):  # noqa: B017 - any rejection will do
+            validate_document(doc)
+    assert parse_etcd_key(IGNORED[0]) is None
+
+
+@pytest.mark.timeout(150)
+def test_malformed_documents_in_etcd_are_counted_and_change_nothing(
+        root_guard: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    _check_the_inputs_are_what_they_claim()
+    good_chain = inbound_chain("good")
+    second_chain = inbound_chain("good-2")
+    fixed_chain = inbound_chain("default/bad-selector")
+    with etcd_agent_world(base_documents(web_policy("good", 80))) as world:
+        agent = world.agent
+        _wait_ready(world, good_chain, 80)
+        world.wait_until_settled()
+        good_rules = world.chain_rules(good_chain)
+        parse_before = agent.metric(PARSE_ERRORS, backend="etcd3")
+        invalid_before = agent.metric(VALIDATION_ERRORS)
+        pid = agent.process.pid if agent.process else None
+
+        # The bad ones first, then a good policy: etcd's watch delivers in revision order,
+        # so once the good one is programmed every bad one has been through the agent.
+        written_at = time.monotonic()
+        world.raw_put([*UNPARSEABLE.values(),
+                       *((key, _json(doc)) for key, doc in INVALID.values()),
+                       IGNORED,
+                       (etcd_key(ResourceKey("GlobalNetworkPolicy", "", "good-2")),
+                        encode_value(web_policy("good-2", 81)))])
+        programmed_at = _wait_programmed(world, second_chain, 81,
+                                         "the good policy written after the bad ones")
+        agent.assert_running()
+        assert agent.metric(PARSE_ERRORS, backend="etcd3") - parse_before == len(UNPARSEABLE)
+        assert agent.metric(VALIDATION_ERRORS) - invalid_before == len(INVALID)
+        assert world.chain_rules(good_chain) == good_rules
+        assert world.chain_rules(fixed_chain) is None
+        assert world.chain_rules(inbound_chain("wrong-type")) is None
+        assert agent.http_status("/readiness") == 200
+        log = agent.log_text()
+        for name in ("bad-selector", "wrong-type"):
+            assert any("Invalid resource" in line and name in line
+                       for line in log.splitlines()), f"no 'Invalid resource' line for {name}"
+        for key, _ in UNPARSEABLE.values():
+            assert key in log, f"no log line names {key}"
+        assert "Internal error validating" not in log
+        assert "failed unexpectedly" not in log
+
+        # Later good changes: the good policy changes; a bad document is fixed.
+        world.store.apply([web_policy("good", 8080),
+                           web_policy("bad-selector", 82, kind="NetworkPolicy",
+                                      namespace_name="default")])
+        _wait_programmed(world, good_chain, 8080, "the good policy's change")
+        _wait_programmed(world, fixed_chain, 82, "the fixed NetworkPolicy")
+        assert not _admits_port(world.chain_rules(good_chain), 80)
+        assert agent.metric(PARSE_ERRORS, backend="etcd3") - parse_before == len(UNPARSEABLE)
+        assert agent.metric(VALIDATION_ERRORS) - invalid_before == len(INVALID)
+        agent.assert_running()
+        assert agent.process is not None and agent.process.pid == pid
+        assert "Traceback" not in agent.log_text(), agent.log_tail(60)
+    root_guard.check()
+    _report(capsys, (
+        f"agent on etcd, malformed documents: {len(UNPARSEABLE)} parse errors and "
+        f"{len(INVALID)} validation errors counted exactly, 1 unknown-kind key ignored; "
+        f"the good policy written after them programmed "
+        f"{(programmed_at - written_at) * 1000:.0f} ms after the writes; agent restarts: 0"))
