@@ -38,6 +38,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -162,16 +163,8 @@ class AgentProcesses:
             host.netns, ["typha", "--datastore", str(datastore_dir), "--listen",
                          f"{address[0]}:{address[1]}", "--insecure"],
             {**os.environ, **self.extra_env}, self.run_dir / f"{host.name}.typha.log")
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not _accepts(host.netns, address):
-            proc = self.processes[key]
-            if proc.poll() is not None:
-                raise AgentStartError(f"typha on {host.name} exited with {proc.returncode}; "
-                                      f"its log ends:\n{self._log_tail(host.name, 'typha')}")
-            if time.monotonic() > deadline:
-                raise AgentStartError(f"typha on {host.name} did not listen on "
-                                      f"{address[0]}:{address[1]} in {START_TIMEOUT_S:g}s")
-            time.sleep(0.05)
+        self._await_start(key, lambda: _accepts(host.netns, address),
+                          f"did not listen on {address[0]}:{address[1]}")
         return f"typha://{address[0]}:{address[1]}"
 
     def _start_bgp(self, name: str, netns: str, env: dict[str, str]) -> None:
@@ -187,19 +180,24 @@ class AgentProcesses:
                     "--interface-prefix", self.interface_prefix, "--bird-socket", str(sock),
                     "--config-file", str(conf)],
             env, self.run_dir / f"{name}.confd.log")
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not conf.exists():
-            proc = self.processes[f"confd:{name}"]
-            if proc.poll() is not None:
-                raise AgentStartError(f"confd on {name} exited with {proc.returncode}; its "
-                                      f"log ends:\n{self._log_tail(name, 'confd')}")
-            if time.monotonic() > deadline:
-                raise AgentStartError(f"confd on {name} wrote no bird.conf in "
-                                      f"{START_TIMEOUT_S:g}s")
-            time.sleep(0.05)
+        self._await_start(f"confd:{name}", conf.exists, "wrote no bird.conf")
         bird = BirdInstance(netns, conf, sock, run_dir=bird_dir)
         bird.start()
         self.birds[name] = bird
+
+    def _await_start(self, key: str, ready: Callable[[], bool], failure: str) -> None:
+        """Poll `ready` until it holds; AgentStartError with the end of the process's log
+        if the process `key` ("<role>:<node>") exits first, or after START_TIMEOUT_S."""
+        role, _, node = key.partition(":")
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not ready():
+            proc = self.processes[key]
+            if proc.poll() is not None:
+                raise AgentStartError(f"{role} on {node} exited with {proc.returncode}; its "
+                                      f"log ends:\n{self._log_tail(node, role)}")
+            if time.monotonic() > deadline:
+                raise AgentStartError(f"{role} on {node} {failure} in {START_TIMEOUT_S:g}s")
+            time.sleep(0.05)
 
     @staticmethod
     def _write_ip_pool(datastore_dir: Path) -> None:

@@ -30,11 +30,10 @@ import pytest
 
 from agent import proto as p
 from agent.bpf.attach import HOOK_PARENTS, XDP_FLAGS_SKB_MODE
-from agent.bpf.loader import remove_pin_dir
-from agent.bpf.testrun import NetnsThread
 from agent.config import load_config
 from agent.dataplane.bpf_dataplane import build_bpf_managers
 from agent.dataplane.managers.bpf_cleanup import BpfCleanupManager
+from tests.privileged.bpf.node_testlib import Node, node_namespace, own_pin_dir, sh
 
 pytestmark = pytest.mark.privileged
 
@@ -56,49 +55,21 @@ spec: {node: node1, orchestrator: k8s, workload: web, pod: web, endpoint: eth0,
 """
 
 
-def sh(*argv: str) -> str:
-    return subprocess.run(argv, check=True, capture_output=True, text=True, timeout=60).stdout
-
-
-class Node:
-    def __init__(self, name: str, thread: NetnsThread) -> None:
-        self.name = name
-        self.thread = thread
-
-    def filters(self, iface: str, hook: str) -> str:
-        return sh("ip", "netns", "exec", self.name, "tc", "filter", "show", "dev", iface, hook)
-
-    def link(self, iface: str) -> str:
-        return sh("ip", "-n", self.name, "link", "show", iface)
-
-    def ifindex(self, iface: str) -> int:
-        return int(self.link(iface).split(":")[0])
 
 
 @pytest.fixture
 def node(root_untouched: None) -> Iterator[Node]:
-    name = f"pyfbpf-cl-{os.getpid()}-{secrets.token_hex(2)}"
-    sh("ip", "netns", "add", name)
-    try:
-        sh("ip", "-n", name, "link", "set", "lo", "up")
-        for iface in (*WORKLOADS, *HOSTS):
-            # peers named p<iface>: not matching the workload prefix `cali`
-            sh("ip", "-n", name, "link", "add", iface, "type", "veth", "peer", "name",
-               f"p{iface}")
-            sh("ip", "-n", name, "link", "set", iface, "up")
-        with NetnsThread(f"/run/netns/{name}") as thread:
-            yield Node(name, thread)
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False, timeout=60)
+    # peers named p<iface>: not matching the workload prefix `cali`
+    veths = [(iface, f"p{iface}") for iface in (*WORKLOADS, *HOSTS)]
+    with node_namespace(f"pyfbpf-cl-{os.getpid()}-{secrets.token_hex(2)}", veths,
+                        up=True) as made:
+        yield made
 
 
 @pytest.fixture
 def pin_dir(root_untouched: None) -> Iterator[str]:
-    path = f"/sys/fs/bpf/pyfelix-test-cl-{secrets.token_hex(4)}"
-    try:
+    with own_pin_dir("cl") as path:
         yield path
-    finally:
-        remove_pin_dir(path)
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import subprocess
 import sys
 import time
@@ -19,13 +18,12 @@ import pytest
 from prometheus_client import REGISTRY
 
 from agent import proto as p
-from agent.bpf.loader import remove_pin_dir
 from agent.bpf.maps import BY_NAME
 from agent.bpf.maps.base import BpfMap
-from agent.bpf.testrun import NetnsThread
 from agent.config import load_config
 from agent.dataplane.bpf_dataplane import build_bpf_managers
 from agent.dataplane.loop import DataplaneLoop
+from tests.privileged.bpf.node_testlib import Node, node_namespace, own_pin_dir, sh
 
 pytestmark = pytest.mark.privileged
 
@@ -33,44 +31,19 @@ REPO = Path(__file__).resolve().parents[3]
 WORKLOADS = ("cali1", "cali2")
 
 
-def sh(*argv: str) -> str:
-    return subprocess.run(argv, check=True, capture_output=True, text=True, timeout=60).stdout
-
-
-class Node:
-    def __init__(self, name: str, thread: NetnsThread) -> None:
-        self.name = name
-        self.thread = thread
-
-    def filters(self, iface: str, hook: str) -> str:
-        return sh("ip", "netns", "exec", self.name, "tc", "filter", "show", "dev", iface, hook)
-
-    def ifindex(self, iface: str) -> int:
-        return int(sh("ip", "-n", self.name, "-o", "link", "show", iface).split(":")[0])
 
 
 @pytest.fixture(scope="module")
 def node(root_untouched: None) -> Iterator[Node]:
-    name = f"pyfbpf-dp-{os.getpid()}"
-    sh("ip", "netns", "add", name)
-    try:
-        for iface in WORKLOADS:
-            sh("ip", "-n", name, "link", "add", iface, "type", "veth", "peer", "name",
-               f"{iface}p")
-        sh("ip", "-n", name, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")
-        with NetnsThread(f"/run/netns/{name}") as thread:
-            yield Node(name, thread)
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False, timeout=60)
+    veths = [(iface, f"{iface}p") for iface in (*WORKLOADS, "eth0")]
+    with node_namespace(f"pyfbpf-dp-{os.getpid()}", veths) as made:
+        yield made
 
 
 @pytest.fixture(scope="module")
 def pin_dir(root_untouched: None) -> Iterator[str]:
-    path = f"/sys/fs/bpf/pyfelix-test-dp-{secrets.token_hex(4)}"
-    try:
+    with own_pin_dir("dp") as path:
         yield path
-    finally:
-        remove_pin_dir(path)
 
 
 def felix_config(pin_dir: str):

@@ -59,6 +59,20 @@ STOP_TIMEOUT_S = 10.0
 NO_UPDATE_GRACE_S = 1.5
 
 
+
+def scrape_metrics(netns: str, port: int) -> dict[str, float]:
+    """Every sample of the /metrics served on 127.0.0.1:`port` inside `netns`:
+    `name{label="v",...}` (labels sorted) -> value."""
+    with in_netns(netns):
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                      timeout=5).read().decode()
+    samples: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return samples
+
 class AgentUnderTest:
     """One pyfelix agent (iptables dataplane) in the lab's node namespace."""
 
@@ -178,16 +192,8 @@ class AgentUnderTest:
             return {}
 
     def metrics(self) -> dict[str, float]:
-        """Every sample of the agent's /metrics: `name{label="v",...}` -> value."""
-        with in_netns(self.netns):
-            sock_url = f"http://127.0.0.1:{METRICS_PORT}/metrics"
-            text = urllib.request.urlopen(sock_url, timeout=5).read().decode()
-        samples: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
-                samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-        return samples
+        """Every sample of the agent's /metrics (see `scrape_metrics`)."""
+        return scrape_metrics(self.netns, METRICS_PORT)
 
     def _check_once(self) -> bool:
         if self.process is None or self.process.poll() is not None:

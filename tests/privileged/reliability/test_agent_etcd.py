@@ -60,7 +60,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from agent.conversion.k8s import workload_interface_name
 from agent.dataplane.iptables.names import policy_chain_name
@@ -74,6 +73,7 @@ from tests.privileged.etcd.etcd_server import DIE_WITH_PARENT, ETCD_BINARY, Etcd
 from tests.privileged.etcd.etcd_testlib import CALICO, namespace, pod
 from tests.privileged.reliability.harness import (
     dataplane_snapshot,
+    scrape_metrics,
     snapshot_difference,
     wait_for,
 )
@@ -229,16 +229,8 @@ class EtcdAgent:
                 return 0
 
     def metrics(self) -> dict[str, float]:
-        """Every sample of /metrics: `name{label="v",...}` (labels sorted) -> value."""
-        with in_netns(self.netns):
-            text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics",
-                                          timeout=5).read().decode()
-        samples: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
-                samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-        return samples
+        """Every sample of /metrics (`scrape_metrics`)."""
+        return scrape_metrics(self.netns, METRICS_PORT)
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of `name`'s samples whose labels include `labels`."""

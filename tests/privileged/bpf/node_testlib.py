@@ -1,0 +1,61 @@
+"""Shared pieces of the BPF node tests: a namespace with veths standing in for a node, a
+worker thread inside it, and a pin directory of the test's own (both removed afterwards)."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import subprocess
+from collections.abc import Iterable, Iterator
+
+from agent.bpf.loader import remove_pin_dir
+from agent.bpf.testrun import NetnsThread
+
+
+def sh(*argv: str) -> str:
+    return subprocess.run(argv, check=True, capture_output=True, text=True, timeout=60).stdout
+
+
+class Node:
+    """A test namespace and a thread running inside it."""
+
+    def __init__(self, name: str, thread: NetnsThread) -> None:
+        self.name = name
+        self.thread = thread
+
+    def filters(self, iface: str, hook: str) -> str:
+        return sh("ip", "netns", "exec", self.name, "tc", "filter", "show", "dev", iface, hook)
+
+    def link(self, iface: str) -> str:
+        return sh("ip", "-n", self.name, "-o", "link", "show", iface)
+
+    def ifindex(self, iface: str) -> int:
+        return int(self.link(iface).split(":")[0])
+
+
+@contextlib.contextmanager
+def node_namespace(name: str, veths: Iterable[tuple[str, str]], *,
+                   up: bool = False) -> Iterator[Node]:
+    """Namespace `name` with lo up and one veth pair per (interface, peer); `up` also sets
+    each interface up. Deleted on the way out, whatever happened."""
+    sh("ip", "netns", "add", name)
+    try:
+        sh("ip", "-n", name, "link", "set", "lo", "up")
+        for iface, peer in veths:
+            sh("ip", "-n", name, "link", "add", iface, "type", "veth", "peer", "name", peer)
+            if up:
+                sh("ip", "-n", name, "link", "set", iface, "up")
+        with NetnsThread(f"/run/netns/{name}") as thread:
+            yield Node(name, thread)
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False, timeout=60)
+
+
+@contextlib.contextmanager
+def own_pin_dir(tag: str) -> Iterator[str]:
+    """A pin directory under /sys/fs/bpf named for this test run, removed afterwards."""
+    path = f"/sys/fs/bpf/pyfelix-test-{tag}-{secrets.token_hex(4)}"
+    try:
+        yield path
+    finally:
+        remove_pin_dir(path)
