@@ -5,8 +5,9 @@ pins stay); a foreign tool's programs sit beside ours (a bpf filter at another p
 a u32 filter, an XDP program on another interface). A real `pyfelix agent` process in
 iptables mode, against the same namespace and pin directory, must reach in-sync with our
 filters gone at both hooks, our XDP program gone, the pin directory gone, every foreign
-program still attached, and its iptables chains in place. A second sweep in-process then
-finds nothing (its duration is printed).
+program still attached, and its iptables chains in place. A later agent's sweep (a fresh
+manager in-process) then finds nothing (its duration is printed), and a resync does not
+sweep again.
 
 Teardown on success and failure: the agent is killed, the namespace deleted (veths, filters
 and XDP programs go with it), the pin directory removed; `root_untouched` (conftest)
@@ -199,18 +200,21 @@ def test_iptables_agent_removes_our_programs_and_pins_and_keeps_foreign_ones(
             agent.kill()
             agent.wait()
 
-    # a later resync finds nothing of ours: reads only, foreign programs untouched
+    # a later agent's sweep finds nothing of ours: reads only, foreign programs untouched;
+    # a resync does not sweep again
     cleanup = BpfCleanupManager(pin_dir, netns=node.name)
     try:
         cleanup.on_update(p.InSync())
-        cleanup.finish_apply()  # opens the netlink socket in the namespace
-        cleanup.request_resync()
         started = time.perf_counter()
-        cleanup.finish_apply()
+        cleanup.finish_apply()  # includes opening the netlink socket in the namespace
         elapsed = time.perf_counter() - started
+        first = cleanup.last
+        cleanup.request_resync()
+        cleanup.finish_apply()
     finally:
         cleanup.close()
-    assert cleanup.sweeps == 2 and cleanup.last is not None and not cleanup.last.anything
+    assert cleanup.sweeps == 1 and first is not None and not first.anything
+    assert cleanup.last is first
     assert "foreign_cls" in node.filters("cali1", "ingress")
-    print(f"\nresync sweep with nothing to remove, {len(WORKLOADS) + len(HOSTS) + 1} "
+    print(f"\nsweep with nothing to remove, {len(WORKLOADS) + len(HOSTS) + 1} "
           f"interfaces: {elapsed * 1000:.1f} ms")
