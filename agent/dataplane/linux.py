@@ -21,7 +21,7 @@ Order of a round (phase 1 `apply`, then phase 2 `finish_apply` in the same order
     SysctlManager       forwarding, proxy ARP, rp_filter (0 in BPF mode)
     EndpointStatusManager  up/down per endpoint to a callback (status reporting), when given
     BpfCleanupManager   iptables mode with a pin dir only, LAST: phase 2 of the first round
-                        after in-sync (and of every resync) detaches the tc filters and XDP
+                        after in-sync (once per process) detaches the tc filters and XDP
                         program an earlier BPF-mode agent left in this namespace (ours only,
                         by name) and removes its pin directory; the chains are in place by
                         then (make before break)
