@@ -35,13 +35,15 @@ Invariants (what the rest of the pipeline relies on):
   signature: inode, size, mtime, ctime) when inotify is unavailable or out of watches.
   Bursts are debounced because editors save in several steps, for at most 1 s
   (`settle_limit`); how long the quiet must last depends on what the burst shows (inotify):
-    - every resource file it touched was last seen closed after writing (IN_CLOSE_WRITE)
-      or renamed into place (IN_MOVED_TO), i.e. complete writes such as the atomic renames
-      of `pyfelix apply` and the lab: `settle` (default 10 ms) of quiet, so several files
-      written back to back still land in one batch;
-    - anything else (a file still open for writing, a delete or move out that may be half
-      of a replace, directory changes, Kubernetes' `..data` swap, an overflow): `debounce`
-      (default 50 ms) of quiet. Polling always uses `debounce`.
+    - every resource file it touched was last seen renamed into place (IN_MOVED_TO), i.e.
+      atomic writes such as those of `pyfelix apply` and the lab: `settle` (default 10 ms)
+      of quiet, so several files renamed back to back still land in one batch;
+    - anything else: `debounce` (default 50 ms) of quiet. That includes a file written in
+      place even once it is closed (IN_CLOSE_WRITE only says one descriptor closed: `echo
+      a > f; echo b >> f` closes twice, and a YAML file cut at a line boundary may parse,
+      e.g. as an Allow rule whose source has not been written yet), a delete or move out
+      that may be half of a replace, directory changes, Kubernetes' `..data` swap, an
+      overflow. Polling always uses `debounce`.
   A slow periodic rescan backs inotify up.
 
 Easy to get wrong: inotify watches are per directory (new subdirectories need new watches
@@ -77,7 +79,6 @@ from agent.syncer.api import (
 )
 from agent.syncer.inotify import (
     IN_ATTRIB,
-    IN_CLOSE_WRITE,
     IN_CREATE,
     IN_DELETE,
     IN_DELETE_SELF,
@@ -549,16 +550,17 @@ Changes = dict[str, bool]  # path to rescan -> force a re-read even if the stat 
 
 
 class WriteTracker:
-    """Whether an inotify burst so far consists of complete writes only (module docstring).
+    """Whether an inotify burst so far consists of atomic writes only (module docstring).
 
     Fed events in arrival order; `complete` is true when at least one resource file was
-    touched, each one's last content event was IN_CLOSE_WRITE or IN_MOVED_TO, and nothing
-    else happened that may be the first half of a change (directories, `..` names, deletes
-    or moves out as a file's last event, overflow, the watched directory itself changing).
-    IN_ATTRIB (chmod, touch) says nothing about content and leaves a file as it was.
+    touched, each one's last content event was IN_MOVED_TO (renamed into place), and
+    nothing else happened that may be the first half of a change (directories, `..` names,
+    in-place writes even when closed, deletes or moves out as a file's last event,
+    overflow, the watched directory itself changing). IN_ATTRIB (chmod, touch) says
+    nothing about content and leaves a file as it was.
     """
 
-    _FINISHED = IN_CLOSE_WRITE | IN_MOVED_TO
+    _FINISHED = IN_MOVED_TO
     _UNSETTLING = IN_Q_OVERFLOW | IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF
 
     def __init__(self, is_resource: Callable[[InotifyEvent], bool]) -> None:
