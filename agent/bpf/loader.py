@@ -11,7 +11,9 @@ How the build works:
   (`<uapi/...>`) are left to clang.
 - Macros: PIN_DIR (where maps are pinned), PROG_ABI (a hash of the assembled source and
   flags: it names the prog array and walker scratch pins, which are private to one build),
-  <MAP>_MAX_ENTRIES per map, POLICY_RULES_PER_PROG, CT_TIMEOUT_*.
+  <MAP>_MAX_ENTRIES per map, POLICY_RULES_PER_PROG, CT_TIMEOUT_*, and PF_KTIME_COARSE when
+  the running kernel has bpf_ktime_get_coarse_ns (5.11+; conntrack.h falls back to
+  bpf_ktime_get_ns on older kernels, which the verifier would otherwise refuse).
 - Every map is declared BPF_TABLE_PINNED: BCC opens the pin if it exists (so a restarted
   agent adopts the previous agent's maps and their contents) and creates + pins it if not.
   BCC does NOT check that an existing pin matches the declaration, so `prepare_pins()` does
@@ -56,6 +58,14 @@ BUILD_PIN_PREFIXES = ("progs_", "scratch_")  # pins private to one build (PROG_A
 FIXED_SIZE_MAPS = frozenset({"config", "global_counters"})  # sized in C, not configurable
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
+KTIME_COARSE_SINCE = (5, 11)  # the kernel that added bpf_ktime_get_coarse_ns
+
+
+def kernel_has_ktime_coarse(release: str | None = None) -> bool:
+    """Whether the kernel (`os.uname().release` by default) has bpf_ktime_get_coarse_ns.
+    An unparseable release counts as old: the fine clock works everywhere."""
+    match = re.match(r"(\d+)\.(\d+)", release if release is not None else os.uname().release)
+    return bool(match) and (int(match[1]), int(match[2])) >= KTIME_COARSE_SINCE
 
 
 class LoaderError(RuntimeError):
@@ -71,6 +81,7 @@ class BuildConfig:
     rules_per_prog: int = DEFAULT_RULES_PER_PROG
     ct_timeouts: Timeouts = DEFAULT_TIMEOUTS
     bpf_dir: Path = BPF_DIR
+    ktime_coarse: bool = field(default_factory=kernel_has_ktime_coarse)
 
     def max_entries(self, params: MapParams) -> int:
         return int(self.map_sizes.get(params.name, params.max_entries))
@@ -96,6 +107,8 @@ class BuildConfig:
             if p.name not in FIXED_SIZE_MAPS:
                 flags.append(f"-D{p.size_macro}={self.max_entries(p)}")
         flags.append(f"-DPOLICY_RULES_PER_PROG={self.rules_per_prog}")
+        if self.ktime_coarse:
+            flags.append("-DPF_KTIME_COARSE=1")
         flags += self.ct_timeouts.cflags()
         return flags
 

@@ -15,10 +15,13 @@
  * evaluated at its own interface, and each side's replies are allowed at its own interface.
  *
  * Clock: ct_now_ns() = bpf_ktime_get_coarse_ns(), CLOCK_MONOTONIC_COARSE (one tick of
- * resolution, 1-4 ms). Timeouts are whole seconds, so the tick does not matter, and the
- * coarse read costs ~20 ns less per packet than bpf_ktime_get_ns on the established path
+ * resolution, 1-4 ms), when the loader defines PF_KTIME_COARSE (kernel 5.11+); else
+ * bpf_ktime_get_ns(), CLOCK_MONOTONIC. Timeouts are whole seconds, so the tick does not
+ * matter, and the coarse read costs ~20 ns less per packet on the established path
  * (measured with BPF_PROG_TEST_RUN: 148 -> 127 ns per conntrack hit). The Python side reads
- * the same clock (agent/bpf/maps/conntrack.py now_ns()).
+ * the coarse clock (agent/bpf/maps/conntrack.py now_ns()); the two clocks differ by less
+ * than one tick, so mixing them (old kernel, or entries written by a build on the other
+ * clock) only shifts an age by a few ms.
  *
  * Timeouts (since last_seen_ns): an expired entry is a
  * MISS for the programs (the packet goes through policy and, if allowed, the entry is
@@ -69,8 +72,12 @@
 
 #define CT_NS_PER_S 1000000000ULL
 
-/* The conntrack clock (see the top of this file); kernel >= 5.11. */
+/* The conntrack clock (see the top of this file). */
+#ifdef PF_KTIME_COARSE
 #define ct_now_ns() bpf_ktime_get_coarse_ns()
+#else
+#define ct_now_ns() bpf_ktime_get_ns()
+#endif
 
 #define CT_F_ORIG_A_TO_B 0x01 /* the first packet went from side A to side B */
 #define CT_F_ORIG_TO_WEP 0x02 /* the first packet was allowed at the to_wep hook */

@@ -231,3 +231,14 @@ def test_loader_assembles_one_text_with_each_header_once_and_checks_its_config(t
             loader.BuildConfig(pin_dir="/x", map_sizes=bad).validate()
     with pytest.raises(ValueError, match="rules_per_prog"):
         loader.BuildConfig(pin_dir="/x", rules_per_prog=1000).validate()
+
+
+@pytest.mark.parametrize(("release", "coarse"), [
+    ("6.18.44-fc-v595", True), ("5.11.0", True), ("5.15.0-91-generic", True),
+    ("5.10.0-23-amd64", False), ("4.19.0", False), ("not-a-version", False)])
+def test_coarse_conntrack_clock_only_on_kernels_that_have_it(release: str, coarse: bool):
+    from agent.bpf import loader
+
+    assert loader.kernel_has_ktime_coarse(release) is coarse
+    flags = loader.BuildConfig(pin_dir="/x", ktime_coarse=coarse).cflags("abc")
+    assert ("-DPF_KTIME_COARSE=1" in flags) is coarse

@@ -10,16 +10,19 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 
 import pytest
 
 from agent import proto as p
 from agent.bpf import packets as pk
 from agent.bpf import syscall
+from agent.bpf.compiler import DataplaneState, PolicyCompiler
 from agent.bpf.loader import BuildConfig, load_dataplane, prepare_pins, remove_pin_dir
 from agent.bpf.maps import ALL_MAPS, BY_NAME, endpoints, ipsets
 from agent.bpf.maps import conntrack as ct_map
 from agent.bpf.maps.base import BpfMap, MapFullError, MapParams, MapType
+from agent.bpf.testrun import TC_ACT_OK, run_tc
 
 pytestmark = pytest.mark.privileged
 
@@ -255,3 +258,34 @@ def test_summary_counts_what_each_pinned_map_holds(harness, pin_dir):
     table = subprocess.run([sys.executable, "-m", "cli.main", "bpf", "summary",
                             "--pin-dir", pin_dir], capture_output=True, text=True, timeout=60)
     assert table.returncode == 0 and table.stdout.splitlines()[0].split()[:2] == ["MAP", "TYPE"]
+
+
+def test_build_without_the_coarse_clock_tracks_flows_on_the_fine_one(root_untouched):
+    # kernels before 5.11 have no bpf_ktime_get_coarse_ns: the loader leaves PF_KTIME_COARSE
+    # out and conntrack.h reads bpf_ktime_get_ns; flows must be tracked all the same
+    pin_dir = f"/sys/fs/bpf/pyfelix-test-{secrets.token_hex(4)}"
+    try:
+        with load_dataplane(BuildConfig(pin_dir=pin_dir, ktime_coarse=False,
+                                        map_sizes={"conntrack": 64})) as dp:
+            assert "-DPF_KTIME_COARSE=1" not in dp.config.cflags()
+            compiler = PolicyCompiler(rules_capacity=dp.maps["rules"].max_entries,
+                                      max_chain_records=32 * dp.config.rules_per_prog)
+            state = DataplaneState()
+            state.apply(p.ActiveProfileUpdate("allow", p.Profile(
+                inbound_rules=(p.Rule("allow"),), outbound_rules=(p.Rule("allow"),))))
+            state.apply(p.WorkloadEndpointUpdate(p.WorkloadEndpointID("k8s", "d/a", "eth0"),
+                                                 p.WorkloadEndpoint("active", "lo",
+                                                                    profile_ids=("allow",))))
+            out = compiler.compile(state, {"lo": 1})
+            dp.maps["rules"].update_many(out.all_rules().items())
+            dp.maps["endpoints"].update_many(out.endpoints.items())
+            before = time.monotonic_ns()
+            syn = pk.tcp("10.65.0.1", "10.66.0.1", 40000, 80, "S")
+            assert run_tc(dp.prog_fd("calico_from_wep"), syn, ifindex=1).retval == TC_ACT_OK
+            after = time.monotonic_ns()
+            key = ct_map.encode_key(ct_map.normalise(1, "10.65.0.1", "10.66.0.1", 40000, 80,
+                                                     6)[0])
+            flow = ct_map.decode_value(dp.maps["conntrack"].lookup(key))
+            assert before <= flow.created_ns <= after  # CLOCK_MONOTONIC, not the coarse one
+    finally:
+        remove_pin_dir(pin_dir)
