@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 
 import pytest
+from prometheus_client import REGISTRY
 
 from agent.gc_policy import GcPolicy
 
@@ -16,7 +17,7 @@ class RecordingGc:
 
     def collect(self) -> int:
         self.calls.append("collect")
-        return 0
+        return 3
 
     def freeze(self) -> None:
         self.calls.append("freeze")
@@ -51,9 +52,13 @@ def test_first_in_sync_tick_settles_then_refreezes_and_fully_collects_on_schedul
     assert fake.calls[2:] == ["collect", "freeze"] * 2
     policy.tick(35.0, in_sync=True)  # full pass: frozen objects are examined again
     assert fake.calls[6:] == ["unfreeze", "collect", "freeze"]
+    before = REGISTRY.get_sample_value("pyfelix_gc_collected_objects_total",
+                                       {"pass": "young"}) or 0.0
     policy.tick(45.0, in_sync=True)
     assert fake.calls[9:] == ["collect", "freeze"]
     assert policy.settles == 5
+    assert REGISTRY.get_sample_value("pyfelix_gc_collected_objects_total",
+                                     {"pass": "young"}) == before + 3
 
 
 def test_losing_sync_later_does_not_stop_the_schedule():
@@ -73,10 +78,14 @@ def test_bad_intervals_are_refused():
 
 
 def test_real_settle_moves_live_objects_to_the_permanent_generation():
-    keep = [{"n": i} for i in range(1000)]
+    keep = [{"n": [i]} for i in range(1000)]  # dicts holding lists: tracked by the collector
+    assert gc.is_tracked(keep[0])
+    assert any(d is keep[0] for d in gc.get_objects())  # scanned before the settle
     try:
+        frozen_before = gc.get_freeze_count()
         GcPolicy().settle()
-        assert gc.get_freeze_count() >= len(keep)
-        assert not any(d is keep[0] for d in gc.get_objects())  # frozen: not scanned
+        assert gc.get_freeze_count() >= frozen_before + len(keep)
+        assert not any(d is keep[0] for d in gc.get_objects())  # frozen: no longer scanned
     finally:
         gc.unfreeze()
+    assert any(d is keep[0] for d in gc.get_objects())
