@@ -131,9 +131,10 @@ def command() -> None:
 def summary(output: str, pin_dir: str) -> None:
     """How full each pinned map is: entries, max_entries, fill %.
 
-    Entries are keys for hash, LRU and LPM-trie maps and the slots in use for the rules and
-    config arrays; counter arrays show none (every slot always exists). A map that is not
-    pinned is listed with the error, and the command exits 1.
+    Entries are keys for hash, LRU and LPM-trie maps (a snapshot: approximate while traffic
+    creates flows) and, for the rules array, the records of the chains the endpoints use;
+    the other arrays show none (every slot always exists). A map that is not pinned, not
+    readable or of another layout is listed with the reason, and the command exits 1.
 
     \b
     Examples:
@@ -147,9 +148,9 @@ def summary(output: str, pin_dir: str) -> None:
         click.echo(json.dumps(rows, indent=2, sort_keys=True))
     else:
         click.echo(table([_summary_cells(row) for row in rows]))
-    missing = [row["map"] for row in rows if "error" in row]
-    if missing:
-        raise click.ClickException(f"not pinned under {pin_dir}: {', '.join(missing)}")
+    failed = [row["map"] for row in rows if "error" in row]
+    if failed:
+        raise click.ClickException(f"not readable under {pin_dir}: {', '.join(failed)}")
 
 
 def _summary_cells(row: dict[str, Any]) -> dict[str, Any]:

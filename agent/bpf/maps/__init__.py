@@ -16,7 +16,7 @@ from agent.bpf.maps import (
     rules,
     untracked,
 )
-from agent.bpf.maps.base import ARRAY_TYPES, BpfMap, MapParams
+from agent.bpf.maps.base import ARRAY_TYPES, BATCH_TYPES, BpfMap, MapLayoutError, MapParams
 
 ALL_MAPS: tuple[MapParams, ...] = (
     ipsets.PARAMS,
@@ -52,33 +52,50 @@ def dump_pinned(name: str, pin_dir: str) -> list[dict]:
         return _DUMPERS[name](m)
 
 
-# Arrays always hold max_entries slots; for these the slots in use are the non-zero ones
-# (an unused rule record or config slot is all zeros). Counter arrays have no "in use".
-_SLOTS_IN_USE_ARRAYS = frozenset({"rules", "config"})
+def _rules_in_use(pin_dir: str) -> int:
+    """Rule records inside the chains the pinned endpoints reference (shared chains counted
+    once). Records of freed chains stay in the array until reused, so counting non-zero
+    records would overstate the fill after policy churn."""
+    in_use: set[int] = set()
+    with BpfMap.open_pinned(endpoints.PARAMS, pin_dir) as m:
+        for _, raw in m.items():
+            value = endpoints.decode_value(raw)
+            for chain in (value["ingress"], value["egress"]):
+                in_use.update(range(chain["start"], chain["start"] + chain["len"]))
+    return len(in_use)
+
+
+def _entries(params: MapParams, m: BpfMap, pin_dir: str) -> int | None:
+    if params.name == "rules":
+        return _rules_in_use(pin_dir)
+    if params.map_type in ARRAY_TYPES:
+        return None  # counters and config: every slot always exists
+    if params.map_type in BATCH_TYPES:
+        return len(m.items())
+    return sum(1 for _ in m.iter_keys())
 
 
 def summary_pinned(pin_dir: str) -> list[dict]:
     """One row per data map: {"map", "type", "entries", "max_entries", "fill_pct"}, or
-    {"map", "error"} for a map that is not pinned (or not readable) under pin_dir. `entries`
-    counts keys (hash, LRU, LPM trie) or, for the rules and config arrays, the non-zero
-    slots; it is None for the per-CPU counter arrays (every slot always exists)."""
+    {"map", "error"} for a map that is not pinned, not readable, or of another layout
+    under pin_dir. `entries` counts keys (hash, LRU, LPM trie: a snapshot of a live map,
+    so approximate while packets create flows) or, for the rules array, the records inside
+    chains the endpoints reference; None for the other arrays (every slot always exists)."""
     rows: list[dict] = []
     for params in ALL_MAPS:
         row: dict = {"map": params.name, "type": params.map_type.name.lower()}
         try:
             with BpfMap.open_pinned(params, pin_dir) as m:
                 row["max_entries"] = m.max_entries
-                if params.map_type not in ARRAY_TYPES:
-                    entries: int | None = sum(1 for _ in m.iter_keys())
-                elif params.name in _SLOTS_IN_USE_ARRAYS:
-                    entries = sum(1 for _, value in m.items() if any(value))
-                else:
-                    entries = None
+                entries = _entries(params, m, pin_dir)
+        except MapLayoutError as exc:
+            rows.append({"map": params.name, "error": f"layout differs: {exc}"})
+            continue
         except OSError as exc:
             rows.append({"map": params.name, "error": f"not readable: {exc}"})
             continue
         row["entries"] = entries
         row["fill_pct"] = (None if entries is None
-                           else round(100.0 * entries / max(1, m.max_entries), 1))
+                           else round(100.0 * entries / max(1, row["max_entries"]), 1))
         rows.append(row)
     return rows

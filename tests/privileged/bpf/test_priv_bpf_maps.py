@@ -241,6 +241,9 @@ def test_summary_counts_what_each_pinned_map_holds(harness, pin_dir):
             h.endpoint("a", "d1", tiers=(p.TierInfo("default", ingress_policies=("in",)),)),
             h.endpoint("b", "d2", tiers=(p.TierInfo("default", ingress_policies=("in",)),)))
     assert h.verdict("to", pk.tcp("10.2.0.1", "10.65.0.2", 40000, 80, "S"), "d1") == "allow"
+    # policy churn: the chains move (make before break) and the old records stay behind
+    h.apply(p.ActivePolicyUpdate(p.PolicyID("default", "in"), p.Policy(inbound_rules=(
+        p.Rule("allow", protocol=6, src_ip_set_ids=("clients",)), p.Rule("deny")))))
     done = subprocess.run([sys.executable, "-m", "cli.main", "bpf", "summary", "-o", "json",
                            "--pin-dir", pin_dir], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -250,11 +253,14 @@ def test_summary_counts_what_each_pinned_map_holds(harness, pin_dir):
     assert rows["endpoints"]["entries"] == 2 == len(maps["endpoints"].items())
     assert rows["ipsets"]["entries"] == len(list(maps["ipsets"].iter_keys())) >= 2
     assert rows["conntrack"]["entries"] == 1
-    in_use = sum(1 for _, v in maps["rules"].items() if any(v))
-    assert rows["rules"]["entries"] == in_use > 0
+    assert h.last is not None
+    in_use = sum(len(chain) for chain in h.last.chains_in_use)  # the compiler's own count
+    non_zero = sum(1 for _, v in maps["rules"].items() if any(v))
+    assert rows["rules"]["entries"] == in_use and 0 < in_use < non_zero
     assert rows["rules"]["max_entries"] == maps["rules"].max_entries
     assert rows["rules"]["fill_pct"] == round(100 * in_use / maps["rules"].max_entries, 1)
     assert rows["rule_counters"]["entries"] is None  # counters: every slot always exists
+    assert rows["config"]["entries"] is None
     table = subprocess.run([sys.executable, "-m", "cli.main", "bpf", "summary",
                             "--pin-dir", pin_dir], capture_output=True, text=True, timeout=60)
     assert table.returncode == 0 and table.stdout.splitlines()[0].split()[:2] == ["MAP", "TYPE"]
