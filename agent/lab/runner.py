@@ -88,6 +88,10 @@ class NodeAgents(Protocol):
 
     def stop(self) -> None: ...
 
+    def describe(self) -> dict[str, Any] | None:
+        """How the agents run (dataplane, datastore URL, ...), for the JSON report."""
+        ...
+
 
 class NoAgents:
     """No agent runs: nothing reads the datastore and nothing enforces policy."""
@@ -101,6 +105,9 @@ class NoAgents:
         return True
 
     def stop(self) -> None:
+        return None
+
+    def describe(self) -> dict[str, Any] | None:
         return None
 
 
@@ -261,8 +268,7 @@ class LabRunner:
         self.check_interrupted()
         with self._timed("agents_s"):
             self.agents.start(self.topology, self.datastore_dir, self.bpffs_dir)
-        describe = getattr(self.agents, "describe", None)
-        self.report.agents = describe() if describe is not None else None
+        self.report.agents = self.agents.describe()
         self.check_interrupted()
 
     def apply_resources(self, documents: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> None:

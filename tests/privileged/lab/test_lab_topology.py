@@ -165,6 +165,9 @@ class RecordingAgents:
     def stop(self) -> None:
         self.stopped += 1
 
+    def describe(self) -> dict[str, Any] | None:
+        return {"recording": True}
+
 
 def test_steps_reach_the_agents_through_the_datastore(root_guard: Any) -> None:
     gnp = {"apiVersion": "projectcalico.org/v3", "kind": "GlobalNetworkPolicy",

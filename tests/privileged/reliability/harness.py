@@ -125,6 +125,9 @@ class AgentUnderTest:
         self._consecutive_ok = self._consecutive_ok + 1 if ok else 0
         return self._consecutive_ok >= 2
 
+    def describe(self) -> dict[str, Any] | None:
+        return {"dataplane": "iptables", "datastore": str(self.datastore_dir)}
+
     def stop(self) -> None:
         if self.process is None:
             return
