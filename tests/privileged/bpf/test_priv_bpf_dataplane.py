@@ -31,8 +31,6 @@ REPO = Path(__file__).resolve().parents[3]
 WORKLOADS = ("cali1", "cali2")
 
 
-
-
 @pytest.fixture(scope="module")
 def node(root_untouched: None) -> Iterator[Node]:
     veths = [(iface, f"{iface}p") for iface in (*WORKLOADS, "eth0")]

@@ -195,7 +195,6 @@ def test_every_map_dumps_json_ready_rows_from_its_pin(loaded, harness, pin_dir):
 
 
 def test_conntrack_cleaner_on_the_real_map(loaded, harness):
-    import time
 
     from agent import proto as p
     from agent.bpf import packets as pk
@@ -212,7 +211,7 @@ def test_conntrack_cleaner_on_the_real_map(loaded, harness):
     cleaner = ConntrackCleaner(ct, timeouts=loaded.config.ct_timeouts)
     assert cleaner.run_once().deleted == 0
     later = ConntrackCleaner(ct, timeouts=loaded.config.ct_timeouts,
-                             clock_ns=lambda: time.monotonic_ns() + 61 * ct_map.NS_PER_S)
+                             clock_ns=lambda: ct_map.now_ns() + 61 * ct_map.NS_PER_S)
     stats = later.run_once()
     assert (stats.scanned, stats.deleted) == (10, 10) and ct.items() == []
 

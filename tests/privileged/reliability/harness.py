@@ -59,7 +59,6 @@ STOP_TIMEOUT_S = 10.0
 NO_UPDATE_GRACE_S = 1.5
 
 
-
 def scrape_metrics(netns: str, port: int) -> dict[str, float]:
     """Every sample of the /metrics served on 127.0.0.1:`port` inside `netns`:
     `name{label="v",...}` (labels sorted) -> value."""
