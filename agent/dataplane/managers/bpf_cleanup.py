@@ -8,40 +8,72 @@ iptables chains. This manager detaches them and unpins the maps.
 
 Inputs: `InSync` only (`on_update` ignores everything else). Kernel: the `Attacher` shim of
 `agent.bpf.attach` (pyroute2 in the manager's network namespace in production, a fake in
-unit tests) and the pin directory (`BPFPinDir`).
+unit tests) and the pin directory (`BPFPinDir`). A clock (`agent.shims.clock`) for its own
+retry backoff. Outputs: programs detached, pins unlinked, metrics, log lines; nothing is
+ever raised to the loop.
 
-When: in `finish_apply()` of the first round after InSync, retried in later rounds until
-one sweep succeeds, then never again in this process: only an agent in BPF mode attaches
-our programs, and a node runs one agent, so nothing can bring them back while this one
-runs (switching the mode restarts the agent, which sweeps again). Sweeping at every resync
-would cost the loop thread a link dump and filter dumps per interface each interval
-(~35 ms for 21 interfaces, ~280 ms for 201) for nothing. `finish_apply` runs only when
-every manager's `apply()` succeeded in the round, and `linux_managers()` puts this manager
-LAST: the iptables chains for the current policy are programmed before the stale programs
-go (make before break). `apply()` does nothing.
+When: in `finish_apply()` of the first round after InSync; once a sweep has succeeded,
+never again in this process: only an agent in BPF mode attaches our programs, and a node
+runs one agent, so nothing can bring them back while this one runs (switching the mode
+restarts the agent, which sweeps again). Sweeping at every resync would cost the loop
+thread a link dump and filter dumps per interface each interval (~35 ms for 21 interfaces,
+~280 ms for 201) for nothing. `finish_apply` runs only when every manager's `apply()`
+succeeded in the round, and `linux_managers()` puts this manager LAST: the iptables chains
+for the current policy are programmed before the stale programs go (make before break).
+`apply()` does nothing.
 
-What (ownership as in `agent.bpf.attach`, nothing else is ever touched):
+Errors, best effort: stale programs only make the node stricter (a packet must pass them
+AND the chains), so a failed sweep must not hold up anything that enforces current policy.
+Raising from `finish_apply` would: the loop would mark the whole round failed, every
+manager's next apply (new policy included) would wait for the loop's backoff (up to 30 s),
+and `loop.in_sync`, hence readiness, would never be set while the sweep kept failing (no
+CAP_SYS_ADMIN for BPF_PROG_GET_FD_BY_ID, a read-only bpffs...). So `finish_apply` never
+raises, and the first in-sync does NOT wait for the sweep: readiness means the chains of
+the current policy are in place; stale programs beside them can only drop more. A failed
+sweep is logged (warning), counted (`pyfelix_bpf_cleanup_errors_total`) and retried on this
+manager's OWN backoff (1 s, doubling, at most 300 s): a later round's `finish_apply` sweeps
+again only once that time has come. Rounds happen on every change and at every periodic
+resync (90 s by default), so no timer thread is needed; a retry may come up to one resync
+interval after it is due. An interface that vanished meanwhile is skipped, not an error (its
+filters and XDP program died with it). What was removed is counted
+(`pyfelix_bpf_cleanup_removed_total{kind}`) and logged with numbers. The attacher (a
+netlink socket) is closed after the successful sweep: it is not needed again.
+
+What (ownership as in `agent.bpf.attach`; nothing else is ever touched, apart from the
+races below):
 - every interface of the namespace (not only workload ones), both tc hooks: filters that
   are ours (`TcFilter.ours`: kind bpf, name `pyfelix:...`) are deleted; any other filter,
   whatever its kind or priority, stays;
 - XDP: the attached program is cleared only if the kernel names it `calico_xdp`;
-- then, once no detach failed in the sweep, the pin directory is removed (in this mount
-  namespace, or the host's through /proc/1/root when `ip netns exec` hid it), and only if
-  it is on a bpf filesystem and is not the filesystem's root (`BPFPinDir=/sys/fs/bpf`
-  would make "our directory" everyone's: that is refused with a warning). Pins go last
-  because a program still attached tail-calls through the pinned program array.
+- then, once no detach failed in the sweep, our pins (`remove_our_pins`). Pins go last
+  because a program still attached tail-calls through the pinned program array. The
+  directory is found by `locate_pin_dir`: in this mount namespace, `os.path.realpath` first
+  (a BPFPinDir that is a symlink is judged by where it leads), then it must be on a bpf
+  filesystem and not be that filesystem's root (`BPFPinDir=/sys/fs/bpf`, or a link to it,
+  would make "our directory" everyone's: refused with a warning); failing that, the host's
+  view through /proc/1/root (when `ip netns exec` hid the host's bpffs), where a path with
+  a symlink anywhere in it is refused (it would resolve against our root, not the host's).
+  In that one directory (no recursion, no symlink followed: entries are examined through
+  a descriptor of the directory opened with O_NOFOLLOW) an entry is unlinked only if it is
+  neither a directory nor a symlink AND its name is ours: a data map's pin name
+  (`ALL_MAPS`) or a build's private pin (`agent.bpf.loader.BUILD_PIN_PREFIXES`). The
+  directory is removed only if that left it empty; otherwise a warning names what is left
+  (another tool's pins, directories, links) and the directory stays;
 - the clsact qdisc is LEFT in place, even when no filter remains under it: nothing marks a
   clsact as ours (`ensure_clsact` adopts an existing one), deleting it deletes every filter
   under it (one another tool adds between our listing and the delete included), and an
   empty clsact passes every packet unchanged.
 
-Errors: stale programs only make the node stricter (a packet must pass them AND the
-chains), so this manager is not policy-critical: a failed detach or unpin is logged,
-counted (`pyfelix_bpf_cleanup_errors_total`), and raised after the sweep so the loop
-retries the round with backoff (the first in-sync, hence readiness, waits for it: until
-then the node still enforces stale policy too). An interface that vanished meanwhile is
-skipped, not an error (its filters and XDP program died with it). What was removed is
-counted (`pyfelix_bpf_cleanup_removed_total{kind}`) and logged with numbers.
+Known races and limits (easy to get wrong):
+- XDP is checked by name, then cleared: a foreign XDP program attached between the name
+  check and the clear would be removed. Closing that needs XDP_FLAGS_REPLACE with
+  IFLA_XDP_EXPECTED_FD (kernel >= 5.7); left for later. Likewise a tc filter is deleted
+  by hook, priority and handle: another tool would have to put its own filter at exactly
+  our priority and handle between the dump and the delete.
+- The pin directory is host-wide (one bpffs per host) while the sweep covers one network
+  namespace. In production one agent runs per node, so the two are the same node; agents
+  sharing a host in several namespaces (the lab) must each have their own BPFPinDir, or an
+  iptables-mode agent would unpin maps a BPF-mode neighbour uses.
 
 Cost of the one sweep when there is nothing to remove: one link dump plus, per interface,
 two filter dumps and one link query; no writes. Measured (this 2-core machine, veths in a
@@ -54,26 +86,39 @@ imports bcc only inside `load_dataplane`); pyroute2 is imported when the attache
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+import stat
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from prometheus_client import Counter
 
 from agent import proto
 from agent.bpf.attach import XDP_PROG_NAME, Attacher, AttachError, InterfaceGone
-from agent.bpf.loader import HOST_ROOT, bpffs_mount_of, remove_pin_dir
+from agent.bpf.loader import BUILD_PIN_PREFIXES, HOST_ROOT, bpffs_mount_of
+from agent.bpf.maps import ALL_MAPS
 from agent.dataplane.manager import ManagerBase
+from agent.shims.clock import Clock, SystemClock
 
 log = logging.getLogger(__name__)
 
 HOOKS = ("ingress", "egress")
+RETRY_INITIAL = 1.0  # seconds before the first retry of a failed sweep
+RETRY_MAX = 300.0  # the doubling stops here
+
+# (mounts file, path prefix reaching that mount namespace's files): ours, then the host's
+MOUNT_VIEWS: tuple[tuple[str, str], ...] = (("/proc/self/mounts", ""),
+                                            ("/proc/1/mounts", HOST_ROOT))
+
+OUR_PIN_NAMES = frozenset(params.pin_name for params in ALL_MAPS)
 
 CLEANUP_ERRORS = Counter(
     "pyfelix_bpf_cleanup_errors",
     "Number of failures removing an earlier BPF-mode agent's programs or pins in iptables "
-    "mode (each failed sweep is retried by the dataplane loop).",
+    "mode (a failed sweep is retried on the cleanup's own backoff, 1 s doubling to 300 s; "
+    "policy and readiness do not wait for it).",
 )
 CLEANUP_REMOVED = Counter(
     "pyfelix_bpf_cleanup_removed",
@@ -81,10 +126,6 @@ CLEANUP_REMOVED = Counter(
     "(tc_filter, xdp_program, pin).",
     ["kind"],
 )
-
-
-class BpfCleanupError(RuntimeError):
-    """Some of our programs or pins could not be removed; the sweep is retried."""
 
 
 @dataclass
@@ -96,33 +137,120 @@ class SweepResult:
     interfaces: int = 0
     pins: int = 0
     pin_dir: str | None = None  # the pin directory removed, if one was there
+    left_in_pin_dir: list[str] = field(default_factory=list)  # entries not ours, kept
 
     @property
     def anything(self) -> bool:
-        return bool(self.tc_filters or self.xdp_programs or self.pin_dir)
+        return bool(self.tc_filters or self.xdp_programs or self.pins or self.pin_dir)
 
 
-def locate_pin_dir(pin_dir: str) -> str | None:
-    """Where `pin_dir` is, as `agent.bpf.loader.resolve_pin_dir` would have pinned it (our
-    mount namespace's bpffs, else the host's through /proc/1/root), if it exists there.
-    None when it does not exist or is on no bpf filesystem (then it holds no pins of ours,
-    and a misconfigured BPFPinDir is never emptied). Raises ValueError when it is the root
-    of a bpf filesystem."""
-    pin_dir = os.path.abspath(pin_dir)
-    for mounts_file, prefix in (("/proc/self/mounts", ""), ("/proc/1/mounts", HOST_ROOT)):
-        mount = bpffs_mount_of(pin_dir, mounts_file)
-        if mount is None:
-            continue
-        if os.path.normpath(mount) == os.path.normpath(pin_dir):
-            raise ValueError(f"BPFPinDir {pin_dir!r} is the root of a bpf filesystem, not a "
-                             "directory of ours; not removing it")
-        path = prefix + pin_dir
-        return path if os.path.isdir(path) else None
+@dataclass
+class PinRemoval:
+    """What `remove_our_pins` did in one directory."""
+
+    removed: list[str] = field(default_factory=list)  # our pins, unlinked
+    left: list[str] = field(default_factory=list)  # everything else, untouched
+    dir_removed: bool = False
+
+
+def is_our_pin_name(name: str) -> bool:
+    """A name the loader pins under BPFPinDir: a data map's, or a build's private pins."""
+    return name in OUR_PIN_NAMES or name.startswith(BUILD_PIN_PREFIXES)
+
+
+def remove_our_pins(path: str) -> PinRemoval:
+    """Unlink our pins in directory `path`, then remove it if that left it empty.
+
+    Only `path` itself is read (no recursion). An entry goes only if `lstat` says it is
+    neither a directory nor a symlink and `is_our_pin_name` accepts its name; everything
+    else is listed in `left` and stays, and so does the directory. Entries are reached
+    through a descriptor of `path` opened with O_NOFOLLOW, so unlinks stay in that
+    directory. A `path` that does not exist is nothing to do. Raises OSError when the
+    directory cannot be read or an unlink or the rmdir fails (a read-only bpffs...)."""
+    result = PinRemoval()
+    try:
+        dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return result
+    try:
+        for name in sorted(os.listdir(dir_fd)):
+            try:
+                mode = os.lstat(name, dir_fd=dir_fd).st_mode
+            except FileNotFoundError:
+                continue  # gone meanwhile
+            if stat.S_ISDIR(mode) or stat.S_ISLNK(mode) or not is_our_pin_name(name):
+                result.left.append(name)
+                continue
+            try:
+                os.unlink(name, dir_fd=dir_fd)
+            except FileNotFoundError:
+                continue
+            result.removed.append(name)
+    finally:
+        os.close(dir_fd)
+    if result.left:
+        return result
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        return result
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        result.left = sorted(os.listdir(path))  # someone pinned there meanwhile
+        return result
+    result.dir_removed = True
+    return result
+
+
+def refuse_bpffs_root(pin_dir: str, mount: str) -> None:
+    """Raise ValueError when `pin_dir` (already resolved) is the bpf filesystem's root."""
+    if os.path.normpath(mount) == os.path.normpath(pin_dir):
+        raise ValueError(f"BPFPinDir resolves to {pin_dir!r}, the root of a bpf filesystem, "
+                         "not a directory of ours; not removing anything there")
+
+
+def _symlink_on_path(root: str, path: str) -> str | None:
+    """The first component of absolute `path` that is a symlink under `root`, if any."""
+    prefix = ""
+    for part in path.strip("/").split("/"):
+        prefix += "/" + part
+        try:
+            if stat.S_ISLNK(os.lstat(root + prefix).st_mode):
+                return prefix
+        except FileNotFoundError:
+            return None  # the rest does not exist either
     return None
 
 
-def _count_pins(path: str) -> int:
-    return sum(len(files) for _, _, files in os.walk(path))
+def locate_pin_dir(pin_dir: str, *,
+                   views: Sequence[tuple[str, str]] = MOUNT_VIEWS) -> str | None:
+    """Where `pin_dir` really is, as `agent.bpf.loader.resolve_pin_dir` would have pinned it:
+    in our mount namespace (after `os.path.realpath`), else in the host's through
+    /proc/1/root (`views`: mounts file and path prefix of each namespace, tests pass their
+    own). None when it does not exist or is on no bpf filesystem (then it holds no pins of
+    ours, and a misconfigured BPFPinDir is never touched). Raises ValueError when it
+    resolves to the root of a bpf filesystem, or (host view) has a symlink on its path."""
+    for mounts_file, root in views:
+        if not root:
+            real = os.path.realpath(pin_dir)
+            mount = bpffs_mount_of(real, mounts_file)
+            if mount is None:
+                continue
+            refuse_bpffs_root(real, mount)
+            return real if os.path.isdir(real) else None
+        host_path = os.path.abspath(pin_dir)
+        mount = bpffs_mount_of(host_path, mounts_file)
+        if mount is None:
+            continue
+        link = _symlink_on_path(root, host_path)
+        if link is not None:
+            raise ValueError(f"BPFPinDir {pin_dir!r} goes through a symlink ({link}) in the "
+                             "host's mount namespace; not removing anything there")
+        refuse_bpffs_root(host_path, mount)
+        path = root + host_path
+        return path if os.path.isdir(path) and not os.path.islink(path) else None
+    return None
 
 
 class BpfCleanupManager(ManagerBase):
@@ -139,7 +267,10 @@ class BpfCleanupManager(ManagerBase):
         attacher: Attacher | None = None,
         attacher_factory: Callable[[], Attacher] | None = None,
         locate_pins: Callable[[str], str | None] = locate_pin_dir,
-        remove_pins: Callable[[str], None] = remove_pin_dir,
+        remove_pins: Callable[[str], PinRemoval] = remove_our_pins,
+        clock: Clock | None = None,
+        retry_initial: float = RETRY_INITIAL,
+        retry_max: float = RETRY_MAX,
     ) -> None:
         super().__init__()
         self._pin_dir = pin_dir
@@ -148,8 +279,13 @@ class BpfCleanupManager(ManagerBase):
         self._attacher_factory = attacher_factory
         self._locate_pins = locate_pins
         self._remove_pins = remove_pins
+        self._clock = clock or SystemClock()
+        self._retry_initial = retry_initial
+        self._retry_max = retry_max
         self._refused_pin_dir = False  # warned once about an unremovable BPFPinDir
-        self.sweeps = 0  # completed sweeps (tests, debugging)
+        self.sweeps = 0  # completed sweeps: 0 or 1 (tests, debugging)
+        self.failed_sweeps = 0  # failed sweeps in a row
+        self.next_attempt_at: float | None = None  # clock time; None: no backoff pending
         self.last: SweepResult | None = None
 
     def on_update(self, msg: object) -> None:
@@ -160,9 +296,41 @@ class BpfCleanupManager(ManagerBase):
         return None  # everything happens in finish_apply, after the chains are in place
 
     def finish_apply(self) -> None:
+        """One sweep when due; never raises (module docstring: "Errors, best effort")."""
         if not self._datastore_in_sync or self.sweeps:
-            return  # not yet, or done for the life of this process (module docstring)
+            return  # not yet, or done for the life of this process
+        if self.next_attempt_at is not None and self._clock.monotonic() < self.next_attempt_at:
+            return  # backing off after a failed sweep
+        try:
+            errors = self._sweep()
+        except Exception as exc:  # a bug or an error the shims do not wrap: still not fatal
+            log.warning("BPF cleanup (iptables mode): unexpected error", exc_info=True)
+            errors = [f"unexpected error: {exc!r}"]
+        if errors:
+            self._failed(errors)
+            return
+        self.sweeps += 1
+        self.failed_sweeps = 0
+        self.next_attempt_at = None
+        try:
+            self.close()  # the netlink socket is not needed again
+        except Exception:
+            log.warning("BPF cleanup (iptables mode): closing the attacher", exc_info=True)
+
+    def _failed(self, errors: list[str]) -> None:
+        CLEANUP_ERRORS.inc(len(errors))
+        self.failed_sweeps += 1
+        delay = min(self._retry_max,
+                    self._retry_initial * 2 ** min(self.failed_sweeps - 1, 32))
+        self.next_attempt_at = self._clock.monotonic() + delay
+        for error in errors:
+            log.warning("BPF cleanup (iptables mode): %s; retrying at the first dataplane "
+                        "round after %.0f s (policy and readiness do not wait for it)",
+                        error, delay)
+
+    def _sweep(self) -> list[str]:
         result = SweepResult()
+        self.last = result
         errors = self._detach_all(result)
         if not errors:
             errors += self._remove_pin_dir(result)
@@ -171,16 +339,10 @@ class BpfCleanupManager(ManagerBase):
         CLEANUP_REMOVED.labels("pin").inc(result.pins)
         if result.anything:
             log.info("BPF cleanup (iptables mode): removed %d tc filter(s) and %d XDP "
-                     "program(s) of ours on %d interface(s); pin directory %s (%d pins)",
+                     "program(s) of ours on %d interface(s), %d pin(s); pin directory %s",
                      result.tc_filters, result.xdp_programs, result.interfaces,
-                     result.pin_dir or "absent", result.pins)
-        self.last = result
-        if errors:
-            CLEANUP_ERRORS.inc(len(errors))
-            for error in errors:
-                log.warning("BPF cleanup (iptables mode): %s; will retry", error)
-            raise BpfCleanupError("; ".join(errors))
-        self.sweeps += 1
+                     result.pins, result.pin_dir or "absent or kept")
+        return errors
 
     def _detach_all(self, result: SweepResult) -> list[str]:
         try:
@@ -229,12 +391,16 @@ class BpfCleanupManager(ManagerBase):
         if path is None:
             return []
         try:
-            pins = _count_pins(path)
-            self._remove_pins(path)
+            removal = self._remove_pins(path)
         except OSError as exc:
-            return [f"removing pin directory {path}: {exc}"]
-        result.pins = pins
-        result.pin_dir = path
+            return [f"removing our pins from {path}: {exc}"]
+        result.pins = len(removal.removed)
+        result.pin_dir = path if removal.dir_removed else None
+        result.left_in_pin_dir = list(removal.left)
+        if removal.left:
+            log.warning("BPF cleanup (iptables mode): pin directory %s kept: it holds "
+                        "entries that are not ours (left untouched): %s",
+                        path, ", ".join(removal.left))
         return []
 
     def _get_attacher(self) -> Attacher:
@@ -248,6 +414,6 @@ class BpfCleanupManager(ManagerBase):
         return self._attacher
 
     def close(self) -> None:
-        if self._attacher is not None:
-            self._attacher.close()
-            self._attacher = None
+        attacher, self._attacher = self._attacher, None
+        if attacher is not None:
+            attacher.close()

@@ -9,6 +9,12 @@ program still attached, and its iptables chains in place. A later agent's sweep 
 manager in-process) then finds nothing (its duration is printed), and a resync does not
 sweep again.
 
+On the real bpffs, without any agent: only our pins leave the pin directory (a foreign pin,
+a foreign subdirectory holding one of our names, a link to a directory outside, a link to
+the bpffs root all stay, and so does the directory, with a warning); a BPFPinDir that is a
+link to the bpffs root is refused and nothing at the root is touched. These use a fake
+attacher: no netlink in the root namespace.
+
 Teardown on success and failure: the agent is killed, the namespace deleted (veths, filters
 and XDP programs go with it), the pin directory removed; `root_untouched` (conftest)
 checks that nothing of ours is left in the root namespace.
@@ -19,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,10 +37,17 @@ from typing import Any
 import pytest
 
 from agent import proto as p
+from agent.bpf import syscall
 from agent.bpf.attach import HOOK_PARENTS, XDP_FLAGS_SKB_MODE
+from agent.bpf.maps.base import MapType
 from agent.config import load_config
 from agent.dataplane.bpf_dataplane import build_bpf_managers
-from agent.dataplane.managers.bpf_cleanup import BpfCleanupManager
+from agent.dataplane.managers.bpf_cleanup import (
+    BpfCleanupManager,
+    locate_pin_dir,
+    remove_our_pins,
+)
+from tests.bpf.fakes import FakeAttacher
 from tests.privileged.bpf.node_testlib import Node, node_namespace, own_pin_dir, sh
 
 pytestmark = pytest.mark.privileged
@@ -54,8 +68,6 @@ metadata: {name: node1-k8s-web-eth0, namespace: default, labels: {app: web}}
 spec: {node: node1, orchestrator: k8s, workload: web, pod: web, endpoint: eth0,
        interfaceName: cali1, ipNetworks: [10.65.0.5/32]}
 """
-
-
 
 
 @pytest.fixture
@@ -218,3 +230,73 @@ def test_iptables_agent_removes_our_programs_and_pins_and_keeps_foreign_ones(
     assert "foreign_cls" in node.filters("cali1", "ingress")
     print(f"\nsweep with nothing to remove, {len(WORKLOADS) + len(HOSTS) + 1} "
           f"interfaces: {elapsed * 1000:.1f} ms")
+
+
+@pytest.fixture
+def bpffs_dirs(root_untouched: None) -> Iterator[tuple[str, str]]:
+    """A pin directory and an "outside" directory of this test under /sys/fs/bpf, removed
+    afterwards by shutil.rmtree, which unlinks links without following them (the pin
+    directory holds one to the bpffs root: `loader.remove_pin_dir` would follow it)."""
+    token = secrets.token_hex(4)
+    paths = (f"/sys/fs/bpf/pyfelix-test-clp-{token}", f"/sys/fs/bpf/pyfelix-test-clo-{token}")
+    try:
+        for path in paths:
+            os.mkdir(path)
+        yield paths
+    finally:
+        for path in paths:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+
+
+def pin_a_map(path: str) -> None:
+    fd = syscall.map_create(MapType.ARRAY, 4, 4, 1)
+    try:
+        syscall.obj_pin(fd, path)
+    finally:
+        os.close(fd)
+
+
+def test_on_bpffs_only_our_pins_go_and_a_link_to_the_root_is_refused(
+        bpffs_dirs: tuple[str, str], caplog: pytest.LogCaptureFixture):
+    pin_dir, outside = bpffs_dirs
+    ours = ["ipsets_v1", "progs_0123456789ab", "rules_v1"]
+    for name in ours:
+        pin_a_map(f"{pin_dir}/{name}")
+    pin_a_map(f"{pin_dir}/cilium_calls")
+    os.mkdir(f"{pin_dir}/other")
+    pin_a_map(f"{pin_dir}/other/rules_v1")
+    pin_a_map(f"{outside}/ipsets_v1")
+    os.symlink(outside, f"{pin_dir}/elsewhere")
+    os.symlink("/sys/fs/bpf", f"{pin_dir}/root-link")
+    at_root = set(os.listdir("/sys/fs/bpf"))
+
+    with pytest.raises(ValueError, match="root of a bpf filesystem"):
+        locate_pin_dir(f"{pin_dir}/root-link")
+    refused = BpfCleanupManager(f"{pin_dir}/root-link", attacher=FakeAttacher())
+    refused.on_update(p.InSync())
+    refused.finish_apply()
+    assert refused.sweeps == 1 and refused.last is not None and not refused.last.anything
+    assert at_root <= set(os.listdir("/sys/fs/bpf"))  # others' pins may come, none went
+
+    assert locate_pin_dir(pin_dir) == pin_dir
+    with caplog.at_level("WARNING", logger="agent.dataplane.managers.bpf_cleanup"):
+        cleanup = BpfCleanupManager(pin_dir, attacher=FakeAttacher())
+        cleanup.on_update(p.InSync())
+        cleanup.finish_apply()
+    assert cleanup.sweeps == 1 and cleanup.last is not None and cleanup.last.pins == 3
+    assert sorted(os.listdir(pin_dir)) == ["cilium_calls", "elsewhere", "other", "root-link"]
+    assert os.listdir(f"{pin_dir}/other") == ["rules_v1"]
+    assert os.listdir(outside) == ["ipsets_v1"]
+    assert at_root <= set(os.listdir("/sys/fs/bpf"))
+    assert "cilium_calls, elsewhere, other, root-link" in caplog.text
+
+    # once the foreign entries are gone, the directory goes too
+    for name in ("cilium_calls", "elsewhere", "root-link"):
+        os.unlink(f"{pin_dir}/{name}")
+    os.unlink(f"{pin_dir}/other/rules_v1")
+    os.rmdir(f"{pin_dir}/other")
+    pin_a_map(f"{pin_dir}/routes_v1")
+    removal = remove_our_pins(pin_dir)
+    assert removal.removed == ["routes_v1"] and removal.dir_removed
+    assert not os.path.exists(pin_dir)
