@@ -34,6 +34,7 @@ import hashlib
 import logging
 import os
 import re
+import stat
 import subprocess
 import time
 from collections.abc import Mapping
@@ -251,15 +252,17 @@ def prepare_pins(config: BuildConfig) -> list[str]:
 
 
 def remove_pin_dir(pin_dir: str) -> None:
-    """Unpin everything under pin_dir and remove it (tests, uninstall)."""
-    if not os.path.isdir(pin_dir):
+    """Unpin everything under pin_dir and remove it (tests, the lab, uninstall): a
+    directory this code made for itself. Symlinks are removed, never followed, and a
+    pin_dir that is itself a symlink is left alone (what it points to is not ours)."""
+    if os.path.islink(pin_dir) or not os.path.isdir(pin_dir):
         return
     for name in os.listdir(pin_dir):
         path = os.path.join(pin_dir, name)
-        if os.path.isdir(path):
+        if stat.S_ISDIR(os.lstat(path).st_mode):
             remove_pin_dir(path)
         else:
-            os.unlink(path)
+            os.unlink(path)  # a pin, or a symlink itself
     os.rmdir(pin_dir)
 
 

@@ -242,3 +242,22 @@ def test_coarse_conntrack_clock_only_on_kernels_that_have_it(release: str, coars
     assert loader.kernel_has_ktime_coarse(release) is coarse
     flags = loader.BuildConfig(pin_dir="/x", ktime_coarse=coarse).cflags("abc")
     assert ("-DPF_KTIME_COARSE=1" in flags) is coarse
+
+
+def test_remove_pin_dir_never_follows_symlinks(tmp_path):
+    from agent.bpf import loader
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_text("not ours")
+    pins = tmp_path / "pins"
+    (pins / "sub").mkdir(parents=True)
+    (pins / "ipsets_v1").write_text("")
+    (pins / "sub" / "progs_abc").write_text("")
+    (pins / "link").symlink_to(outside, target_is_directory=True)
+    loader.remove_pin_dir(str(pins))
+    assert not pins.exists() and (outside / "precious").exists()
+    linked = tmp_path / "linked-pins"
+    linked.symlink_to(outside, target_is_directory=True)
+    loader.remove_pin_dir(str(linked))  # a pin dir that is a link: left alone
+    assert (outside / "precious").exists() and linked.is_symlink()
