@@ -481,6 +481,26 @@ def test_locate_pin_dir_through_the_hosts_view_refuses_links(tmp_path):
             locate(linked)
 
 
+def test_an_unreachable_host_view_means_nothing_to_remove(tmp_path, monkeypatch):
+    # `ip netns exec` gives the agent another mount namespace, where /proc/1/root/... may
+    # answer EACCES (root included): the sweep must carry on. Found in CI: an iptables
+    # agent under `ip netns exec` logged a traceback and retried forever.
+    base = tmp_path.resolve()
+    host = base / "host"
+    (host / "sys/fs/bpf/pyfelix").mkdir(parents=True)
+    views = [(mounts_file(base, "self-mounts"), ""),
+             (mounts_file(base, "host-mounts", "/sys/fs/bpf"), str(host))]
+    real_lstat = os.lstat
+
+    def denied(path, *args, **kwargs):
+        if str(path).startswith(str(host / "sys")):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_lstat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "lstat", denied)
+    assert locate_pin_dir("/sys/fs/bpf/pyfelix", views=views) is None
+
+
 def test_a_pin_dir_linked_to_the_bpffs_root_is_refused_and_nothing_there_touched(
         tmp_path, caplog):
     base = tmp_path.resolve()

@@ -243,13 +243,21 @@ def locate_pin_dir(pin_dir: str, *,
         mount = bpffs_mount_of(host_path, mounts_file)
         if mount is None:
             continue
-        link = _symlink_on_path(root, host_path)
+        try:
+            link = _symlink_on_path(root, host_path)
+            path = root + host_path
+            found = os.path.isdir(path) and not os.path.islink(path)
+        except OSError as exc:
+            # e.g. EACCES on /proc/1/root/... from a process in another mount namespace
+            # (`ip netns exec`): pins we cannot reach we cannot remove either
+            log.info("BPF cleanup: the host's view of %s is not reachable (%s); pins there, "
+                     "if any, stay", pin_dir, exc)
+            return None
         if link is not None:
             raise ValueError(f"BPFPinDir {pin_dir!r} goes through a symlink ({link}) in the "
                              "host's mount namespace; not removing anything there")
         refuse_bpffs_root(host_path, mount)
-        path = root + host_path
-        return path if os.path.isdir(path) and not os.path.islink(path) else None
+        return path if found else None
     return None
 
 
