@@ -7,6 +7,9 @@ is created (agent.bpf.measure). Each sample is the kernel's mean over thousands 
 
 Figures (median of `repeats` samples, with _min/_max):
 - `ct_hit_ns`: an established TCP packet (conntrack hit, no policy walk). Target <= 150.
+- `harness_ns`: the smallest tc program (`return 0`) measured the same way: the test-run
+  harness's own share of every figure, and a gauge of the machine: a host that slows this
+  VM down raises it together with the others.
 - `first_packet_ns_<N>` for N = 1, 10, 100, 1000: a TCP SYN evaluated against N rules
   `allow tcp dport 80 from <IP set>` it matches none of, then the tier-end deny. The rules
   use 10 IP sets of 10,000 members each, shared round-robin (100,000 trie entries).
@@ -46,6 +49,7 @@ def bpf_verdict(ctx: BenchContext) -> Figures:
         remove_pin_dir(pin_dir)
     figures: Figures = {}
     figures.update(Stat.of([float(v) for v in raw["ct_hit_ns"]]).figures("ct_hit_ns"))
+    figures.update(Stat.of([float(v) for v in raw["harness_ns"]]).figures("harness_ns"))
     medians = {}
     for n, values in raw["first_packet_ns"].items():
         stat = Stat.of([float(v) for v in values])

@@ -12,6 +12,11 @@ loopback ifindex, so no namespace is needed):
   lookup, then denied at the tier end (a deny creates no conntrack entry, so every
   repetition walks the whole chain). The sets hold `set_members` members each
   (`set_count` distinct sets shared round-robin by the rules).
+- harness_ns: the same measurement of the smallest tc program (`return 0`), loaded with
+  the raw bpf() syscall: what BPF_PROG_TEST_RUN itself costs per run on this machine, now.
+  It is part of every figure above, and it moves with the machine: when the host slows
+  this VM down, harness_ns rises with the others, which tells a slow machine from a slower
+  program.
 - compile_seconds / load_seconds of the build used.
 """
 
@@ -91,6 +96,7 @@ def measure_verdict_samples(
         assert out.retval == TC_ACT_OK
         hits.append(out.duration_ns)
     out_samples["ct_hit_ns"] = hits
+    out_samples["harness_ns"] = harness_samples(ack, samples=max(1, samples), repeat=repeat)
 
     # first packets: N non-matching rules with large sets, then the tier-end deny
     pkt = packets.tcp(CLIENT, POD, 40001, 80, "S")
@@ -113,6 +119,20 @@ def measure_verdict_samples(
     return out_samples
 
 
+def harness_samples(packet: bytes, *, samples: int, repeat: int) -> list[int]:
+    """Kernel means of the `return 0` tc program on `packet` (see harness_ns above)."""
+    import os
+
+    from agent.bpf.syscall import load_return_zero_tc_prog
+
+    fd = load_return_zero_tc_prog()
+    try:
+        return [run_tc(fd, packet, ifindex=LOOPBACK_IFINDEX, repeat=repeat).duration_ns
+                for _ in range(samples)]
+    finally:
+        os.close(fd)
+
+
 def measure_verdicts(dp: LoadedDataplane, *, rule_counts: tuple[int, ...] = (1, 10, 100, 1000),
                      set_members: int = 10_000, set_count: int = 10,
                      repeat: int = 20_000) -> dict[str, Any]:
@@ -121,6 +141,7 @@ def measure_verdicts(dp: LoadedDataplane, *, rule_counts: tuple[int, ...] = (1, 
                                   set_count=set_count, repeat=repeat)
     figures: dict[str, Any] = {
         "ct_hit_ns": raw["ct_hit_ns"][0],
+        "harness_ns": raw["harness_ns"][0],
         "first_packet_ns": {n: v[0] for n, v in raw["first_packet_ns"].items()},
     }
     figures["compile_seconds"] = round(dp.compile_seconds, 2)

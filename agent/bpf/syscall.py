@@ -33,6 +33,7 @@ BPF_MAP_LOOKUP_ELEM = 1
 BPF_MAP_UPDATE_ELEM = 2
 BPF_MAP_DELETE_ELEM = 3
 BPF_MAP_GET_NEXT_KEY = 4
+BPF_PROG_LOAD = 5
 BPF_OBJ_PIN = 6
 BPF_OBJ_GET = 7
 BPF_PROG_TEST_RUN = 10
@@ -158,6 +159,23 @@ class _ProgInfo(ctypes.Structure):
     ]
 
 
+class _ProgLoadAttr(ctypes.Structure):
+    """The head of the BPF_PROG_LOAD attributes (up to prog_name)."""
+
+    _fields_ = [
+        ("prog_type", ctypes.c_uint32),
+        ("insn_cnt", ctypes.c_uint32),
+        ("insns", ctypes.c_uint64),
+        ("license", ctypes.c_uint64),
+        ("log_level", ctypes.c_uint32),
+        ("log_size", ctypes.c_uint32),
+        ("log_buf", ctypes.c_uint64),
+        ("kern_version", ctypes.c_uint32),
+        ("prog_flags", ctypes.c_uint32),
+        ("prog_name", ctypes.c_char * 16),
+    ]
+
+
 class _GetByIdAttr(ctypes.Structure):
     _fields_ = [
         ("id", ctypes.c_uint32),
@@ -213,6 +231,22 @@ def obj_pin(fd: int, path: str) -> None:
     p = ctypes.create_string_buffer(os.fsencode(path))
     attr = _ObjAttr(pathname=ctypes.addressof(p), bpf_fd=fd)
     _bpf(BPF_OBJ_PIN, attr, f"OBJ_PIN {path}")
+
+
+BPF_PROG_TYPE_SCHED_CLS = 3
+# `r0 = 0; exit`: a tc program that returns TC_ACT_OK and does nothing else
+_RETURN_ZERO = bytes([0xB7, 0, 0, 0, 0, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0])
+
+
+def load_return_zero_tc_prog(name: str = "pf_calibrate") -> int:
+    """Load the smallest tc program (returns 0); a fd the caller closes. Benchmarks run it
+    with BPF_PROG_TEST_RUN to measure what the harness itself costs on this machine."""
+    insns = ctypes.create_string_buffer(_RETURN_ZERO, len(_RETURN_ZERO))
+    license_ = ctypes.create_string_buffer(b"GPL")
+    attr = _ProgLoadAttr(prog_type=BPF_PROG_TYPE_SCHED_CLS, insn_cnt=len(_RETURN_ZERO) // 8,
+                         insns=_addr(insns), license=_addr(license_),
+                         prog_name=name.encode()[:15])
+    return _bpf(BPF_PROG_LOAD, attr, f"PROG_LOAD {name}")
 
 
 def map_create(
