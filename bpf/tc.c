@@ -5,6 +5,7 @@
  *   calico_policy    the rule-chain walker both of them tail-call (policy_progs[0])
  *
  * Per packet: parse (common.h) -> non-IPv4 passes, malformed drops -> endpoint by ifindex
+ * (lookup_endpoint: the ep_by_ifindex array slot, else the endpoints hash)
  * (none: drop) -> admin-down drops -> conntrack hit or related ICMP error: allow ->
  * otherwise walk the endpoint's chain for this direction (policy.h); on allow create a
  * conntrack entry, and for a flow from the pod to this host apply endpoint_to_host_action.
@@ -129,9 +130,7 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 		count_global(GCNT_FRAGMENTS);
 
 	__u32 ifindex = skb->ifindex;
-	struct endpoint_key ek = {};
-	ek.ifindex = ifindex;
-	struct endpoint_value *ep = endpoints.lookup(&ek);
+	struct endpoint_value *ep = lookup_endpoint(ifindex);
 	if (!ep) {
 		count_global(GCNT_NO_ENDPOINT_DROPPED);
 		return TC_ACT_SHOT;

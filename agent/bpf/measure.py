@@ -32,6 +32,7 @@ from agent import proto as p
 from agent.bpf import packets
 from agent.bpf.compiler import DataplaneState, PolicyCompiler
 from agent.bpf.loader import BuildConfig, LoadedDataplane, load_dataplane, remove_pin_dir
+from agent.bpf.maps import ep_by_ifindex as ep_array
 from agent.bpf.testrun import TC_ACT_OK, TC_ACT_SHOT, run_tc
 
 LOOPBACK_IFINDEX = 1
@@ -53,6 +54,13 @@ def _program(dp: LoadedDataplane, compiler: PolicyCompiler, state: DataplaneStat
         m.delete_many([k for k in before if k not in desired])
         written[name] = desired
     dp.maps["rules"].update_many(out.rules.items())
+    # the array mirror of endpoints, as the agent's BPF policy manager writes it
+    array = dp.maps["ep_by_ifindex"]
+    slots = ep_array.slots_for(out.endpoints, array.max_entries)
+    array.update_many([*slots.items(), *((k, ep_array.EMPTY)
+                                         for k in written.get("ep_by_ifindex", {})
+                                         if k not in slots)])
+    written["ep_by_ifindex"] = slots
     compiler.commit(out)
 
 
@@ -70,7 +78,7 @@ def measure_verdict_samples(
     from_wep = dp.prog_fd("calico_from_wep")
     to_wep = dp.prog_fd("calico_to_wep")
     for m in dp.maps.values():
-        if m.params.name in ("conntrack", "endpoints", "ipsets", "ids"):
+        if m.params.name in ("conntrack", "endpoints", "ep_by_ifindex", "ipsets", "ids"):
             m.clear()
     state = DataplaneState()
     compiler = PolicyCompiler(rules_capacity=dp.maps["rules"].max_entries,

@@ -23,6 +23,7 @@ MAP_HELP = {
     "ids": "Names of the numeric ids (IP sets, net sets, rule counters, endpoints).",
     "rules": "Policy rule records (chains) in the rules array.",
     "endpoints": "Workload interfaces (ifindex) -> endpoint id and chains.",
+    "ep_by_ifindex": "Array mirror of endpoints for small ifindexes (the fast lookup).",
     "conntrack": "Tracked flows per interface, with expiry.",
     "rule_counters": "Packets/bytes per rule counter (non-zero only).",
     "ep_counters": "Allowed/denied packets/bytes per endpoint (non-zero only).",

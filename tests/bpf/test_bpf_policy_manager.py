@@ -310,3 +310,30 @@ def test_untracked_denies_of_a_host_endpoint_known_by_its_expected_ips():
     m.apply()
     keys = [untracked_map.decode_key(k) for k in maps["untracked"].data]
     assert [(k["ifindex"], k["src"]) for k in keys] == [(IFACES["eth0"], "192.0.2.0/24")]
+
+
+def test_small_ifindexes_are_mirrored_in_the_array_and_cleared_with_their_endpoint():
+    from agent.bpf.maps import ep_by_ifindex as ep_array
+
+    maps = fake_maps(ep_by_ifindex=12)  # cali1 (ifindex 11) fits, cali2 (12) does not
+    m = manager(maps)
+    feed(m, [*scenario(), *interfaces(), p.InSync()])
+    m.apply()
+    array = maps["ep_by_ifindex"]
+    slot = array.data[ep_array.encode_index(11)]
+    entry = maps["endpoints"].data[endpoints_map.encode_key(11)]
+    mirrored = endpoints_map.decode_value(slot)
+    assert mirrored["flags"] == endpoints_map.decode_value(entry)["flags"] | ep_array.FLAG_PRESENT
+    assert {**mirrored, "flags": 0} == {**endpoints_map.decode_value(entry), "flags": 0}
+    assert ep_array.encode_index(12) not in array.data  # beyond the array: the hash only
+    assert endpoints_map.encode_key(12) in maps["endpoints"].data
+    assert [r["ifindex"] for r in ep_array.dump(array)] == [11]
+    writes = total_writes(maps)
+    m.request_resync()
+    m.apply()
+    assert total_writes(maps) == writes  # the same state again writes nothing
+    m.on_update(p.WorkloadEndpointRemove(wid("a")))
+    m.apply()
+    assert array.data[ep_array.encode_index(11)] == ep_array.EMPTY  # cleared, not PRESENT
+    assert endpoints_map.encode_key(11) not in maps["endpoints"].data
+    assert ep_array.dump(array) == []

@@ -10,6 +10,7 @@ from agent.bpf.maps import (
     conntrack,
     counters,
     endpoints,
+    ep_by_ifindex,
     ids,
     ipsets,
     routes,
@@ -23,6 +24,7 @@ ALL_MAPS: tuple[MapParams, ...] = (
     ids.PARAMS,
     rules.PARAMS,
     endpoints.PARAMS,
+    ep_by_ifindex.PARAMS,
     conntrack.PARAMS,
     counters.RULE_COUNTERS,
     counters.EP_COUNTERS,
@@ -37,6 +39,7 @@ BY_NAME: dict[str, MapParams] = {p.name: p for p in ALL_MAPS}
 
 _DUMPERS = {
     "ipsets": ipsets.dump, "ids": ids.dump, "rules": rules.dump, "endpoints": endpoints.dump,
+    "ep_by_ifindex": ep_by_ifindex.dump,
     "conntrack": conntrack.dump, "rule_counters": counters.dump_rules,
     "ep_counters": counters.dump_endpoints, "global_counters": counters.dump_globals,
     "routes": routes.dump, "config": config.dump, "untracked": untracked.dump,

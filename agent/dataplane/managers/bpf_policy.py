@@ -19,10 +19,12 @@ become LOCAL_HOST routes for the endpoint-to-host action).
 2. compile the whole desired state (the compiler caches per policy/IP set: a change costs
    little) and write the DIFFERENCE against the mirror of each map, in make-before-break
    order: ids adds -> ipsets adds -> counter slots of new ids zeroed -> rules (chains in new
-   regions) -> endpoints adds/changes -> routes, untracked, config adds/changes; then, ONLY
-   after InSync: endpoints deletes -> routes/untracked deletes -> ipsets deletes -> ids
-   deletes, and `PolicyCompiler.commit()` (frees ids and regions, which must not happen while
-   stale entries may still point at them). Hash maps are written with batch syscalls.
+   regions) -> endpoints adds/changes (the hash, then its `ep_by_ifindex` array mirror:
+   agent.bpf.maps.ep_by_ifindex) -> routes, untracked, config adds/changes; then, ONLY
+   after InSync: endpoints deletes (mirror slots cleared first, then the hash entries) ->
+   routes/untracked deletes -> ipsets deletes -> ids deletes, and `PolicyCompiler.commit()`
+   (frees ids and regions, which must not happen while stale entries may still point at
+   them). Hash maps are written with batch syscalls.
    Applying the same state twice writes nothing.
 
 Map full: never a silent drop and never the whole dataplane's problem.
@@ -56,6 +58,7 @@ from agent.bpf.compiler import (
     PolicyCompiler,
 )
 from agent.bpf.maps import counters as counters_map
+from agent.bpf.maps import ep_by_ifindex as ep_array
 from agent.bpf.maps import ipsets as ipsets_map
 from agent.bpf.maps.base import ARRAY_TYPES, MapFullError
 from agent.bpf.maps.ids import IdKind
@@ -68,7 +71,8 @@ from agent.dataplane.managers.hostips import resolve_host_endpoints
 
 log = logging.getLogger(__name__)
 
-SYNCED_MAPS = ("ids", "ipsets", "rules", "endpoints", "routes", "untracked", "config")
+SYNCED_MAPS = ("ids", "ipsets", "rules", "endpoints", "ep_by_ifindex", "routes", "untracked",
+               "config")
 COUNTER_MAPS = ("rule_counters", "ep_counters")
 _STATE_MESSAGES = (
     proto.IPSetUpdate, proto.IPSetDeltaUpdate, proto.IPSetRemove,
@@ -422,10 +426,21 @@ class BpfPolicyManager(ManagerBase):
             log.error("BPF map 'endpoints' is full (max_entries=%d): %d endpoint(s) not "
                       "programmed; their traffic is dropped", endpoints.map.max_entries,
                       len(failed))
+        array = self._mirrors["ep_by_ifindex"]
+        not_programmed = set(failed)
+        programmed = {k: v for k, v in compiled.endpoints.items() if k not in not_programmed}
+        self._write_checked("ep_by_ifindex",
+                            array.updates(ep_array.slots_for(programmed, array.map.max_entries)))
         for name in ("routes", "untracked", "config"):
             self._write_checked(name, self._mirrors[name].updates(getattr(compiled, name)))
 
     def _write_deletes(self, compiled: CompiledDataplane) -> None:
+        # mirror slots first: a PRESENT slot must never outlive its endpoints entry
+        array = self._mirrors["ep_by_ifindex"]
+        wanted = ep_array.slots_for(compiled.endpoints, array.map.max_entries)
+        self._write_checked("ep_by_ifindex", [
+            (k, ep_array.EMPTY) for k, v in (array.actual or {}).items()
+            if k not in wanted and v != ep_array.EMPTY])
         for name in ("endpoints", "routes", "untracked"):
             mirror = self._mirrors[name]
             mirror.delete(mirror.stale(getattr(compiled, name)))
@@ -482,6 +497,9 @@ class BpfPolicyManager(ManagerBase):
             if name == "rules":
                 used = sum(len(chain) for chain in compiled.chains_in_use)
                 metrics.MAP_ENTRIES.labels(name).set(used)
+            elif name == "ep_by_ifindex":
+                present = sum(1 for v in (mirror.actual or {}).values() if v != ep_array.EMPTY)
+                metrics.MAP_ENTRIES.labels(name).set(present)
             else:
                 metrics.MAP_ENTRIES.labels(name).set(len(mirror.actual or {}))
             metrics.MAP_MAX_ENTRIES.labels(name).set(mirror.map.max_entries)

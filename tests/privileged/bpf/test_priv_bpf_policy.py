@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from agent import proto as p
 from agent.bpf import packets as pk
 from agent.bpf.maps import conntrack as ct_map
+from agent.bpf.maps import endpoints as endpoints_map
+from agent.bpf.maps import ep_by_ifindex as ep_array
 from agent.bpf.maps import rules as rules_map
 from tests.bpf.bpf_reference import Pkt, expected_verdict
 from tests.bpf.test_bpf_compiler import SETS, rules
@@ -255,6 +257,28 @@ def test_log_counts_and_continues(harness):
     check(h, *tcp(B, 81), "deny")
     assert h.rule_counter("log-tcp")[0] == 2
     assert h.rule_counter("allow-80")[0] == 1
+
+
+def test_a_present_array_slot_is_the_endpoint_and_a_cleared_one_falls_back_to_the_hash(harness):
+    # lookup_endpoint() (endpoints.h): the ep_by_ifindex slot when PRESENT, else the hash.
+    # The harness writes only the hash; here the slot says admin-down, the hash does not.
+    h = harness
+    pod_to_pod(h, (p.Rule("allow"),))
+    pkt = pk.tcp(A, B, 40000, 80, "S")  # B allows all ingress
+    assert h.verdict("to", pkt, "d2") == "allow"  # from the hash entry
+    ifindex = h.ifindexes["d2"]
+    entry = endpoints_map.decode_value(
+        h.dp.maps["endpoints"].lookup(endpoints_map.encode_key(ifindex)))
+    array = h.dp.maps["ep_by_ifindex"]
+    down = endpoints_map.encode_value(
+        entry["endpoint_id"], endpoints_map.FLAG_ADMIN_DOWN | ep_array.FLAG_PRESENT,
+        (entry["ingress"]["start"], entry["ingress"]["len"]),
+        (entry["egress"]["start"], entry["egress"]["len"]))
+    array.update(ep_array.encode_index(ifindex), down)
+    assert h.verdict("to", pkt, "d2") == "deny"  # the slot wins
+    assert h.globals()["admin_down_dropped"] == 1
+    array.update(ep_array.encode_index(ifindex), ep_array.EMPTY)
+    assert h.verdict("to", pkt, "d2") == "allow"  # cleared: the hash again
 
 
 def test_admin_down_endpoint_drops_everything(harness):
