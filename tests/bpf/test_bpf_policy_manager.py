@@ -337,3 +337,19 @@ def test_small_ifindexes_are_mirrored_in_the_array_and_cleared_with_their_endpoi
     assert array.data[ep_array.encode_index(11)] == ep_array.EMPTY  # cleared, not PRESENT
     assert endpoints_map.encode_key(11) not in maps["endpoints"].data
     assert ep_array.dump(array) == []
+
+
+def test_a_restarted_manager_clears_the_array_slot_of_an_endpoint_gone_while_it_was_down():
+    from agent.bpf.maps import ep_by_ifindex as ep_array
+
+    maps = fake_maps()
+    first = manager(maps)
+    feed(first, [*scenario(), *interfaces(), p.InSync()])
+    first.apply()
+    assert [r["ifindex"] for r in ep_array.dump(maps["ep_by_ifindex"])] == [11, 12]
+    restarted = manager(maps)  # same pinned maps; endpoint b was deleted meanwhile
+    feed(restarted, [m for m in scenario() if getattr(m, "id", None) != wid("b")])
+    feed(restarted, [*interfaces(), p.InSync()])
+    restarted.apply()
+    assert [r["ifindex"] for r in ep_array.dump(maps["ep_by_ifindex"])] == [11]
+    assert endpoints_map.encode_key(12) not in maps["endpoints"].data

@@ -269,6 +269,10 @@ class BpfPolicyManager(ManagerBase):
         self.compiler: PolicyCompiler | None = None
         self._dirty = True
         self._known_numbers: dict[str, set[int]] = {"rules": set(), "endpoints": set()}
+        # ep_by_ifindex slots that are PRESENT in the kernel, and the ones the last compile
+        # wants: kept as sets so an apply never scans the whole (65,536-slot) array
+        self._ep_present: set[bytes] = set()
+        self._ep_wanted: set[bytes] = set()
         self._unavailable_sets: set[str] = set()
         self._logged_problems: frozenset[str] = frozenset()
         self.last_compiled: CompiledDataplane | None = None
@@ -343,6 +347,8 @@ class BpfPolicyManager(ManagerBase):
     def _read_kernel(self) -> None:
         for mirror in self._mirrors.values():
             mirror.reload()
+        self._ep_present = {k for k, v in (self._mirrors["ep_by_ifindex"].actual or {}).items()
+                            if v != ep_array.EMPTY}
         self._ipsets.reload()
         if self._list_interfaces is not None:
             self.interfaces.replace_all(self._list_interfaces())
@@ -429,18 +435,18 @@ class BpfPolicyManager(ManagerBase):
         array = self._mirrors["ep_by_ifindex"]
         not_programmed = set(failed)
         programmed = {k: v for k, v in compiled.endpoints.items() if k not in not_programmed}
-        self._write_checked("ep_by_ifindex",
-                            array.updates(ep_array.slots_for(programmed, array.map.max_entries)))
+        slots = ep_array.slots_for(programmed, array.map.max_entries)
+        self._write_checked("ep_by_ifindex", array.updates(slots))
+        self._ep_present.update(slots)
+        self._ep_wanted = set(slots)
         for name in ("routes", "untracked", "config"):
             self._write_checked(name, self._mirrors[name].updates(getattr(compiled, name)))
 
     def _write_deletes(self, compiled: CompiledDataplane) -> None:
         # mirror slots first: a PRESENT slot must never outlive its endpoints entry
-        array = self._mirrors["ep_by_ifindex"]
-        wanted = ep_array.slots_for(compiled.endpoints, array.map.max_entries)
-        self._write_checked("ep_by_ifindex", [
-            (k, ep_array.EMPTY) for k, v in (array.actual or {}).items()
-            if k not in wanted and v != ep_array.EMPTY])
+        stale_slots = sorted(self._ep_present - self._ep_wanted)
+        self._write_checked("ep_by_ifindex", [(k, ep_array.EMPTY) for k in stale_slots])
+        self._ep_present.difference_update(stale_slots)
         for name in ("endpoints", "routes", "untracked"):
             mirror = self._mirrors[name]
             mirror.delete(mirror.stale(getattr(compiled, name)))
@@ -498,8 +504,7 @@ class BpfPolicyManager(ManagerBase):
                 used = sum(len(chain) for chain in compiled.chains_in_use)
                 metrics.MAP_ENTRIES.labels(name).set(used)
             elif name == "ep_by_ifindex":
-                present = sum(1 for v in (mirror.actual or {}).values() if v != ep_array.EMPTY)
-                metrics.MAP_ENTRIES.labels(name).set(present)
+                metrics.MAP_ENTRIES.labels(name).set(len(self._ep_present))
             else:
                 metrics.MAP_ENTRIES.labels(name).set(len(mirror.actual or {}))
             metrics.MAP_MAX_ENTRIES.labels(name).set(mirror.map.max_entries)
