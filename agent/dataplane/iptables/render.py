@@ -97,6 +97,16 @@ LOG_PREFIX = "calico-packet: "
 ENDPOINT_TO_HOST_ACTIONS = {"drop": "DROP", "return": "RETURN", "accept": "ACCEPT"}
 
 
+def _vxlan_rules(vxlan_port: int | None) -> tuple[list[str], list[str]]:
+    """(cali-INPUT, cali-OUTPUT) rules that admit VXLAN only between known VTEPs (none
+    without VXLAN)."""
+    if vxlan_port is None:
+        return [], []
+    vxlan = f"-p udp --dport {vxlan_port}"
+    return ([f"{vxlan} -m set --match-set {IPSET_ALL_VXLAN} src -j ACCEPT", f"{vxlan} -j DROP"],
+            [f"{vxlan} -m set --match-set {IPSET_ALL_VXLAN} dst -j ACCEPT"])
+
+
 class RenderError(ValueError):
     """A rule that cannot be expressed; the message names the field."""
 
@@ -508,13 +518,7 @@ class RuleRenderer:
             + [f"-j {CHAIN_TO_HEP_FORWARD_DISPATCH}", accepted]
         )
         not_host = f"-m set ! --match-set {IPSET_THIS_HOST} dst"
-        input_rules: list[str] = []
-        output: list[str] = []
-        if vxlan_port is not None:
-            vxlan = f"-p udp --dport {vxlan_port}"
-            input_rules += [f"{vxlan} -m set --match-set {IPSET_ALL_VXLAN} src -j ACCEPT",
-                            f"{vxlan} -j DROP"]
-            output.append(f"{vxlan} -m set --match-set {IPSET_ALL_VXLAN} dst -j ACCEPT")
+        input_rules, output = _vxlan_rules(vxlan_port)
         if ipvs:
             input_rules.append(f"{not_host} {set_mark(m.ipvs_forward, m.ipvs_forward)}")
         input_rules += [f"-i {w} -g {CHAIN_WL_TO_HOST}" for w in wildcards]
@@ -556,13 +560,7 @@ class RuleRenderer:
         forward = [set_mark(0, m.all & ~m.accept),
                    f"{match_mark(0, m.accept)} -j {CHAIN_FROM_HEP_FORWARD_DISPATCH}",
                    f"-j {CHAIN_TO_HEP_FORWARD_DISPATCH}", accepted]
-        input_rules: list[str] = []
-        output: list[str] = []
-        if vxlan_port is not None:
-            vxlan = f"-p udp --dport {vxlan_port}"
-            input_rules += [f"{vxlan} -m set --match-set {IPSET_ALL_VXLAN} src -j ACCEPT",
-                            f"{vxlan} -j DROP"]
-            output.append(f"{vxlan} -m set --match-set {IPSET_ALL_VXLAN} dst -j ACCEPT")
+        input_rules, output = _vxlan_rules(vxlan_port)
         to_host = "ACCEPT" if self.endpoint_to_host_action.lower() == "accept" else "RETURN"
         input_rules += [f"-i {w} -j {to_host}" for w in wildcards]
         input_rules += [accepted, set_mark(0, m.all), f"-j {CHAIN_FROM_HOST_DISPATCH}", accepted]

@@ -28,6 +28,7 @@ from agent.lab.conformance.case import Case
 from agent.lab.conformance.k8s_cases import CASES as K8S_CASES
 
 ALL_CASES: tuple[Case, ...] = (*K8S_CASES, *CALICO_CASES)
+CASES_BY_NAME: dict[str, Case] = {c.name: c for c in ALL_CASES}
 
 # Cases the privileged test also runs with the pods spread over two nodes (BGP-routed): the
 # cases they follow come along (see `case.select_cases`). Not the cases with a pod removed

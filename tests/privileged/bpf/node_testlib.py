@@ -1,5 +1,6 @@
 """Shared pieces of the BPF node tests: a namespace with veths standing in for a node, a
-worker thread inside it, and a pin directory of the test's own (both removed afterwards)."""
+worker thread inside it, a pin directory of the test's own (both removed afterwards), the
+small-maps agent configuration they build with, and allow-all workload endpoints."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import secrets
 import subprocess
 from collections.abc import Iterable, Iterator
 
+from agent import proto as p
 from agent.bpf.loader import remove_pin_dir
 from agent.bpf.testrun import NetnsThread
+from agent.config import Config, load_config
 
 
 def sh(*argv: str) -> str:
@@ -59,3 +62,20 @@ def own_pin_dir(tag: str) -> Iterator[str]:
         yield path
     finally:
         remove_pin_dir(path)
+
+
+def small_maps_config(pin_dir: str, **extra: str) -> Config:
+    """The agent's configuration with BPFPinDir = pin_dir and small maps (plus `extra`)."""
+    return load_config(environ={
+        "FELIX_BPFPINDIR": pin_dir, "FELIX_BPFMAPSIZEIPSETS": "64",
+        "FELIX_BPFMAPSIZERULES": "4096", "FELIX_BPFMAPSIZECONNTRACK": "4096",
+        "FELIX_BPFMAPSIZEENDPOINTS": "64", "FELIX_BPFMAPSIZEROUTES": "1024", **extra})
+
+
+def allow_all_workloads(ifaces: Iterable[str]) -> list[object]:
+    """A `kns.default` allow-all profile and one active workload endpoint per interface."""
+    profile = p.ActiveProfileUpdate("kns.default", p.Profile(
+        inbound_rules=(p.Rule("allow"),), outbound_rules=(p.Rule("allow"),)))
+    return [profile, *(p.WorkloadEndpointUpdate(
+        p.WorkloadEndpointID("k8s", f"default/{iface}", "eth0"),
+        p.WorkloadEndpoint("active", iface, profile_ids=("kns.default",))) for iface in ifaces)]

@@ -32,7 +32,6 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -40,7 +39,6 @@ from agent import proto as p
 from agent.bpf import syscall
 from agent.bpf.attach import HOOK_PARENTS, XDP_FLAGS_SKB_MODE
 from agent.bpf.maps.base import MapType
-from agent.config import load_config
 from agent.dataplane.bpf_dataplane import build_bpf_managers
 from agent.dataplane.managers.bpf_cleanup import (
     BpfCleanupManager,
@@ -48,7 +46,14 @@ from agent.dataplane.managers.bpf_cleanup import (
     remove_our_pins,
 )
 from tests.bpf.fakes import FakeAttacher
-from tests.privileged.bpf.node_testlib import Node, node_namespace, own_pin_dir, sh
+from tests.privileged.bpf.node_testlib import (
+    Node,
+    allow_all_workloads,
+    node_namespace,
+    own_pin_dir,
+    sh,
+    small_maps_config,
+)
 
 pytestmark = pytest.mark.privileged
 
@@ -98,31 +103,18 @@ def foreign_programs() -> Iterator[dict[str, int]]:
         bpf.cleanup()
 
 
-def bpf_mode_config(pin_dir: str) -> Any:
-    return load_config(environ={
-        "FELIX_BPFPINDIR": pin_dir, "FELIX_BPFMAPSIZEIPSETS": "64",
-        "FELIX_BPFMAPSIZERULES": "4096", "FELIX_BPFMAPSIZECONNTRACK": "4096",
-        "FELIX_BPFMAPSIZEENDPOINTS": "64", "FELIX_BPFMAPSIZEROUTES": "1024"})
-
-
 def bpf_mode_messages() -> list[object]:
-    profile = p.ActiveProfileUpdate("kns.default", p.Profile(
-        inbound_rules=(p.Rule("allow"),), outbound_rules=(p.Rule("allow"),)))
-    endpoints = [p.WorkloadEndpointUpdate(
-        p.WorkloadEndpointID("k8s", f"default/{iface}", "eth0"),
-        p.WorkloadEndpoint("active", iface, profile_ids=("kns.default",)))
-        for iface in WORKLOADS]
     untracked = p.ActivePolicyUpdate(p.PolicyID("default", "untracked-deny"), p.Policy(
         untracked=True, inbound_rules=(p.Rule("deny", src_nets=("192.0.2.0/24",)),)))
     host = p.HostEndpointUpdate(p.HostEndpointID("node1-eth0"), p.HostEndpoint(
         "eth0", untracked_tiers=(p.TierInfo("default", ingress_policies=("untracked-deny",)),)))
-    return [profile, untracked, *endpoints, host, p.InSync()]
+    return [*allow_all_workloads(WORKLOADS), untracked, host, p.InSync()]
 
 
 def run_bpf_agent_once(node: Node, pin_dir: str) -> None:
     """What a BPF-mode agent leaves behind when it stops: programs attached, maps pinned."""
     def run() -> None:
-        managers = build_bpf_managers(bpf_mode_config(pin_dir))
+        managers = build_bpf_managers(small_maps_config(pin_dir))
         try:
             for msg in bpf_mode_messages():
                 for m in managers:

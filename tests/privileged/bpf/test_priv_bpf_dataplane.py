@@ -20,10 +20,16 @@ from prometheus_client import REGISTRY
 from agent import proto as p
 from agent.bpf.maps import BY_NAME
 from agent.bpf.maps.base import BpfMap
-from agent.config import load_config
 from agent.dataplane.bpf_dataplane import build_bpf_managers
 from agent.dataplane.loop import DataplaneLoop
-from tests.privileged.bpf.node_testlib import Node, node_namespace, own_pin_dir, sh
+from tests.privileged.bpf.node_testlib import (
+    Node,
+    allow_all_workloads,
+    node_namespace,
+    own_pin_dir,
+    sh,
+    small_maps_config,
+)
 
 pytestmark = pytest.mark.privileged
 
@@ -45,21 +51,12 @@ def pin_dir(root_untouched: None) -> Iterator[str]:
 
 
 def felix_config(pin_dir: str):
-    return load_config(environ={
-        "FELIX_BPFPINDIR": pin_dir, "FELIX_BPFMAPSIZEIPSETS": "64",
-        "FELIX_BPFMAPSIZERULES": "4096", "FELIX_BPFMAPSIZECONNTRACK": "4096",
-        "FELIX_BPFMAPSIZEENDPOINTS": "64", "FELIX_BPFMAPSIZEROUTES": "1024",
-        "FELIX_BPFCONNTRACKCLEANUPINTERVAL": "1"})
+    return small_maps_config(pin_dir, FELIX_BPFCONNTRACKCLEANUPINTERVAL="1")
 
 
 def messages(extra: tuple[object, ...] = ()) -> list[object]:
-    profile = p.ActiveProfileUpdate("kns.default", p.Profile(
-        inbound_rules=(p.Rule("allow"),), outbound_rules=(p.Rule("allow"),)))
-    eps = [p.WorkloadEndpointUpdate(
-        p.WorkloadEndpointID("k8s", f"default/{iface}", "eth0"),
-        p.WorkloadEndpoint("active", iface, profile_ids=("kns.default",)))
-        for iface in WORKLOADS]
-    return [profile, *extra, *eps, p.InSync()]
+    profile, *endpoints = allow_all_workloads(WORKLOADS)
+    return [profile, *extra, *endpoints, p.InSync()]
 
 
 def run_round(node: Node, managers: list, msgs: list[object]) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from agent.lab.conformance import ALL_CASES
+from agent.lab.conformance import CASES_BY_NAME
 from tests.privileged.reliability.harness import (
     AgentUnderTest,
     conformance_lab,
@@ -36,7 +36,7 @@ from tests.privileged.reliability.harness import (
 )
 
 pytestmark = pytest.mark.privileged
-CASES = {c.name: c for c in ALL_CASES}
+CASES = CASES_BY_NAME
 CASE_A = CASES["k8s-pod-selector"]          # an IP set (pod=b) + a policy chain
 CASE_B = CASES["k8s-default-deny-ingress"]  # only rules change; A's IP set goes after them
 CASE_C = CASES["k8s-namespace-selector"]    # a new IP set (namespace y)

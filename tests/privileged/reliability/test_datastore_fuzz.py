@@ -33,7 +33,7 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from agent.lab.conformance import ALL_CASES
+from agent.lab.conformance import ALL_CASES, CASES_BY_NAME
 from agent.lab.conformance.case import Case
 from agent.lab.conformance.resources import k8s_rule, knp, labels, peer, port
 from agent.lab.conformance.world import TCP_80
@@ -47,7 +47,7 @@ from tests.privileged.reliability.harness import (
 )
 
 pytestmark = pytest.mark.privileged
-WITNESS = {c.name: c for c in ALL_CASES}["k8s-union-two-policies"]
+WITNESS = CASES_BY_NAME["k8s-union-two-policies"]
 WITNESS_ONLY_B = Case(
     "witness-without-z-on-81", "only b-on-80 is valid",
     resources=(knp("b-on-80", "x", labels(pod="a"), ingress=[k8s_rule(

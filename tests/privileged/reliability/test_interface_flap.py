@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from agent.lab.conformance import ALL_CASES
+from agent.lab.conformance import CASES_BY_NAME
 from agent.lab.conformance.matrix import expected_cells
 from tests.privileged.reliability.harness import (
     AgentUnderTest,
@@ -30,7 +30,7 @@ from tests.privileged.reliability.harness import (
 )
 
 pytestmark = pytest.mark.privileged
-CASES = {c.name: c for c in ALL_CASES}
+CASES = CASES_BY_NAME
 CASE_A = CASES["k8s-pod-selector"]          # x/a admits only x/b
 CASE_B = CASES["k8s-policy-update"]         # x/a admits only x/c
 ROUTE_PROTOCOL = 80
