@@ -147,6 +147,9 @@ class WorkloadEndpoint:
     ipv4_nets: tuple[str, ...] = ()
     ipv6_nets: tuple[str, ...] = ()
     tiers: tuple[TierInfo, ...] = ()
+    # sources the workload may send from besides ipv4_nets/ipv6_nets (Calico's
+    # allowSpoofedSourcePrefixes); every other source is dropped (RPF)
+    allow_spoofed_source_prefixes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

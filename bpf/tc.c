@@ -4,9 +4,11 @@
  *   calico_to_wep    tc EGRESS of the host veth: packets to the pod     -> pod INGRESS policy
  *   calico_policy    the rule-chain walker both of them tail-call (policy_progs[0])
  *
- * Per packet: parse (common.h) -> non-IPv4 passes, malformed drops -> endpoint by ifindex
+ * Per packet: parse (common.h) -> not IPv4: ARP and link-scope IPv6 ND pass, everything
+ * else drops (fail closed); malformed drops -> endpoint by ifindex
  * (lookup_endpoint: the ep_by_ifindex array slot, else the endpoints hash)
- * (none: drop) -> admin-down drops -> conntrack hit or related ICMP error: allow ->
+ * (none: drop) -> admin-down drops -> from the pod: a source it may not use drops (RPF,
+ * sources.h) -> conntrack hit or related ICMP error: allow ->
  * otherwise walk the endpoint's chain for this direction (policy.h); on allow create a
  * conntrack entry, and for a flow from the pod to this host apply endpoint_to_host_action.
  * Counters: counters.h. Verdicts are TC_ACT_OK / TC_ACT_SHOT.
@@ -20,6 +22,7 @@
 #include "routes.h"
 #include "config.h"
 #include "ids.h"
+#include "sources.h"
 
 /* Enough linear bytes for Ethernet + IPv4 with options + an ICMP error's inner headers. */
 #define PF_PULL_LEN 128
@@ -104,6 +107,26 @@ int calico_policy(struct __sk_buff *skb)
 	return policy_verdict(st, 0, 0);
 }
 
+/* Frames that are not IPv4: ARP and link-scope neighbour discovery pass, the rest drops
+ * (IPv6 policy is not implemented: IPv6 is never passed unpoliced). */
+PF_INLINE int non_ipv4_verdict(void *data, void *data_end, __u8 hook)
+{
+	switch (classify_non_ipv4(data, data_end, hook == HOOK_FROM_WEP)) {
+	case NON4_ARP:
+		count_global(GCNT_ARP_PASSED);
+		return TC_ACT_OK;
+	case NON4_IPV6_ND:
+		count_global(GCNT_IPV6_ND_PASSED);
+		return TC_ACT_OK;
+	case NON4_IPV6:
+		count_global(GCNT_IPV6_DROPPED);
+		return TC_ACT_SHOT;
+	default:
+		count_global(GCNT_UNKNOWN_PROTO_DROPPED);
+		return TC_ACT_SHOT;
+	}
+}
+
 PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 {
 	void *data = (void *)(long)skb->data;
@@ -117,10 +140,8 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 
 	struct pkt_info pkt = {};
 	int rc = parse_ipv4(data, data_end, &pkt);
-	if (rc == PARSE_NOT_IPV4) {
-		count_global(GCNT_NOT_IPV4_PASSED);
-		return TC_ACT_OK;
-	}
+	if (rc == PARSE_NOT_IPV4)
+		return non_ipv4_verdict(data, data_end, hook);
 	if (rc != PARSE_OK) {
 		count_global(GCNT_MALFORMED_DROPPED);
 		return TC_ACT_SHOT;
@@ -139,6 +160,12 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 	if (ep->flags & EP_F_ADMIN_DOWN) {
 		count_global(GCNT_ADMIN_DOWN_DROPPED);
 		count_endpoint(endpoint_id, hook, 0, pkt.len);
+		return TC_ACT_SHOT;
+	}
+
+	if (hook == HOOK_FROM_WEP && !wep_source_allowed(ifindex, pkt.saddr)) {
+		count_global(GCNT_SPOOFED_DROPPED);
+		count_spoofed(endpoint_id, pkt.len);
 		return TC_ACT_SHOT;
 	}
 

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(python3-bpfcc bpfcc-tools python3-venv python3-dev linux-headers-amd64
-  iptables ipset bird2 etcd-server etcd-client iproute2 procps kmod
+  iptables ipset nftables bird2 etcd-server etcd-client iproute2 procps kmod
   ruby) # ruby: `ruby -c` checks the Vagrantfile in tests
 
 log() { printf '[setup] %s\n' "$*"; }

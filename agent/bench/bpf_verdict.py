@@ -7,6 +7,7 @@ is created (agent.bpf.measure). Each sample is the kernel's mean over thousands 
 
 Figures (median of `repeats` samples, with _min/_max):
 - `ct_hit_ns`: an established TCP packet (conntrack hit, no policy walk). Target <= 150.
+- `ct_hit_from_wep_ns`: the same from the pod's side, which also pays the source (RPF) check.
 - `harness_ns`: the smallest tc program (`return 0`) measured the same way: the test-run
   harness's own share of every figure, and a gauge of the machine: a host that slows this
   VM down raises it together with the others.
@@ -49,6 +50,8 @@ def bpf_verdict(ctx: BenchContext) -> Figures:
         remove_pin_dir(pin_dir)
     figures: Figures = {}
     figures.update(Stat.of([float(v) for v in raw["ct_hit_ns"]]).figures("ct_hit_ns"))
+    figures.update(Stat.of([float(v) for v in raw["ct_hit_from_wep_ns"]])
+                   .figures("ct_hit_from_wep_ns"))
     figures.update(Stat.of([float(v) for v in raw["harness_ns"]]).figures("harness_ns"))
     medians = {}
     for n, values in raw["first_packet_ns"].items():

@@ -21,7 +21,9 @@ What it computes:
   region in use: a changed chain goes to a new region, the endpoint is repointed, the old
   region is freed on commit).
 - endpoints (by ifindex; interfaces without an ifindex yet are listed as pending), the
-  routes trie, the untracked (XDP) trie, the config entry.
+  sources each programmed endpoint may send from (`wep_sources`: its IPv4 addresses and
+  allowSpoofedSourcePrefixes; the RPF check), the routes trie, the untracked (XDP) trie,
+  the config entry.
 
 Failure policy: bad input never crashes the compile. A problem confined to one endpoint
 (unknown policy/profile/IP set, invalid rule field, chain too long) makes THAT endpoint's
@@ -49,6 +51,7 @@ from agent.bpf.maps import ipsets as ipsets_map
 from agent.bpf.maps import routes as routes_map
 from agent.bpf.maps import rules as rules_map
 from agent.bpf.maps import untracked as untracked_map
+from agent.bpf.maps import wep_sources as sources_map
 from agent.bpf.maps.base import MapFullError
 from agent.bpf.maps.ids import IdKind
 from agent.bpf.maps.routes import RouteFlags
@@ -600,6 +603,7 @@ class CompiledDataplane:
     ids: dict[bytes, bytes]
     rules: dict[bytes, bytes]
     endpoints: dict[bytes, bytes]
+    wep_sources: dict[bytes, bytes]
     routes: dict[bytes, bytes]
     untracked: dict[bytes, bytes]
     config: dict[bytes, bytes]
@@ -630,8 +634,8 @@ class CompiledDataplane:
     def maps(self) -> dict[str, dict[bytes, bytes]]:
         """Map name -> desired entries (rules: only the newly placed chains)."""
         return {"ipsets": self.ipsets, "ids": self.ids, "rules": self.rules,
-                "endpoints": self.endpoints, "routes": self.routes,
-                "untracked": self.untracked, "config": self.config}
+                "endpoints": self.endpoints, "wep_sources": self.wep_sources,
+                "routes": self.routes, "untracked": self.untracked, "config": self.config}
 
 
 _ENCODED: dict[RuleRecord, bytes] = {}
@@ -862,6 +866,7 @@ class PolicyCompiler:
         chains_in_use: dict[Chain, int] = {}
         new_rules: dict[bytes, bytes] = {}
         endpoints: dict[bytes, bytes] = {}
+        sources: dict[bytes, bytes] = {}
         memo: dict[tuple, Chain] = {}
         placed: dict[int, int] = {}  # id(chain) -> start, for chains held alive by memo
         used_endpoint_ids: set[int] = set()
@@ -951,6 +956,7 @@ class PolicyCompiler:
                     endpoint_id, flags,
                     (refs[INGRESS].start, refs[INGRESS].length),
                     (refs[EGRESS].start, refs[EGRESS].length))
+                sources.update(self._sources(name, ep, ifindex, problems))
             programs[wid] = EndpointProgram(ep.name, ifindex, endpoint_id, flags,
                                             refs[INGRESS], refs[EGRESS])
 
@@ -972,7 +978,7 @@ class PolicyCompiler:
         problems += self._counter_problems
         return CompiledDataplane(
             ipset_groups=ipsets, ids=ids_entries, rules=new_rules, endpoints=endpoints,
-            routes=routes, untracked=untracked, config=cfg, programs=programs,
+            wep_sources=sources, routes=routes, untracked=untracked, config=cfg, programs=programs,
             problems=problems, pending_interfaces=sorted(set(pending)),
             chains_in_use=chains_in_use, numbers_in_use=numbers, full_maps=full_maps,
             ipset_numbers={self.set_ids.allocate(n, IdKind.IPSET): n for n in state.ipsets},
@@ -988,6 +994,24 @@ class PolicyCompiler:
             self._fragments.clear()
 
     # other maps
+
+    @staticmethod
+    def _sources(name: str, ep: proto.WorkloadEndpoint, ifindex: int, problems: list[str]
+                 ) -> dict[bytes, bytes]:
+        """`wep_sources` entries of one endpoint: its own IPv4 addresses and its allowed
+        spoofed prefixes. A prefix that does not parse is left out (its sources stay
+        dropped) and reported."""
+        out: dict[bytes, bytes] = {}
+        for field_name, prefixes in (("ipNetworks", ep.ipv4_nets),
+                                     ("allowSpoofedSourcePrefixes",
+                                      ep.allow_spoofed_source_prefixes)):
+            for prefix in prefixes:
+                try:
+                    out.update(sources_map.entries_for(ifindex, [prefix]))
+                except ValueError:
+                    problems.append(f"endpoint {name}: {field_name} {prefix!r} is not a "
+                                    f"CIDR; sources in it are dropped")
+        return out
 
     def _next_generation(self) -> int:
         self._generation += 1

@@ -6,7 +6,10 @@ under /sys/fs/bpf and removes it). Nothing here asserts a target: it reports.
 
 What is measured (the kernel's mean ns per run over `repeat` runs, one endpoint on the
 loopback ifindex, so no namespace is needed):
-- ct_hit_ns: an established TCP packet (conntrack hit, no policy walk);
+- ct_hit_ns: an established TCP packet to the pod (calico_to_wep: conntrack hit, no policy
+  walk);
+- ct_hit_from_wep_ns: the same flow's packet from the pod (calico_from_wep), which also
+  pays the source check (one `wep_sources` trie lookup);
 - first_packet_ns[N]: a TCP packet to port 80 evaluated against N rules
   "allow tcp dport 80 from <IP set>" whose sets it is NOT in, so every rule costs a trie
   lookup, then denied at the tier end (a deny creates no conntrack entry, so every
@@ -46,7 +49,7 @@ def _program(dp: LoadedDataplane, compiler: PolicyCompiler, state: DataplaneStat
     out = compiler.compile(state, {"lo": LOOPBACK_IFINDEX})
     if out.problems:
         raise RuntimeError(f"measurement policy did not compile: {out.problems}")
-    for name in ("ids", "ipsets", "endpoints"):
+    for name in ("ids", "ipsets", "wep_sources", "endpoints"):
         desired: dict[bytes, bytes] = getattr(out, name)
         before = written.get(name, {})
         m = dp.maps[name]
@@ -78,7 +81,8 @@ def measure_verdict_samples(
     from_wep = dp.prog_fd("calico_from_wep")
     to_wep = dp.prog_fd("calico_to_wep")
     for m in dp.maps.values():
-        if m.params.name in ("conntrack", "endpoints", "ep_by_ifindex", "ipsets", "ids"):
+        if m.params.name in ("conntrack", "endpoints", "ep_by_ifindex", "ipsets", "ids",
+                             "wep_sources"):
             m.clear()
     state = DataplaneState()
     compiler = PolicyCompiler(rules_capacity=dp.maps["rules"].max_entries,
@@ -93,7 +97,7 @@ def measure_verdict_samples(
     state.apply(p.ActiveProfileUpdate("allow", p.Profile(
         inbound_rules=(p.Rule("allow"),), outbound_rules=(p.Rule("allow"),))))
     state.apply(p.WorkloadEndpointUpdate(wid, p.WorkloadEndpoint(
-        "active", "lo", profile_ids=("allow",))))
+        "active", "lo", profile_ids=("allow",), ipv4_nets=(f"{POD}/32",))))
     _program(dp, compiler, state, written)
     syn = packets.tcp(POD, CLIENT, 40000, 80, "S")
     assert run_tc(from_wep, syn, ifindex=LOOPBACK_IFINDEX).retval == TC_ACT_OK
@@ -104,6 +108,13 @@ def measure_verdict_samples(
         assert out.retval == TC_ACT_OK
         hits.append(out.duration_ns)
     out_samples["ct_hit_ns"] = hits
+    from_pod = packets.tcp(POD, CLIENT, 40000, 80, "A")
+    hits = []
+    for _ in range(max(1, samples)):
+        out = run_tc(from_wep, from_pod, ifindex=LOOPBACK_IFINDEX, repeat=repeat)
+        assert out.retval == TC_ACT_OK
+        hits.append(out.duration_ns)
+    out_samples["ct_hit_from_wep_ns"] = hits
     out_samples["harness_ns"] = harness_samples(ack, samples=max(1, samples), repeat=repeat)
 
     # first packets: N non-matching rules with large sets, then the tier-end deny
@@ -115,7 +126,8 @@ def measure_verdict_samples(
         state.apply(p.ActivePolicyUpdate(p.PolicyID("default", "bench"),
                                          p.Policy(inbound_rules=rules)))
         state.apply(p.WorkloadEndpointUpdate(wid, p.WorkloadEndpoint(
-            "active", "lo", tiers=(p.TierInfo("default", ingress_policies=("bench",)),))))
+            "active", "lo", tiers=(p.TierInfo("default", ingress_policies=("bench",)),),
+            ipv4_nets=(f"{POD}/32",))))
         _program(dp, compiler, state, written)
         reps = max(200, repeat // max(1, n))
         firsts = []

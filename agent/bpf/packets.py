@@ -106,6 +106,24 @@ def ipv6_udp(src: str, dst: str, sport: int, dport: int, payload: bytes = b"x") 
     return ethernet(ETH_P_IPV6, hdr + l4)
 
 
+def icmpv6(src: str, dst: str, icmp_type: int, code: int = 0, *, hop_limit: int = 255,
+           hop_by_hop: bool = False, body: bytes = bytes(20)) -> bytes:
+    """An ICMPv6 message (checksum left 0: the programs do not check it); `hop_by_hop`
+    puts an 8-byte hop-by-hop header (router alert) in front, as MLD reports carry."""
+    l4 = struct.pack("!BBH", icmp_type, code, 0) + body
+    next_header = 58
+    if hop_by_hop:
+        l4 = struct.pack("!BBHHH", 58, 0, 0x0502, 0, 0x0100) + l4  # router alert, PadN
+        next_header = 0
+    hdr = struct.pack("!IHBB16s16s", 6 << 28, len(l4), next_header, hop_limit,
+                      ipaddress.IPv6Address(src).packed, ipaddress.IPv6Address(dst).packed)
+    return ethernet(ETH_P_IPV6, hdr + l4)
+
+
+def raw_ethertype(ethertype: int, payload: bytes = bytes(46)) -> bytes:
+    return ethernet(ethertype, payload)
+
+
 def arp_request(sender: str, target: str) -> bytes:
     body = struct.pack("!HHBBH6s4s6s4s", 1, ETH_P_IP, 6, 4, 1, SRC_MAC,
                        ipaddress.IPv4Address(sender).packed, bytes(6),

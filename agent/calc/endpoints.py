@@ -37,7 +37,8 @@ def workload_message(wep: WorkloadEndpoint, tiers: EndpointTiers) -> proto.Workl
         id=workload_id(wep),
         endpoint=proto.WorkloadEndpoint(
             state="active", name=wep.interface_name, mac=wep.mac,
-            profile_ids=tuple(wep.profiles), ipv4_nets=v4, ipv6_nets=v6, tiers=tiers.tiers),
+            profile_ids=tuple(wep.profiles), ipv4_nets=v4, ipv6_nets=v6, tiers=tiers.tiers,
+            allow_spoofed_source_prefixes=wep.allow_spoofed_source_prefixes),
     )
 
 

@@ -200,6 +200,7 @@ def pod_to_workload_endpoint(pod: Pod, *, interface_prefix: str = DEFAULT_INTERF
                     for p in pod.ports),
         service_account_name=sa,
         container_id=pod.meta.annotations_dict.get(ANNOTATION_CONTAINER_ID, ""),
+        allow_spoofed_source_prefixes=pod.allowed_source_prefixes,
     )
 
 

@@ -14,11 +14,19 @@ sysctl managers. Steps:
    - `BpfAttachManager`: tc programs on workload interfaces, XDP for untracked host
      endpoint rules (managers/bpf_attach.py); after the first complete round it sweeps the
      previous builds' private pins;
+   - `BpfGuardManager`: the nft guard's set of interfaces running our programs
+     (managers/bpf_guard.py; the guard table itself is installed before step 3, so the
+     compile's seconds are no unpoliced window either);
    - `BpfConntrackManager`: the conntrack cleaner thread (managers/bpf_conntrack.py).
 
-Failure: any of 1-3 failing raises `DataplaneUnavailable` with a message saying what is
-missing (no bpffs, BCC not importable, compile/verifier failure with the first lines of the
-error, bad map size), so the agent exits with it (or falls back, if BPFFallback=iptables).
+Drop counters (`pyfelix_bpf_dropped_packets_total{reason}`, per-endpoint spoofed packets)
+are read at scrape time from the `global_counters` map, the `ep_counters` map and the
+guard's nft counters (`bpf_metrics.DROPS`).
+
+Failure: any of 1-3 (or the guard) failing raises `DataplaneUnavailable` with a message
+saying what is missing (no bpffs, no nft, BCC not importable, compile/verifier failure with
+the first lines of the error, bad map size), so the agent exits with it (or falls back, if
+BPFFallback=iptables).
 
 Lifetime: the `LoadedDataplane` (BCC object, program fds, map handles) is shared by the
 managers and closed when the last of them is closed; programs stay attached and maps stay
@@ -41,14 +49,18 @@ from agent.bpf.loader import (
     sweep_stale_build_pins,
 )
 from agent.bpf.maps import conntrack as ct_map
+from agent.bpf.maps import counters as counters_map
 from agent.bpf.maps.base import BpfMap
 from agent.config import Config
 from agent.dataplane.errors import DataplaneUnavailable
 from agent.dataplane.manager import Manager
+from agent.dataplane.managers import bpf_metrics
 from agent.dataplane.managers.bpf_attach import BpfAttachManager, ProgramRef
 from agent.dataplane.managers.bpf_conntrack import BpfConntrackManager
+from agent.dataplane.managers.bpf_guard import BpfGuardManager
 from agent.dataplane.managers.bpf_ifaces import netlink_lister
 from agent.dataplane.managers.bpf_policy import BpfPolicyManager
+from agent.shims.nft_guard import GuardError, NftGuard
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +129,7 @@ def program_ref(loaded: LoadedDataplane, name: str) -> ProgramRef:
 
 def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
     """Step 4: the managers over an already loaded build."""
-    prefixes = tuple(p for p in str(config.interface_prefix).split(",") if p)
+    prefixes = interface_prefixes(config)
     pin_dir = loaded.config.pin_dir
     abi = loaded.abi
     policy = BpfPolicyManager(
@@ -145,16 +157,38 @@ def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
         interval=float(config.bpf_conntrack_cleanup_interval) or 10.0,
         timeouts=loaded.config.ct_timeouts,
     )
+    guard = BpfGuardManager(attach, interface_prefixes=prefixes)
+    global_counters = loaded.maps["global_counters"]
+    bpf_metrics.DROPS.set_sources(
+        global_counters=lambda: counters_map.read_globals(global_counters),
+        guard=guard.guard.counters,
+        spoofed_by_endpoint=policy.spoofed_by_endpoint)
     managers = [policy, attach, conntrack]
     shared = SharedLoad(loaded, len(managers))
     for manager in managers:
         manager.on_close = shared.release
-    return list(managers)
+    return [policy, attach, guard, conntrack]
+
+
+def interface_prefixes(config: Config) -> tuple[str, ...]:
+    return tuple(p for p in str(config.interface_prefix).split(",") if p)
+
+
+def install_guard(config: Config) -> None:
+    """The nft guard before anything else (agent.shims.nft_guard): from here on, workload
+    interfaces without our programs forward nothing."""
+    try:
+        NftGuard().install(interface_prefixes(config))
+    except (GuardError, ValueError) as exc:
+        raise DataplaneUnavailable(
+            f"BPF dataplane: the guard against unprogrammed workload interfaces could not "
+            f"be installed ({exc}); install nftables (the `nft` command)") from exc
 
 
 def build_bpf_managers(config: Config) -> list[Manager]:
     """Check, compile once, pin, and return the BPF managers (see module docstring)."""
     build = build_config(config)
+    install_guard(config)
     loaded = load(build)
     log.info("BPF dataplane loaded: abi %s, pins under %s%s", loaded.abi,
              loaded.config.pin_dir,

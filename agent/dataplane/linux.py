@@ -12,19 +12,21 @@ Order of a round (phase 1 `apply`, then phase 2 `finish_apply` in the same order
                         only the sets host endpoint rules match)
     HostIPsManager      `cali40this-host` from the interface monitor's addresses (both modes)
     IptablesManager     filter/mangle/raw rules referencing those sets: workload and host
-                        endpoint policy, failsafes, IPVS awareness (BPF mode: host endpoints
-                        and failsafes only, see below)
+                        endpoint policy, failsafes, IPVS awareness, the workloads' source
+                        check (raw); and the ip6tables filter table that keeps workload IPv6
+                        closed (BPF mode: host endpoints and failsafes only, see below)
     NatOutgoingManager  nat table + pool IP sets: natOutgoing (both modes: in BPF mode NAT
                         outgoing uses the same nat-table rules)
     RouteManager        workload routes (+ static ARP), blackholes for local blocks
     VXLANManager        vxlan.calico device, VTEP FDB/ARP, routes to remote VXLAN blocks
-    SysctlManager       forwarding, proxy ARP, rp_filter (0 in BPF mode)
+    SysctlManager       forwarding, proxy ARP, rp_filter (0 in BPF mode, and in iptables
+                        mode where the endpoint allows spoofed IPv4 sources)
     EndpointStatusManager  up/down per endpoint to a callback (status reporting), when given
     BpfCleanupManager   iptables mode with a pin dir only, LAST: phase 2 of the first round
                         after in-sync (once per process) detaches the tc filters and XDP
                         program an earlier BPF-mode agent left in this namespace (ours only,
-                        by name) and removes its pin directory; the chains are in place by
-                        then (make before break)
+                        by name), its nft guard table, and its pin directory; the chains
+                        are in place by then (make before break)
 
 BPF mode: the split between the tc/XDP programs and iptables.
 
@@ -80,6 +82,7 @@ from agent.dataplane.managers.nat import NatOutgoingManager
 from agent.dataplane.managers.routes import RouteManager
 from agent.dataplane.managers.sysctls import SysctlManager
 from agent.dataplane.managers.vxlan import DEFAULT_PORT, DEFAULT_VNI, VXLANManager
+from agent.shims.nft_guard import NftGuard
 
 
 def _parse_seconds(config: Mapping[str, str], key: str, default: float) -> float:
@@ -210,7 +213,8 @@ def linux_managers(cfg: LinuxDataplaneConfig, *, netns: str | None = None,
     if not cfg.bpf_mode and cfg.bpf_pin_dir is not None:
         # last: its finish_apply runs after every other manager's, once the chains are in
         # place (make before break); it never imports bcc
-        managers.append(BpfCleanupManager(cfg.bpf_pin_dir, netns=netns))
+        managers.append(BpfCleanupManager(cfg.bpf_pin_dir, netns=netns,
+                                          remove_guard=NftGuard(netns=netns).remove))
     return managers
 
 

@@ -20,6 +20,7 @@ endPort needs a numeric port <= endPort.
 from __future__ import annotations
 
 import ipaddress
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,9 @@ class Pod(Resource):
     service_account_name: str = "default"
     ports: tuple[ContainerPort, ...] = ()
     deleted: bool = False  # deletionTimestamp set
+    # cni.projectcalico.org/allowedSourcePrefixes: sources the pod may send from besides its
+    # own addresses (the WorkloadEndpoint's allowSpoofedSourcePrefixes)
+    allowed_source_prefixes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,26 @@ class K8sNetworkPolicy(Resource):
 # Calico reads pod IPs from these annotations when status has none (its CNI plugin sets them).
 ANNOTATION_POD_IPS = "cni.projectcalico.org/podIPs"
 ANNOTATION_POD_IP = "cni.projectcalico.org/podIP"
+# A JSON list of CIDRs the pod may use as source addresses besides its own (Calico's CNI
+# plugin and Felix read it; it becomes allowSpoofedSourcePrefixes).
+ANNOTATION_ALLOWED_SOURCE_PREFIXES = "cni.projectcalico.org/allowedSourcePrefixes"
+
+
+def _allowed_source_prefixes(top: Fields, meta: Metadata) -> tuple[str, ...]:
+    text = meta.annotations_dict.get(ANNOTATION_ALLOWED_SOURCE_PREFIXES)
+    if not text:
+        return ()
+    holder = Fields({ANNOTATION_ALLOWED_SOURCE_PREFIXES: None}, top.resource,
+                    "metadata.annotations")
+    try:
+        items = json.loads(text)
+    except ValueError:
+        holder.fail(ANNOTATION_ALLOWED_SOURCE_PREFIXES,
+                    f"{text[:60]!r} is not a JSON list of CIDRs")
+    if not isinstance(items, list):
+        holder.fail(ANNOTATION_ALLOWED_SOURCE_PREFIXES, "must be a JSON list of CIDRs")
+    return tuple(parse_net(item, holder, f"{ANNOTATION_ALLOWED_SOURCE_PREFIXES}[{i}]")
+                 for i, item in enumerate(items))
 
 
 def _container_ports(spec: Fields) -> tuple[ContainerPort, ...]:
@@ -188,6 +212,7 @@ def parse_pod(top: Fields, key: ResourceKey, meta: Metadata) -> Pod:
                phase=status.str("phase"), host_network=spec.bool("hostNetwork"),
                service_account_name=service_account,
                ports=_container_ports(spec),
+               allowed_source_prefixes=_allowed_source_prefixes(top, meta),
                deleted=top.sub("metadata").raw("deletionTimestamp") is not None)
 
 

@@ -9,9 +9,11 @@
  *   POLICY_RULES_PER_PROG               rule records walked per tail call (policy.h)
  *
  * Parsing: Ethernet -> IPv4 (options allowed) -> TCP/UDP/SCTP ports or ICMP type/code.
- * Anything that is not IPv4 (IPv6, ARP, ...) is reported as PARSE_NOT_IPV4 and the
- * programs let it PASS, counting it (see counters.h): IPv6 policy is not implemented yet,
- * and ARP must flow. A truncated or malformed IPv4 packet is PARSE_MALFORMED (dropped).
+ * Anything that is not IPv4 is reported as PARSE_NOT_IPV4, and `classify_non_ipv4()` tells
+ * the tc programs what it is: ARP and link-scope IPv6 neighbour discovery / MLD (what the
+ * network needs to work, as Felix allows it) pass; everything else, all other IPv6
+ * included, is dropped and counted (fail closed: nothing passes unpoliced). A truncated or
+ * malformed IPv4 packet is PARSE_MALFORMED (dropped).
  * Non-first fragments carry no L4 header: they are parsed with PKT_F_PORTS clear, so rules
  * with port constraints never match them and conntrack cannot find them.
  *
@@ -29,6 +31,7 @@
 #include <uapi/linux/tcp.h>
 #include <uapi/linux/udp.h>
 #include <uapi/linux/icmp.h>
+#include <uapi/linux/ipv6.h>
 
 #ifndef PIN_DIR
 #error "PIN_DIR must be defined by the loader, e.g. -DPIN_DIR=\"/sys/fs/bpf/pyfelix\""
@@ -214,6 +217,66 @@ PF_INLINE int parse_ipv4(void *data, void *data_end, struct pkt_info *pkt)
 		break;
 	}
 	return PARSE_OK;
+}
+
+/* classify_non_ipv4() results */
+#define NON4_OTHER 0   /* not policed: drop */
+#define NON4_ARP 1     /* pass */
+#define NON4_IPV6 2    /* IPv6 that is not allowed neighbour discovery: drop */
+#define NON4_IPV6_ND 3 /* link-scope neighbour discovery or MLD: pass */
+
+#define PF_IPPROTO_HOPOPTS 0
+#define PF_IPPROTO_ICMPV6 58
+
+/* Link scope: fe80::/10 unicast or ff02::/16 multicast. */
+PF_INLINE int ipv6_link_scope(const struct in6_addr *a)
+{
+	__u8 b0 = a->in6_u.u6_addr8[0], b1 = a->in6_u.u6_addr8[1];
+	return (b0 == 0xfe && (b1 & 0xc0) == 0x80) || (b0 == 0xff && b1 == 0x02);
+}
+
+/* The ICMPv6 types allowed at a workload hook: MLD (130-132, 143: hop limit 1, behind a
+ * hop-by-hop header) both ways; router solicitation (133) only from the workload, router
+ * advertisement (134) only to it; neighbour solicitation/advertisement (135, 136) both
+ * ways (hop limit 255). Redirects and everything else are not allowed. */
+PF_INLINE int icmpv6_nd_allowed(__u8 type, __u8 hop_limit, int from_workload)
+{
+	if (type == 130 || type == 131 || type == 132 || type == 143)
+		return hop_limit == 1;
+	if (hop_limit != 255)
+		return 0;
+	if (type == 135 || type == 136)
+		return 1;
+	return from_workload ? type == 133 : type == 134;
+}
+
+/* What a frame that is not IPv4 is (NON4_*): only ARP and link-scope ND/MLD may pass. At
+ * most one hop-by-hop header is walked (MLD carries one with the router alert option). */
+PF_INLINE int classify_non_ipv4(void *data, void *data_end, int from_workload)
+{
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > data_end)
+		return NON4_OTHER;
+	if (eth->h_proto == __constant_htons(ETH_P_ARP))
+		return NON4_ARP;
+	if (eth->h_proto != __constant_htons(ETH_P_IPV6))
+		return NON4_OTHER;
+	struct ipv6hdr *ip6 = (void *)(eth + 1);
+	if ((void *)(ip6 + 1) > data_end)
+		return NON4_IPV6;
+	if (!ipv6_link_scope(&ip6->daddr))
+		return NON4_IPV6;
+	__u8 next = ip6->nexthdr;
+	__u8 *l4 = (void *)(ip6 + 1);
+	if (next == PF_IPPROTO_HOPOPTS) {
+		if (l4 + 2 > (__u8 *)data_end)
+			return NON4_IPV6;
+		next = l4[0];
+		l4 += ((__u32)l4[1] + 1) * 8;
+	}
+	if (next != PF_IPPROTO_ICMPV6 || l4 + 1 > (__u8 *)data_end)
+		return NON4_IPV6;
+	return icmpv6_nd_allowed(l4[0], ip6->hop_limit, from_workload) ? NON4_IPV6_ND : NON4_IPV6;
 }
 
 #endif /* PYFELIX_COMMON_H */

@@ -38,10 +38,12 @@ struct rule_counter {
 struct ep_counter {
 	__u64 packets[4]; /* indexed by EP_CNT_* */
 	__u64 bytes[4];
+	__u64 spoofed_packets; /* sent with a source the endpoint may not use (dropped) */
+	__u64 spoofed_bytes;
 };
 
 /* global_counters indexes */
-#define GCNT_NOT_IPV4_PASSED 0    /* IPv6, ARP, ...: passed without policy */
+#define GCNT_UNKNOWN_PROTO_DROPPED 0 /* neither IPv4, ARP nor allowed IPv6 ND: dropped */
 #define GCNT_MALFORMED_DROPPED 1  /* truncated/invalid IPv4 header */
 #define GCNT_NO_ENDPOINT_DROPPED 2 /* a tc program ran on an ifindex with no endpoint entry */
 #define GCNT_ADMIN_DOWN_DROPPED 3 /* endpoint not "active" */
@@ -59,14 +61,18 @@ struct ep_counter {
 #define GCNT_XDP_DROPPED 15       /* untracked deny hits in XDP */
 #define GCNT_XDP_PASSED 16
 #define GCNT_RULE_RECORDS_WALKED 17 /* rule records evaluated (cost indicator) */
-#define GCNT_COUNT 18
+#define GCNT_SPOOFED_DROPPED 18   /* from a workload with a source it may not use (RPF) */
+#define GCNT_IPV6_DROPPED 19      /* IPv6 other than neighbour discovery: not policed, dropped */
+#define GCNT_IPV6_ND_PASSED 20    /* IPv6 neighbour discovery / MLD, link scope: passed */
+#define GCNT_ARP_PASSED 21        /* ARP: passed */
+#define GCNT_COUNT 22
 
 BPF_TABLE_PINNED("percpu_array", __u32, struct rule_counter, rule_counters,
 		 RULE_COUNTERS_MAX_ENTRIES, PIN_DIR "/rule_counters_v1");
 BPF_TABLE_PINNED("percpu_array", __u32, struct ep_counter, ep_counters, EP_COUNTERS_MAX_ENTRIES,
-		 PIN_DIR "/ep_counters_v1");
+		 PIN_DIR "/ep_counters_v2");
 BPF_TABLE_PINNED("percpu_array", __u32, __u64, global_counters, GLOBAL_COUNTERS_MAX_ENTRIES,
-		 PIN_DIR "/global_counters_v1");
+		 PIN_DIR "/global_counters_v2");
 
 PF_INLINE void count_global(__u32 idx)
 {
@@ -105,6 +111,15 @@ PF_INLINE void count_endpoint(__u32 endpoint_id, __u8 hook, int allowed, __u32 l
 	/* idx is 0..3; the mask keeps the verifier sure of it */
 	c->packets[idx & 3] += 1;
 	c->bytes[idx & 3] += len;
+}
+
+PF_INLINE void count_spoofed(__u32 endpoint_id, __u32 len)
+{
+	struct ep_counter *c = ep_counters.lookup(&endpoint_id);
+	if (!c)
+		return;
+	c->spoofed_packets += 1;
+	c->spoofed_bytes += len;
 }
 
 #endif /* PYFELIX_COUNTERS_H */

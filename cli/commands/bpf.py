@@ -31,6 +31,7 @@ MAP_HELP = {
     "routes": "Destination prefixes -> flags (local host, workload, pool), ifindex.",
     "config": "Dataplane settings the programs read (endpoint-to-host action).",
     "untracked": "XDP early-drop prefixes (untracked deny rules of host endpoints).",
+    "wep_sources": "Source prefixes each workload interface may send from (RPF).",
 }
 
 
@@ -74,7 +75,12 @@ def read_rows(map_name: str, pin_dir: str) -> list[dict[str, Any]]:
         if map_name == "conntrack":
             with BpfMap.open_pinned(ct_map.PARAMS, path) as m:
                 return ct_map.dump(m, now_ns=ct_map.now_ns())
-        return dump_pinned(map_name, path)
+        rows = dump_pinned(map_name, path)
+        if map_name == "global_counters":
+            from agent.shims.nft_guard import guard_counter_rows
+
+            rows += guard_counter_rows()
+        return rows
     except OSError as exc:
         raise click.ClickException(
             f"BPF map {map_name!r} is not readable under {pin_dir}: {exc} (is an agent "
@@ -123,7 +129,37 @@ def command() -> None:
       pyfelix bpf conntrack dump --pin-dir /sys/fs/bpf/pyfelix
       FELIX_BPFPINDIR=/sys/fs/bpf/pyfelix pyfelix bpf global_counters dump
       pyfelix bpf summary
+      pyfelix bpf cleanup
     """
+
+
+@command.command("cleanup")
+@_pin_dir_option
+def cleanup(pin_dir: str) -> None:
+    """Remove pyfelix's BPF dataplane from this network namespace: our tc filters and XDP
+    programs, the guard table that drops traffic of unprogrammed workload interfaces, and
+    our pins under --pin-dir. For uninstalling, or leaving BPF mode by hand: a stopped agent
+    leaves all of it in place on purpose (programs keep enforcing, the guard keeps new
+    interfaces closed). Exits 1 if anything could not be removed.
+
+    \b
+    Examples:
+      pyfelix bpf cleanup
+      ip netns exec NODE pyfelix bpf cleanup --pin-dir /sys/fs/bpf/mynode
+    """
+    from agent.dataplane.managers.bpf_cleanup import BpfCleanupManager
+    from agent.proto import InSync
+    from agent.shims.nft_guard import NftGuard
+
+    manager = BpfCleanupManager(pin_dir, remove_guard=NftGuard().remove, retry_initial=0.0)
+    manager.on_update(InSync())
+    manager.finish_apply()
+    result = manager.last
+    if not manager.sweeps or result is None:
+        raise click.ClickException("BPF cleanup failed; see the log lines above")
+    click.echo(f"removed {result.tc_filters} tc filter(s), {result.xdp_programs} XDP "
+               f"program(s), guard table: {'yes' if result.guard else 'none'}, "
+               f"{result.pins} pin(s)")
 
 
 @command.command("summary")

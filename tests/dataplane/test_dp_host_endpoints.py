@@ -436,7 +436,8 @@ def test_vxlan_between_nodes_survives_a_deny_all_host_endpoint(mode: str) -> Non
 
 # --- BPF mode: iptables for host endpoints only ---------------------------------------------
 
-WORKLOAD_CHAIN = re.compile(r"^cali-(tw|fw)-|^cali-(from|to)-wl-dispatch$|^cali-wl-to-host$")
+WORKLOAD_CHAIN = re.compile(
+    r"^cali-(tw|fw|ws)-|^cali-(from|to)-wl-dispatch$|^cali-wl-to-host$|^cali-wl-src-dispatch$")
 WORKLOAD_IFACE = re.compile(r"(^| )-[io] cali\S*")
 TARGET = re.compile(r" -[jg] (\S+)")
 
@@ -454,8 +455,10 @@ def test_bpf_mode_iptables_never_judges_workload_traffic() -> None:
            endpoint("cali1", "10.65.0.1", tiers=[tier("wl-deny-all")]),
            endpoint("cali2", "10.65.0.2", tiers=[tier("wl-deny-all")]))
     tables = h.cmds.iptables.tables
-    # no workload chain, and the workloads' policy is not rendered (the tc programs have it)
+    # no workload chain (no source check either), and the workloads' policy is not rendered
+    # (the tc programs have it); no IPv6 rules at all
     assert not [c for t in tables.values() for c in t if WORKLOAD_CHAIN.search(c)]
+    assert not [c for t in h.cmds.iptables6.tables.values() for c in t if c.startswith("cali")]
     assert policy_chain_name("default", "wl-deny-all", inbound=True) not in tables["filter"]
     assert policy_chain_name("default", "deny-all", inbound=True) in tables["filter"]
     assert h.iptables.referenced_ip_sets() == frozenset()
@@ -543,8 +546,11 @@ def test_switching_to_bpf_mode_sweeps_workload_chains_and_sets_keeps_host_endpoi
              DENY_ALL, hep(tiers=[tier("deny-all")])]
     HostHarness("iptables", cmds=cmds).sync(*state)
     assert "cali-tw-cali1" in cmds.iptables.chains and our_sets(cmds)
+    assert "cali-ws-cali1" in cmds.iptables.tables["raw"]
+    assert "cali-FORWARD" in cmds.iptables6.chains
     h = HostHarness("bpf", cmds=cmds)  # the agent restarts with BPFEnabled
     h.sync(*state)
     assert not [c for t in cmds.iptables.tables.values() for c in t if WORKLOAD_CHAIN.search(c)]
+    assert cmds.iptables6.user_chains() == set()
     assert our_sets(cmds) == set()
     assert h.to_host(proto=TCP, dport=80) == "DROP" and h.to_host(proto=TCP, dport=22) == "ACCEPT"

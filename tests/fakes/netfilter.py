@@ -4,7 +4,8 @@ Role: lets unit tests check what rendered chains DO (verdicts), not only what th
 understands exactly the matches and targets our renderer emits: -p/! -p, -s/-d (+ !), -i/-o
 (with "+" wildcards), -m set [!] --match-set NAME src|dst|src,src|dst,dst (FakeIpset
 membership, hash:net and hash:net,port), -m multiport [!] --sports/--dports, --sport/--dport,
--m icmp [!] --icmp-type T[/C], -m mark --mark V/M, -m conntrack --ctstate, -m comment;
+-m icmp [!] --icmp-type T[/C], -m icmp6 --icmpv6-type T (IPv6 packets: walk the ip6tables
+fake), -m mark --mark V/M, -m conntrack --ctstate, -m comment;
 targets ACCEPT, DROP, RETURN, LOG, MARK --set-xmark V/M, CT --notrack (recorded in
 `untracked`), MASQUERADE (a terminal verdict of the nat table), -j CHAIN, -g CHAIN. Any table
 can be walked (`table=`). Anything else raises, so a renderer change that emits something
@@ -147,6 +148,8 @@ class PacketWalker:
                 if int(lo) <= port <= int(hi or lo):
                     return True
             return False
+        if opt == "--icmpv6-type":
+            return p.icmp_type == int(value)
         if opt == "--icmp-type":
             t, _, c = value.partition("/")
             return p.icmp_type == int(t) and (not c or p.icmp_code == int(c))

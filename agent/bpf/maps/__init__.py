@@ -16,6 +16,7 @@ from agent.bpf.maps import (
     routes,
     rules,
     untracked,
+    wep_sources,
 )
 from agent.bpf.maps.base import ARRAY_TYPES, BATCH_TYPES, BpfMap, MapLayoutError, MapParams
 
@@ -32,6 +33,7 @@ ALL_MAPS: tuple[MapParams, ...] = (
     routes.PARAMS,
     config.PARAMS,
     untracked.PARAMS,
+    wep_sources.PARAMS,
 )
 
 BY_NAME: dict[str, MapParams] = {p.name: p for p in ALL_MAPS}
@@ -43,6 +45,7 @@ _DUMPERS = {
     "conntrack": conntrack.dump, "rule_counters": counters.dump_rules,
     "ep_counters": counters.dump_endpoints, "global_counters": counters.dump_globals,
     "routes": routes.dump, "config": config.dump, "untracked": untracked.dump,
+    "wep_sources": wep_sources.dump,
 }
 
 

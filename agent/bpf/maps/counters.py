@@ -1,9 +1,11 @@
 """The counter maps (bpf/include/counters.h): per-CPU arrays the programs only add to.
 
 - `rule_counters[counter_id]`: packets/bytes per rule (ids map kind RULE names the rule);
-- `ep_counters[endpoint_id]`: allowed/denied packets and bytes per endpoint and POD direction;
-- `global_counters[GlobalCounter]`: why packets took their path (non-IPv4 passed, conntrack
-  hits, tail-call failures...).
+- `ep_counters[endpoint_id]`: allowed/denied packets and bytes per endpoint and POD direction,
+  and the packets/bytes it sent from a source it may not use (dropped by the RPF check);
+- `global_counters[GlobalCounter]`: why packets took their path (each drop reason: spoofed
+  source, IPv6 not policed, unknown protocol, no endpoint, policy...; conntrack hits,
+  tail-call failures...).
 Reading sums the per-CPU slots. Counters are never reset by the programs; Python may zero an
 id's slot when it allocates the id to a new owner.
 """
@@ -21,7 +23,7 @@ from agent.bpf.maps.base import BpfMap, MapParams, MapType, percpu_slots
 class GlobalCounter(enum.IntEnum):
     """must match GCNT_* in bpf/include/counters.h"""
 
-    NOT_IPV4_PASSED = 0
+    UNKNOWN_PROTO_DROPPED = 0
     MALFORMED_DROPPED = 1
     NO_ENDPOINT_DROPPED = 2
     ADMIN_DOWN_DROPPED = 3
@@ -39,6 +41,10 @@ class GlobalCounter(enum.IntEnum):
     XDP_DROPPED = 15
     XDP_PASSED = 16
     RULE_RECORDS_WALKED = 17
+    SPOOFED_DROPPED = 18
+    IPV6_DROPPED = 19
+    IPV6_ND_PASSED = 20
+    ARP_PASSED = 21
 
 
 EP_DIRECTIONS = ("ingress_allowed", "ingress_denied", "egress_allowed", "egress_denied")
@@ -53,7 +59,8 @@ class RuleCounter(ctypes.Structure):
 class EpCounter(ctypes.Structure):
     """must match struct ep_counter in bpf/include/counters.h"""
 
-    _fields_ = [("packets", ctypes.c_uint64 * 4), ("bytes", ctypes.c_uint64 * 4)]
+    _fields_ = [("packets", ctypes.c_uint64 * 4), ("bytes", ctypes.c_uint64 * 4),
+                ("spoofed_packets", ctypes.c_uint64), ("spoofed_bytes", ctypes.c_uint64)]
 
 
 RULE_COUNTERS = MapParams(
@@ -62,11 +69,11 @@ RULE_COUNTERS = MapParams(
 )
 EP_COUNTERS = MapParams(
     name="ep_counters", map_type=MapType.PERCPU_ARRAY, key_type=ctypes.c_uint32,
-    value_type=EpCounter, max_entries=16384, version=1, header="counters.h",
+    value_type=EpCounter, max_entries=16384, version=2, header="counters.h",
 )
 GLOBAL_COUNTERS = MapParams(
     name="global_counters", map_type=MapType.PERCPU_ARRAY, key_type=ctypes.c_uint32,
-    value_type=ctypes.c_uint64, max_entries=32, version=1, header="counters.h",
+    value_type=ctypes.c_uint64, max_entries=32, version=2, header="counters.h",
 )
 
 _U32 = struct.Struct("=I")
@@ -91,11 +98,17 @@ def read_rule(m: BpfMap, counter_id: int) -> tuple[int, int]:
     return tuple(_sum_slots(m, raw, "=QQ")) if raw else (0, 0)  # type: ignore[return-value]
 
 
+_EP_FORMAT = "=10Q"  # packets[4], bytes[4], spoofed_packets, spoofed_bytes
+
+
 def read_endpoint(m: BpfMap, endpoint_id: int) -> dict[str, dict[str, int]]:
-    """{"ingress_allowed": {"packets": n, "bytes": n}, ...} summed over CPUs."""
+    """{"ingress_allowed": {"packets": n, "bytes": n}, ..., "spoofed": {...}} summed over
+    CPUs."""
     raw = m.lookup(encode_index(endpoint_id))
-    vals = _sum_slots(m, raw, "=8Q") if raw else [0] * 8
-    return {d: {"packets": vals[i], "bytes": vals[4 + i]} for i, d in enumerate(EP_DIRECTIONS)}
+    vals = _sum_slots(m, raw, _EP_FORMAT) if raw else [0] * 10
+    out = {d: {"packets": vals[i], "bytes": vals[4 + i]} for i, d in enumerate(EP_DIRECTIONS)}
+    out["spoofed"] = {"packets": vals[8], "bytes": vals[9]}
+    return out
 
 
 def read_globals(m: BpfMap) -> dict[str, int]:
@@ -127,15 +140,17 @@ def dump_rules(m: BpfMap) -> list[dict]:
 
 
 def dump_endpoints(m: BpfMap) -> list[dict]:
-    """Non-zero endpoint counters: [{"endpoint_id": n, "ingress_allowed_packets": n, ...}]."""
+    """Non-zero endpoint counters: [{"endpoint_id": n, "ingress_allowed_packets": n, ...,
+    "spoofed_packets": n, "spoofed_bytes": n}]."""
     rows = []
     for k, v in m.items():
-        vals = _sum_slots(m, v, "=8Q")
+        vals = _sum_slots(m, v, _EP_FORMAT)
         if any(vals):
             row: dict = {"endpoint_id": _U32.unpack(k)[0]}
             for i, d in enumerate(EP_DIRECTIONS):
                 row[f"{d}_packets"] = vals[i]
                 row[f"{d}_bytes"] = vals[4 + i]
+            row["spoofed_packets"], row["spoofed_bytes"] = vals[8], vals[9]
             rows.append(row)
     return sorted(rows, key=lambda r: r["endpoint_id"])
 

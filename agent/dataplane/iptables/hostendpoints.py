@@ -16,6 +16,19 @@ interface, Felix's `any-interface-at-all`), by table:
     raw     cali-fh-IF / cali-th-IF           -> failsafes, doNotTrack tiers; an accepted
             (doNotTrack)                         packet is also `CT --notrack`ed
 
+Static chains of the raw and mangle tables (filter's are `RuleRenderer.static_chains`):
+
+    raw PREROUTING ─> cali-PREROUTING
+        (iptables mode) -i cali+ -> cali-wl-src-dispatch   (workload source check, see
+                                    render.py: a forged source DROPs here, before conntrack)
+        clear marks; -i cali+ RETURN; -> cali-from-host-endpoint (-i IF goto cali-fh-IF);
+        ACCEPT mark -> ACCEPT
+    raw OUTPUT ─> cali-OUTPUT
+        clear marks; -> cali-to-host-endpoint (-o IF goto cali-th-IF); ACCEPT mark -> ACCEPT
+    mangle PREROUTING ─> cali-PREROUTING
+        conntrack RELATED,ESTABLISHED -> ACCEPT; ACCEPT mark -> ACCEPT; -i cali+ RETURN;
+        clear marks; -> cali-from-host-endpoint; ACCEPT mark -> ACCEPT
+
 Pre-DNAT and doNotTrack chains have no end-of-tier drop, no profiles and no final drop: an
 unmatched packet goes on to the normal policy in the filter table (Felix's semantics). An
 allowed packet leaves them with the ACCEPT mark, which cali-PREROUTING (mangle/raw),
@@ -50,6 +63,7 @@ from agent.dataplane.iptables.names import (
     CHAIN_PREROUTING,
     CHAIN_TO_HEP_FORWARD_DISPATCH,
     CHAIN_TO_HOST_DISPATCH,
+    CHAIN_WL_SRC_DISPATCH,
     host_endpoint_chain_name,
 )
 from agent.dataplane.iptables.render import RuleRenderer, match_mark, set_mark
@@ -232,8 +246,11 @@ class HostEndpointRenderer:
             ]
         return chains
 
-    def static_chains(self, table: str) -> list[Chain]:
-        """cali-PREROUTING (mangle, raw) and cali-OUTPUT (raw); filter's are RuleRenderer's."""
+    def static_chains(self, table: str, *, source_check: bool = False) -> list[Chain]:
+        """cali-PREROUTING (mangle, raw) and cali-OUTPUT (raw); filter's are RuleRenderer's.
+
+        `source_check` (raw; iptables mode, where the per-endpoint source chains exist):
+        packets from workload interfaces go through cali-wl-src-dispatch first."""
         m = self.marks
         accepted = f"{match_mark(m.accept, m.accept)} -j ACCEPT"
         workloads = [f"-i {p}+ -j RETURN" for p in self.rules.interface_prefixes]
@@ -242,8 +259,10 @@ class HostEndpointRenderer:
                 "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT", accepted, *workloads,
                 set_mark(0, m.all), f"-j {CHAIN_FROM_HOST_DISPATCH}", accepted))]
         if table == RAW:
+            checks = [f"-i {p}+ -j {CHAIN_WL_SRC_DISPATCH}"
+                      for p in self.rules.interface_prefixes] if source_check else []
             return [
-                Chain(CHAIN_PREROUTING, (set_mark(0, m.all), *workloads,
+                Chain(CHAIN_PREROUTING, (*checks, set_mark(0, m.all), *workloads,
                                          f"-j {CHAIN_FROM_HOST_DISPATCH}", accepted)),
                 Chain(CHAIN_OUTPUT, (set_mark(0, m.all), f"-j {CHAIN_TO_HOST_DISPATCH}",
                                      accepted)),

@@ -11,7 +11,9 @@ ours (ownership first) and fit the kernel's limits:
   `cali40this-host` (this host's addresses, host-IPs manager), `cali40masq-ipam-pools` and
   `cali40all-ipam-pools` (NAT outgoing), `cali40all-vxlan-net` (the nodes' VXLAN parent
   IPs, iptables manager), as Felix names them;
-- every rule we write carries the comment `cali:<rule hash>`.
+- every rule we write carries the comment `cali:<rule hash>`; a DROP that exists for a reason
+  an operator must be able to read off `iptables-save -c` carries a second comment
+  `pyfelix: <reason>` (spoofed source, unknown workload interface, IPv6 not policed).
 """
 
 from __future__ import annotations
@@ -47,8 +49,15 @@ CHAIN_FROM_HEP_FORWARD_DISPATCH = "cali-from-hep-forward"
 CHAIN_TO_HEP_FORWARD_DISPATCH = "cali-to-hep-forward"
 CHAIN_FAILSAFE_IN = "cali-failsafe-in"
 CHAIN_FAILSAFE_OUT = "cali-failsafe-out"
+# raw table, iptables mode: the source check (anti-spoofing) of packets from workloads
+CHAIN_WL_SRC_DISPATCH = "cali-wl-src-dispatch"
 # Felix's name for the chains of a host endpoint with interfaceName "*".
 ALL_INTERFACES_CHAIN_SUFFIX = "any-interface-at-all"
+
+# Second comments of DROP rules: why the packet was dropped (counted by iptables-save -c).
+COMMENT_SPOOFED_SOURCE = "pyfelix: spoofed source"
+COMMENT_UNKNOWN_WORKLOAD = "pyfelix: no workload endpoint"
+COMMENT_IPV6_NOT_POLICED = "pyfelix: ipv6 not policed"
 
 IPSET_TYPE_NET = "net"  # proto.IPSetUpdate.type -> kernel type hash:net
 IPSET_TYPE_IP_PORT = "ip_port"  # -> hash:net,port
@@ -71,6 +80,16 @@ def profile_chain_name(profile_id: str, inbound: bool) -> str:
 def endpoint_chain_name(iface: str, to_workload: bool) -> str:
     """cali-tw-<iface> (traffic to the workload: ingress policy) / cali-fw-<iface>."""
     return ("cali-tw-" if to_workload else "cali-fw-") + iface
+
+
+def source_check_chain_name(iface: str) -> str:
+    """cali-ws-<iface>: the sources a workload may send from (raw table)."""
+    return "cali-ws-" + iface
+
+
+def reason_comment(reason: str) -> str:
+    """The match that names why a rule drops (a second comment after the hash comment)."""
+    return f'-m comment --comment "{reason}"'
 
 
 def host_endpoint_chain_name(iface: str, *, to_host_endpoint: bool, forward: bool = False) -> str:

@@ -1,8 +1,9 @@
-"""Policy renderer: calc-graph policy model -> iptables chains (filter table, IPv4).
+"""Policy renderer: calc-graph policy model -> iptables chains (filter table, IPv4), and the
+workloads' source check (raw table, IPv4).
 
 Role: Felix's `rules` package in Python. Pure functions of their inputs; no kernel access.
-Host endpoint chains (and the raw/mangle tables) are in `hostendpoints.py`, which reuses
-`policy_section()` from here.
+Host endpoint chains (and the raw/mangle tables' static chains) are in `hostendpoints.py`,
+which reuses `policy_section()` from here; the IPv6 (ip6tables) chains are in `ipv6.py`.
 
 Chains (all `cali-`; see names.py):
 
@@ -25,6 +26,20 @@ Chains (all `cali-`; see names.py):
     In BPF mode (tc programs police workloads) the three chains have no workload rules:
     `host_endpoint_only_chains()`.
 
+Source check (raw table, iptables mode only; the BPF programs do their own RPF check):
+
+    raw PREROUTING ─> cali-PREROUTING (hostendpoints.py)
+        -i cali+ -> cali-wl-src-dispatch ─(-i IF, goto)─> cali-ws-IF
+                                         no endpoint: DROP "pyfelix: no workload endpoint"
+            cali-ws-IF:  -s <each IPv4 net of the endpoint> RETURN
+                         -s <each IPv4 allowSpoofedSourcePrefixes entry> RETURN
+                         DROP "pyfelix: spoofed source"
+        (RETURN: on to the rest of cali-PREROUTING: doNotTrack / host endpoint rules)
+    It runs before conntrack and routing, so a forged source never creates a conntrack entry
+    nor reaches any policy. Strict rp_filter on workload interfaces (sysctls.py) stays as a
+    second line, except where the endpoint allows spoofed IPv4 sources (there it would drop
+    them, and this chain is the enforcement).
+
 Endpoint chain (cali-tw-IF with ingress policies / inbound profile rules; cali-fw-IF with
 egress / outbound):
     conntrack RELATED,ESTABLISHED -> ACCEPT;  INVALID -> DROP;  clear all our mark bits
@@ -45,7 +60,8 @@ each "any of" clause sets T on any alternative and clears M if T stayed clear; t
 action applies to packets still carrying M, and M/T are cleared again.
 
 Rule field semantics: see `agent.proto.Rule`. IPv6-only rules, ICMPv6 rules and rules whose
-nets are all IPv6 cannot match in this IPv4 table and render as nothing.
+nets are all IPv6 cannot match in this IPv4 table and render as nothing (there is no IPv6
+policy yet: ip6tables drops workload IPv6, see `ipv6.py`).
 
 Bad input never crashes: a rule that cannot be rendered (ports without a port protocol,
 ICMP code without type, port or ICMP values out of range, a net that does not parse, an
@@ -72,7 +88,10 @@ from agent.dataplane.iptables.names import (
     CHAIN_TO_HEP_FORWARD_DISPATCH,
     CHAIN_TO_HOST_DISPATCH,
     CHAIN_TO_WL_DISPATCH,
+    CHAIN_WL_SRC_DISPATCH,
     CHAIN_WL_TO_HOST,
+    COMMENT_SPOOFED_SOURCE,
+    COMMENT_UNKNOWN_WORKLOAD,
     IPSET_ALL_VXLAN,
     IPSET_THIS_HOST,
     IPSET_TYPE_IP_PORT,
@@ -81,6 +100,8 @@ from agent.dataplane.iptables.names import (
     ipset_name,
     policy_chain_name,
     profile_chain_name,
+    reason_comment,
+    source_check_chain_name,
 )
 from agent.proto import Policy as ProtoPolicy
 from agent.proto import PolicyID, PortRange, Profile, Rule, TierInfo, WorkloadEndpoint
@@ -176,6 +197,25 @@ def _v4_nets(nets: tuple[str, ...], field: str) -> list[str]:
             raise RenderError(f"{field}: {net!r} is not a CIDR") from exc
         if parsed.version == 4:
             out.append(str(parsed))
+    return out
+
+
+def allowed_ipv4_sources(endpoint: WorkloadEndpoint) -> list[str]:
+    """The IPv4 sources a workload may send from: its IPv4 nets, then the IPv4 entries of its
+    allowSpoofedSourcePrefixes (normalised, duplicates dropped). An entry that does not parse
+    is logged and left out (fail closed: its sources stay forbidden)."""
+    out: list[str] = []
+    for field, nets in (("ipv4_nets", endpoint.ipv4_nets),
+                        ("allow_spoofed_source_prefixes", endpoint.allow_spoofed_source_prefixes)):
+        for net in nets:
+            try:
+                parsed = ipaddress.ip_network(net, strict=False)
+            except ValueError:
+                log.error("workload endpoint %s: %s entry %r is not a CIDR; not allowed as a "
+                          "source", endpoint.name, field, net)
+                continue
+            if parsed.version == 4 and str(parsed) not in out:
+                out.append(str(parsed))
     return out
 
 
@@ -482,6 +522,23 @@ class RuleRenderer:
                 [f"-o {i} -g {endpoint_chain_name(i, to_workload=True)}" for i in names]
                 + ["-j DROP"])),
         ]
+
+    # --- source check (raw table) -----------------------------------------------------------
+
+    @staticmethod
+    def source_check_chain(endpoint: WorkloadEndpoint) -> Chain:
+        """cali-ws-IF: RETURN for the sources the endpoint may use, DROP (commented) else."""
+        rules = [f"-s {net} -j RETURN" for net in allowed_ipv4_sources(endpoint)]
+        rules.append(f"{reason_comment(COMMENT_SPOOFED_SOURCE)} -j DROP")
+        return Chain(source_check_chain_name(endpoint.name), tuple(rules))
+
+    @staticmethod
+    def source_dispatch_chain(ifaces: Iterable[str]) -> Chain:
+        """cali-wl-src-dispatch: each workload interface to its cali-ws-IF; a workload
+        interface without an endpoint drops (commented)."""
+        rules = [f"-i {i} -g {source_check_chain_name(i)}" for i in sorted(set(ifaces))]
+        rules.append(f"{reason_comment(COMMENT_UNKNOWN_WORKLOAD)} -j DROP")
+        return Chain(CHAIN_WL_SRC_DISPATCH, tuple(rules))
 
     def static_chains(self, *, ipvs: bool = False, vxlan_port: int | None = None,
                       workload_policy: bool = True) -> list[Chain]:

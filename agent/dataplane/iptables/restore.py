@@ -1,5 +1,5 @@
-"""Table writer: keep one kernel table (filter, nat, mangle or raw) equal to a desired set of
-chains, atomically.
+"""Table writer: keep one kernel table (filter, nat, mangle or raw; IPv4 or IPv6) equal to a
+desired set of chains, atomically.
 
 Role: Felix's `iptables.Table` / Neutron's `iptables_manager`, for one table of one network
 namespace. Inputs: `set_chain(Chain)`, `remove_chain(name)`, `set_base_inserts(chain, rules)`
@@ -29,11 +29,16 @@ chains that are not ours are not deleted before the caller allows it (after in-s
 
 Backends: `detect_backend()` picks nft or legacy (Felix's `IptablesBackend` Auto/NFT/Legacy):
 whichever already holds rules in the namespace, else the default `iptables` binaries.
+Families: an `IptablesTable` writes IPv4 or IPv6 according to its binaries;
+`IptablesBinaries.ipv6()` is the ip6tables twin of a set of iptables binaries (same backend:
+`ip6tables-nft-save`/`-restore` for nft, `ip6tables-legacy-*` for legacy, `ip6tables-*` for
+the default), so both families of a namespace always use one backend.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 from dataclasses import dataclass
 
@@ -54,17 +59,37 @@ BASE_CHAINS_BY_TABLE: dict[str, tuple[str, ...]] = {
 BASE_CHAINS = BASE_CHAINS_BY_TABLE["filter"]
 
 
+def _ip6_twin(path: str) -> str:
+    head, base = os.path.split(path)
+    if base.startswith("ip6tables"):
+        return path
+    if not base.startswith("iptables"):
+        raise ValueError(f"iptables binary {path!r}: no ip6tables twin (name must start with "
+                         "'iptables')")
+    return os.path.join(head, "ip6" + base[len("ip"):])
+
+
 @dataclass(frozen=True)
 class IptablesBinaries:
     save: str = "iptables-save"
     restore: str = "iptables-restore"
     backend: str = "default"
+    family: int = 4  # 4: iptables, 6: ip6tables
+
+    def ipv6(self) -> IptablesBinaries:
+        """The ip6tables binaries of the same backend (`iptables-nft-save` ->
+        `ip6tables-nft-save`, ...)."""
+        if self.family == 6:
+            return self
+        return IptablesBinaries(_ip6_twin(self.save), _ip6_twin(self.restore), self.backend,
+                                family=6)
 
 
 BACKENDS = {
     "nft": IptablesBinaries("iptables-nft-save", "iptables-nft-restore", "nft"),
     "legacy": IptablesBinaries("iptables-legacy-save", "iptables-legacy-restore", "legacy"),
 }
+BACKENDS6 = {name: binaries.ipv6() for name, binaries in BACKENDS.items()}
 
 
 class IptablesError(RuntimeError):

@@ -309,3 +309,8 @@ class BpfAttachManager(ManagerBase):
     @property
     def attached(self) -> frozenset[int]:
         return frozenset(self._current)
+
+    @property
+    def links(self) -> dict[str, int]:
+        """Every interface of the namespace we know of: name -> ifindex."""
+        return dict(self._links)

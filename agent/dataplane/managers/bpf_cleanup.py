@@ -10,7 +10,9 @@ Inputs: `InSync` only (`on_update` ignores everything else). Kernel: the `Attach
 `agent.bpf.attach` (pyroute2 in the manager's network namespace in production, a fake in
 unit tests) and the pin directory (`BPFPinDir`). A clock (`agent.shims.clock`) for its own
 retry backoff. Outputs: programs detached, pins unlinked, metrics, log lines; nothing is
-ever raised to the loop.
+ever raised to the loop. Also the BPF mode's nft guard table (`agent.shims.nft_guard`,
+when `remove_guard` is given): once our programs are detached, interfaces without them are
+no longer "unprogrammed", and the guard would drop every workload's traffic.
 
 When: in `finish_apply()` of the first round after InSync; once a sweep has succeeded,
 never again in this process: only an agent in BPF mode attaches our programs, and a node
@@ -136,12 +138,14 @@ class SweepResult:
     xdp_programs: int = 0
     interfaces: int = 0
     pins: int = 0
+    guard: bool = False  # the nft guard table was removed
     pin_dir: str | None = None  # the pin directory removed, if one was there
     left_in_pin_dir: list[str] = field(default_factory=list)  # entries not ours, kept
 
     @property
     def anything(self) -> bool:
-        return bool(self.tc_filters or self.xdp_programs or self.pins or self.pin_dir)
+        return bool(self.tc_filters or self.xdp_programs or self.pins or self.pin_dir
+                    or self.guard)
 
 
 @dataclass
@@ -279,9 +283,13 @@ class BpfCleanupManager(ManagerBase):
         clock: Clock | None = None,
         retry_initial: float = RETRY_INITIAL,
         retry_max: float = RETRY_MAX,
+        remove_guard: Callable[[], bool] | None = None,
     ) -> None:
         super().__init__()
         self._pin_dir = pin_dir
+        # the BPF mode's nft guard table (agent.shims.nft_guard): removed once our programs
+        # are detached (None: not this manager's business, e.g. unit tests)
+        self._remove_guard = remove_guard
         self._netns = netns
         self._attacher = attacher
         self._attacher_factory = attacher_factory
@@ -340,8 +348,14 @@ class BpfCleanupManager(ManagerBase):
         result = SweepResult()
         self.last = result
         errors = self._detach_all(result)
+        if not errors and self._remove_guard is not None:
+            try:
+                result.guard = self._remove_guard()
+            except Exception as exc:  # GuardError, OSError: retried with the rest
+                errors.append(f"removing the BPF guard table: {exc}")
         if not errors:
             errors += self._remove_pin_dir(result)
+        CLEANUP_REMOVED.labels("guard_table").inc(int(result.guard))
         CLEANUP_REMOVED.labels("tc_filter").inc(result.tc_filters)
         CLEANUP_REMOVED.labels("xdp_program").inc(result.xdp_programs)
         CLEANUP_REMOVED.labels("pin").inc(result.pins)

@@ -10,11 +10,95 @@ tests use the same objects).
   compile (unknown policy, invalid rule field, map full...); each is logged once.
 - `pyfelix_bpf_attach_*`: program attachment on interfaces.
 - `pyfelix_bpf_conntrack_*`: the conntrack cleaner.
+- `pyfelix_bpf_dropped_packets_total{reason}`: every packet the programs or the guard
+  dropped, by reason (read from the `global_counters` map and the nft guard's rule
+  counters at scrape time; `DROPS`); `pyfelix_bpf_endpoint_spoofed_packets_total{endpoint}`:
+  packets each local endpoint sent from a source it may not use.
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+import logging
+from collections.abc import Callable, Iterator, Mapping
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, Metric
+
+log = logging.getLogger(__name__)
+
+# global_counters name -> drop reason label (agent.bpf.maps.counters.GlobalCounter)
+DROP_REASONS = {
+    "spoofed_dropped": "spoofed_source",
+    "ipv6_dropped": "ipv6_not_policed",
+    "unknown_proto_dropped": "unknown_protocol",
+    "no_endpoint_dropped": "no_endpoint",
+    "policy_denied": "policy",
+    "admin_down_dropped": "admin_down",
+    "malformed_dropped": "malformed",
+    "tail_call_failed": "tail_call_failed",
+    "bad_rule_index": "bad_rule_index",
+    "ep_to_host_dropped": "endpoint_to_host",
+    "xdp_dropped": "xdp_untracked_deny",
+}
+GUARD_REASONS = {"from_unprogrammed": "guard_from_unprogrammed",
+                 "to_unprogrammed": "guard_to_unprogrammed"}
+
+
+class DropCollector:
+    """Reads the drop counters when Prometheus scrapes: the sources are set by the BPF
+    dataplane once built (`set_sources`); a failing source is logged and skipped."""
+
+    def __init__(self) -> None:
+        self._globals: Callable[[], Mapping[str, int]] | None = None
+        self._guard: Callable[[], Mapping[str, int]] | None = None
+        self._spoofed: Callable[[], Mapping[str, int]] | None = None
+
+    def set_sources(self, *, global_counters: Callable[[], Mapping[str, int]] | None,
+                    guard: Callable[[], Mapping[str, int]] | None,
+                    spoofed_by_endpoint: Callable[[], Mapping[str, int]] | None) -> None:
+        self._globals, self._guard, self._spoofed = global_counters, guard, spoofed_by_endpoint
+
+    def describe(self) -> list[Metric]:
+        return []  # values are read at collect time only
+
+    def collect(self) -> Iterator[Metric]:
+        if self._globals is None and self._guard is None:
+            return
+        drops = CounterMetricFamily(
+            "pyfelix_bpf_dropped_packets",
+            "Packets dropped by the BPF dataplane, by reason: spoofed_source (a workload "
+            "sent from an address it may not use), ipv6_not_policed, unknown_protocol, "
+            "no_endpoint, policy, admin_down, malformed, ..., and guard_from_unprogrammed / "
+            "guard_to_unprogrammed (the nft guard: a workload interface our programs are "
+            "not attached to yet).",
+            labels=["reason"])
+        for source, names in ((self._globals, DROP_REASONS), (self._guard, GUARD_REASONS)):
+            if source is None:
+                continue
+            try:
+                values = source()
+            except Exception as exc:  # a scrape must not fail for one source
+                log.warning("drop counters: %s", exc)
+                continue
+            for name, reason in names.items():
+                drops.add_metric([reason], float(values.get(name, 0)))
+        yield drops
+        if self._spoofed is not None:
+            spoofed = CounterMetricFamily(
+                "pyfelix_bpf_endpoint_spoofed_packets",
+                "Packets a local workload endpoint sent from a source address it may not "
+                "use (neither its own nor in allowSpoofedSourcePrefixes); all dropped.",
+                labels=["endpoint"])
+            try:
+                for endpoint, packets in sorted(self._spoofed().items()):
+                    spoofed.add_metric([endpoint], float(packets))
+            except Exception as exc:
+                log.warning("spoofed counters: %s", exc)
+            yield spoofed
+
+
+DROPS = DropCollector()
+REGISTRY.register(DROPS)  # type: ignore[arg-type]
 
 MAP_FULL_ERRORS = Counter(
     "pyfelix_bpf_map_full_errors",

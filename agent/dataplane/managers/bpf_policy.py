@@ -1,8 +1,8 @@
 """BPF policy manager: calc-graph messages -> PolicyCompiler -> the pinned maps, by difference.
 
-Role: keeps the data maps the tc/XDP programs read (ids, ipsets, rules, endpoints, routes,
-untracked, config) equal to what the calc graph's messages describe. Programs are never
-recompiled: policy is data (bpf/README.md).
+Role: keeps the data maps the tc/XDP programs read (ids, ipsets, rules, wep_sources,
+endpoints, routes, untracked, config) equal to what the calc graph's messages describe.
+Programs are never recompiled: policy is data (bpf/README.md).
 
 Inputs (`on_update`, cheap, no kernel I/O): IP sets (update/delta/remove), active policies
 and profiles, workload and host endpoints, routes, pools, host metadata, ConfigUpdate (over
@@ -19,12 +19,13 @@ become LOCAL_HOST routes for the endpoint-to-host action).
 2. compile the whole desired state (the compiler caches per policy/IP set: a change costs
    little) and write the DIFFERENCE against the mirror of each map, in make-before-break
    order: ids adds -> ipsets adds -> counter slots of new ids zeroed -> rules (chains in new
-   regions) -> endpoints adds/changes (the hash, then its `ep_by_ifindex` array mirror:
+   regions) -> wep_sources adds (the sources each endpoint may send from) -> endpoints
+   adds/changes (the hash, then its `ep_by_ifindex` array mirror:
    agent.bpf.maps.ep_by_ifindex) -> routes, untracked, config adds/changes; then, ONLY
    after InSync: endpoints deletes (mirror slots cleared first, then the hash entries) ->
-   routes/untracked deletes -> ipsets deletes -> ids deletes, and `PolicyCompiler.commit()`
-   (frees ids and regions, which must not happen while stale entries may still point at
-   them). Hash maps are written with batch syscalls.
+   wep_sources/routes/untracked deletes -> ipsets deletes -> ids deletes, and
+   `PolicyCompiler.commit()` (frees ids and regions, which must not happen while stale
+   entries may still point at them). Hash maps are written with batch syscalls.
    Applying the same state twice writes nothing.
 
 Map full: never a silent drop and never the whole dataplane's problem.
@@ -34,7 +35,7 @@ Map full: never a silent drop and never the whole dataplane's problem.
   An unavailable set is retried at a resync or once the trie has room for it.
 - rules (the array): the compiler gives the endpoint that does not fit a DENY chain.
 - endpoints (the hash): that endpoint gets no entry, so the programs drop its traffic.
-- ids / routes / untracked: the entry is left out.
+- ids / routes / untracked: the entry is left out; wep_sources: that source stays dropped.
 Each counts `pyfelix_bpf_map_full_errors_total{map}` and logs an error; apply() succeeds
 (retrying would not make room; a resync retries).
 
@@ -71,8 +72,8 @@ from agent.dataplane.managers.hostips import resolve_host_endpoints
 
 log = logging.getLogger(__name__)
 
-SYNCED_MAPS = ("ids", "ipsets", "rules", "endpoints", "ep_by_ifindex", "routes", "untracked",
-               "config")
+SYNCED_MAPS = ("ids", "ipsets", "rules", "wep_sources", "endpoints", "ep_by_ifindex", "routes",
+               "untracked", "config")
 COUNTER_MAPS = ("rule_counters", "ep_counters")
 _STATE_MESSAGES = (
     proto.IPSetUpdate, proto.IPSetDeltaUpdate, proto.IPSetRemove,
@@ -425,6 +426,10 @@ class BpfPolicyManager(ManagerBase):
     def _write_rest(self, compiled: CompiledDataplane) -> None:
         self._zero_new_counters(compiled)
         self._write_checked("rules", self._mirrors["rules"].updates(compiled.all_rules()))
+        # an endpoint's allowed sources before its entry: its own traffic is never dropped
+        # as spoofed for want of them
+        self._write_checked("wep_sources",
+                            self._mirrors["wep_sources"].updates(compiled.wep_sources))
         endpoints = self._mirrors["endpoints"]
         failed = endpoints.write(endpoints.updates(compiled.endpoints))
         if failed:
@@ -447,7 +452,7 @@ class BpfPolicyManager(ManagerBase):
         stale_slots = sorted(self._ep_present - self._ep_wanted)
         self._write_checked("ep_by_ifindex", [(k, ep_array.EMPTY) for k in stale_slots])
         self._ep_present.difference_update(stale_slots)
-        for name in ("endpoints", "routes", "untracked"):
+        for name in ("endpoints", "wep_sources", "routes", "untracked"):
             mirror = self._mirrors[name]
             mirror.delete(mirror.stale(getattr(compiled, name)))
         ipsets = self._ipsets
@@ -523,4 +528,18 @@ class BpfPolicyManager(ManagerBase):
 
     def problems(self) -> list[str]:
         return list(self.last_compiled.problems) if self.last_compiled else []
+
+    def spoofed_by_endpoint(self) -> dict[str, int]:
+        """Packets each programmed endpoint sent from a source it may not use (from the
+        ep_counters map; for the metrics)."""
+        compiled = self.last_compiled
+        if compiled is None:
+            return {}
+        out = {}
+        for wid, program in compiled.programs.items():
+            if program.endpoint_id:
+                counts = counters_map.read_endpoint(self._maps["ep_counters"],
+                                                    program.endpoint_id)
+                out[f"{wid.workload}/{wid.endpoint}"] = counts["spoofed"]["packets"]
+        return out
 

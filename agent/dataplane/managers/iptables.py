@@ -9,14 +9,27 @@ iptables). Inputs (`on_update`): `ActivePolicyUpdate/Remove`, `ActiveProfileUpda
 policy blocks them), the interface monitor's `InterfaceAddrsUpdate` (host endpoints given by
 `expectedIPs` only are resolved to the interfaces carrying those addresses) and
 `InterfaceUpdate` (`kube-ipvs0` appearing or going switches the IPVS rules), `InSync`.
-Output (`apply`): three tables of the namespace hold exactly the rendered chains
+Output (`apply`): three IPv4 tables of the namespace hold exactly the rendered chains
 (`agent.dataplane.iptables.render` and `.hostendpoints`) via one `IptablesTable` each, all
-written by ONE iptables-restore (a `*table ... COMMIT` block per table that changed):
+written by ONE iptables-restore (a `*table ... COMMIT` block per table that changed); then
+the IPv6 filter table (`.ipv6`), a fourth `IptablesTable` with the ip6tables binaries of the
+same backend, by one ip6tables-restore in the same apply():
 
-    filter  normal policies, profiles, workload chains, host endpoint chains (normal and
-            applyOnForward), failsafes, cali-INPUT/-FORWARD/-OUTPUT
-    mangle  preDNAT policies, their host endpoint chains, failsafes, cali-PREROUTING
-    raw     doNotTrack policies, their host endpoint chains, failsafes, cali-PREROUTING/-OUTPUT
+    filter   normal policies, profiles, workload chains, host endpoint chains (normal and
+             applyOnForward), failsafes, cali-INPUT/-FORWARD/-OUTPUT
+    mangle   preDNAT policies, their host endpoint chains, failsafes, cali-PREROUTING
+    raw      doNotTrack policies, their host endpoint chains, failsafes,
+             cali-PREROUTING/-OUTPUT; the workloads' source check (anti-spoofing):
+             cali-wl-src-dispatch -> cali-ws-IF per endpoint (its IPv4 nets and IPv4
+             allowSpoofedSourcePrefixes RETURN, any other source DROPs)
+    filter6  (ip6tables) fail closed until IPv6 policy exists: cali-INPUT/-FORWARD/-OUTPUT
+             drop all IPv6 from and to workload interfaces but neighbour discovery/MLD
+             between a workload and the host
+
+One family failing does not stop the other from being programmed in the round; either
+failure is raised. ip6tables missing, or a kernel without IPv6, is such a failure (named as
+such): the rules that keep workload IPv6 closed cannot be written, so the manager does not
+report success (the loop retries, then fails closed) rather than skip IPv6 silently.
 
 IP sets the rules reference are programmed by `IPSetsManager` (calc-graph sets) and
 `HostIPsManager` (`cali40this-host`, IPVS rules), which the loop applies BEFORE this manager
@@ -32,9 +45,12 @@ policy and the action, dropping on Drop) - so nothing here filters workload traf
 second time (`RuleRenderer.host_endpoint_only_chains`). Only the policies and profiles some
 host endpoint lists are rendered (a policy becomes rendered/removed when a host endpoint
 starts/stops listing it), and `referenced_ip_sets()` tells the IP-sets manager which sets
-their rules match. Everything else - host endpoint chains in all three tables, failsafes,
-VXLAN source rules, DefaultEndpointToHostAction / failsafe config updates - is as in
-iptables mode.
+their rules match. No raw-table source check (the tc programs do the RPF check) and no IPv6
+chains (the tc programs handle workload IPv6); once after InSync, the IPv6 chains an earlier
+iptables-mode agent left are swept (best effort: a failure there is only logged, since BPF
+mode needs nothing from ip6tables). Everything else - host endpoint chains in all three
+tables, failsafes, VXLAN source rules, DefaultEndpointToHostAction / failsafe config
+updates - is as in iptables mode.
 
 Host endpoints: one per interface (`interfaceName`; "*" = every host interface; none = every
 interface carrying one of its `expectedIPs`). When two claim the same interface, the first
@@ -65,6 +81,7 @@ from agent.dataplane.iptables.hostendpoints import (
     host_endpoint_profile_ids,
     parse_failsafe_ports,
 )
+from agent.dataplane.iptables.ipv6 import ipv6_base_chain_inserts, ipv6_static_chains
 from agent.dataplane.iptables.names import IPSET_ALL_VXLAN, valid_iface_name
 from agent.dataplane.iptables.render import (
     ENDPOINT_TO_HOST_ACTIONS,
@@ -73,6 +90,7 @@ from agent.dataplane.iptables.render import (
 )
 from agent.dataplane.iptables.restore import (
     IptablesBinaries,
+    IptablesError,
     IptablesTable,
     apply_tables,
     detect_backend,
@@ -157,6 +175,9 @@ class IptablesManager(ManagerBase):
         self._base_failsafes = self._failsafes
         self._base_action = endpoint_to_host_action
         self._tables: dict[str, IptablesTable] = {}
+        self._table6: IptablesTable | None = None
+        # BPF mode: sweep the IPv6 chains an iptables-mode agent left, once after InSync
+        self._ipv6_sweep_pending = host_endpoints_only
         self._policies: dict[PolicyID, Policy] = {}
         self._policy_tables: dict[PolicyID, str] = {}
         self._profiles: dict[str, Profile] = {}
@@ -164,7 +185,8 @@ class IptablesManager(ManagerBase):
         self._dirty_policies: set[PolicyID] = set()
         self._dirty_profiles: set[str] = set()
         self._dirty_endpoints: set[WorkloadEndpointID] = set()
-        self._endpoint_chains: dict[WorkloadEndpointID, tuple[str, ...]] = {}
+        # (table, chain name) of each workload endpoint's chains: filter and raw
+        self._endpoint_chains: dict[WorkloadEndpointID, tuple[tuple[str, str], ...]] = {}
         self._all_endpoints_dirty = False
         self._static_dirty = True
         # host endpoints
@@ -200,6 +222,16 @@ class IptablesManager(ManagerBase):
     def table(self) -> IptablesTable:
         """The filter table."""
         return self.table_for(FILTER)
+
+    @property
+    def table6(self) -> IptablesTable:
+        """The IPv6 filter table (ip6tables of the IPv4 tables' backend), created on first
+        use."""
+        if self._table6 is None:
+            self._table6 = IptablesTable(self._runner,
+                                         binaries=self._binaries_for_tables().ipv6(),
+                                         table=FILTER)
+        return self._table6
 
     # --- on_update ---------------------------------------------------------------------------
 
@@ -371,8 +403,11 @@ class IptablesManager(ManagerBase):
     def request_resync(self) -> None:
         super().request_resync()
         self._vxlan_sets.request_resync()
-        for table in self._tables.values():
+        for table in self._all_tables():
             table.request_resync()
+
+    def _all_tables(self) -> list[IptablesTable]:
+        return [*self._tables.values(), *([self._table6] if self._table6 else [])]
 
     def _render_dirty(self) -> None:
         if self._static_dirty:
@@ -412,12 +447,19 @@ class IptablesManager(ManagerBase):
             filter_table.set_chain(chain)
         for base, rules in self._renderer.base_chain_inserts().items():
             filter_table.set_base_inserts(base, rules)
+        if workloads:
+            table6 = self.table6
+            for chain in ipv6_static_chains(self._renderer.interface_prefixes):
+                table6.set_chain(chain)
+            for base, rules in ipv6_base_chain_inserts().items():
+                table6.set_base_inserts(base, rules)
         for name in TABLES:
             table = self.table_for(name)
             for chain in self._hep_renderer.failsafe_chains(self._failsafes, name):
                 table.set_chain(chain)
             if name != FILTER:
-                for chain in self._hep_renderer.static_chains(name):
+                for chain in self._hep_renderer.static_chains(
+                        name, source_check=workloads and name == RAW):
                     table.set_chain(chain)
                 for base, rules in self._hep_renderer.base_chain_inserts(name).items():
                     table.set_base_inserts(base, rules)
@@ -443,21 +485,23 @@ class IptablesManager(ManagerBase):
             log.error("two workload endpoints share an interface name; one wins")
         for chain in self._renderer.dispatch_chains(ifaces):
             self.table.set_chain(chain)
+        self.table_for(RAW).set_chain(self._renderer.source_dispatch_chain(ifaces))
 
     def _render_endpoint(self, ep_id: WorkloadEndpointID) -> None:
-        for name in self._endpoint_chains.pop(ep_id, ()):
-            self.table.remove_chain(name)
+        for table, name in self._endpoint_chains.pop(ep_id, ()):
+            self.table_for(table).remove_chain(name)
         endpoint = self._endpoints.get(ep_id)
         if endpoint is None:
             return
-        chains = self._renderer.endpoint_chains(
+        chains = [(FILTER, chain) for chain in self._renderer.endpoint_chains(
             endpoint,
             policy_known=lambda pid: self._policy_tables.get(pid) == FILTER,
             profile_known=lambda prof: prof in self._profiles,
-        )
-        for chain in chains:
-            self.table.set_chain(chain)
-        self._endpoint_chains[ep_id] = tuple(c.name for c in chains)
+        )]
+        chains.append((RAW, self._renderer.source_check_chain(endpoint)))
+        for table, chain in chains:
+            self.table_for(table).set_chain(chain)
+        self._endpoint_chains[ep_id] = tuple((table, c.name) for table, c in chains)
 
     # --- host endpoints ----------------------------------------------------------------------
 
@@ -494,7 +538,7 @@ class IptablesManager(ManagerBase):
     def apply(self) -> None:
         self._render_dirty()
         if self._resync_requested:
-            for table in self._tables.values():
+            for table in self._all_tables():
                 table.request_resync()
             self._vxlan_sets.request_resync()
             self._vxlan_set_checked = False
@@ -508,9 +552,41 @@ class IptablesManager(ManagerBase):
         if self._vxlan_sources:
             self._vxlan_sets.apply()  # before the rules that match it
         # One restore; raw and mangle first: the filter table's cali-INPUT/-OUTPUT trust the
-        # ACCEPT mark their policies set.
-        apply_tables([self.table_for(name) for name in (RAW, MANGLE, FILTER)],
-                     allow_deletes=self._datastore_in_sync)
+        # ACCEPT mark their policies set. Then IPv6 (its own restore), even when IPv4 failed.
+        errors: list[IptablesError] = []
+        try:
+            apply_tables([self.table_for(name) for name in (RAW, MANGLE, FILTER)],
+                         allow_deletes=self._datastore_in_sync)
+        except IptablesError as exc:
+            errors.append(exc)
+        try:
+            self._apply_ipv6()
+        except IptablesError as exc:
+            errors.append(exc)
+        if len(errors) == 1:
+            raise errors[0]
+        if errors:
+            raise IptablesError(f"IPv4: {errors[0]}; {errors[1]}") from errors[0]
+
+    def _apply_ipv6(self) -> None:
+        if self.host_endpoints_only:
+            if self._ipv6_sweep_pending and self._datastore_in_sync:
+                self._ipv6_sweep_pending = False
+                try:  # a table with nothing desired: removes whatever of ours is there
+                    apply_tables([self.table6], allow_deletes=True)
+                except IptablesError as exc:
+                    log.warning("BPF mode: could not check for IPv6 chains an iptables-mode "
+                                "agent left (%s); if there are any, they still drop workload "
+                                "IPv6", exc)
+            return
+        table6 = self.table6
+        try:
+            apply_tables([table6], allow_deletes=self._datastore_in_sync)
+        except IptablesError as exc:
+            raise IptablesError(
+                f"IPv6: the rules that keep workload IPv6 closed are not programmed "
+                f"({table6.binaries.restore} must be installed and IPv6 enabled in the "
+                f"kernel): {exc}") from exc
 
     def finish_apply(self) -> None:
         if self._datastore_in_sync and not self._vxlan_sources:

@@ -4,11 +4,20 @@ Role: Felix's interface configuration. Desired values:
 - global: `net.ipv4.ip_forward=1`; `net.ipv4.conf.default.rp_filter=1` (strict reverse-path
   filtering for interfaces created from now on);
 - per workload interface (its name starts with one of `interface_prefixes`, from the
-  interface monitor's `InterfaceUpdate`): `rp_filter` 1 (strict; the iptables dataplane relies
-  on it against spoofing) or 0 in BPF mode (the BPF programs do the RPF check, as in Felix),
-  `proxy_arp=1` and `neigh.<if>.proxy_delay=0` (workloads ARP for their 169.254.1.1 gateway
-  and get the host's MAC at once), `forwarding=1`, `route_localnet=1`; and, where the
-  interface has IPv6, `accept_ra=0` and `forwarding=1`.
+  interface monitor's `InterfaceUpdate`): `rp_filter` 1 (strict; in iptables mode a second
+  line behind the raw table's source check, see `agent.dataplane.iptables.render`) or 0 in
+  BPF mode (the BPF programs do the RPF check, as in Felix), `proxy_arp=1` and
+  `neigh.<if>.proxy_delay=0` (workloads ARP for their 169.254.1.1 gateway and get the
+  host's MAC at once), `forwarding=1`, `route_localnet=1`; and, where the interface has
+  IPv6, `accept_ra=0` and `forwarding=1`;
+- iptables mode: `rp_filter` is 0 instead on the interface of a workload endpoint with IPv4
+  `allow_spoofed_source_prefixes` (strict RPF would drop exactly the sources it allows; the
+  raw-table source check enforces the rest). So this manager also takes
+  `WorkloadEndpointUpdate/Remove` (interface = `endpoint.name`); an endpoint may come before
+  or after its interface (the value follows both), and interface sysctls are still written
+  only once the interface exists. BPF mode ignores endpoint messages. The kernel applies the
+  larger of `conf/all/rp_filter` and the interface's value, so that 0 takes effect only
+  where the node keeps `conf/all/rp_filter` at 0 (or 2, loose); conf/all is not ours.
 
 Apply: values are read (only paths not read before, or all of them on resync) and only the
 ones that differ are written, so applying twice writes nothing. An interface-specific entry
@@ -20,12 +29,19 @@ Sysctls are never "deleted": when an interface goes, its entries are just forgot
 from __future__ import annotations
 
 import errno
+import ipaddress
 import logging
 
 from agent.dataplane.delta import DeltaTracker
 from agent.dataplane.events import IFACE_ABSENT, InterfaceUpdate
 from agent.dataplane.manager import ManagerBase
-from agent.proto import InSync
+from agent.proto import (
+    InSync,
+    WorkloadEndpoint,
+    WorkloadEndpointID,
+    WorkloadEndpointRemove,
+    WorkloadEndpointUpdate,
+)
 from agent.shims.sysctl import Sysctls
 
 log = logging.getLogger(__name__)
@@ -36,10 +52,28 @@ GLOBAL_SYSCTLS: dict[str, str] = {
 }
 
 
-def interface_sysctls(iface: str, *, bpf_mode: bool) -> tuple[dict[str, str], dict[str, str]]:
-    """(required IPv4 entries, optional IPv6 entries) for one workload interface."""
+def rp_filter_path(iface: str) -> str:
+    return f"net/ipv4/conf/{iface}/rp_filter"
+
+
+def allows_spoofed_ipv4(endpoint: WorkloadEndpoint) -> bool:
+    """Whether the endpoint may send from IPv4 sources besides its own (then strict RPF
+    must be off on its interface)."""
+    for prefix in endpoint.allow_spoofed_source_prefixes:
+        try:
+            if ipaddress.ip_network(prefix, strict=False).version == 4:
+                return True
+        except ValueError:
+            continue  # not allowed by the source check either
+    return False
+
+
+def interface_sysctls(iface: str, *, bpf_mode: bool, loose_rpf: bool = False
+                      ) -> tuple[dict[str, str], dict[str, str]]:
+    """(required IPv4 entries, optional IPv6 entries) for one workload interface.
+    `loose_rpf`: its endpoint allows spoofed IPv4 sources (rp_filter 0)."""
     required = {
-        f"net/ipv4/conf/{iface}/rp_filter": "0" if bpf_mode else "1",
+        rp_filter_path(iface): "0" if bpf_mode or loose_rpf else "1",
         f"net/ipv4/conf/{iface}/proxy_arp": "1",
         f"net/ipv4/neigh/{iface}/proxy_delay": "0",
         f"net/ipv4/conf/{iface}/forwarding": "1",
@@ -77,6 +111,10 @@ class SysctlManager(ManagerBase):
         self._tracker: DeltaTracker[str, str] = DeltaTracker()
         self._optional: set[str] = set()
         self._iface_paths: dict[str, set[str]] = {}
+        # iptables mode: the endpoints that allow spoofed IPv4 sources -> their interface,
+        # and the other way round
+        self._loose_endpoints: dict[WorkloadEndpointID, str] = {}
+        self._loose_ifaces: dict[str, set[WorkloadEndpointID]] = {}
         for path, value in GLOBAL_SYSCTLS.items():
             self._tracker.set_desired(path, value)
 
@@ -95,13 +133,41 @@ class SysctlManager(ManagerBase):
             if msg.state == IFACE_ABSENT:
                 self._forget_interface(msg.name)
             elif msg.name not in self._iface_paths:
-                required, optional = interface_sysctls(msg.name, bpf_mode=self._bpf_mode)
+                required, optional = interface_sysctls(msg.name, bpf_mode=self._bpf_mode,
+                                                       loose_rpf=self._loose_rpf(msg.name))
                 self._iface_paths[msg.name] = set(required) | set(optional)
                 self._optional.update(optional)
                 for path, value in {**required, **optional}.items():
                     self._tracker.set_desired(path, value)
+        elif isinstance(msg, WorkloadEndpointUpdate | WorkloadEndpointRemove):
+            if not self._bpf_mode:
+                self._on_endpoint(msg)
         elif isinstance(msg, InSync):
             self._datastore_in_sync = True
+
+    def _loose_rpf(self, iface: str) -> bool:
+        return bool(self._loose_ifaces.get(iface))
+
+    def _on_endpoint(self, msg: WorkloadEndpointUpdate | WorkloadEndpointRemove) -> None:
+        touched = set()
+        old_iface = self._loose_endpoints.pop(msg.id, None)
+        if old_iface is not None:
+            ids = self._loose_ifaces[old_iface]
+            ids.discard(msg.id)
+            if not ids:
+                del self._loose_ifaces[old_iface]
+            touched.add(old_iface)
+        if isinstance(msg, WorkloadEndpointUpdate) and allows_spoofed_ipv4(msg.endpoint):
+            iface = msg.endpoint.name
+            self._loose_endpoints[msg.id] = iface
+            self._loose_ifaces.setdefault(iface, set()).add(msg.id)
+            touched.add(iface)
+        for iface in touched:
+            # only interfaces that exist (and are ours) get written now; otherwise the
+            # InterfaceUpdate that reports the interface picks the value up
+            if iface in self._iface_paths:
+                self._tracker.set_desired(rp_filter_path(iface),
+                                          "0" if self._loose_rpf(iface) else "1")
 
     def _forget_interface(self, iface: str) -> None:
         for path in self._iface_paths.pop(iface, set()):

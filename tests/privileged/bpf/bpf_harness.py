@@ -19,6 +19,7 @@ from agent.bpf.maps.base import ARRAY_TYPES, BpfMap
 from agent.bpf.testrun import TC_ACT_OK, TC_ACT_SHOT, NetnsThread, run_tc, run_xdp
 
 HOOK_PROGRAMS = {"from": "calico_from_wep", "to": "calico_to_wep"}
+DEFAULT_ADDRESSES = {"d1": ("10.65.0.1/32",), "d2": ("10.65.0.2/32",)}
 
 
 def reset_maps(dp: LoadedDataplane) -> None:
@@ -62,6 +63,7 @@ class Harness:
         sync_map(maps["ids"], out.ids)
         sync_map(maps["ipsets"], out.ipsets)
         sync_map(maps["rules"], out.all_rules())
+        sync_map(maps["wep_sources"], out.wep_sources)
         sync_map(maps["endpoints"], out.endpoints)
         sync_map(maps["routes"], out.routes)
         sync_map(maps["untracked"], out.untracked)
@@ -72,11 +74,17 @@ class Harness:
 
     def endpoint(self, name: str, iface: str, *, tiers: tuple[p.TierInfo, ...] = (),
                  profiles: tuple[str, ...] = (), state: str = "active",
-                 ipv4: tuple[str, ...] = ()) -> p.WorkloadEndpointUpdate:
+                 ipv4: tuple[str, ...] | None = None,
+                 allow_spoofed: tuple[str, ...] = ()) -> p.WorkloadEndpointUpdate:
+        """An endpoint on `iface`; its addresses default to the tests' convention (d1 is
+        10.65.0.1, d2 10.65.0.2), which the source check makes the only ones it may send
+        from (with `allow_spoofed`)."""
+        if ipv4 is None:
+            ipv4 = DEFAULT_ADDRESSES.get(iface, ())
         return p.WorkloadEndpointUpdate(
             p.WorkloadEndpointID("k8s", f"default/{name}", "eth0"),
             p.WorkloadEndpoint(state=state, name=iface, profile_ids=profiles, tiers=tiers,
-                               ipv4_nets=ipv4))
+                               ipv4_nets=ipv4, allow_spoofed_source_prefixes=allow_spoofed))
 
     # running packets
 

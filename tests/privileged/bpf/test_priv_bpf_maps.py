@@ -280,9 +280,11 @@ def test_build_without_the_coarse_clock_tracks_flows_on_the_fine_one(root_untouc
                 inbound_rules=(p.Rule("allow"),), outbound_rules=(p.Rule("allow"),))))
             state.apply(p.WorkloadEndpointUpdate(p.WorkloadEndpointID("k8s", "d/a", "eth0"),
                                                  p.WorkloadEndpoint("active", "lo",
-                                                                    profile_ids=("allow",))))
+                                                                    profile_ids=("allow",),
+                                                                    ipv4_nets=("10.65.0.1/32",))))
             out = compiler.compile(state, {"lo": 1})
             dp.maps["rules"].update_many(out.all_rules().items())
+            dp.maps["wep_sources"].update_many(out.wep_sources.items())
             dp.maps["endpoints"].update_many(out.endpoints.items())
             before = time.monotonic_ns()
             syn = pk.tcp("10.65.0.1", "10.66.0.1", 40000, 80, "S")

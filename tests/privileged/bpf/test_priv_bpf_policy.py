@@ -289,17 +289,77 @@ def test_admin_down_endpoint_drops_everything(harness):
     assert h.globals()["admin_down_dropped"] == 2
 
 
-def test_unknown_interface_drops_and_non_ipv4_passes_and_malformed_drops(harness):
+def test_unknown_interface_and_malformed_drop(harness):
     h = harness
     assert h.verdict("to", pk.tcp(B, A, 1, 2), "d3") == "deny"
     assert h.globals()["no_endpoint_dropped"] == 1
-    h.apply(h.endpoint("a", "d1"))  # deny everything IPv4
-    assert h.verdict("to", pk.ipv6_udp("fd00::1", "fd00::2", 1, 2), "d1") == "allow"
-    assert h.verdict("from", pk.arp_request(A, B), "d1") == "allow"
-    assert h.globals()["not_ipv4_passed"] == 2
+    h.apply(ALLOW_ALL, h.endpoint("a", "d1", profiles=("allow-all",)))
     truncated = pk.tcp(B, A, 1, 2)[:14 + 20 + 10]  # TCP header cut short
     assert h.verdict("to", truncated, "d1") == "deny"
     assert h.globals()["malformed_dropped"] == 1
+
+
+def test_ipv6_and_unknown_protocols_drop_arp_and_link_scope_nd_pass(harness):
+    """Nothing passes unpoliced: IPv6 (no IPv6 policy yet) and unknown ethertypes drop,
+    even under allow-all; ARP and link-scope neighbour discovery pass, per direction."""
+    h = harness
+    h.apply(ALLOW_ALL, h.endpoint("a", "d1", profiles=("allow-all",)))
+    for hook in ("to", "from"):
+        assert h.verdict(hook, pk.ipv6_udp("fd00::1", "fd00::2", 1, 2), "d1") == "deny"
+        # ICMPv6 echo is not neighbour discovery, even to a link-local address
+        assert h.verdict(hook, pk.icmpv6("fe80::1", "fe80::2", 128), "d1") == "deny"
+        # ND to a routable address, or with a hop limit that says it was routed: no
+        assert h.verdict(hook, pk.icmpv6("fe80::1", "fd00::2", 135), "d1") == "deny"
+        assert h.verdict(hook, pk.icmpv6("fe80::1", "ff02::1:ff00:2", 135, hop_limit=64),
+                         "d1") == "deny"
+        assert h.verdict(hook, pk.raw_ethertype(0x88B5), "d1") == "deny"  # IEEE local exp.
+        assert h.verdict(hook, pk.arp_request(A, B), "d1") == "allow"
+        for nd_type in (135, 136):  # neighbour solicitation / advertisement
+            assert h.verdict(hook, pk.icmpv6("fe80::1", "ff02::1:ff00:2", nd_type),
+                             "d1") == "allow"
+        # MLDv2 report behind a hop-by-hop header, hop limit 1
+        assert h.verdict(hook, pk.icmpv6("fe80::1", "ff02::16", 143, hop_limit=1,
+                                         hop_by_hop=True), "d1") == "allow"
+        assert h.verdict(hook, pk.icmpv6("fe80::1", "fe80::2", 137), "d1") == "deny"  # redirect
+    # router solicitations only from the pod, advertisements only to it
+    assert h.verdict("from", pk.icmpv6("fe80::1", "ff02::2", 133), "d1") == "allow"
+    assert h.verdict("to", pk.icmpv6("fe80::1", "ff02::2", 133), "d1") == "deny"
+    assert h.verdict("to", pk.icmpv6("fe80::1", "ff02::1", 134), "d1") == "allow"
+    assert h.verdict("from", pk.icmpv6("fe80::1", "ff02::1", 134), "d1") == "deny"
+    g = h.globals()
+    assert g["ipv6_dropped"] == 2 * 5 + 2
+    assert g["unknown_proto_dropped"] == 2
+    assert g["arp_passed"] == 2
+    assert g["ipv6_nd_passed"] == 2 * 3 + 2
+    assert g["policy_allowed"] == 0  # none of it reached policy
+
+
+def test_sources_a_pod_may_not_use_are_dropped_before_policy(harness):
+    """RPF: under allow-all, a pod may send only from its own addresses or an allowed
+    spoofed prefix; another pod's address, a host address or an outside address drops,
+    counted globally and against the endpoint, and creates no conntrack entry."""
+    h = harness
+    h.apply(ALLOW_ALL, h.endpoint("a", "d1", profiles=("allow-all",)),
+            h.endpoint("b", "d2", profiles=("allow-all",)))
+    assert h.verdict("from", pk.tcp(A, B, 40000, 80), "d1") == "allow"
+    for forged in (B, "198.18.0.1", "203.0.113.9"):
+        assert h.verdict("from", pk.tcp(forged, B, 40000, 80), "d1") == "deny", forged
+        assert h.verdict("from", pk.udp(forged, B, 40000, 53), "d1") == "deny", forged
+    assert h.globals()["spoofed_dropped"] == 6
+    assert h.endpoint_counters("a")["spoofed"]["packets"] == 6
+    assert h.endpoint_counters("b")["spoofed"]["packets"] == 0
+    # the same traffic TO the pod is not subject to the source check
+    assert h.verdict("to", pk.udp("203.0.113.9", A, 40000, 53), "d1") == "allow"
+    # allowSpoofedSourcePrefixes opens exactly that prefix
+    h.apply(h.endpoint("a", "d1", profiles=("allow-all",), allow_spoofed=("203.0.113.0/24",)))
+    assert h.verdict("from", pk.udp("203.0.113.9", B, 40000, 53), "d1") == "allow"
+    assert h.verdict("from", pk.udp("203.0.114.9", B, 40000, 53), "d1") == "deny"
+    assert h.verdict("from", pk.udp(B, A, 40000, 53), "d1") == "deny"
+    # and withdrawing it closes it again; an endpoint without addresses sends nothing
+    h.apply(h.endpoint("a", "d1", profiles=("allow-all",)))
+    assert h.verdict("from", pk.udp("203.0.113.9", B, 40001, 53), "d1") == "deny"
+    h.apply(h.endpoint("a", "d1", profiles=("allow-all",), ipv4=()))
+    assert h.verdict("from", pk.udp(A, B, 40002, 53), "d1") == "deny"
 
 
 def test_fragments_are_evaluated_without_ports(harness):

@@ -2,8 +2,9 @@
 
 Every namespace is named `pyf5-<pid>-<n>` (unique per run), created with `ip netns add` and
 deleted in a `finally` (also on failure and Ctrl-C). A session fixture snapshots the root
-namespace (links, routes, iptables in both backends, ipsets) before the tests and checks it
-is unchanged after them: these tests must never write outside their own namespaces.
+namespace (links, routes, iptables and ip6tables in both backends, ipsets) before the tests
+and checks it is unchanged after them: these tests must never write outside their own
+namespaces.
 """
 
 from __future__ import annotations

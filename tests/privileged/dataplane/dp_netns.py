@@ -31,8 +31,12 @@ def root_snapshot() -> dict[str, str]:
         "iptables-nft": sh("iptables-nft-save", check=False),
         "ipset": sh("ipset", "list", "-n", check=False),
     }
+    if shutil.which("ip6tables-nft-save"):
+        snap["ip6tables-nft"] = sh("ip6tables-nft-save", check=False)
     if shutil.which("iptables-legacy-save"):
         snap["iptables-legacy"] = sh("iptables-legacy-save", check=False)
+    if shutil.which("ip6tables-legacy-save"):
+        snap["ip6tables-legacy"] = sh("ip6tables-legacy-save", check=False)
     # drop generated timestamps
     return {k: "\n".join(ln for ln in v.splitlines() if not ln.startswith("#")) for k, v in
             snap.items()}

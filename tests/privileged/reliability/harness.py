@@ -77,8 +77,12 @@ class AgentUnderTest:
 
     enforces_policy = True
 
-    def __init__(self, extra_env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, extra_env: Mapping[str, str] | None = None, *,
+                 keep_host_mounts: bool = False) -> None:
         self.extra_env = dict(extra_env or {})
+        # True: enter the node with `nsenter --net` (the host's bpffs stays visible, so BPF
+        # pins outlive the agent, as on a real node); False: `ip netns exec`
+        self.keep_host_mounts = keep_host_mounts
         self.process: subprocess.Popen[bytes] | None = None
         self.topology: LabTopology | None = None
         self.datastore_dir: Path | None = None
@@ -164,8 +168,10 @@ class AgentUnderTest:
         with open(self.log_path, "ab") as log:
             log.write(f"=== agent start {self.starts + 1} ===\n".encode())
             log.flush()
+            enter = (["nsenter", f"--net=/run/netns/{self.netns}", "--"]
+                     if self.keep_host_mounts else ["ip", "netns", "exec", self.netns])
             self.process = subprocess.Popen(
-                ["ip", "netns", "exec", self.netns, sys.executable, "-m", "cli.main", "agent",
+                [*enter, sys.executable, "-m", "cli.main", "agent",
                  "--datastore", str(self.datastore_dir), "--hostname", self.node],
                 cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env=env, start_new_session=True)

@@ -1,0 +1,287 @@
+"""IPv6 fail closed in iptables mode: the ip6tables filter table's chains, rendered and
+programmed on FakeCommands (ip6tables of the IPv4 backend), judged by PacketWalker; missing
+ip6tables or a kernel without IPv6 is an error (and, kept up, the loop fails closed); BPF
+mode installs nothing and sweeps what an iptables-mode agent left."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from agent.dataplane.iptables.ipv6 import (
+    ICMPV6_FROM_HOST,
+    ICMPV6_TO_HOST,
+    ipv6_base_chain_inserts,
+    ipv6_static_chains,
+)
+from agent.dataplane.iptables.names import COMMENT_IPV6_NOT_POLICED
+from agent.dataplane.iptables.restore import (
+    BACKENDS,
+    BACKENDS6,
+    IptablesBinaries,
+    IptablesError,
+    parse_save,
+)
+from agent.dataplane.loop import DataplaneLoop
+from agent.dataplane.managers.iptables import IptablesManager
+from agent.proto import (
+    ActiveProfileUpdate,
+    InSync,
+    Profile,
+    Rule,
+    WorkloadEndpoint,
+    WorkloadEndpointID,
+    WorkloadEndpointUpdate,
+)
+from tests.fakes.clock import FakeClock
+from tests.fakes.commands import FakeCommands
+from tests.fakes.netfilter import Packet, PacketWalker
+
+A6, B6, HOST6, OUT6 = "fd00:65::1", "fd00:65::2", "fe80::1", "2001:db8::9"
+ICMPV6, TCP, UDP = 58, 6, 17
+DROP_COMMENT = f'-m comment --comment "{COMMENT_IPV6_NOT_POLICED}" -j DROP'
+ALLOW_ALL = ActiveProfileUpdate("allow-all", Profile(inbound_rules=(Rule(action="allow"),),
+                                                     outbound_rules=(Rule(action="allow"),)))
+
+
+def wep(iface: str, ip: str, ip6: str) -> WorkloadEndpointUpdate:
+    return WorkloadEndpointUpdate(
+        WorkloadEndpointID("k8s", f"ns/{iface}", "eth0"),
+        WorkloadEndpoint(state="active", name=iface, ipv4_nets=(f"{ip}/32",),
+                         ipv6_nets=(f"{ip6}/128",), profile_ids=("allow-all",)))
+
+
+STATE = (ALLOW_ALL, wep("cali1", "10.65.0.1", A6), wep("cali2", "10.65.0.2", B6))
+
+
+def manager(cmds: FakeCommands, **kw: object) -> IptablesManager:
+    m = IptablesManager(runner=cmds, **kw)  # type: ignore[arg-type]
+    for msg in (*STATE, InSync()):
+        m.on_update(msg)
+    return m
+
+
+def synced(**kw: object) -> tuple[FakeCommands, IptablesManager]:
+    cmds = FakeCommands()
+    m = manager(cmds, **kw)
+    m.apply()
+    return cmds, m
+
+
+def walker6(cmds: FakeCommands) -> PacketWalker:
+    return PacketWalker(cmds.iptables6, cmds.ipset)
+
+
+# --- rendering ---------------------------------------------------------------------------------
+
+
+def test_static_chains_accept_nd_and_mld_then_drop_everything_on_workload_interfaces() -> None:
+    chains = {c.name: c.rules for c in ipv6_static_chains(("cali", "tap"))}
+    assert set(chains) == {"cali-INPUT", "cali-FORWARD", "cali-OUTPUT"}
+    assert chains["cali-FORWARD"] == (f"-i cali+ {DROP_COMMENT}", f"-i tap+ {DROP_COMMENT}",
+                                      f"-o cali+ {DROP_COMMENT}", f"-o tap+ {DROP_COMMENT}")
+    for name, flag, types in (("cali-INPUT", "-i", ICMPV6_TO_HOST),
+                              ("cali-OUTPUT", "-o", ICMPV6_FROM_HOST)):
+        rules = chains[name]
+        for prefix in ("cali", "tap"):
+            accepts = [r for r in rules if r.startswith(f"{flag} {prefix}+ -p ipv6-icmp")]
+            assert [int(r.split("--icmpv6-type ")[1].split()[0]) for r in accepts] == \
+                list(types)
+        assert rules[-2:] == (f"{flag} cali+ {DROP_COMMENT}", f"{flag} tap+ {DROP_COMMENT}")
+    assert set(ICMPV6_TO_HOST) ^ set(ICMPV6_FROM_HOST) == {133, 134}  # RS up, RA down
+    assert ipv6_base_chain_inserts() == {"INPUT": ("-j cali-INPUT",),
+                                         "FORWARD": ("-j cali-FORWARD",),
+                                         "OUTPUT": ("-j cali-OUTPUT",)}
+    with pytest.raises(ValueError, match="interface_prefixes"):
+        ipv6_static_chains(("",))
+
+
+def test_ipv6_binaries_are_the_ip6tables_twins_of_the_same_backend() -> None:
+    assert BACKENDS6["nft"] == IptablesBinaries("ip6tables-nft-save", "ip6tables-nft-restore",
+                                                "nft", family=6)
+    assert BACKENDS6["legacy"].restore == "ip6tables-legacy-restore"
+    assert IptablesBinaries().ipv6() == IptablesBinaries("ip6tables-save", "ip6tables-restore",
+                                                         "default", family=6)
+    assert IptablesBinaries("/usr/sbin/iptables-save", "/usr/sbin/iptables-restore").ipv6() \
+        .save == "/usr/sbin/ip6tables-save"
+    assert BACKENDS6["nft"].ipv6() == BACKENDS6["nft"]
+    with pytest.raises(ValueError, match="ip6tables twin"):
+        IptablesBinaries("my-save", "my-restore").ipv6()
+
+
+# --- programmed, judged by packets --------------------------------------------------------------
+
+
+def test_ipv6_from_and_to_workloads_is_dropped_except_neighbour_discovery() -> None:
+    cmds, _ = synced()
+    w = walker6(cmds)
+    # the IPv4 path between the same two pods is open (allow-all)
+    v4 = PacketWalker(cmds.iptables, cmds.ipset)
+    assert v4.verdict("FORWARD", Packet(src="10.65.0.1", dst="10.65.0.2", iif="cali1",
+                                        oif="cali2")) == "ACCEPT"
+    for proto in (TCP, UDP, ICMPV6):
+        assert w.verdict("FORWARD", Packet(src=A6, dst=B6, iif="cali1", oif="cali2",
+                                           proto=proto, icmp_type=128)) == "DROP"
+    assert w.verdict("FORWARD", Packet(src=A6, dst=OUT6, iif="cali1", oif="eth0")) == "DROP"
+    assert w.verdict("FORWARD", Packet(src=OUT6, dst=A6, iif="eth0", oif="cali1")) == "DROP"
+    # workload -> host: ND/MLD yes, anything else (a router advertisement, ping, TCP) no
+    for icmp_type in ICMPV6_TO_HOST:
+        assert w.verdict("INPUT", Packet(src=A6, dst=HOST6, iif="cali1", proto=ICMPV6,
+                                         icmp_type=icmp_type)) == "ACCEPT", icmp_type
+    for icmp_type in (128, 134):
+        assert w.verdict("INPUT", Packet(src=A6, dst=HOST6, iif="cali1", proto=ICMPV6,
+                                         icmp_type=icmp_type)) == "DROP", icmp_type
+    assert w.verdict("INPUT", Packet(src=A6, dst=HOST6, iif="cali1", proto=TCP)) == "DROP"
+    # host -> workload: ND/MLD and router advertisements yes, anything else no
+    for icmp_type in ICMPV6_FROM_HOST:
+        assert w.verdict("OUTPUT", Packet(src=HOST6, dst=A6, oif="cali1", proto=ICMPV6,
+                                          icmp_type=icmp_type)) == "ACCEPT", icmp_type
+    assert w.verdict("OUTPUT", Packet(src=HOST6, dst=A6, oif="cali1", proto=ICMPV6,
+                                      icmp_type=133)) == "DROP"
+    assert w.verdict("OUTPUT", Packet(src=HOST6, dst=A6, oif="cali1", proto=UDP)) == "DROP"
+    # also an interface of ours without an endpoint
+    assert w.verdict("FORWARD", Packet(src=A6, dst=B6, iif="cali9", oif="eth0")) == "DROP"
+    # the host's own IPv6 is not ours to judge
+    assert w.verdict("INPUT", Packet(src=OUT6, dst=HOST6, iif="eth0", proto=TCP)) == "ACCEPT"
+    assert w.verdict("OUTPUT", Packet(src=HOST6, dst=OUT6, oif="eth0", proto=TCP)) == "ACCEPT"
+    assert w.verdict("FORWARD", Packet(src=OUT6, dst="2001:db8:1::1", iif="eth0",
+                                       oif="eth1")) == "ACCEPT"
+    # every drop says why
+    for rules in cmds.iptables6.chains.values():
+        for rule in rules:
+            if rule.endswith("-j DROP"):
+                assert COMMENT_IPV6_NOT_POLICED in rule
+
+
+def test_ipv6_table_uses_the_ipv4_backend_and_is_written_by_ip6tables_restore() -> None:
+    cmds = FakeCommands()
+    cmds.backends["legacy"].chains["INPUT"] = ["-j ACCEPT"]  # the namespace uses legacy
+    m = manager(cmds)
+    m.apply()
+    assert m.table6.binaries == BACKENDS6["legacy"] and m.table.binaries == BACKENDS["legacy"]
+    assert "cali-FORWARD" in cmds.backends6["legacy"].user_chains()
+    assert cmds.backends6["nft"].user_chains() == set()
+    assert cmds.backends6["legacy"].chains["FORWARD"][0].endswith("-j cali-FORWARD")
+    restores = [c for c in cmds.calls if c[0].endswith("-restore")]
+    assert [c[0] for c in restores] == ["iptables-legacy-restore", "ip6tables-legacy-restore"]
+    # one manager-level table object per family, same chain names in both
+    assert parse_save(cmds.backends6["legacy"].save("filter")).chains["cali-FORWARD"] == \
+        m.table6.desired_chain("cali-FORWARD").hashes  # type: ignore[union-attr]
+
+
+def test_second_apply_resync_and_restart_write_nothing_drift_is_repaired() -> None:
+    cmds, m = synced()
+    v6 = cmds.iptables6
+    assert v6.restore_calls == 1
+    calls = len(cmds.calls)
+    m.apply()
+    assert len(cmds.calls) == calls
+    m.request_resync()
+    m.apply()
+    assert v6.restore_calls == 1 and v6.save_calls >= 2
+    again = manager(cmds)
+    again.apply()
+    assert v6.restore_calls == 1
+    # drift: someone removes our FORWARD jump and flushes cali-INPUT
+    v6.chains["FORWARD"].pop(0)
+    v6.chains["cali-INPUT"].clear()
+    m.request_resync()
+    m.apply()
+    assert v6.restore_calls == 2
+    assert v6.chains["FORWARD"][0].endswith("-j cali-FORWARD")
+    assert walker6(cmds).verdict("FORWARD", Packet(src=A6, dst=B6, iif="cali1",
+                                                   oif="cali2")) == "DROP"
+    assert walker6(cmds).verdict("INPUT", Packet(src=A6, dst=HOST6, iif="cali1",
+                                                 proto=TCP)) == "DROP"
+
+
+@pytest.mark.parametrize("broken", ["missing", "no-ipv6-kernel"])
+def test_no_ip6tables_is_a_clear_error_ipv4_still_programmed_and_recovers(broken: str) -> None:
+    cmds = FakeCommands()
+    if broken == "missing":
+        cmds.ip6tables_missing = True
+    else:
+        cmds.ipv6_kernel = False
+    m = manager(cmds)
+    with pytest.raises(IptablesError, match=r"IPv6: .*ip6tables-restore must be installed and "
+                                            r"IPv6 enabled in the kernel") as info:
+        m.apply()
+    assert ("not found" if broken == "missing" else "Address family not supported") \
+        in str(info.value)
+    assert "cali-FORWARD" in cmds.iptables.user_chains()  # IPv4 was programmed regardless
+    with pytest.raises(IptablesError, match="IPv6"):
+        m.apply()  # retried, still failing: never reported as done
+    cmds.ip6tables_missing, cmds.ipv6_kernel = False, True
+    m.apply()
+    assert "cali-FORWARD" in cmds.iptables6.user_chains()
+
+
+def test_ipv4_and_ipv6_failures_are_both_reported() -> None:
+    cmds = FakeCommands()
+    cmds.ip6tables_missing = True
+    cmds.iptables.fail_next()
+    m = manager(cmds)
+    with pytest.raises(IptablesError, match=r"^IPv4: .*injected failure.*; IPv6: "):
+        m.apply()
+
+
+def test_missing_ip6tables_kept_up_makes_the_loop_fail_closed() -> None:
+    cmds = FakeCommands()
+    cmds.ip6tables_missing = True
+    clock = FakeClock()
+    reasons: list[str] = []
+    loop = DataplaneLoop([IptablesManager(runner=cmds)], clock=clock, rng=random.Random(1),
+                         fail_closed_after=10.0, retry_max=2.0, on_fatal=reasons.append)
+    for msg in (*STATE, InSync()):
+        loop.enqueue(msg)
+    while not loop.fatal.is_set():
+        loop.run_once()
+        assert clock.monotonic() < 1000.0 + 60, "never failed closed"
+        if loop.next_retry_at is not None:
+            clock.advance(max(0.0, loop.next_retry_at - clock.monotonic()))
+    assert len(reasons) == 1 and "IPv6: " in reasons[0] and "ip6tables" in reasons[0]
+    assert not loop.in_sync.is_set()
+
+
+# --- BPF mode ------------------------------------------------------------------------------------
+
+
+def test_bpf_mode_installs_no_ipv6_rules_and_needs_no_ip6tables() -> None:
+    cmds = FakeCommands()
+    cmds.ip6tables_missing = True
+    m = manager(cmds, host_endpoints_only=True)
+    m.apply()  # no error: the tc programs police workload IPv6
+    m.apply()
+    assert cmds.iptables6.user_chains() == set()
+    assert cmds.iptables6.restore_calls == 0
+    assert sum(1 for c in cmds.calls if c[0].startswith("ip6tables")) == 1  # the one sweep
+
+
+def test_bpf_mode_sweeps_the_ipv6_chains_an_iptables_mode_agent_left_once() -> None:
+    cmds, _ = synced()
+    cmds.iptables6.chains["INPUT"].append("-j ACCEPT")  # not ours: stays
+    assert "cali-FORWARD" in cmds.iptables6.user_chains()
+    bpf = manager(cmds, host_endpoints_only=True)
+    bpf.apply()
+    assert cmds.iptables6.user_chains() == set()
+    assert cmds.iptables6.chains["INPUT"] == ["-j ACCEPT"]
+    assert cmds.iptables6.chains["FORWARD"] == []
+    assert walker6(cmds).verdict("FORWARD", Packet(src=A6, dst=B6, iif="cali1",
+                                                   oif="cali2")) == "ACCEPT"
+    calls = len(cmds.calls)
+    bpf.request_resync()
+    bpf.apply()
+    assert not [c for c in cmds.calls[calls:] if c[0].startswith("ip6tables")]
+
+
+def test_bpf_mode_sweep_waits_for_insync() -> None:
+    cmds, _ = synced()
+    bpf = IptablesManager(runner=cmds, host_endpoints_only=True)
+    for msg in STATE:
+        bpf.on_update(msg)
+    bpf.apply()
+    assert "cali-FORWARD" in cmds.iptables6.user_chains()
+    bpf.on_update(InSync())
+    bpf.apply()
+    assert cmds.iptables6.user_chains() == set()
