@@ -173,6 +173,10 @@ PARAMS: tuple[Param, ...] = (
     Param("BPFMapSizeRoutes", 262144, parse_int, restart=True),
     Param("BPFMapSizeEndpoints", 16384, parse_int, restart=True),
     Param("BPFConntrackCleanupInterval", 10.0, parse_seconds),
+    Param("BPFEnforceRPF", "Strict", enum_of("Disabled", "Strict", "Loose"),
+          help="Reverse-path check of packets arriving on host endpoint interfaces (BPF "
+               "mode): Strict (the route back leaves by the same interface), Loose (the "
+               "source is routable), Disabled."),
     Param("HealthEnabled", False, parse_bool, restart=True),
     Param("HealthHost", "localhost", parse_str, restart=True),
     Param("HealthPort", 9099, parse_port, restart=True),

@@ -3,6 +3,8 @@
  *   calico_from_wep  tc INGRESS of the host veth: packets the pod sends -> pod EGRESS policy
  *   calico_to_wep    tc EGRESS of the host veth: packets to the pod     -> pod INGRESS policy
  *   calico_policy    the rule-chain walker both of them tail-call (policy_progs[0])
+ *   calico_from_hep  tc INGRESS of host endpoint interfaces: the reverse-path check of
+ *                    Felix's BPFEnforceRPF (host endpoint POLICY is iptables' in BPF mode)
  *
  * Per packet: parse (common.h) -> not IPv4: ARP and link-scope IPv6 ND pass, everything
  * else drops (fail closed); malformed drops -> endpoint by ifindex
@@ -213,4 +215,39 @@ int calico_from_wep(struct __sk_buff *skb)
 int calico_to_wep(struct __sk_buff *skb)
 {
 	return policy_entry(skb, HOOK_TO_WEP);
+}
+
+/* The route back to the source of a packet that arrived on ifindex: does it exist (Loose),
+ * and does it leave by the same interface (Strict)? A source that is one of this host's
+ * addresses (NOT_FWDED), blackholed or unreachable fails both. */
+PF_INLINE int hep_source_ok(struct __sk_buff *skb, struct pkt_info *pkt, __u32 mode)
+{
+	struct bpf_fib_lookup fib = {};
+	fib.family = 2; /* AF_INET */
+	fib.l4_protocol = pkt->proto;
+	fib.tot_len = 0; /* the kernel checks the MTU against this skb: FRAG_NEEDED still routes */
+	fib.ipv4_src = pkt->daddr;
+	fib.ipv4_dst = pkt->saddr;
+	fib.ifindex = skb->ifindex; /* tc ingress: the arrival interface */
+	int rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH &&
+	    rc != BPF_FIB_LKUP_RET_FRAG_NEEDED)
+		return 0;
+	return mode == CFG_RPF_LOOSE || fib.ifindex == skb->ifindex;
+}
+
+int calico_from_hep(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct pkt_info pkt = {};
+	if (parse_ipv4(data, data_end, &pkt) != PARSE_OK)
+		return TC_ACT_OK; /* not IPv4 or malformed: the host's own stack and iptables judge */
+	__u32 zero = 0;
+	struct config_value *cfg = config.lookup(&zero);
+	__u32 mode = cfg ? (cfg->flags & CFG_RPF_MASK) : CFG_RPF_STRICT;
+	if (mode == CFG_RPF_DISABLED || hep_source_ok(skb, &pkt, mode))
+		return TC_ACT_OK;
+	count_global(GCNT_HEP_RPF_DROPPED);
+	return TC_ACT_SHOT;
 }

@@ -1298,4 +1298,9 @@ class PolicyCompiler:
         except ValueError as e:
             problems.append(f"config: {e}; using Drop")
             action = config_map.EndpointToHostAction.DROP
-        return {config_map.KEY: config_map.encode_value(action)}
+        try:
+            rpf = config_map.rpf_from_felix(state.config.get("bpfenforcerpf", "Strict"))
+        except ValueError as e:
+            problems.append(f"config: {e}; using Strict")
+            rpf = config_map.RpfMode.STRICT
+        return {config_map.KEY: config_map.encode_value(action, rpf)}

@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 
 BPF_DIR = Path(os.environ.get("PYFELIX_BPF_DIR", Path(__file__).resolve().parents[2] / "bpf"))
 ENTRY_FILES = ("tc.c", "xdp.c")
-TC_PROGRAMS = ("calico_from_wep", "calico_to_wep", "calico_policy")
+TC_PROGRAMS = ("calico_from_wep", "calico_to_wep", "calico_policy", "calico_from_hep")
 XDP_PROGRAMS = ("calico_xdp",)
 POLICY_PROG_INDEX = 0  # PROG_IDX_POLICY in policy.h
 BUILD_PIN_PREFIXES = ("progs_", "scratch_")  # pins private to one build (PROG_ABI)

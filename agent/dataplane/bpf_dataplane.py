@@ -135,7 +135,8 @@ def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
     policy = BpfPolicyManager(
         loaded.maps,
         interface_prefixes=prefixes,
-        base_config={"DefaultEndpointToHostAction": str(config.default_endpoint_to_host_action)},
+        base_config={"DefaultEndpointToHostAction": str(config.default_endpoint_to_host_action),
+                     "BPFEnforceRPF": str(config.bpf_enforce_rpf)},
         rules_per_prog=loaded.config.rules_per_prog,
         list_interfaces=netlink_lister(),
     )
@@ -149,6 +150,7 @@ def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
         {"ingress": program_ref(loaded, "calico_from_wep"),
          "egress": program_ref(loaded, "calico_to_wep")},
         program_ref(loaded, "calico_xdp"),
+        hep_program=program_ref(loaded, "calico_from_hep"),
         interface_prefixes=prefixes,
         on_all_current=sweep,
     )

@@ -7,6 +7,10 @@
  * Felix's DefaultEndpointToHostAction: Drop (the zero value, so an unwritten map is safe),
  * Accept, or Return. There is no host-endpoint policy in the tc programs yet, so Return
  * behaves like Accept (documented in bpf/README.md).
+ *
+ * flags & CFG_RPF_MASK: Felix's BPFEnforceRPF for packets arriving on host endpoint
+ * interfaces (calico_from_hep): Strict (the zero value, so an unwritten map is the safe
+ * one), Loose, or Disabled.
  */
 #ifndef PYFELIX_CONFIG_H
 #define PYFELIX_CONFIG_H
@@ -17,8 +21,13 @@
 #define EP_TO_HOST_ACCEPT 1
 #define EP_TO_HOST_RETURN 2
 
+#define CFG_RPF_MASK 0x3
+#define CFG_RPF_STRICT 0   /* the source's route must lead back out of the arrival interface */
+#define CFG_RPF_LOOSE 1    /* the source must be routable (not local, blackhole, unreachable) */
+#define CFG_RPF_DISABLED 2
+
 struct config_value {
-	__u32 flags; /* reserved, 0 */
+	__u32 flags; /* CFG_RPF_* in the low bits; the rest 0 */
 	__u32 endpoint_to_host_action; /* EP_TO_HOST_* */
 };
 

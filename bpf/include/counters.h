@@ -65,7 +65,8 @@ struct ep_counter {
 #define GCNT_IPV6_DROPPED 19      /* IPv6 other than neighbour discovery: not policed, dropped */
 #define GCNT_IPV6_ND_PASSED 20    /* IPv6 neighbour discovery / MLD, link scope: passed */
 #define GCNT_ARP_PASSED 21        /* ARP: passed */
-#define GCNT_COUNT 22
+#define GCNT_HEP_RPF_DROPPED 22   /* into a host endpoint from a source failing BPFEnforceRPF */
+#define GCNT_COUNT 23
 
 BPF_TABLE_PINNED("percpu_array", __u32, struct rule_counter, rule_counters,
 		 RULE_COUNTERS_MAX_ENTRIES, PIN_DIR "/rule_counters_v1");

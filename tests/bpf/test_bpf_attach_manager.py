@@ -187,3 +187,41 @@ def test_xdp_for_a_host_endpoint_known_by_its_expected_ips():
     m.on_update(InterfaceAddrsUpdate("eth1", frozenset()))  # the address moved away
     m.apply()
     assert fake.links["eth1"].xdp_prog_id == 0
+
+
+HEP = ProgramRef(fd=104, prog_id=504, name="calico_from_hep")
+
+
+def test_reverse_path_program_follows_every_host_endpoint_and_only_ours_is_removed():
+    m, fake, _ = setup(hep_program=HEP)
+    fake.add_link("eth1", 3)
+    m.on_update(p.InSync())
+    hep = p.HostEndpointID("node1-eth0")
+    m.on_update(p.HostEndpointUpdate(hep, p.HostEndpoint("eth0", profile_ids=("open",))))
+    m.apply()
+    assert ours(fake, "eth0") == {"ingress": [filter_name("calico_from_hep", 504)],
+                                  "egress": []}
+    assert fake.links["eth0"].fds == {("ingress", 1, 1): 104}
+    assert not fake.links["eth1"].clsact and not fake.links["lo"].clsact
+    assert ours(fake, "cali1") == CURRENT  # workload interfaces keep their own programs
+    assert m.host_endpoint_interfaces == {2}
+    before = fake.mutations
+    m.apply()
+    assert fake.mutations == before
+    # a foreign filter beside ours stays when the host endpoint goes
+    fake.links["eth0"].filters["ingress"].append(TcFilter(5, 1, "bpf", "foreign"))
+    m.on_update(p.HostEndpointRemove(hep))
+    m.apply()
+    assert ours(fake, "eth0") == {"ingress": ["foreign"], "egress": []}
+    assert m.host_endpoint_interfaces == frozenset()
+
+
+def test_reverse_path_program_left_by_an_earlier_agent_is_removed_after_in_sync():
+    m, fake, _ = setup(hep_program=HEP)
+    fake.ensure_clsact(2)
+    fake.replace_filter(2, "ingress", 99, filter_name("calico_from_hep", 400))
+    m.apply()  # not in sync: the datastore may still name eth0 a host endpoint
+    assert ours(fake, "eth0")["ingress"] == [filter_name("calico_from_hep", 400)]
+    m.on_update(p.InSync())
+    m.apply()
+    assert ours(fake, "eth0")["ingress"] == []

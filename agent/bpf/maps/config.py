@@ -2,7 +2,9 @@
 
 endpoint_to_host_action is Felix's DefaultEndpointToHostAction for new flows from a workload
 to this host: DROP (the zero value, Felix's default), ACCEPT, or RETURN (treated as ACCEPT:
-the tc programs have no host-endpoint policy yet).
+the tc programs have no host-endpoint policy yet). The low bits of `flags` are Felix's
+BPFEnforceRPF for host endpoint interfaces (calico_from_hep): STRICT (the zero value),
+LOOSE or DISABLED.
 """
 
 from __future__ import annotations
@@ -23,6 +25,17 @@ class EndpointToHostAction(enum.IntEnum):
     RETURN = 2
 
 
+class RpfMode(enum.IntEnum):
+    """must match CFG_RPF_* in bpf/include/config.h"""
+
+    STRICT = 0
+    LOOSE = 1
+    DISABLED = 2
+
+
+RPF_MASK = 0x3
+
+
 class Value(ctypes.Structure):
     """must match struct config_value in bpf/include/config.h"""
 
@@ -38,8 +51,18 @@ KEY = struct.pack("=I", 0)
 _VALUE = struct.Struct("=II")
 
 
-def encode_value(endpoint_to_host_action: EndpointToHostAction) -> bytes:
-    return _VALUE.pack(0, int(endpoint_to_host_action))
+def encode_value(endpoint_to_host_action: EndpointToHostAction,
+                 rpf: RpfMode = RpfMode.STRICT) -> bytes:
+    return _VALUE.pack(int(rpf), int(endpoint_to_host_action))
+
+
+def rpf_from_felix(text: str) -> RpfMode:
+    """Felix's BPFEnforceRPF ("Strict" | "Loose" | "Disabled") -> the map's enum."""
+    try:
+        return RpfMode[text.strip().upper()]
+    except KeyError:
+        raise ValueError(f"BPFEnforceRPF: {text!r} is not one of Strict, Loose, Disabled") \
+            from None
 
 
 def action_from_felix(text: str) -> EndpointToHostAction:
@@ -58,7 +81,11 @@ def decode_value(raw: bytes) -> dict:
         name = EndpointToHostAction(action).name
     except ValueError:
         name = str(action)
-    return {"flags": flags, "endpoint_to_host_action": name}
+    try:
+        rpf = RpfMode(flags & RPF_MASK).name
+    except ValueError:
+        rpf = str(flags & RPF_MASK)
+    return {"flags": flags, "endpoint_to_host_action": name, "bpf_enforce_rpf": rpf}
 
 
 def open_pinned(pin_dir: str | os.PathLike[str]) -> BpfMap:

@@ -45,6 +45,7 @@ class GlobalCounter(enum.IntEnum):
     IPV6_DROPPED = 19
     IPV6_ND_PASSED = 20
     ARP_PASSED = 21
+    HEP_RPF_DROPPED = 22
 
 
 EP_DIRECTIONS = ("ingress_allowed", "ingress_denied", "egress_allowed", "egress_denied")

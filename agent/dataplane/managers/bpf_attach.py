@@ -8,7 +8,11 @@ Role: keeps, in the agent's own network namespace,
   priority/handle (agent.bpf.attach);
 - `calico_xdp` on each host interface of a host endpoint with untracked (doNotTrack)
   policy: by name, or (name "") every interface carrying one of its expected IPs (`*`:
-  every interface that is not a workload interface or `lo`), and on no other.
+  every interface that is not a workload interface or `lo`), and on no other;
+- `calico_from_hep` at tc ingress of every host interface of a host endpoint (resolved the
+  same way, whatever its policy): the reverse-path check of Felix's BPFEnforceRPF (the mode
+  is in the config map; Disabled passes everything). Removed from an interface that stops
+  being a host endpoint's (only our filter, at our slot).
 
 Inputs (`on_update`): InterfaceUpdate (a new interface is checked in the very next apply,
 which the loop runs right after the batch: attach latency is the loop's batch latency, see
@@ -40,6 +44,7 @@ from dataclasses import dataclass
 
 from agent import proto
 from agent.bpf.attach import (
+    FILTER_NAME_PREFIX,
     TC_HANDLE,
     TC_PRIO,
     XDP_PROG_NAME,
@@ -56,6 +61,7 @@ from agent.dataplane.managers.hostips import resolve_host_endpoints
 log = logging.getLogger(__name__)
 
 HOOKS = ("ingress", "egress")
+HEP_PROGRAM = "calico_from_hep"
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,7 @@ class BpfAttachManager(ManagerBase):
         tc_programs: dict[str, ProgramRef],
         xdp_program: ProgramRef | None,
         *,
+        hep_program: ProgramRef | None = None,
         interface_prefixes: tuple[str, ...] = ("cali",),
         attacher: Attacher | None = None,
         attacher_factory: Callable[[], Attacher] | None = None,
@@ -87,6 +94,7 @@ class BpfAttachManager(ManagerBase):
             raise ValueError(f"BpfAttachManager: tc_programs must name hooks {HOOKS}")
         self._tc = tc_programs
         self._xdp = xdp_program
+        self._hep = hep_program
         self._prefixes = interface_prefixes
         self._attacher = attacher
         self._attacher_factory = attacher_factory
@@ -99,10 +107,12 @@ class BpfAttachManager(ManagerBase):
         # host endpoints with untracked policy, and interface addresses (endpoints known by
         # their expected IPs apply to the interfaces carrying them)
         self._xdp_wanted: dict[proto.HostEndpointID, proto.HostEndpoint] = {}
+        self._host_endpoints: dict[proto.HostEndpointID, proto.HostEndpoint] = {}
+        self._hep_attached: set[int] = set()  # host ifindexes running calico_from_hep
         self._addrs: dict[str, frozenset[str]] = {}
         self._xdp_attached: dict[int, int] = {}  # ifindex -> our XDP prog id
-        self._xdp_dirty = True
-        self._xdp_check_all = True
+        self._hep_dirty = True
+        self._hep_check_all = True
         self._swept = False
         self.attach_latencies: list[float] = []
         self.on_close: Callable[[], None] | None = None  # releases the shared build
@@ -117,27 +127,29 @@ class BpfAttachManager(ManagerBase):
                 self._addrs.pop(msg.name, None)
             else:
                 self._addrs[msg.name] = msg.addrs
-            if self._xdp_wanted:
-                self._xdp_dirty = True
+            if self._host_endpoints:
+                self._hep_dirty = True
         elif isinstance(msg, proto.HostEndpointUpdate):
+            self._host_endpoints[msg.id] = msg.endpoint
             if msg.endpoint.untracked_tiers:
                 self._xdp_wanted[msg.id] = msg.endpoint
             else:
                 self._xdp_wanted.pop(msg.id, None)
-            self._xdp_dirty = True
+            self._hep_dirty = True
         elif isinstance(msg, proto.HostEndpointRemove):
+            self._host_endpoints.pop(msg.id, None)
             self._xdp_wanted.pop(msg.id, None)
-            self._xdp_dirty = True
+            self._hep_dirty = True
         elif isinstance(msg, proto.InSync):
             self._datastore_in_sync = True
-            self._xdp_dirty = True
+            self._hep_dirty = True
 
     def _on_interface(self, msg: InterfaceUpdate) -> None:
         if msg.state == IFACE_ABSENT:
             if self._links.get(msg.name) == msg.index:
                 del self._links[msg.name]
                 self._forget(msg.index)
-                self._xdp_dirty = True
+                self._hep_dirty = True
             return
         old = self._links.get(msg.name)
         if old == msg.index:
@@ -148,13 +160,14 @@ class BpfAttachManager(ManagerBase):
         if self._is_workload(msg.name):
             self._dirty.add(msg.index)
             self._first_seen.setdefault(msg.index, self._clock())
-        self._xdp_dirty = True
+        self._hep_dirty = True
 
     def _forget(self, ifindex: int) -> None:
         self._dirty.discard(ifindex)
         self._current.discard(ifindex)
         self._first_seen.pop(ifindex, None)
         self._xdp_attached.pop(ifindex, None)
+        self._hep_attached.discard(ifindex)
 
     def _is_workload(self, name: str) -> bool:
         return name.startswith(self._prefixes)
@@ -167,9 +180,10 @@ class BpfAttachManager(ManagerBase):
             self._links = attacher.list_links()
             self._current.clear()
             self._xdp_attached.clear()
+            self._hep_attached.clear()
             self._dirty = {i for n, i in self._links.items() if self._is_workload(n)}
-            self._xdp_dirty = True
-            self._xdp_check_all = True  # a stale XDP program of ours may be anywhere
+            self._hep_dirty = True
+            self._hep_check_all = True  # a stale XDP program of ours may be anywhere
             self._resync_requested = False
         errors: list[str] = []
         for ifindex in sorted(self._dirty):
@@ -190,7 +204,7 @@ class BpfAttachManager(ManagerBase):
                 self.attach_latencies.append(latency)
                 del self.attach_latencies[:-1000]
                 metrics.ATTACH_LATENCY.observe(latency)
-        if self._xdp_dirty:
+        if self._hep_dirty:
             errors += self._sync_xdp(attacher)
         for hook in HOOKS:
             metrics.ATTACHED_INTERFACES.labels(hook).set(len(self._current))
@@ -225,7 +239,9 @@ class BpfAttachManager(ManagerBase):
                     attacher.delete_filter(ifindex, hook, f.prio, f.handle)
 
     def _sync_xdp(self, attacher: Attacher) -> list[str]:
+        """XDP and calico_from_hep on host endpoint interfaces, and off every other one."""
         wanted = self._xdp_interfaces()
+        hep_wanted = self._host_interfaces(self._host_endpoints) if self._hep else set()
         errors = []
         for name, ifindex in sorted(self._links.items()):
             try:
@@ -233,23 +249,36 @@ class BpfAttachManager(ManagerBase):
                     self._ensure_xdp(attacher, name, ifindex)
                 elif self._datastore_in_sync and (
                         ifindex in self._xdp_attached
-                        or (self._xdp_check_all and not self._is_workload(name))):
+                        or (self._hep_check_all and not self._is_workload(name))):
                     self._remove_xdp(attacher, ifindex)
+                if ifindex in hep_wanted:
+                    self._ensure_hep_tc(attacher, ifindex)
+                elif self._datastore_in_sync and (
+                        ifindex in self._hep_attached
+                        or (self._hep_check_all and not self._is_workload(name))):
+                    self._remove_hep_tc(attacher, ifindex)
             except InterfaceGone:
                 continue
             except AttachError as exc:
                 metrics.ATTACH_ERRORS.inc()
                 errors.append(str(exc))
         if not errors:
-            self._xdp_dirty = False
+            self._hep_dirty = False
             if self._datastore_in_sync:
-                self._xdp_check_all = False
+                self._hep_check_all = False
         return errors
 
     def _xdp_interfaces(self) -> set[int]:
-        if self._xdp is None or not self._xdp_wanted:
+        if self._xdp is None:
             return set()
-        names = set(resolve_host_endpoints(self._xdp_wanted, self._addrs, self._prefixes))
+        return self._host_interfaces(self._xdp_wanted)
+
+    def _host_interfaces(self, endpoints: dict[proto.HostEndpointID, proto.HostEndpoint]
+                         ) -> set[int]:
+        """Ifindexes of the host interfaces these host endpoints apply to."""
+        if not endpoints:
+            return set()
+        names = set(resolve_host_endpoints(endpoints, self._addrs, self._prefixes))
         out = set()
         for name, ifindex in self._links.items():
             if self._is_workload(name) or name == "lo":
@@ -271,6 +300,30 @@ class BpfAttachManager(ManagerBase):
                               f"attached; not replacing it")
         attacher.set_xdp(ifindex, self._xdp.fd)
         self._xdp_attached[ifindex] = self._xdp.prog_id
+
+    def _ensure_hep_tc(self, attacher: Attacher, ifindex: int) -> None:
+        assert self._hep is not None
+        if ifindex in self._hep_attached:
+            return
+        attacher.ensure_clsact(ifindex)
+        want = filter_name(self._hep.name, self._hep.prog_id)
+        present = [f for f in attacher.list_filters(ifindex, "ingress")
+                   if (f.prio, f.handle) == (TC_PRIO, TC_HANDLE)]
+        if present and not present[0].ours:
+            raise AttachError(
+                f"ifindex {ifindex} tc ingress: a filter that is not ours "
+                f"({present[0].kind} {present[0].name!r}) holds priority {TC_PRIO} handle "
+                f"{TC_HANDLE}; not replacing it")
+        if not present or present[0].name != want:
+            attacher.replace_filter(ifindex, "ingress", self._hep.fd, want)
+        self._hep_attached.add(ifindex)
+
+    def _remove_hep_tc(self, attacher: Attacher, ifindex: int) -> None:
+        prefix = f"{FILTER_NAME_PREFIX}{HEP_PROGRAM}:"
+        for f in attacher.list_filters(ifindex, "ingress"):
+            if f.ours and f.name.startswith(prefix):
+                attacher.delete_filter(ifindex, "ingress", f.prio, f.handle)
+        self._hep_attached.discard(ifindex)
 
     def _remove_xdp(self, attacher: Attacher, ifindex: int) -> None:
         current = attacher.xdp_prog_id(ifindex)
@@ -309,6 +362,11 @@ class BpfAttachManager(ManagerBase):
     @property
     def attached(self) -> frozenset[int]:
         return frozenset(self._current)
+
+    @property
+    def host_endpoint_interfaces(self) -> frozenset[int]:
+        """Host interfaces running calico_from_hep."""
+        return frozenset(self._hep_attached)
 
     @property
     def links(self) -> dict[str, int]:

@@ -97,6 +97,13 @@ class Harness:
         assert rv in (TC_ACT_OK, TC_ACT_SHOT), rv
         return "allow" if rv == TC_ACT_OK else "deny"
 
+    def run_named(self, program: str, pkt: bytes, iface: str) -> str:
+        """Verdict of the tc program `program` on `pkt` arriving on `iface`."""
+        fd = self.dp.prog_fd(program)
+        rv = self.ns.call(run_tc, fd, pkt, ifindex=self.ifindexes[iface]).retval
+        assert rv in (TC_ACT_OK, TC_ACT_SHOT), rv
+        return "allow" if rv == TC_ACT_OK else "deny"
+
     def xdp(self, pkt: bytes, iface: str) -> int:
         fd = self.dp.prog_fd("calico_xdp")
         return self.ns.call(run_xdp, fd, pkt, ingress_ifindex=self.ifindexes[iface]).retval

@@ -102,3 +102,27 @@ def harness(loaded: LoadedDataplane, netns: tuple[NetnsThread, dict[str, int]]) 
     reset_maps(loaded)
     thread, ifindexes = netns
     return Harness(loaded, thread, ifindexes)
+
+
+@pytest.fixture
+def netns_routes(netns: tuple[NetnsThread, dict[str, int]]) -> Iterator[None]:
+    """Routes for the reverse-path tests: 192.0.2.1/24 on d1 (its subnet routes via d1) and
+    198.51.100.0/24 via d2 (an address on d2's peer side); removed afterwards."""
+    name = f"pyfbpf-{os.getpid()}"
+    # forwarding on, as the agent sets it (net.ipv4.ip_forward=1): the kernel's FIB lookup
+    # helper answers FWD_DISABLED on an interface that does not forward
+    sh("ip", "netns", "exec", name, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+    steps = [("link", "set", "d1", "up"), ("link", "set", "d1p", "up"),
+             ("link", "set", "d2", "up"), ("link", "set", "d2p", "up"),
+             ("addr", "add", "192.0.2.1/24", "dev", "d1"),
+             ("addr", "add", "192.0.3.1/24", "dev", "d2"),
+             ("route", "add", "198.51.100.0/24", "via", "192.0.3.2", "dev", "d2")]
+    try:
+        for step in steps:
+            sh("ip", "-n", name, *step)
+        yield
+    finally:
+        for step in (("route", "del", "198.51.100.0/24"),
+                     ("addr", "del", "192.0.2.1/24", "dev", "d1"),
+                     ("addr", "del", "192.0.3.1/24", "dev", "d2")):
+            subprocess.run(["ip", "-n", name, *step], check=False, timeout=30)

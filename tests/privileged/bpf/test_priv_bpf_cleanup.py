@@ -162,6 +162,8 @@ def test_iptables_agent_removes_our_programs_and_pins_and_keeps_foreign_ones(
         assert "pyfelix:calico_from_wep:" in node.filters(iface, "ingress")
         assert "pyfelix:calico_to_wep:" in node.filters(iface, "egress")
     assert "prog/xdp" in node.link("eth0") and "prog/xdp" in node.link("eth1")
+    # the host endpoint's interface runs the reverse-path check (BPFEnforceRPF)
+    assert "pyfelix:calico_from_hep:" in node.filters("eth0", "ingress")
     assert os.listdir(pin_dir)
 
     datastore = tmp_path / "ds"
@@ -193,7 +195,9 @@ def test_iptables_agent_removes_our_programs_and_pins_and_keeps_foreign_ones(
         assert "prog/xdp" not in node.link("eth0")
         assert "prog/xdp" in node.link("eth1")  # the foreign XDP program
         assert not os.path.exists(pin_dir)
-        assert "removed 4 tc filter(s) and 1 XDP program(s) of ours on 3 interface(s)" \
+        assert "pyfelix:" not in node.filters("eth0", "ingress")
+        # 2 workload interfaces x 2 hooks + calico_from_hep on eth0
+        assert "removed 5 tc filter(s) and 1 XDP program(s) of ours on 3 interface(s)" \
             in log_text, log_text
         chains = sh("ip", "netns", "exec", node.name, "iptables-save", "-t", "filter")
         assert "cali-tw-cali1" in chains

@@ -188,7 +188,8 @@ def test_every_map_dumps_json_ready_rows_from_its_pin(loaded, harness, pin_dir):
     assert {"counter": "policy_allowed", "value": 1} in rows["global_counters"]
     assert rows["routes"] == [{"dst": "198.18.0.1/32", "flags": ["local_host"], "ifindex": 0,
                                "next_hop": ""}]
-    assert rows["config"] == [{"flags": 0, "endpoint_to_host_action": "DROP"}]
+    assert rows["config"] == [{"flags": 0, "endpoint_to_host_action": "DROP",
+                              "bpf_enforce_rpf": "STRICT"}]
     assert rows["untracked"] == []
     with pytest.raises(KeyError, match="unknown BPF map 'nope'"):
         dump_pinned("nope", pin_dir)

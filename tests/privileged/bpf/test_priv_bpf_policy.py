@@ -612,3 +612,29 @@ def test_kernel_verdicts_equal_the_reference_semantics(harness, rule_list, defau
         else:
             frame = pk.sctp(src, dst, 1000 + port, port)
         assert to_a(h, frame) == expected_verdict(h.state, ep, "ingress", model), model
+
+
+def test_host_endpoint_reverse_path_check_strict_loose_disabled(harness, netns_routes):
+    """calico_from_hep (BPFEnforceRPF): Strict wants the route back to the source to leave
+    by the arrival interface; Loose any route; Disabled nothing. A source that is one of
+    the host's own addresses or unroutable fails both checks."""
+    h = harness
+    prog = "calico_from_hep"
+    on_d1 = pk.tcp("192.0.2.50", "192.0.2.1", 40000, 22)  # d1's subnet: route via d1
+    via_d2 = pk.udp("198.51.100.7", "192.0.2.1", 40000, 53)  # routed via d2
+    local = pk.udp("192.0.2.1", "192.0.2.1", 40000, 53)  # claims the host's own address
+    nowhere = pk.udp("203.0.113.9", "192.0.2.1", 40000, 53)  # no route at all
+
+    def verdicts(iface: str) -> list[str]:
+        return [h.run_named(prog, pkt, iface) for pkt in (on_d1, via_d2, local, nowhere)]
+
+    h.apply()  # Strict: the zero value of the config map
+    assert verdicts("d1") == ["allow", "deny", "deny", "deny"]
+    assert verdicts("d2") == ["deny", "allow", "deny", "deny"]
+    assert h.globals()["hep_rpf_dropped"] == 6
+    h.apply(p.ConfigUpdate((("BPFEnforceRPF", "Loose"),)))
+    assert verdicts("d1") == ["allow", "allow", "deny", "deny"]
+    h.apply(p.ConfigUpdate((("BPFEnforceRPF", "Disabled"),)))
+    assert verdicts("d1") == ["allow", "allow", "allow", "allow"]
+    # not IPv4: left to the host's stack and host endpoint policy (iptables)
+    assert h.run_named(prog, pk.arp_request("192.0.2.50", "192.0.2.1"), "d1") == "allow"

@@ -371,3 +371,55 @@ def test_bpf_new_interface_is_closed_while_the_agent_is_down(root_guard: Any) ->
             echo.close()
             if netns is not None:
                 subprocess.run(["ip", "netns", "del", netns], check=False)
+
+
+HOST_ENDPOINT_DOCS = [
+    {"apiVersion": "projectcalico.org/v3", "kind": "Profile",
+     "metadata": {"name": "open-host"},
+     "spec": {"ingress": [{"action": "Allow"}], "egress": [{"action": "Allow"}]}},
+    {"apiVersion": "projectcalico.org/v3", "kind": "HostEndpoint",
+     "metadata": {"name": "node1-eth0"},
+     "spec": {"node": "node1", "interfaceName": "eth0", "profiles": ["open-host"]}},
+]
+
+
+@pytest.mark.timeout(240)
+def test_bpf_host_endpoint_reverse_path_check(root_guard: Any) -> None:
+    """BPFEnforceRPF on a host endpoint: a packet arriving on the node's eth0 with the
+    source of a local pod (whose route leads out of a cali interface) is dropped in Strict
+    mode and passes once the FelixConfiguration says Disabled. The kernel's rp_filter is
+    off on eth0 here, so what drops is the BPF program."""
+    from tests.privileged.felix_extras.extras_lab import ExternalHost
+
+    with lab("bpf") as (runner, agent):
+        sh(agent.netns, "sysctl", "-qw", "net.ipv4.conf.all.rp_filter=0",
+           "net.ipv4.conf.eth0.rp_filter=0")
+        runner.apply_resources(HOST_ENDPOINT_DOCS)
+        runner.wait_in_sync()
+        node_ip = str(runner.topology.nodes[agent.node].ip)
+        ext = ExternalHost(runner, routes={"10.65.0.0/16": node_ip}).create()
+        c = runner.topology.pods["x/c"]
+        sniffer = Sniffer(c.netns)
+        try:
+            deadline = time.monotonic() + 15  # the program is attached after in-sync
+            while time.monotonic() < deadline and "calico_from_hep" not in sh(
+                    agent.netns, "tc", "filter", "show", "dev", "eth0", "ingress"):
+                time.sleep(0.2)
+            send_forged(ext.netns, ext.address, "10.65.0.3")  # genuine: the path works
+            send_forged(ext.netns, "10.65.0.2", "10.65.0.3")  # a local pod's address
+            time.sleep(0.5)
+            assert sniffer.saw(ext.address, 17), sniffer.seen
+            assert not sniffer.saw("10.65.0.2", 17)
+            assert bpf_drops(agent, "host_endpoint_rpf") >= 2
+            runner.apply_resources([{
+                "apiVersion": "projectcalico.org/v3", "kind": "FelixConfiguration",
+                "metadata": {"name": "default"}, "spec": {"bpfEnforceRPF": "Disabled"}}])
+            runner.wait_in_sync()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not sniffer.saw("10.65.0.2", 17):
+                send_forged(ext.netns, "10.65.0.2", "10.65.0.3")
+                time.sleep(0.3)
+            assert sniffer.saw("10.65.0.2", 17)
+        finally:
+            sniffer.close()
+            subprocess.run(["ip", "netns", "del", ext.netns], check=False)
