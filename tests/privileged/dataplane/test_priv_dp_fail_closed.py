@@ -26,8 +26,6 @@ from __future__ import annotations
 import itertools
 import re
 import socket
-import struct
-import threading
 import time
 from collections.abc import Callable
 
@@ -47,14 +45,12 @@ from agent.proto import (
 )
 from agent.shims.netns import NetnsThread
 from tests.privileged.dataplane.dp_netns import in_ns
+from tests.privileged.packet_probe import TCP, UDP, RawSender, Sniffer
 
 pytestmark = pytest.mark.privileged
 
 A, B, OUTSIDE = "10.65.0.1", "10.65.0.2", "203.0.113.9"
 A6, B6 = "fd00:65::1", "fd00:65::2"
-TCP, UDP = socket.IPPROTO_TCP, socket.IPPROTO_UDP
-ETH_P_ALL = 0x0003
-PACKET_OUTGOING = 4
 OPEN = ActiveProfileUpdate("open", Profile(inbound_rules=(Rule(action="allow"),),
                                            outbound_rules=(Rule(action="allow"),)))
 _PORTS = itertools.count(21000)
@@ -67,119 +63,17 @@ def _ep(iface: str, ip: str, spoof: tuple[str, ...] = ()) -> WorkloadEndpointUpd
                          profile_ids=("open",), allow_spoofed_source_prefixes=spoof))
 
 
-# --- packets -----------------------------------------------------------------------------------
+# --- packets (forged with tests.privileged.packet_probe) -----------------------------------
 
 
-def _checksum(data: bytes) -> int:
-    if len(data) % 2:
-        data += b"\0"
-    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    return ~total & 0xFFFF
+class Forger(RawSender):
+    """Hand-built IPv4 packets from a workload namespace, each to a port of its own."""
 
-
-def ipv4_packet(src: str, dst: str, proto: int, dport: int, sport: int = 40000) -> bytes:
-    """A whole IPv4 packet (header, checksums) carrying a UDP datagram or a TCP SYN."""
-    if proto == UDP:
-        segment = struct.pack("!HHHH", sport, dport, 8 + 7, 0) + b"pyfelix"
-        offset = 6
-    else:
-        segment = struct.pack("!HHIIBBHHH", sport, dport, 1, 0, 5 << 4, 0x02, 65535, 0, 0)
-        offset = 16
-    pseudo = socket.inet_aton(src) + socket.inet_aton(dst) + struct.pack(
-        "!BBH", 0, proto, len(segment))
-    segment = segment[:offset] + struct.pack("!H", _checksum(pseudo + segment)) \
-        + segment[offset + 2:]
-    header = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(segment), 0, 0x4000, 64, proto, 0,
-                         socket.inet_aton(src), socket.inet_aton(dst))
-    header = header[:10] + struct.pack("!H", _checksum(header)) + header[12:]
-    return header + segment
-
-
-class Sniffer:
-    """AF_PACKET capture of the packets a namespace's interface receives:
-    (source address, protocol, destination port) of each IPv4/IPv6 UDP or TCP packet."""
-
-    def __init__(self, thread: NetnsThread, iface: str = "eth0") -> None:
-        def make() -> socket.socket:
-            s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-            s.bind((iface, 0))
-            return s
-
-        self.sock = thread.call(make)
-        self.sock.settimeout(0.2)
-        self.seen: set[tuple[str, int, int]] = set()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                frame, addr = self.sock.recvfrom(65535)
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            if addr[2] == PACKET_OUTGOING:
-                continue
-            key = _parse(frame)
-            if key is not None:
-                with self._lock:
-                    self.seen.add(key)
-
-    def saw(self, src: str, proto: int, dport: int) -> bool:
-        with self._lock:
-            return (src, proto, dport) in self.seen
-
-    def wait_for(self, src: str, proto: int, dport: int, timeout: float = 3.0) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.saw(src, proto, dport):
-                return True
-            time.sleep(0.02)
-        return False
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(2)
-        self.sock.close()
-
-
-def _parse(frame: bytes) -> tuple[str, int, int] | None:
-    ethertype = int.from_bytes(frame[12:14], "big")
-    if ethertype == 0x0800:
-        ihl = (frame[14] & 0x0F) * 4
-        proto, src = frame[23], socket.inet_ntop(socket.AF_INET, frame[26:30])
-        l4 = 14 + ihl
-    elif ethertype == 0x86DD:
-        proto, src = frame[20], socket.inet_ntop(socket.AF_INET6, frame[22:38])
-        l4 = 54
-    else:
-        return None
-    if proto not in (TCP, UDP) or len(frame) < l4 + 4:
-        return None
-    return src, proto, int.from_bytes(frame[l4 + 2:l4 + 4], "big")
-
-
-class Forger:
-    """Sends hand-built IPv4 packets from a workload namespace (raw socket, IP_HDRINCL)."""
-
-    def __init__(self, thread: NetnsThread) -> None:
-        self.thread = thread
-        self.sock = thread.call(
-            lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW))
-
-    def send(self, src: str, proto: int, dst: str = B) -> int:
+    def send(self, src: str, proto: int, dst: str = B) -> int:  # type: ignore[override]
         """Sends one packet; returns its (unique) destination port."""
         dport = next(_PORTS)
-        self.sock.sendto(ipv4_packet(src, dst, proto, dport), (dst, 0))
+        super().send(src, dst, proto, dport)
         return dport
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def _forged_dropped(forger: Forger, sniffer: Sniffer, forged_src: str, proto: int) -> bool:

@@ -18,10 +18,8 @@
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import socket
-import struct
 import subprocess
 import threading
 import time
@@ -30,13 +28,13 @@ from typing import Any
 
 import pytest
 
-from agent.bpf import packets
 from agent.lab.datastore import topology_documents
 from agent.lab.naming import workload_interface_name
 from agent.lab.netns import create_netns, in_netns
 from agent.lab.runner import LabRunner
 from agent.lab.scenario import parse_scenario
 from agent.shims.nft_guard import NftGuard
+from tests.privileged.packet_probe import TCP, UDP, RawSender, Sniffer
 from tests.privileged.reliability.harness import AgentUnderTest
 
 pytestmark = pytest.mark.privileged
@@ -73,68 +71,14 @@ def sh(netns: str, *argv: str) -> str:
                           capture_output=True, text=True, timeout=30).stdout
 
 
-class Sniffer:
-    """Every IPv4/IPv6 frame arriving on eth0 of `netns`, as (src, dst, proto, dport)."""
-
-    def __init__(self, netns: str) -> None:
-        with in_netns(netns):
-            self._sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))
-        self._sock.bind(("eth0", 0))
-        self._sock.settimeout(0.1)
-        self.seen: list[tuple[str, str, int, int]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                frame, meta = self._sock.recvfrom(2048)
-            except (TimeoutError, OSError):
-                continue
-            if meta[2] == socket.PACKET_OUTGOING:
-                continue
-            ethertype = int.from_bytes(frame[12:14], "big")
-            if ethertype == 0x0800:
-                ihl = (frame[14] & 0x0F) * 4
-                src, dst = frame[26:30], frame[30:34]
-                proto, l4 = frame[23], 14 + ihl
-            elif ethertype == 0x86DD:
-                src, dst = frame[22:38], frame[38:54]
-                proto, l4 = frame[20], 54
-            else:
-                continue
-            dport = int.from_bytes(frame[l4 + 2:l4 + 4], "big") if proto in (6, 17) else 0
-            self.seen.append((str(ipaddress.ip_address(src)), str(ipaddress.ip_address(dst)),
-                              proto, dport))
-
-    def saw(self, src: str, proto: int, dport: int = PORT) -> bool:
-        return any(s == src and p == proto and d == dport for s, _, p, d in self.seen)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(2)
-        self._sock.close()
-
-
-def _with_l4_checksum(src: str, dst: str, proto: int, segment: bytes, offset: int) -> bytes:
-    """`segment` with its TCP/UDP checksum (iptables' conntrack takes a bad one as INVALID)."""
-    pseudo = (ipaddress.IPv4Address(src).packed + ipaddress.IPv4Address(dst).packed
-              + struct.pack("!BBH", 0, proto, len(segment)))
-    csum = packets.checksum(pseudo + segment)
-    return segment[:offset] + struct.pack("!H", csum) + segment[offset + 2:]
-
-
 def send_forged(netns: str, src: str, dst: str) -> None:
-    """One TCP SYN and one UDP datagram from `netns` with source `src` (IP_HDRINCL)."""
-    syn = _with_l4_checksum(src, dst, 6, packets.tcp_segment(40000, PORT, "S"), 16)
-    datagram = struct.pack("!HHHH", 40001, PORT, 9, 0) + b"x"
-    datagram = _with_l4_checksum(src, dst, 17, datagram, 6)
-    with in_netns(netns):
-        sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
-    with sock:
-        for proto, segment in ((6, syn), (17, datagram)):
-            sock.sendto(packets.ipv4_header(src, dst, proto, len(segment)) + segment, (dst, 0))
+    """One TCP SYN and one UDP datagram to PORT from `netns` with source `src`."""
+    sender = RawSender(netns)
+    try:
+        sender.send(src, dst, TCP, PORT)
+        sender.send(src, dst, UDP, PORT, sport=40001)
+    finally:
+        sender.close()
 
 
 def bpf_drops(agent: AgentUnderTest, reason: str) -> float:
@@ -166,11 +110,11 @@ def test_forged_sources_never_arrive_unless_allowed(dataplane: str, root_guard: 
             for forged in ("10.65.0.2", node_ip, OUTSIDE):
                 send_forged(a.netns, forged, "10.65.0.3")
             send_forged(a.netns, "10.65.0.1", "10.65.0.3")  # genuine: the path works
-            time.sleep(0.5)
-            assert sniffer.saw("10.65.0.1", 6) and sniffer.saw("10.65.0.1", 17), sniffer.seen
+            assert sniffer.wait_for("10.65.0.1", TCP, PORT), sniffer.seen
+            assert sniffer.wait_for("10.65.0.1", UDP, PORT), sniffer.seen
             for forged in ("10.65.0.2", node_ip, OUTSIDE):
-                for proto in (6, 17):
-                    assert not sniffer.saw(forged, proto), (dataplane, forged, proto)
+                for proto in (TCP, UDP):
+                    assert not sniffer.saw(forged, proto, PORT), (dataplane, forged, proto)
             if dataplane == "bpf":
                 assert bpf_drops(agent, "spoofed_source") >= 6
                 spoofed = {k: v for k, v in agent.metrics().items()
@@ -186,13 +130,13 @@ def test_forged_sources_never_arrive_unless_allowed(dataplane: str, root_guard: 
             runner.apply_resources([doc])
             runner.wait_in_sync()
             deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and not sniffer.saw(OUTSIDE, 17):
+            while time.monotonic() < deadline and not sniffer.saw(OUTSIDE, UDP, PORT):
                 send_forged(a.netns, OUTSIDE, "10.65.0.3")
                 time.sleep(0.3)
-            assert sniffer.saw(OUTSIDE, 6) and sniffer.saw(OUTSIDE, 17), dataplane
+            assert sniffer.saw(OUTSIDE, TCP, PORT) and sniffer.saw(OUTSIDE, UDP, PORT), dataplane
             send_forged(a.netns, "10.65.0.2", "10.65.0.3")
             time.sleep(0.5)
-            assert not sniffer.saw("10.65.0.2", 17), dataplane
+            assert not sniffer.saw("10.65.0.2", UDP, PORT), dataplane
         finally:
             sniffer.close()
 
@@ -230,7 +174,7 @@ def test_ipv6_between_pods_is_dropped_and_counted(dataplane: str, root_guard: An
                 for _ in range(5):
                     sock.sendto(b"v6", ("fd00:65::3", PORT))
             time.sleep(0.5)
-            assert not sniffer.saw("fd00:65::1", 17), dataplane
+            assert not sniffer.saw("fd00:65::1", UDP, PORT), dataplane
         finally:
             sniffer.close()
         after = (bpf_drops(agent, "ipv6_not_policed") if dataplane == "bpf"
@@ -408,18 +352,18 @@ def test_bpf_host_endpoint_reverse_path_check(root_guard: Any) -> None:
             send_forged(ext.netns, ext.address, "10.65.0.3")  # genuine: the path works
             send_forged(ext.netns, "10.65.0.2", "10.65.0.3")  # a local pod's address
             time.sleep(0.5)
-            assert sniffer.saw(ext.address, 17), sniffer.seen
-            assert not sniffer.saw("10.65.0.2", 17)
+            assert sniffer.saw(ext.address, UDP, PORT), sniffer.seen
+            assert not sniffer.saw("10.65.0.2", UDP, PORT)
             assert bpf_drops(agent, "host_endpoint_rpf") >= 2
             runner.apply_resources([{
                 "apiVersion": "projectcalico.org/v3", "kind": "FelixConfiguration",
                 "metadata": {"name": "default"}, "spec": {"bpfEnforceRPF": "Disabled"}}])
             runner.wait_in_sync()
             deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and not sniffer.saw("10.65.0.2", 17):
+            while time.monotonic() < deadline and not sniffer.saw("10.65.0.2", UDP, PORT):
                 send_forged(ext.netns, "10.65.0.2", "10.65.0.3")
                 time.sleep(0.3)
-            assert sniffer.saw("10.65.0.2", 17)
+            assert sniffer.saw("10.65.0.2", UDP, PORT)
         finally:
             sniffer.close()
             subprocess.run(["ip", "netns", "del", ext.netns], check=False)
