@@ -15,8 +15,8 @@ sysctl managers. Steps:
      endpoint rules (managers/bpf_attach.py); after the first complete round it sweeps the
      previous builds' private pins;
    - `BpfGuardManager`: the nft guard's set of interfaces running our programs
-     (managers/bpf_guard.py; the guard table itself is installed before step 3, so the
-     compile's seconds are no unpoliced window either);
+     (managers/bpf_guard.py; the guard table itself is installed between steps 2 and 3,
+     so the compile's seconds are no unpoliced window either);
    - `BpfConntrackManager`: the conntrack cleaner thread (managers/bpf_conntrack.py).
 
 Drop counters (`pyfelix_bpf_dropped_packets_total{reason}`, per-endpoint spoofed packets)
@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import subprocess
+from collections.abc import Callable
 
 from agent.bpf import syscall
 from agent.bpf.loader import (
@@ -87,8 +88,11 @@ def build_config(config: Config) -> BuildConfig:
     return BuildConfig(pin_dir=str(config.bpf_pin_dir), map_sizes=sizes)
 
 
-def load(build: BuildConfig) -> LoadedDataplane:
-    """Steps 1-3 of the module docstring; DataplaneUnavailable on any failure."""
+def load(build: BuildConfig, *, before_compile: Callable[[], None] | None = None
+         ) -> LoadedDataplane:
+    """Steps 1-3 of the module docstring; DataplaneUnavailable on any failure.
+    `before_compile` runs once the cheap checks passed (the guard: installing it on a node
+    that then cannot run BPF mode at all would only cut workloads off)."""
     try:
         build = dataclasses.replace(build, pin_dir=resolve_pin_dir(build.pin_dir))
     except (LoaderError, OSError, subprocess.CalledProcessError) as exc:
@@ -101,6 +105,8 @@ def load(build: BuildConfig) -> LoadedDataplane:
         raise DataplaneUnavailable(
             f"BPF dataplane: BCC is not importable ({exc}); install python3-bpfcc and use "
             "a Python that sees it (a venv made with --system-site-packages)") from exc
+    if before_compile is not None:
+        before_compile()
     try:
         return load_dataplane(build)
     except (LoaderError, ValueError, OSError) as exc:
@@ -190,8 +196,7 @@ def install_guard(config: Config) -> None:
 def build_bpf_managers(config: Config) -> list[Manager]:
     """Check, compile once, pin, and return the BPF managers (see module docstring)."""
     build = build_config(config)
-    install_guard(config)
-    loaded = load(build)
+    loaded = load(build, before_compile=lambda: install_guard(config))
     log.info("BPF dataplane loaded: abi %s, pins under %s%s", loaded.abi,
              loaded.config.pin_dir,
              f", replaced {loaded.replaced_pins}" if loaded.replaced_pins else "")

@@ -577,6 +577,7 @@ NO_BCC_SCRIPT = textwrap.dedent("""
     fake.add_link("cali1", 5).filters["ingress"] = [TcFilter(1, 1, "bpf", "pyfelix:x:1")]
     cleanup._attacher = fake
     cleanup._locate_pins = lambda d: d
+    cleanup._remove_guard = lambda: False  # no nft in the test's (root) namespace
     cleanup.on_update(proto.InSync())
     cleanup.finish_apply()
     fallback_mode, fallback = select_managers(load_config(environ={

@@ -42,7 +42,8 @@ def _root_snapshot() -> dict[str, object]:
     links = "\n".join(line.split("\\")[0] for line in sh("ip", "-o", "link").splitlines())
     netns = [n for n in sh("ip", "netns", "list").split() if n.startswith(OUR_PREFIXES)]
     bpffs = [n for n in os.listdir("/sys/fs/bpf") if n.startswith(OUR_PREFIXES)]
-    return {"links": links, "netns": sorted(netns), "bpffs": sorted(bpffs)}
+    nft = sh("nft", "list", "tables")  # the BPF mode's guard must never land here
+    return {"links": links, "netns": sorted(netns), "bpffs": sorted(bpffs), "nft": nft}
 
 
 @pytest.fixture(scope="session")
@@ -53,6 +54,7 @@ def root_untouched() -> Iterator[None]:
     yield
     after = _root_snapshot()
     assert after["links"] == before["links"]
+    assert after["nft"] == before["nft"], "nft tables changed in the root namespace"
     # only what appeared during this session counts: a concurrent run of this suite may
     # have had (and since removed) namespaces and pins of its own when we started
     for what in ("netns", "bpffs"):

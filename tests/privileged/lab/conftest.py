@@ -75,8 +75,12 @@ class RootSnapshot:
 
 
 def _iptables_rules() -> frozenset[str]:
-    """Chains and rules of every table, both backends (counters and comments stripped)."""
+    """Chains and rules of every table, both backends (counters and comments stripped), and
+    the nftables tables (the BPF mode's guard is an nft table of its own)."""
     lines: set[str] = set()
+    done = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True,
+                          check=False)
+    lines.update(f"nft: {line.strip()}" for line in done.stdout.splitlines() if line.strip())
     for binary in ("iptables-nft-save", "iptables-legacy-save"):
         done = subprocess.run([binary], capture_output=True, text=True, check=False)
         for line in done.stdout.splitlines():
