@@ -1,6 +1,6 @@
 """The validator stage: raw syncer updates -> typed, validated Calico model updates.
 
-Role: sits between the syncer and the calc graph (DESIGN.md section 1). For each
+Role: sits between the syncer and the calc graph (docs/ARCHITECTURE.md sections 1 and 3). For each
 `RawUpdate` it parses the document (`agent.model.parse_resource`), converts Kubernetes kinds
 into Calico's model (`agent.conversion.to_calico`) and emits `ValidatedUpdate`s keyed by the
 CALICO key (Pod -> WorkloadEndpoint, Namespace/ServiceAccount -> Profile `kns.`/`ksa.`,

@@ -1,6 +1,6 @@
 """The calculation graph: validated datastore state -> ordered `proto` messages for one node.
 
-Role (DESIGN.md section 1; Felix's `felix/calc`): single-threaded, no I/O. The pieces:
+Role (docs/ARCHITECTURE.md section 4; Felix's `felix/calc`): single-threaded, no I/O. The pieces:
 - `graph.build_calc_graph(hostname, callbacks)`: the one wiring function (read it first);
 - nodes: `dispatcher` (fan-out by kind, local-endpoint filter), `active_rules`,
   `rule_scanner`, `ipset_index` (+ `selector_index`, `labels`), `policy_resolver`,

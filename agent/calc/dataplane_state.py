@@ -18,7 +18,7 @@ With `strict=False` violations are collected in `violations` instead of raised (
 that must print a result anyway), and the costly "still referenced?" scans on IP-set and
 policy removal are skipped.
 
-`summary()` renders the state in the `pyfelix calc -o json` shape (DESIGN.md section 5).
+`summary()` renders the state in the `pyfelix calc -o json` shape (docs/ARCHITECTURE.md section 11).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Role: pure functions used by the event sequencer (and by `pyfelix calc` to name 
 
 - `workload_id(wep)`: Calico's v1 identity (orchestrator, workload, endpoint). The workload
   part is the model's `endpoint_id`, `<namespace>/<workload>` (the workload name defaults
-  to the pod name, then the resource name), as DESIGN.md section 5 names endpoints.
+  to the pod name, then the resource name), as `pyfelix calc` names endpoints.
 - `workload_message(wep, tiers)` / `host_message(hep, tiers)`: the endpoint with its
   addresses split by IP version and its resolved tiers. A host endpoint's `name` is its
   `interfaceName` as given: "*" for every host interface, "" when only `expectedIPs` name

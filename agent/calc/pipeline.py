@@ -1,8 +1,9 @@
 """CalcPipeline: syncer callbacks -> validator -> calc graph -> event sequencer -> dataplane.
 
-Role: the glue of DESIGN.md section 1 between the datastore and a dataplane driver, used by
-`pyfelix calc` and the agent. The pipeline implements `SyncerCallbacks`, so a syncer can be
-started with it directly; syncer calls only enqueue (they run on the syncer's thread).
+Role: the glue (docs/ARCHITECTURE.md section 1) between the datastore and a dataplane
+driver, used by `pyfelix calc` and the agent. The pipeline implements `SyncerCallbacks`,
+so a syncer can be started with it directly; syncer calls only enqueue (they run on the
+syncer's thread).
 Everything else runs on ONE thread: either the pipeline's own (`start()` / `stop()`), or
 the caller's (`process_pending()`, for tests and one-shot tools).
 

@@ -2,7 +2,7 @@
 
 Role: read a datastore to in-sync, run it through the full pipeline (validator, calc graph,
 event sequencer) into a `DataplaneState`, and return that state plus every warning. No
-kernel is touched. Input: a `--datastore` value (DESIGN.md section 5) and a hostname.
+kernel is touched. Input: a `--datastore` value (docs/ARCHITECTURE.md section 2) and a hostname.
 Output: `Snapshot` (`summary` is the `pyfelix calc -o json` object).
 
 A file datastore (directory or YAML file) is read once with `load_path`; any other backend

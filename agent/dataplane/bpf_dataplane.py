@@ -5,7 +5,7 @@ managers go FIRST in the loop's order (policy before plumbing), before the Linux
 sysctl managers. Steps:
 
 1. the pin directory (`BPFPinDir`, default /sys/fs/bpf/pyfelix) must be on bpffs; if
-   /sys/fs/bpf is not mounted it is mounted (PLATFORM.md: fresh machines have none);
+   /sys/fs/bpf is not mounted it is mounted (a fresh machine has none mounted);
 2. BCC must import (Debian's python3-bpfcc, seen through a --system-site-packages venv);
 3. `agent.bpf.loader.load_dataplane`: compile tc.c + xdp.c once (seconds), verify, adopt
    the pinned maps of a previous agent (or create and pin them), sized from `BPFMapSize*`;

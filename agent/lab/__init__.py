@@ -2,7 +2,8 @@
 
 Modules, in the order a run uses them:
 - `naming`    every name and path the lab creates (the run id prefix `pf<hex>-`).
-- `scenario`  parse and validate scenario YAML (shared/scenarios/README.md).
+- `scenario`  parse and validate scenario YAML (docs/ARCHITECTURE.md section 10;
+              examples in tests/lab/scenarios/).
 - `runstate`  per-run state dir + liveness lock; sweep of stale runs.
 - `netns`     create/remove/list namespaces; move the calling thread into one.
 - `topology`  underlay bridge, node and pod namespaces, veths, addresses, routes.

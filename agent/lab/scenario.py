@@ -1,4 +1,4 @@
-"""Lab scenario files: parse and validate the format of shared/scenarios/README.md.
+"""Lab scenario files: parse and validate the lab's scenario format.
 
 Role: turn one YAML document (nodes, namespaces, pods, resources, probes or steps) into an
 immutable `Scenario` that the lab runner builds and probes.

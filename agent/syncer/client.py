@@ -2,7 +2,7 @@
 
 Role: one small read/write interface (`Datastore`) that every backend implements, so the
 CLI commands hold no backend logic; `open_datastore(url)` and `make_syncer(url)` pick the
-backend from a `--datastore` value (DESIGN.md section 5):
+backend from a `--datastore` value (docs/ARCHITECTURE.md section 2):
 - a directory or a YAML/JSON file (optionally `file://PATH`) -> the file backend;
 - `etcd3://HOST:PORT[,HOST:PORT...]`, `kubernetes` (or `kubernetes://`),
   `typha://HOST:PORT[,...]` -> recognised, but not implemented yet: `BackendNotImplemented`.

@@ -1,9 +1,9 @@
 """`pyfelix bench [NAME ...] [-o table|json]`: run registered benchmarks, print their figures.
 
 Adds no logic: `agent.bench.run` measures, `agent.bench.report` formats. JSON output is
-`{"<bench>": {"<figure>": n}}` (contract in DESIGN.md section 5). Exit status: 0 when every
-requested benchmark ran; 1 when one failed (the others' figures are still printed, the
-failures go to stderr); 2 for unknown names (the message lists the known ones).
+`{"<bench>": {"<figure>": n}}` (contract in docs/ARCHITECTURE.md section 11). Exit status:
+0 when every requested benchmark ran; 1 when one failed (the others' figures are still
+printed, the failures go to stderr); 2 for unknown names (the message lists the known ones).
 """
 
 from __future__ import annotations

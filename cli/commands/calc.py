@@ -1,8 +1,8 @@
 """`pyfelix calc`: what a node's dataplane would be programmed with, computed offline.
 
 Calls `agent.calc.snapshot.compute` (validator + calc graph + event sequencer, no kernel)
-and prints the result: tables by default, or with `-o json` the object of DESIGN.md
-section 5 (`endpoints` and `ipsets`, sorted; `host_endpoints` too when the node has any).
+and prints the result: tables by default, or with `-o json` the object of docs/ARCHITECTURE.md
+section 11 (`endpoints` and `ipsets`, sorted; `host_endpoints` too when the node has any).
 Warnings (invalid resources, datastore errors) go to stderr and do not change the output.
 """
 

@@ -108,7 +108,7 @@ def run_command(
 
     \b
     Examples:
-      pyfelix lab run shared/scenarios/calico-gnp-order.yaml -o json
+      pyfelix lab run tests/lab/scenarios/calico-gnp-order.yaml -o json
       pyfelix lab run my.yaml --probe-timeout 0.5
       pyfelix lab run my.yaml --dataplane iptables --typha
     """
