@@ -22,8 +22,8 @@ What it computes:
   region is freed on commit).
 - endpoints (by ifindex; interfaces without an ifindex yet are listed as pending), the
   sources each programmed endpoint may send from (`wep_sources`: its IPv4 addresses and
-  allowSpoofedSourcePrefixes; the RPF check), the routes trie, the untracked (XDP) trie,
-  the config entry.
+  allowSpoofedSourcePrefixes; the RPF check), the untracked (XDP) trie, the config entry.
+  (The routes trie is not policy: `agent.bpf.route_table`, written by its own manager.)
 
 Failure policy: bad input never crashes the compile. A problem confined to one endpoint
 (unknown policy/profile/IP set, invalid rule field, chain too long) makes THAT endpoint's
@@ -48,13 +48,11 @@ from agent.bpf.maps import counters as counters_map
 from agent.bpf.maps import endpoints as endpoints_map
 from agent.bpf.maps import ids as ids_map
 from agent.bpf.maps import ipsets as ipsets_map
-from agent.bpf.maps import routes as routes_map
 from agent.bpf.maps import rules as rules_map
 from agent.bpf.maps import untracked as untracked_map
 from agent.bpf.maps import wep_sources as sources_map
 from agent.bpf.maps.base import MapFullError
 from agent.bpf.maps.ids import IdKind
-from agent.bpf.maps.routes import RouteFlags
 from agent.bpf.maps.rules import (
     NAMED_PORT_SLOTS,
     PORT_SLOTS,
@@ -146,21 +144,12 @@ class DataplaneState:
         default_factory=dict)
     host_endpoints: dict[proto.HostEndpointID, proto.HostEndpoint] = field(
         default_factory=dict)
-    routes: dict[str, proto.RouteUpdate] = field(default_factory=dict)
-    pools: dict[str, proto.IPAMPoolUpdate] = field(default_factory=dict)
-    host_ips: dict[str, str] = field(default_factory=dict)  # hostname -> IPv4
     config: dict[str, str] = field(default_factory=dict)  # Felix settings, keys lower-case
-    # this host's own addresses by interface (set by the manager from the interface
-    # monitor, not by apply()): each IPv4 address is a LOCAL_HOST /32 in the routes trie
-    local_addrs: dict[str, frozenset[str]] = field(default_factory=dict)
-    routes_version: int = 0  # bumped by every route/pool/host message (compile caching)
     endpoints_version: int = 0  # bumped when a workload endpoint is added or removed
 
     def apply(self, msg: Any) -> None:
         """Fold one agent.proto message into the state. A delta for an unknown IP set
         raises CompileError naming it."""
-        if isinstance(msg, _ROUTE_INPUTS):
-            self.routes_version += 1
         match msg:
             case proto.IPSetUpdate():
                 old = self.ipsets.get(msg.id)
@@ -199,26 +188,10 @@ class DataplaneState:
                 self.host_endpoints[msg.id] = msg.endpoint
             case proto.HostEndpointRemove():
                 self.host_endpoints.pop(msg.id, None)
-            case proto.RouteUpdate():
-                self.routes[msg.dst] = msg
-            case proto.RouteRemove():
-                self.routes.pop(msg.dst, None)
-            case proto.IPAMPoolUpdate():
-                self.pools[msg.id] = msg
-            case proto.IPAMPoolRemove():
-                self.pools.pop(msg.id, None)
-            case proto.HostMetadataUpdate():
-                self.host_ips[msg.hostname] = msg.ipv4_addr
-            case proto.HostMetadataRemove():
-                self.host_ips.pop(msg.hostname, None)
             case proto.ConfigUpdate():
                 self.config = {k.lower(): v for k, v in msg.config}
             case _:
                 pass
-
-
-_ROUTE_INPUTS = (proto.RouteUpdate, proto.RouteRemove, proto.IPAMPoolUpdate, proto.IPAMPoolRemove,
-                 proto.HostMetadataUpdate, proto.HostMetadataRemove)
 
 
 # --- id allocation ---------------------------------------------------------------------------
@@ -604,7 +577,6 @@ class CompiledDataplane:
     rules: dict[bytes, bytes]
     endpoints: dict[bytes, bytes]
     wep_sources: dict[bytes, bytes]
-    routes: dict[bytes, bytes]
     untracked: dict[bytes, bytes]
     config: dict[bytes, bytes]
     programs: dict[proto.WorkloadEndpointID, EndpointProgram]
@@ -635,7 +607,7 @@ class CompiledDataplane:
         """Map name -> desired entries (rules: only the newly placed chains)."""
         return {"ipsets": self.ipsets, "ids": self.ids, "rules": self.rules,
                 "endpoints": self.endpoints, "wep_sources": self.wep_sources,
-                "routes": self.routes, "untracked": self.untracked, "config": self.config}
+                "untracked": self.untracked, "config": self.config}
 
 
 _ENCODED: dict[RuleRecord, bytes] = {}
@@ -713,7 +685,6 @@ class PolicyCompiler:
         self._counter_problems: list[str] = []
         self.unavailable_ipsets: frozenset[str] = frozenset()
         self.host_endpoint_ifaces: Mapping[str, proto.HostEndpointID] | None = None
-        self._routes_cache: tuple[Any, dict[bytes, bytes], list[str]] | None = None
         self._ep_keys: dict[int, tuple[proto.WorkloadEndpoint, tuple]] = {}
         self._key_intern: dict[tuple, tuple] = {}
         self._endpoint_order: tuple[Any, int, int, list[proto.WorkloadEndpointID]] | None = None
@@ -962,7 +933,6 @@ class PolicyCompiler:
 
         untracked = self._untracked(state, ifindexes, problems, pending)
         ipsets = self._ipset_entries(state, problems)
-        routes = self._cached_routes(state, ifindexes, problems)
         cfg = self._config(state, problems)
 
         used_rule_ids = {r.counter_id for c in chains_in_use for r in c if r.counter_id}
@@ -978,7 +948,7 @@ class PolicyCompiler:
         problems += self._counter_problems
         return CompiledDataplane(
             ipset_groups=ipsets, ids=ids_entries, rules=new_rules, endpoints=endpoints,
-            wep_sources=sources, routes=routes, untracked=untracked, config=cfg, programs=programs,
+            wep_sources=sources, untracked=untracked, config=cfg, programs=programs,
             problems=problems, pending_interfaces=sorted(set(pending)),
             chains_in_use=chains_in_use, numbers_in_use=numbers, full_maps=full_maps,
             ipset_numbers={self.set_ids.allocate(n, IdKind.IPSET): n for n in state.ipsets},
@@ -1199,96 +1169,6 @@ class PolicyCompiler:
                     out.add(str(net))
             return sorted(out)
         return None
-
-    def _cached_routes(self, state: DataplaneState, ifindexes: Mapping[str, int],
-                       problems: list[str]) -> dict[bytes, bytes]:
-        """`_routes`, recomputed only when its inputs changed (parsing a thousand workload
-        routes on every compile was most of a policy change's cost)."""
-        key = (id(state), state.routes_version,
-               tuple(sorted((n, frozenset(a)) for n, a in state.local_addrs.items())),
-               tuple(ifindexes.get(r.local_workload_iface, 0)
-                     for r in state.routes.values() if r.local_workload_iface))
-        cached = self._routes_cache
-        if cached is None or cached[0] != key:
-            route_problems: list[str] = []
-            cached = self._routes_cache = (key, self._routes(state, ifindexes, route_problems),
-                                           route_problems)
-        problems += cached[2]
-        return dict(cached[1])
-
-    @staticmethod
-    def _routes(state: DataplaneState, ifindexes: Mapping[str, int],
-                problems: list[str]) -> dict[bytes, bytes]:
-        entries: dict[ipaddress.IPv4Network, tuple[int, int, str]] = {}
-        type_flags = {
-            "local_workload": RouteFlags.LOCAL_WORKLOAD,
-            "remote_workload": RouteFlags.REMOTE_WORKLOAD,
-            "remote_host": RouteFlags.REMOTE_HOST,
-            "local_host": RouteFlags.LOCAL_HOST,
-        }
-
-        def v4(text: str, what: str) -> ipaddress.IPv4Network | None:
-            try:
-                net = ipaddress.ip_network(text, strict=False)
-            except ValueError as e:
-                problems.append(f"{what}: bad CIDR {text!r}: {e}")
-                return None
-            return net if net.version == 4 else None
-
-        for dst in sorted(state.routes):
-            r = state.routes[dst]
-            net = v4(r.dst, f"route {dst}: field dst")
-            if net is None:
-                continue
-            if r.type not in type_flags:
-                problems.append(f"route {dst}: field type: unknown type {r.type!r}")
-                continue
-            flags = int(type_flags[r.type])
-            if r.ip_pool_type == "vxlan":
-                flags |= RouteFlags.TUNNEL_VXLAN
-            elif r.ip_pool_type == "ipip":
-                flags |= RouteFlags.TUNNEL_IPIP
-            if r.nat_outgoing:
-                flags |= RouteFlags.NAT_OUTGOING
-            ifindex = ifindexes.get(r.local_workload_iface, 0) if r.local_workload_iface else 0
-            next_hop = r.dst_node_ip if r.type.startswith("remote") else ""
-            if next_hop:
-                try:
-                    ipaddress.IPv4Address(next_hop)
-                except ValueError:
-                    next_hop = ""
-            entries[net] = (flags, ifindex, next_hop)
-        for iface, addrs in sorted(state.local_addrs.items()):
-            for addr in sorted(addrs):
-                net = v4(addr.split("/")[0], f"interface {iface}: address")
-                if net is not None:
-                    old = entries.get(net, (0, 0, ""))
-                    entries[net] = (old[0] | RouteFlags.LOCAL_HOST, old[1], old[2])
-        for hostname, ip in sorted(state.host_ips.items()):
-            net = v4(ip, f"host {hostname}: field ipv4_addr") if ip else None
-            if net is None:
-                continue
-            local = hostname == state.hostname
-            flags = RouteFlags.LOCAL_HOST if local else RouteFlags.REMOTE_HOST
-            old = entries.get(net, (0, 0, ""))
-            entries[net] = (old[0] | flags, old[1], old[2] or ("" if local else ip))
-        pools = []
-        for pid in sorted(state.pools):
-            p = state.pools[pid]
-            net = v4(p.cidr, f"IP pool {pid}: field cidr")
-            if net is None or p.disabled:
-                continue
-            pflags = RouteFlags.IN_POOL | (RouteFlags.NAT_OUTGOING if p.masquerade else 0)
-            pools.append((net, int(pflags)))
-            old = entries.get(net, (0, 0, ""))
-            entries[net] = (old[0] | pflags, old[1], old[2])
-        out = {}
-        for net, (flags, ifindex, nh) in entries.items():
-            for pool, pflags in pools:
-                if net.subnet_of(pool):
-                    flags |= pflags
-            out[routes_map.encode_key(net)] = routes_map.encode_value(flags, ifindex, nh)
-        return out
 
     @staticmethod
     def _config(state: DataplaneState, problems: list[str]) -> dict[bytes, bytes]:

@@ -10,7 +10,8 @@ sysctl managers. Steps:
 3. `agent.bpf.loader.load_dataplane`: compile tc.c + xdp.c once (seconds), verify, adopt
    the pinned maps of a previous agent (or create and pin them), sized from `BPFMapSize*`;
 4. managers, in apply order:
-   - `BpfPolicyManager`: data maps by difference (managers/bpf_policy.py);
+   - `BpfPolicyManager`: the policy maps by difference (managers/bpf_policy.py);
+   - `BpfRouteManager`: the routes trie by difference (managers/bpf_routes.py);
    - `BpfAttachManager`: tc programs on workload interfaces, XDP for untracked host
      endpoint rules (managers/bpf_attach.py); after the first complete round it sweeps the
      previous builds' private pins;
@@ -61,6 +62,7 @@ from agent.dataplane.managers.bpf_conntrack import BpfConntrackManager
 from agent.dataplane.managers.bpf_guard import BpfGuardManager
 from agent.dataplane.managers.bpf_ifaces import netlink_lister
 from agent.dataplane.managers.bpf_policy import BpfPolicyManager
+from agent.dataplane.managers.bpf_routes import BpfRouteManager
 from agent.shims.nft_guard import GuardError, NftGuard
 
 log = logging.getLogger(__name__)
@@ -165,17 +167,19 @@ def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
         interval=float(config.bpf_conntrack_cleanup_interval) or 10.0,
         timeouts=loaded.config.ct_timeouts,
     )
+    routes = BpfRouteManager(loaded.maps["routes"], interface_prefixes=prefixes,
+                             list_interfaces=netlink_lister())
     guard = BpfGuardManager(attach, interface_prefixes=prefixes)
     global_counters = loaded.maps["global_counters"]
     bpf_metrics.DROPS.set_sources(
         global_counters=lambda: counters_map.read_globals(global_counters),
         guard=guard.guard.counters,
         spoofed_by_endpoint=policy.spoofed_by_endpoint)
-    managers = [policy, attach, conntrack]
+    managers = [policy, routes, attach, conntrack]
     shared = SharedLoad(loaded, len(managers))
     for manager in managers:
         manager.on_close = shared.release
-    return [policy, attach, guard, conntrack]
+    return [policy, routes, attach, guard, conntrack]
 
 
 def interface_prefixes(config: Config) -> tuple[str, ...]:

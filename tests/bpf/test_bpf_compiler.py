@@ -13,7 +13,6 @@ from agent.bpf import compiler as c
 from agent.bpf.maps import endpoints as endpoints_map
 from agent.bpf.maps import ids as ids_map
 from agent.bpf.maps import ipsets as ipsets_map
-from agent.bpf.maps import routes as routes_map
 from agent.bpf.maps import rules as rules_map
 from agent.bpf.maps import untracked as untracked_map
 from agent.bpf.maps.base import FakeMap
@@ -351,26 +350,11 @@ def test_counter_ids_exhausted_degrade_to_uncounted_with_a_problem():
     assert any("not counted" in x for x in out.problems)
 
 
-def test_routes_pools_host_ips_and_config():
+def test_config_entry_from_felix_settings():
     s = base_state()
-    s.apply(p.HostMetadataUpdate("node1", "198.18.0.1"))
-    s.apply(p.HostMetadataUpdate("node2", "198.18.0.2"))
-    s.apply(p.IPAMPoolUpdate("10.65.0.0/16", "10.65.0.0/16", masquerade=True))
-    s.apply(p.RouteUpdate("10.65.1.0/26", "remote_workload", dst_node="node2",
-                          dst_node_ip="198.18.0.2"))
-    s.apply(p.RouteUpdate("10.65.0.5/32", "local_workload", local_workload_iface="cali1"))
-    s.apply(p.RouteUpdate("fd00::/64", "remote_workload"))
     # a FelixConfiguration spells the key in camelCase
     s.apply(p.ConfigUpdate((("defaultEndpointToHostAction", "Accept"),)))
     out = c.PolicyCompiler().compile(s, {"cali1": 9})
-    rows = {routes_map.decode_key(k): routes_map.decode_value(v) for k, v in out.routes.items()}
-    assert rows["198.18.0.1/32"]["flags"] == ["local_host"]
-    assert rows["198.18.0.2/32"] == {"flags": ["remote_host"], "ifindex": 0,
-                                     "next_hop": "198.18.0.2"}
-    assert rows["10.65.1.0/26"]["flags"] == ["in_pool", "nat_outgoing", "remote_workload"]
-    assert rows["10.65.1.0/26"]["next_hop"] == "198.18.0.2"
-    assert rows["10.65.0.5/32"]["ifindex"] == 9
-    assert len(rows) == 5  # 2 hosts, pool, 2 routes; the IPv6 route is skipped
     assert list(out.config.values()) == [bytes([0] * 4 + [1, 0, 0, 0])]
     s.apply(p.ConfigUpdate((("DefaultEndpointToHostAction", "Bogus"),)))
     out = c.PolicyCompiler().compile(s, {})

@@ -11,11 +11,10 @@ from agent import proto as p
 from agent.bpf.maps import endpoints as endpoints_map
 from agent.bpf.maps import ids as ids_map
 from agent.bpf.maps import ipsets as ipsets_map
-from agent.bpf.maps import routes as routes_map
 from agent.bpf.maps import rules as rules_map
 from agent.bpf.maps.base import FakeMap
 from agent.bpf.maps.ids import IdKind
-from agent.dataplane.events import IFACE_ABSENT, IFACE_UP, InterfaceAddrsUpdate, InterfaceUpdate
+from agent.dataplane.events import IFACE_ABSENT, IFACE_UP, InterfaceUpdate
 from agent.dataplane.managers.bpf_policy import BpfPolicyManager
 from tests.bpf.fakes import fake_maps, total_writes
 
@@ -177,24 +176,6 @@ def test_endpoint_waits_for_its_interface_and_goes_with_it():
     m.on_update(InterfaceUpdate("cali1", 11, IFACE_ABSENT))
     m.apply()
     assert ingress_actions(maps, 11) is None
-
-
-def test_host_addresses_become_local_host_routes():
-    maps = fake_maps()
-    m = BpfPolicyManager(maps, list_interfaces=lambda: (dict(IFACES), {
-        "eth0": frozenset({"198.18.0.1/15"}), "cali1": frozenset({"169.254.1.1/32"})}))
-    feed(m, [*scenario(), p.InSync()])
-    m.apply()
-
-    def routes() -> dict[str, list[str]]:
-        return {routes_map.decode_key(k): routes_map.decode_value(v)["flags"]
-                for k, v in maps["routes"].data.items()}
-
-    assert "local_host" in routes()["198.18.0.1/32"]
-    assert "169.254.1.1/32" not in routes()  # workload interfaces are not the host
-    m.on_update(InterfaceAddrsUpdate("eth0", frozenset({"198.18.0.1/15", "192.0.2.7/24"})))
-    m.apply()
-    assert "local_host" in routes()["192.0.2.7/32"]
 
 
 def test_ipset_that_does_not_fit_fails_closed_only_where_used():

@@ -1,14 +1,15 @@
 """BPF policy manager: calc-graph messages -> PolicyCompiler -> the pinned maps, by difference.
 
-Role: keeps the data maps the tc/XDP programs read (ids, ipsets, rules, wep_sources,
-endpoints, routes, untracked, config) equal to what the calc graph's messages describe.
-Programs are never recompiled: policy is data (bpf/README.md).
+Role: keeps the policy maps the tc/XDP programs read (ids, ipsets, rules, wep_sources,
+endpoints, untracked, config) equal to what the calc graph's messages describe. Programs
+are never recompiled: policy is data (bpf/README.md). The routes trie is not policy:
+`BpfRouteManager` (bpf_routes.py) keeps it.
 
 Inputs (`on_update`, cheap, no kernel I/O): IP sets (update/delta/remove), active policies
-and profiles, workload and host endpoints, routes, pools, host metadata, ConfigUpdate (over
-the agent's own DefaultEndpointToHostAction), InSync, and the interface monitor's
-InterfaceUpdate / InterfaceAddrsUpdate (ifindexes for endpoints; the host's own addresses
-become LOCAL_HOST routes for the endpoint-to-host action).
+and profiles, workload and host endpoints, ConfigUpdate (over the agent's own
+DefaultEndpointToHostAction and BPFEnforceRPF), InSync, and the interface monitor's
+InterfaceUpdate / InterfaceAddrsUpdate (ifindexes for endpoints; addresses resolve host
+endpoints known by their expected IPs).
 
 `apply()`:
 1. when a resync is due (the first apply, `request_resync()`, after a failure): read every
@@ -21,9 +22,9 @@ become LOCAL_HOST routes for the endpoint-to-host action).
    order: ids adds -> ipsets adds -> counter slots of new ids zeroed -> rules (chains in new
    regions) -> wep_sources adds (the sources each endpoint may send from) -> endpoints
    adds/changes (the hash, then its `ep_by_ifindex` array mirror:
-   agent.bpf.maps.ep_by_ifindex) -> routes, untracked, config adds/changes; then, ONLY
+   agent.bpf.maps.ep_by_ifindex) -> untracked, config adds/changes; then, ONLY
    after InSync: endpoints deletes (mirror slots cleared first, then the hash entries) ->
-   wep_sources/routes/untracked deletes -> ipsets deletes -> ids deletes, and
+   wep_sources/untracked deletes -> ipsets deletes -> ids deletes, and
    `PolicyCompiler.commit()` (frees ids and regions, which must not happen while stale
    entries may still point at them). Hash maps are written with batch syscalls.
    Applying the same state twice writes nothing.
@@ -35,7 +36,7 @@ Map full: never a silent drop and never the whole dataplane's problem.
   An unavailable set is retried at a resync or once the trie has room for it.
 - rules (the array): the compiler gives the endpoint that does not fit a DENY chain.
 - endpoints (the hash): that endpoint gets no entry, so the programs drop its traffic.
-- ids / routes / untracked: the entry is left out; wep_sources: that source stays dropped.
+- ids / untracked: the entry is left out; wep_sources: that source stays dropped.
 Each counts `pyfelix_bpf_map_full_errors_total{map}` and logs an error; apply() succeeds
 (retrying would not make room; a resync retries).
 
@@ -61,18 +62,19 @@ from agent.bpf.compiler import (
 from agent.bpf.maps import counters as counters_map
 from agent.bpf.maps import ep_by_ifindex as ep_array
 from agent.bpf.maps import ipsets as ipsets_map
-from agent.bpf.maps.base import ARRAY_TYPES, MapFullError
+from agent.bpf.maps.base import MapFullError
 from agent.bpf.maps.ids import IdKind
 from agent.bpf.maps.rules import max_chain_records
 from agent.dataplane.events import InterfaceAddrsUpdate, InterfaceUpdate
 from agent.dataplane.manager import ManagerBase
 from agent.dataplane.managers import bpf_metrics as metrics
 from agent.dataplane.managers.bpf_ifaces import InterfaceTable, Lister
+from agent.dataplane.managers.bpf_mirror import MapMirror
 from agent.dataplane.managers.hostips import resolve_host_endpoints
 
 log = logging.getLogger(__name__)
 
-SYNCED_MAPS = ("ids", "ipsets", "rules", "wep_sources", "endpoints", "ep_by_ifindex", "routes",
+SYNCED_MAPS = ("ids", "ipsets", "rules", "wep_sources", "endpoints", "ep_by_ifindex",
                "untracked", "config")
 COUNTER_MAPS = ("rule_counters", "ep_counters")
 _STATE_MESSAGES = (
@@ -81,75 +83,8 @@ _STATE_MESSAGES = (
     proto.ActiveProfileUpdate, proto.ActiveProfileRemove,
     proto.WorkloadEndpointUpdate, proto.WorkloadEndpointRemove,
     proto.HostEndpointUpdate, proto.HostEndpointRemove,
-    proto.RouteUpdate, proto.RouteRemove, proto.IPAMPoolUpdate, proto.IPAMPoolRemove,
-    proto.HostMetadataUpdate, proto.HostMetadataRemove,
 )
 _SET_ID = struct.Struct("=I")  # ipset key: prefixlen u32, then set_id u32
-
-
-class MapMirror:
-    """What one pinned map holds, as far as this manager knows, and the writes that keep
-    that knowledge true. `actual` is None until read from the kernel."""
-
-    def __init__(self, bpf_map: Any) -> None:
-        self.map = bpf_map
-        self.actual: dict[bytes, bytes] | None = None
-
-    @property
-    def name(self) -> str:
-        return str(self.map.params.name)
-
-    @property
-    def is_array(self) -> bool:
-        return self.map.params.map_type in ARRAY_TYPES
-
-    def reload(self) -> None:
-        self.actual = dict(self.map.items())
-
-    def updates(self, desired: Mapping[bytes, bytes]) -> list[tuple[bytes, bytes]]:
-        actual = self.actual or {}
-        return [(k, v) for k, v in desired.items() if actual.get(k) != v]
-
-    def stale(self, desired: Mapping[bytes, bytes]) -> list[bytes]:
-        if self.is_array:
-            return []
-        return [k for k in (self.actual or {}) if k not in desired]
-
-    def write(self, items: list[tuple[bytes, bytes]]) -> list[bytes]:
-        """Write items (batched where the map allows); returns the keys that did not fit.
-        Other errors raise (after recording what is known to be written)."""
-        if not items:
-            return []
-        assert self.actual is not None
-        try:
-            self.map.update_many(items)
-        except MapFullError:
-            return self._write_one_by_one(items)
-        self.actual.update(items)
-        metrics.MAP_WRITES.labels(self.name, "update").inc(len(items))
-        return []
-
-    def _write_one_by_one(self, items: list[tuple[bytes, bytes]]) -> list[bytes]:
-        assert self.actual is not None
-        failed = []
-        for key, value in items:
-            try:
-                self.map.update(key, value)
-            except MapFullError:
-                failed.append(key)
-                continue
-            self.actual[key] = value
-            metrics.MAP_WRITES.labels(self.name, "update").inc()
-        return failed
-
-    def delete(self, keys: list[bytes]) -> None:
-        if not keys:
-            return
-        assert self.actual is not None
-        self.map.delete_many(keys)
-        for key in keys:
-            self.actual.pop(key, None)
-        metrics.MAP_WRITES.labels(self.name, "delete").inc(len(keys))
 
 
 class IPSetMirror:
@@ -321,9 +256,6 @@ class BpfPolicyManager(ManagerBase):
         else:
             retry_all_sets = False
         self.full_this_round = {}
-        self.state.local_addrs = {
-            name: addrs for name, addrs in self.interfaces.addrs_by_name.items()
-            if not name.startswith(self._prefixes)}
         unavailable = self._sets_to_keep_out(retry_all_sets)
         compiled = self._compile(unavailable)
         for _ in range(3):
@@ -444,7 +376,7 @@ class BpfPolicyManager(ManagerBase):
         self._write_checked("ep_by_ifindex", array.updates(slots))
         self._ep_present.update(slots)
         self._ep_wanted = set(slots)
-        for name in ("routes", "untracked", "config"):
+        for name in ("untracked", "config"):
             self._write_checked(name, self._mirrors[name].updates(getattr(compiled, name)))
 
     def _write_deletes(self, compiled: CompiledDataplane) -> None:
@@ -452,7 +384,7 @@ class BpfPolicyManager(ManagerBase):
         stale_slots = sorted(self._ep_present - self._ep_wanted)
         self._write_checked("ep_by_ifindex", [(k, ep_array.EMPTY) for k in stale_slots])
         self._ep_present.difference_update(stale_slots)
-        for name in ("endpoints", "wep_sources", "routes", "untracked"):
+        for name in ("endpoints", "wep_sources", "untracked"):
             mirror = self._mirrors[name]
             mirror.delete(mirror.stale(getattr(compiled, name)))
         ipsets = self._ipsets

@@ -16,6 +16,7 @@ from agent.bpf.compiler import CompiledDataplane, DataplaneState, PolicyCompiler
 from agent.bpf.loader import LoadedDataplane
 from agent.bpf.maps import counters as counters_map
 from agent.bpf.maps.base import ARRAY_TYPES, BpfMap
+from agent.bpf.route_table import RouteInputs, compile_routes
 from agent.bpf.testrun import TC_ACT_OK, TC_ACT_SHOT, NetnsThread, run_tc, run_xdp
 
 HOOK_PROGRAMS = {"from": "calico_from_wep", "to": "calico_to_wep"}
@@ -45,6 +46,7 @@ class Harness:
         self.ns = ns
         self.ifindexes = ifindexes
         self.state = DataplaneState(hostname="node1")
+        self.route_inputs = RouteInputs(hostname="node1")
         self.compiler = PolicyCompiler(
             rules_capacity=dp.maps["rules"].max_entries,
             rule_counters=dp.maps["rule_counters"].max_entries,
@@ -58,6 +60,7 @@ class Harness:
     def apply(self, *msgs: Any) -> CompiledDataplane:
         for msg in msgs:
             self.state.apply(msg)
+            self.route_inputs.apply(msg)
         out = self.compiler.compile(self.state, self.ifindexes)
         maps = self.dp.maps
         sync_map(maps["ids"], out.ids)
@@ -65,7 +68,7 @@ class Harness:
         sync_map(maps["rules"], out.all_rules())
         sync_map(maps["wep_sources"], out.wep_sources)
         sync_map(maps["endpoints"], out.endpoints)
-        sync_map(maps["routes"], out.routes)
+        sync_map(maps["routes"], compile_routes(self.route_inputs, self.ifindexes, []))
         sync_map(maps["untracked"], out.untracked)
         sync_map(maps["config"], out.config)
         self.compiler.commit(out)
