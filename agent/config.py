@@ -92,6 +92,49 @@ def parse_seconds(text: str) -> float:
     return value
 
 
+def parse_positive_int(text: str) -> int:
+    value = parse_int(text)
+    if value < 1:
+        raise ValueError(f"{value} must be at least 1")
+    return value
+
+
+def parse_positive_seconds(text: str) -> float:
+    value = parse_seconds(text)
+    if value <= 0:
+        raise ValueError(f"{text!r} must be longer than 0 s")
+    return value
+
+
+def parse_health_timeout_overrides(text: str) -> tuple[tuple[str, float], ...]:
+    """Felix's HealthTimeoutOverrides: `name=90s, other=10ms` (env/file form) or a
+    FelixConfiguration's JSON list `[{"name": "dataplane", "timeout": "90s"}]`. 0 means the
+    reporter never times out. Raises ValueError naming the bad entry."""
+    text = text.strip()
+    if text.startswith("["):
+        try:
+            entries = json.loads(text)
+        except ValueError:
+            raise ValueError(f"{text[:60]!r} is not a JSON list") from None
+        items = []
+        for entry in entries:
+            if not isinstance(entry, dict) or "name" not in entry or "timeout" not in entry:
+                raise ValueError(f"{entry!r}: expected {{name, timeout}}")
+            items.append(f"{entry['name']}={entry['timeout']}")
+        text = ",".join(items)
+    out: dict[str, float] = {}
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, duration = item.partition("=")
+        name = name.strip()
+        if not sep or not name or not all(c.isalnum() or c in "-_." for c in name):
+            raise ValueError(f"{item!r}: expected name=duration")
+        out[name] = parse_seconds(duration)
+    return tuple(sorted(out.items()))
+
+
 def parse_str(text: str) -> str:
     return text.strip()
 
@@ -180,9 +223,26 @@ PARAMS: tuple[Param, ...] = (
     Param("HealthEnabled", False, parse_bool, restart=True),
     Param("HealthHost", "localhost", parse_str, restart=True),
     Param("HealthPort", 9099, parse_port, restart=True),
+    Param("HealthTimeoutOverrides", (), parse_health_timeout_overrides, restart=True,
+          help="Liveness timeouts of individual reporters (calc-graph, dataplane, "
+               "iface-monitor), e.g. 'dataplane=120s'; 0 never times out."),
+    Param("DataplaneWatchdogTimeout", 90.0, parse_seconds, restart=True,
+          help="Liveness timeout of the dataplane loop (Felix's; deprecated there in favour "
+               "of HealthTimeoutOverrides, which wins); 0 never times out."),
+    # pyfelix's own (Felix has no equivalent): bounds of the health and metrics servers
+    Param("HealthMaxConnections", 32, parse_positive_int, restart=True,
+          help="pyfelix: connections the health server serves at once; more are closed."),
+    Param("HealthReadTimeout", 5.0, parse_positive_seconds, restart=True,
+          help="pyfelix: a health connection must send its request within this time (and "
+               "gets as long again for the response)."),
     Param("PrometheusMetricsEnabled", False, parse_bool, restart=True),
     Param("PrometheusMetricsHost", "", parse_str, restart=True),
     Param("PrometheusMetricsPort", 9091, parse_port, restart=True),
+    Param("PrometheusMetricsMaxConnections", 32, parse_positive_int, restart=True,
+          help="pyfelix: connections the metrics server serves at once; more are closed."),
+    Param("PrometheusMetricsReadTimeout", 5.0, parse_positive_seconds, restart=True,
+          help="pyfelix: a metrics connection must send its request within this time (and "
+               "gets as long again for the response)."),
     Param("InterfacePrefix", "cali", parse_iface_prefixes, restart=True),
     Param("LogSeverityScreen", "Info", enum_of("Debug", "Info", "Warning", "Error", "Fatal")),
     Param("DefaultEndpointToHostAction", "Drop", enum_of("Drop", "Return", "Accept")),

@@ -6,9 +6,19 @@ Wiring (each box is a thread; arrows are queues)::
     (make_syncer(url))         (validator, graph,              (metrics, config   (managers:
                                 event sequencer)                 restart check)     apply())
     InterfaceMonitor ──InterfaceUpdate/InterfaceAddrsUpdate───────────────────────────┘
-    main thread: health + status file + GC policy (agent.gc_policy) ticks; exits on
-    SIGTERM/SIGINT, a fatal dataplane failure (fail closed), or a FelixConfiguration change
-    that needs a restart.
+    main thread: status file + GC policy (agent.gc_policy) ticks; exits on SIGTERM/SIGINT,
+    a fatal dataplane failure (fail closed), or a FelixConfiguration change that needs a
+    restart.
+
+Health (agent.health): the calc pipeline, the dataplane loop and the interface monitor each
+report their own liveness (and the first two their readiness: in sync / programmed) from
+their own threads through a heartbeat callback, so a loop that hangs stops reporting and
+/liveness fails after its timeout (defaults below, HealthTimeoutOverrides replaces them;
+the dataplane's default is DataplaneWatchdogTimeout). Not reporters: the syncer (each
+backend bounds its own reads: etcd keepalives, TyphaReadTimeout), the BPF conntrack cleaner
+(its map is an LRU, so a stuck cleaner costs room, never correctness), the status reporter
+and this main thread (a hung main thread cannot exit on a fatal dataplane, but that loop
+then stops reporting and liveness fails anyway).
 
 Start-up order matters: configuration is loaded from env/file AND the datastore's
 FelixConfiguration resources before the dataplane is built, so the dataplane mode is decided
@@ -61,6 +71,9 @@ log = logging.getLogger(__name__)
 EXIT_OK = 0
 EXIT_FATAL = 1
 EXIT_CONFIG = 2
+
+CALC_GRAPH_LIVENESS_TIMEOUT = 60.0
+IFACE_MONITOR_LIVENESS_TIMEOUT = 60.0
 
 _RESYNC_STATE_VALUES = {SyncStatus.WAIT_FOR_DATASTORE: 1, SyncStatus.RESYNC: 2,
                         SyncStatus.IN_SYNC: 3}
@@ -300,30 +313,51 @@ class Agent:
             "hostname": self.options.hostname, "datastore": self.options.datastore,
             "dataplane": mode}})
 
-        health = HealthAggregator()
-        health.register("calc-graph", live=True, ready=True, timeout=60)
-        health.register("dataplane", live=True, ready=True, timeout=60)
+        health = HealthAggregator(timeout_overrides=dict(config.health_timeout_overrides))
+        calc_health = health.register("calc-graph", timeout=CALC_GRAPH_LIVENESS_TIMEOUT)
+        dp_health = health.register("dataplane", timeout=config.dataplane_watchdog_timeout)
+        monitor_health = None
+        if self._monitor_interfaces:
+            monitor_health = health.register("iface-monitor", ready=False,
+                                             timeout=IFACE_MONITOR_LIVENESS_TIMEOUT)
+        for name in health.unknown_overrides():
+            log.warning("HealthTimeoutOverrides: no health reporter is called %r", name)
         health_server = None
+        metrics_server = None
         if config.health_enabled:
-            health_server = HealthServer(health, config.health_host, config.health_port)
+            health_server = HealthServer(health, config.health_host, config.health_port,
+                                         max_connections=config.health_max_connections,
+                                         read_timeout=config.health_read_timeout)
             health_server.start()
         if config.prometheus_metrics_enabled:
-            metrics.serve_metrics(config.prometheus_metrics_host,
-                                  config.prometheus_metrics_port)
+            metrics_server = metrics.serve_metrics(
+                config.prometheus_metrics_host, config.prometheus_metrics_port,
+                max_connections=config.prometheus_metrics_max_connections,
+                read_timeout=config.prometheus_metrics_read_timeout)
+
+        def dataplane_heartbeat() -> None:  # on the dataplane loop's thread
+            dp_health.report(live=not loop.fatal.is_set(), ready=loop.in_sync.is_set())
+
+        def calc_heartbeat() -> None:  # on the calc pipeline's thread
+            calc_health.report(live=True, ready=pipeline.in_sync.is_set())
 
         loop = DataplaneLoop(managers, resync_interval=config.route_refresh_interval,
-                             fail_closed_after=config.dataplane_fail_closed_after)
+                             fail_closed_after=config.dataplane_fail_closed_after,
+                             heartbeat=dataplane_heartbeat,
+                             heartbeat_interval=dp_health.interval)
         forwarder = _Forwarder(loop, self._on_datastore_config)
         pipeline = CalcPipeline(
             self.options.hostname, forwarder,
-            on_batch=lambda seconds, _messages: metrics.CALC_GRAPH_UPDATE_TIME.observe(seconds))
+            on_batch=lambda seconds, _messages: metrics.CALC_GRAPH_UPDATE_TIME.observe(seconds),
+            heartbeat=calc_heartbeat, heartbeat_interval=calc_health.interval)
         tap = _SyncerTap(pipeline)
         syncer = make_syncer(self.options.datastore, hostname=self.options.hostname)
         monitor = None
-        if self._monitor_interfaces:
+        if monitor_health is not None:
             from agent.dataplane.ifacemonitor import InterfaceMonitor
 
-            monitor = InterfaceMonitor(loop.enqueue, resync_interval=config.route_refresh_interval)
+            monitor = InterfaceMonitor(loop.enqueue, resync_interval=config.route_refresh_interval,
+                                       heartbeat=lambda: monitor_health.report(ready=False))
 
         loop.start()
         if reporter is not None:
@@ -339,8 +373,6 @@ class Agent:
             while not self._stop.wait(0.1):
                 calc_ok = pipeline.in_sync.is_set()
                 dp_ok = loop.in_sync.is_set()
-                health.report("calc-graph", live=pipeline.is_alive(), ready=calc_ok)
-                health.report("dataplane", live=not loop.fatal.is_set(), ready=dp_ok)
                 metrics.DATAPLANE_IN_SYNC.set(1 if dp_ok else 0)
                 gc_policy.tick(time.monotonic(), in_sync=dp_ok)
                 if reporter is not None:
@@ -382,6 +414,8 @@ class Agent:
                     close()
             if health_server is not None:
                 health_server.stop()
+            if metrics_server is not None:
+                metrics_server.stop()
         return exit_code
 
 

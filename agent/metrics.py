@@ -3,12 +3,18 @@
 Metrics that belong to one component live beside it (the dataplane loop's
 `felix_int_dataplane_*`, the validator's `pyfelix_validation_errors_total`, ...); the ones
 here describe the whole agent and are updated by `agent.daemon` from the messages it
-forwards and the state of its loops. `serve_metrics()` exposes the default registry.
+forwards and the state of its loops. `serve_metrics()` exposes the default registry on an
+`agent.httpserver.BoundedHTTPServer` (prometheus_client's own server starts a thread per
+connection with no cap or timeout): at most PrometheusMetricsMaxConnections connections at
+once, each cut off after PrometheusMetricsReadTimeout s without a complete request.
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.exposition import MetricsHandler
+
+from agent.httpserver import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT, BoundedHTTPServer
 
 ACTIVE_LOCAL_ENDPOINTS = Gauge(
     "felix_active_local_endpoints",
@@ -52,6 +58,11 @@ DATAPLANE_IN_SYNC = Gauge(
 )
 
 
-def serve_metrics(host: str, port: int) -> None:
-    """Start the Prometheus HTTP endpoint in a daemon thread."""
-    start_http_server(port, addr=host or "0.0.0.0")
+def serve_metrics(host: str, port: int, *, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                  read_timeout: float = DEFAULT_READ_TIMEOUT) -> BoundedHTTPServer:
+    """Start the Prometheus HTTP endpoint (default registry) in a daemon thread; the caller
+    stops it with `.stop()`."""
+    server = BoundedHTTPServer("metrics", host or "0.0.0.0", port, MetricsHandler,
+                               max_connections=max_connections, read_timeout=read_timeout)
+    server.serve_in_thread()
+    return server

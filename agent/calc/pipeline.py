@@ -16,8 +16,14 @@ load is coalesced into one batch (as Felix's PolicyResolver waits for in-sync), 
 first flush ends with `InSync`; `in_sync` (a threading.Event) is set once it is sent.
 
 `on_batch(seconds, messages)` (optional) is called after every processed batch, for the
-agent's `felix_calc_graph_update_time_seconds`; `is_alive()`, `idle()` and `failure` are for
-its health and status reporting.
+agent's `felix_calc_graph_update_time_seconds`; `idle()` and `failure` are for its status
+reporting, `is_alive()` for noticing a dead thread.
+
+Liveness: `heartbeat` (optional, no arguments) is called from the pipeline's own thread when
+it starts, after every batch, between the items of a long batch (at most every
+`heartbeat_interval` s) and every `heartbeat_interval` s while the queue is empty (the
+queue wait has that timeout). The agent reports the `calc-graph` health reporter from it
+(`agent.health`): a graph update or flush that never returns stops the heartbeats.
 
 Invariants: the validator, graph and sequencer are touched by one thread only; the
 dataplane receives messages only from `flush()`; a datastore error never stops the
@@ -65,7 +71,11 @@ def _cyclic_gc_paused() -> Iterator[None]:
 class CalcPipeline:
     def __init__(self, hostname: str, target: Any, *, validator: Any = None,
                  naive_ipsets: bool = False,
-                 on_batch: Callable[[float, int], None] | None = None) -> None:
+                 on_batch: Callable[[float, int], None] | None = None,
+                 heartbeat: Callable[[], None] | None = None,
+                 heartbeat_interval: float = 10.0) -> None:
+        if heartbeat_interval <= 0:
+            raise ValueError("CalcPipeline: heartbeat_interval must be > 0")
         if validator is None:
             from agent.validator import Validator
 
@@ -82,6 +92,9 @@ class CalcPipeline:
         self.batches_flushed = 0
         self.flush_seconds = 0.0
         self._on_batch = on_batch
+        self._heartbeat = heartbeat
+        self._heartbeat_interval = heartbeat_interval
+        self._last_beat = float("-inf")
         self._queue: queue.Queue[Any] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
@@ -138,10 +151,16 @@ class CalcPipeline:
 
     def _run(self) -> None:
         try:
+            self._beat()
             while True:
-                item = self._queue.get()
+                try:
+                    item = self._queue.get(timeout=self._heartbeat_interval)
+                except queue.Empty:
+                    self._beat()
+                    continue
                 if item is _STOP or not self._process_available(item):
                     return
+                self._beat()
         except BaseException as exc:  # surfaced by wait_in_sync; the thread must not vanish
             self._failure = exc
             log.exception("calc pipeline thread failed")
@@ -178,6 +197,8 @@ class CalcPipeline:
                         self._maybe_flush()
                         return False
                     self._process(item)
+                    if time.monotonic() - self._last_beat >= self._heartbeat_interval:
+                        self._beat()
                     try:
                         item = self._queue.get_nowait()
                     except queue.Empty:
@@ -189,6 +210,15 @@ class CalcPipeline:
                 self._on_batch(time.perf_counter() - started,
                                self.sequencer.messages_sent - sent_before)
         return True
+
+    def _beat(self) -> None:
+        self._last_beat = time.monotonic()
+        if self._heartbeat is None:
+            return
+        try:
+            self._heartbeat()
+        except Exception:  # health reporting must never stop the pipeline
+            log.exception("calc pipeline heartbeat failed")
 
     def _process(self, item: Any) -> None:
         if isinstance(item, SyncStatus):

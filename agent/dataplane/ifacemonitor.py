@@ -11,6 +11,10 @@ Resync: at start and every `resync_interval` seconds (and when the kernel report
 were dropped, ENOBUFS) the monitor dumps all links and addresses and reports the difference
 from what it had reported, so missed events are repaired.
 
+Liveness: `heartbeat` (optional, no arguments) is called from the monitor thread after every
+poll (at most `poll_interval` s apart while netlink answers); the agent reports the
+`iface-monitor` health reporter from it (`agent.health`).
+
 Invariants: only changes are reported (the same state twice produces one message); the
 event socket is opened BEFORE the first dump, so nothing between the two is lost (events
 replayed after the dump can briefly report an older state, then converge). The callback is
@@ -58,8 +62,10 @@ class InterfaceMonitor:
         clock: Clock | None = None,
         resync_interval: float = 90.0,
         poll_interval: float = 0.5,
+        heartbeat: Callable[[], None] | None = None,
     ) -> None:
         self._callback = callback
+        self._heartbeat = heartbeat
         self._netns = netns
         self._netlink = netlink
         self._events = events
@@ -159,6 +165,11 @@ class InterfaceMonitor:
                 log.exception("interface monitor failed; resyncing after a pause")
                 self._next_resync_at = None
                 self._stop.wait(1.0)
+            if self._heartbeat is not None:
+                try:
+                    self._heartbeat()
+                except Exception:
+                    log.exception("interface monitor heartbeat failed")
 
     # --- state changes ---------------------------------------------------------------------
 

@@ -18,6 +18,12 @@ failed rounds). A *policy-critical* manager that keeps failing for longer than
 `fail_closed_after` seconds makes the loop stop and signal fatal (`fatal` event, `on_fatal`
 callback): the agent must exit non-zero rather than run with policy it cannot program.
 
+Liveness: `heartbeat` (optional, no arguments) is called from the loop's thread when it
+starts and after every step, and a step waits at most `heartbeat_interval` seconds for a
+message, so an idle loop still calls it on a timer. The agent reports the `dataplane`
+health reporter from it (`agent.health`): an apply() stuck in a syscall stops the
+heartbeats, and liveness fails after the reporter's timeout.
+
 Resync: every `resync_interval` seconds every manager is asked to re-read the kernel on its
 next apply (drift is repaired). `in_sync` is set after the first fully successful round that
 followed InSync. Time comes from an injectable clock; `run_once()` lets tests step the loop
@@ -80,12 +86,16 @@ class DataplaneLoop:
         on_fatal: Callable[[str], None] | None = None,
         batch_max: int = 1000,
         rng: random.Random | None = None,
+        heartbeat: Callable[[], None] | None = None,
+        heartbeat_interval: float = 10.0,
     ) -> None:
         if resync_interval <= 0 or retry_initial <= 0 or retry_max < retry_initial:
             raise ValueError(
                 "DataplaneLoop: resync_interval and retry_initial must be > 0 and "
                 "retry_max >= retry_initial"
             )
+        if heartbeat_interval <= 0:
+            raise ValueError("DataplaneLoop: heartbeat_interval must be > 0")
         self.managers: tuple[Manager, ...] = tuple(managers)
         self.queue: queue.Queue[object] = queue.Queue()
         self.in_sync = threading.Event()
@@ -99,6 +109,8 @@ class DataplaneLoop:
         self._on_fatal = on_fatal
         self._batch_max = batch_max
         self._rng = rng or random.Random()
+        self._heartbeat = heartbeat
+        self._heartbeat_interval = heartbeat_interval
         self._datastore_in_sync = False
         self._dirty = False
         self._consecutive_failures = 0
@@ -130,8 +142,18 @@ class DataplaneLoop:
             self._thread.join(timeout)
 
     def _run(self) -> None:
+        self._beat()
         while not self._stopping and not self.fatal.is_set():
-            self.run_once(self._wait_timeout())
+            self.run_once(min(self._wait_timeout(), self._heartbeat_interval))
+            self._beat()
+
+    def _beat(self) -> None:
+        if self._heartbeat is None:
+            return
+        try:
+            self._heartbeat()
+        except Exception:  # health reporting must never stop the dataplane
+            log.exception("dataplane loop heartbeat failed")
 
     def _wait_timeout(self) -> float:
         now = self._clock.monotonic()

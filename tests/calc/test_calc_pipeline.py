@@ -183,3 +183,41 @@ def test_a_failing_dataplane_target_stops_the_thread_visibly() -> None:
     assert _wait_for(lambda: not pipeline.is_alive())
     assert isinstance(pipeline.failure, OSError)
     pipeline.stop()
+
+
+def test_idle_pipeline_heartbeats_on_a_timer() -> None:
+    beats: list[float] = []
+    pipeline = CalcPipeline("node1", DataplaneState(), heartbeat=lambda: beats.append(1.0),
+                            heartbeat_interval=0.05)
+    pipeline.start()
+    try:
+        assert _wait_for(lambda: len(beats) >= 6)  # nothing queued, ever
+        pipeline.on_status(SyncStatus.IN_SYNC)
+        assert pipeline.wait_in_sync(10.0)
+    finally:
+        pipeline.stop()
+
+
+def test_heartbeats_stop_while_a_batch_hangs_and_resume_after() -> None:
+    beats: list[float] = []
+    release = threading.Event()
+    hanging = threading.Event()
+
+    def stuck_target(message: object) -> None:  # the flush never returns until released
+        hanging.set()
+        release.wait(10)
+
+    pipeline = CalcPipeline("node1", stuck_target, heartbeat=lambda: beats.append(1.0),
+                            heartbeat_interval=0.05)
+    pipeline.start()
+    try:
+        pipeline.on_status(SyncStatus.IN_SYNC)
+        assert hanging.wait(5)
+        count = len(beats)
+        time.sleep(0.3)
+        assert len(beats) == count
+        release.set()
+        assert _wait_for(lambda: len(beats) >= count + 3)
+    finally:
+        release.set()
+        pipeline.stop()

@@ -80,3 +80,29 @@ def test_attribute_names() -> None:
     assert attribute_name("PrometheusMetricsPort") == "prometheus_metrics_port"
     assert attribute_name("ReportingTTLSecs") == "reporting_ttl_secs"
     assert attribute_name("BPFMapSizeIPSets") == "bpf_map_size_ip_sets"
+
+
+def test_health_settings_defaults_and_both_override_forms() -> None:
+    config = load_config(environ={})
+    assert config.health_timeout_overrides == ()
+    assert config.dataplane_watchdog_timeout == 90.0
+    assert (config.health_max_connections, config.health_read_timeout) == (32, 5.0)
+    assert (config.prometheus_metrics_max_connections,
+            config.prometheus_metrics_read_timeout) == (32, 5.0)
+    env = load_config(environ={"FELIX_HEALTHTIMEOUTOVERRIDES": "dataplane=120s, calc-graph=0"})
+    assert env.health_timeout_overrides == (("calc-graph", 0.0), ("dataplane", 120.0))
+    # a FelixConfiguration spec carries Felix's list of {name, timeout}
+    ds = load_config(environ={}, datastore_global={
+        "healthTimeoutOverrides": '[{"name": "InternalDataplaneMainLoop", "timeout": "2m"}]'})
+    assert ds.health_timeout_overrides == (("InternalDataplaneMainLoop", 120.0),)
+
+
+@pytest.mark.parametrize(("env", "fragment"), [
+    ({"FELIX_HEALTHTIMEOUTOVERRIDES": "dataplane"}, "expected name=duration"),
+    ({"FELIX_HEALTHTIMEOUTOVERRIDES": "dataplane=soon"}, "not a duration"),
+    ({"FELIX_HEALTHMAXCONNECTIONS": "0"}, "at least 1"),
+    ({"FELIX_PROMETHEUSMETRICSREADTIMEOUT": "0s"}, "longer than 0 s"),
+])
+def test_bad_health_settings_are_clear_errors(env, fragment) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        load_config(environ=env)

@@ -213,3 +213,81 @@ def test_thread_retries_failures_on_real_clock() -> None:
 def test_invalid_configuration_is_rejected_clearly() -> None:
     with pytest.raises(ValueError, match="retry_max"):
         DataplaneLoop([], retry_initial=5.0, retry_max=1.0)
+
+
+class BlockingManager(RecordingManager):
+    """apply() blocks on `release` while `armed` is set, as a manager stuck in a syscall."""
+
+    def __init__(self) -> None:
+        super().__init__("stuck", [])
+        self.armed = threading.Event()
+        self.blocked = threading.Event()
+        self.release = threading.Event()
+
+    def apply(self) -> None:
+        if self.armed.is_set():
+            self.blocked.set()
+            self.release.wait(10)
+        super().apply()
+
+
+def _wait_until(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_idle_loop_heartbeats_on_a_timer() -> None:
+    beats: list[float] = []
+    loop = DataplaneLoop([RecordingManager("a", [])], resync_interval=3600,
+                         heartbeat=lambda: beats.append(time.monotonic()),
+                         heartbeat_interval=0.05)
+    loop.start()
+    try:
+        # nothing queued and the next resync an hour away: the wait is cut to the interval
+        assert _wait_until(lambda: len(beats) >= 6, 2.0)
+    finally:
+        loop.stop()
+
+
+def test_heartbeats_stop_while_apply_blocks_and_resume_after() -> None:
+    stuck = BlockingManager()
+    beats: list[float] = []
+    loop = DataplaneLoop([stuck], resync_interval=3600,
+                         heartbeat=lambda: beats.append(time.monotonic()),
+                         heartbeat_interval=0.05)
+    loop.start()
+    try:
+        loop.enqueue(InSync())
+        assert loop.in_sync.wait(5.0)
+        stuck.armed.set()
+        loop.enqueue(IPSetRemove("s"))
+        assert stuck.blocked.wait(5.0)
+        count = len(beats)
+        time.sleep(0.3)  # six intervals: a loop that still beat here would hide a hang
+        assert len(beats) == count
+        stuck.armed.clear()
+        stuck.release.set()
+        assert _wait_until(lambda: len(beats) >= count + 3, 2.0)
+        assert stuck.kernel == ["s"]
+    finally:
+        stuck.release.set()
+        loop.stop()
+
+
+def test_a_failing_heartbeat_does_not_stop_the_loop() -> None:
+    def broken() -> None:
+        raise RuntimeError("health aggregator broken")
+
+    a = RecordingManager("a", [])
+    loop = DataplaneLoop([a], resync_interval=3600, heartbeat=broken, heartbeat_interval=0.05)
+    loop.start()
+    try:
+        loop.enqueue(IPSetRemove("s"))
+        loop.enqueue(InSync())
+        assert loop.in_sync.wait(5.0) and a.kernel == ["s"]
+    finally:
+        loop.stop()

@@ -105,6 +105,10 @@ def test_health_metrics_and_sigterm(netns: str, tmp_path: Path) -> None:
     try:
         wait_for(lambda: http_get(netns, 9099, "/liveness")[0] == 200, 30, "liveness 200")
         wait_for(lambda: http_get(netns, 9099, "/readiness")[0] == 200, 30, "readiness 200")
+        # every loop reports its own liveness (agent.health), the interface monitor too
+        live = json.loads(http_get(netns, 9099, "/liveness")[1])
+        assert live["problems"] == []
+        assert set(live["reporters"]) == {"calc-graph", "dataplane", "iface-monitor"}
         status = json.loads((tmp_path / "status.json").read_text())
         assert status["dataplane_in_sync"] and status["calc_in_sync"]
         code, metrics = http_get(netns, 9091, "/metrics")
@@ -114,7 +118,9 @@ def test_health_metrics_and_sigterm(netns: str, tmp_path: Path) -> None:
                      "felix_int_dataplane_apply_time_seconds_count",
                      "felix_int_dataplane_failures_total", "felix_ipsets_calico",
                      "felix_calc_graph_update_time_seconds_count",
-                     "pyfelix_validation_errors_total", "pyfelix_dataplane_in_sync 1.0"):
+                     "pyfelix_validation_errors_total", "pyfelix_dataplane_in_sync 1.0",
+                     'pyfelix_http_connections_rejected_total{server="health"} 0.0',
+                     'pyfelix_http_connections_active{server="metrics"} 1.0'):
             assert name in metrics, f"{name} missing from /metrics"
         # the GC policy froze the long-lived state at the first in-sync tick
         frozen = re.search(r"^pyfelix_gc_frozen_objects (\S+)$", metrics, re.M)
