@@ -60,9 +60,9 @@ from agent.dataplane.managers import bpf_metrics
 from agent.dataplane.managers.bpf_attach import BpfAttachManager, ProgramRef
 from agent.dataplane.managers.bpf_conntrack import BpfConntrackManager
 from agent.dataplane.managers.bpf_guard import BpfGuardManager
-from agent.dataplane.managers.bpf_ifaces import netlink_lister
 from agent.dataplane.managers.bpf_policy import BpfPolicyManager
 from agent.dataplane.managers.bpf_routes import BpfRouteManager
+from agent.shims.netlink import netlink_lister
 from agent.shims.nft_guard import GuardError, NftGuard
 
 log = logging.getLogger(__name__)

@@ -252,6 +252,4 @@ class LinuxDataplane:
         self.monitor.stop()
         self.loop.stop()
         for manager in self.loop.managers:
-            close = getattr(manager, "close", None)
-            if close is not None:
-                close()
+            manager.close()

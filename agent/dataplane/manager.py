@@ -43,6 +43,8 @@ class Manager(Protocol):
 
     def request_resync(self) -> None: ...
 
+    def close(self) -> None: ...
+
 
 class ManagerBase:
     """Defaults for the optional parts of the protocol; subclasses override what they need."""

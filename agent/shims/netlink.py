@@ -1,11 +1,13 @@
 """Netlink shim: links, addresses and routes of one network namespace, plus an event socket.
 
-Role: the route manager's and interface monitor's only kernel access. Real implementations
-use pyroute2, bound to a namespace given by name (/run/netns/NAME) or path:
+Role: the route manager's, the interface monitor's and the BPF managers' netlink access.
+Real implementations use pyroute2, bound to a namespace given by name (/run/netns/NAME) or path:
 - `PyRoute2Netlink(netns)`: requests (dump links/addresses/routes, add/replace/delete route);
 - `PyRoute2Events(netns)`: a raw NETLINK_ROUTE socket subscribed to link and address groups,
   created inside the namespace, parsed with pyroute2's marshal; `poll(timeout)` returns the
-  events that arrived (select()-able, so the monitor thread can stop and resync on time).
+  events that arrived (select()-able, so the monitor thread can stop and resync on time);
+- `netlink_lister(netns)`: a one-shot dump of interfaces and their addresses, for the BPF
+  managers' interface tables.
 
 Outputs are plain frozen dataclasses (`Link`, `Address`, `Route`, `LinkEvent`, `AddrEvent`),
 so managers and fakes never see pyroute2 objects. Errors become `NetlinkError` (an OSError
@@ -20,6 +22,7 @@ from __future__ import annotations
 import errno
 import select
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -283,3 +286,27 @@ class PyRoute2Events:
 
     def close(self) -> None:
         self._sock.close()
+
+
+def netlink_lister(netns: str | None = None
+                   ) -> Callable[[], tuple[dict[str, int], dict[str, frozenset[str]]]]:
+    """A function dumping ({name: ifindex}, {name: addresses as CIDRs}) with pyroute2 (in
+    `netns`, None: our own), for managers that re-seed their interface table at a resync
+    (agent.dataplane.managers.bpf_ifaces.InterfaceTable.replace_all)."""
+
+    def dump() -> tuple[dict[str, int], dict[str, frozenset[str]]]:
+        netlink = PyRoute2Netlink(netns)
+        try:
+            links = netlink.list_links()
+            addrs = netlink.list_addrs()
+        finally:
+            netlink.close()
+        names = {link.index: link.name for link in links}
+        by_name: dict[str, set[str]] = {}
+        for addr in addrs:
+            if addr.ifindex in names:
+                by_name.setdefault(names[addr.ifindex], set()).add(addr.cidr)
+        return ({link.name: link.index for link in links},
+                {name: frozenset(a) for name, a in by_name.items()})
+
+    return dump

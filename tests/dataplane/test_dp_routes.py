@@ -8,7 +8,6 @@ import errno
 import pytest
 
 from agent.dataplane.events import InterfaceUpdate
-from agent.dataplane.managers.link_netlink import AF_INET, Neighbour
 from agent.dataplane.managers.routes import ROUTE_PROTOCOL, RouteError, RouteManager
 from agent.proto import (
     InSync,
@@ -19,6 +18,7 @@ from agent.proto import (
     WorkloadEndpointRemove,
     WorkloadEndpointUpdate,
 )
+from agent.shims.link_netlink import AF_INET, Neighbour
 from agent.shims.netlink import RT_SCOPE_LINK, Route
 from tests.fakes.link_netlink import FakeLinkNetlink
 from tests.fakes.netlink import FakeNetlink

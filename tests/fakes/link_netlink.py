@@ -18,7 +18,7 @@ import errno
 import ipaddress
 from dataclasses import replace
 
-from agent.dataplane.managers.link_netlink import (
+from agent.shims.link_netlink import (
     AF_INET,
     LinkDetail,
     Neighbour,

@@ -61,26 +61,3 @@ class InterfaceTable:
         """Interfaces whose name starts with one of the prefixes."""
         pre = tuple(prefixes)
         return {n: i for n, i in self.index_by_name.items() if n.startswith(pre)}
-
-
-def netlink_lister(netns: str | None = None) -> Lister:
-    """A lister that dumps links and addresses with pyroute2 (in `netns`, None: our own)."""
-
-    def dump() -> InterfaceDump:
-        from agent.shims.netlink import PyRoute2Netlink
-
-        netlink = PyRoute2Netlink(netns)
-        try:
-            links = netlink.list_links()
-            addrs = netlink.list_addrs()
-        finally:
-            netlink.close()
-        names = {link.index: link.name for link in links}
-        by_name: dict[str, set[str]] = {}
-        for addr in addrs:
-            if addr.ifindex in names:
-                by_name.setdefault(names[addr.ifindex], set()).add(addr.cidr)
-        return ({link.name: link.index for link in links},
-                {name: frozenset(a) for name, a in by_name.items()})
-
-    return dump

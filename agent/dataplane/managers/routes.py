@@ -45,8 +45,6 @@ from dataclasses import dataclass
 from agent.dataplane.delta import DeltaTracker
 from agent.dataplane.events import IFACE_UP, InterfaceUpdate
 from agent.dataplane.manager import ManagerBase
-from agent.dataplane.managers.link_netlink import AF_INET as NEIGH_AF_INET
-from agent.dataplane.managers.link_netlink import LinkNetlink, Neighbour
 from agent.proto import (
     InSync,
     RouteRemove,
@@ -55,6 +53,8 @@ from agent.proto import (
     WorkloadEndpointRemove,
     WorkloadEndpointUpdate,
 )
+from agent.shims.link_netlink import AF_INET as NEIGH_AF_INET
+from agent.shims.link_netlink import LinkNetlink, Neighbour
 from agent.shims.netlink import (
     AF_INET,
     AF_INET6,
@@ -133,7 +133,7 @@ class RouteManager(ManagerBase):
     @property
     def neighbours(self) -> LinkNetlink:
         if self._neighbours is None:
-            from agent.dataplane.managers.link_netlink import PyRoute2LinkNetlink
+            from agent.shims.link_netlink import PyRoute2LinkNetlink
 
             self._neighbours = PyRoute2LinkNetlink(self._netns)
         return self._neighbours

@@ -44,15 +44,6 @@ from dataclasses import dataclass
 from agent.dataplane.delta import DeltaTracker
 from agent.dataplane.events import InterfaceAddrsUpdate
 from agent.dataplane.manager import ManagerBase
-from agent.dataplane.managers.link_netlink import (
-    AF_BRIDGE,
-    AF_INET,
-    LinkDetail,
-    LinkNetlink,
-    Neighbour,
-    OverlayRoute,
-    VXLANInfo,
-)
 from agent.proto import (
     InSync,
     IPAMPoolRemove,
@@ -61,6 +52,15 @@ from agent.proto import (
     RouteUpdate,
     VXLANTunnelEndpointRemove,
     VXLANTunnelEndpointUpdate,
+)
+from agent.shims.link_netlink import (
+    AF_BRIDGE,
+    AF_INET,
+    LinkDetail,
+    LinkNetlink,
+    Neighbour,
+    OverlayRoute,
+    VXLANInfo,
 )
 from agent.shims.netlink import NetlinkError
 
@@ -119,7 +119,7 @@ class VXLANManager(ManagerBase):
     @property
     def netlink(self) -> LinkNetlink:
         if self._netlink is None:
-            from agent.dataplane.managers.link_netlink import PyRoute2LinkNetlink
+            from agent.shims.link_netlink import PyRoute2LinkNetlink
 
             self._netlink = PyRoute2LinkNetlink(self._netns)
         return self._netlink
