@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.bench.registry import BenchContext, Figures, benchmark
-from agent.calc import CalcPipeline, DataplaneState
+from agent.calc import CalcPipeline, ExpectedDataplane
 from agent.gc_policy import GcPolicy
 from agent.syncer.api import RawUpdate, SyncStatus, key_of
 
@@ -196,8 +196,9 @@ def _policies(rng: random.Random, scale: float, namespaces: int, apps: int) -> l
 # --- running ---------------------------------------------------------------------------
 
 
-def run_to_in_sync(cluster: Cluster, *, naive: bool = False) -> tuple[CalcPipeline, DataplaneState]:
-    state = DataplaneState(strict=False)
+def run_to_in_sync(cluster: Cluster, *, naive: bool = False
+                   ) -> tuple[CalcPipeline, ExpectedDataplane]:
+    state = ExpectedDataplane(strict=False)
     state.record = False
     pipeline = CalcPipeline(LOCAL_NODE, state, naive_ipsets=naive)
     pipeline.feed(cluster.updates(), SyncStatus.IN_SYNC)
@@ -269,7 +270,7 @@ def _child_rss(scale: float) -> dict[str, float]:
 
 def calc_sync_figures(ctx: BenchContext, scale: float = 1.0) -> Figures:
     cluster = generate_cluster(scale)
-    last: list[tuple[CalcPipeline, DataplaneState]] = []
+    last: list[tuple[CalcPipeline, ExpectedDataplane]] = []
 
     def sync_once() -> None:
         last[:] = [run_to_in_sync(cluster)]

@@ -1,6 +1,6 @@
 """The policy compiler: calc-graph messages -> the desired contents of every BPF map.
 
-Role: pure Python, no kernel. A manager folds messages into a `DataplaneState` (`apply(msg)`)
+Role: pure Python, no kernel. A manager folds messages into a `PolicyState` (`apply(msg)`)
 and asks a long-lived `PolicyCompiler` to `compile(state, ifindexes)`; the result
 (`CompiledDataplane`) holds, per map, `{key bytes: value bytes}` to diff against what the
 pinned maps hold, plus the problems found. After writing it successfully the manager calls
@@ -132,9 +132,11 @@ class _EncodedSet:
 
 
 @dataclass
-class DataplaneState:
-    """The calc graph's current output, as the BPF dataplane needs it. `apply()` folds one
-    message in; messages this dataplane does not use are ignored."""
+class PolicyState:
+    """The policy inputs of the BPF dataplane: IP sets, policies, profiles, workload and host
+    endpoints and the settings the programs read, as the calc graph's messages left them.
+    `apply()` folds one message in; messages the policy maps do not depend on are ignored
+    (routes: `agent.bpf.route_table`)."""
 
     hostname: str = ""
     ipsets: dict[str, IPSetState] = field(default_factory=dict)
@@ -414,7 +416,7 @@ def _v4_nets(nets: tuple[str, ...], where: str) -> tuple[tuple[str, ...], bool]:
 class _RuleLowerer:
     """Turns one proto.Rule into records (guards + main records)."""
 
-    def __init__(self, compiler: PolicyCompiler, state: DataplaneState) -> None:
+    def __init__(self, compiler: PolicyCompiler, state: PolicyState) -> None:
         self.c = compiler
         self.state = state
         self.ipsets_used: set[tuple[str, str]] = set()  # (IP set id, type)
@@ -716,7 +718,7 @@ class PolicyCompiler:
         self._ep_keys[id(ep)] = (ep, key)
         return key
 
-    def _sorted_endpoints(self, state: DataplaneState) -> list[proto.WorkloadEndpointID]:
+    def _sorted_endpoints(self, state: PolicyState) -> list[proto.WorkloadEndpointID]:
         """Endpoint ids in order, re-sorted only when the set of ids changed."""
         cached = self._endpoint_order
         if cached is None or cached[0] is not state or cached[1] != len(state.endpoints) \
@@ -728,7 +730,7 @@ class PolicyCompiler:
     # fragments
 
     def _fragment(self, key: Any, obj: Any, rules: tuple[proto.Rule, ...], where: str,
-                  counter_prefix: str, state: DataplaneState) -> _Fragment:
+                  counter_prefix: str, state: PolicyState) -> _Fragment:
         cached = self._fragments.get(key)
         if cached is not None and cached[0] is obj and self._fragment_valid(cached[1], state):
             frag = cached[1]
@@ -753,7 +755,7 @@ class PolicyCompiler:
         self._fragments[key] = (obj, frag)
         return frag
 
-    def _fragment_valid(self, frag: _Fragment, state: DataplaneState) -> bool:
+    def _fragment_valid(self, frag: _Fragment, state: PolicyState) -> bool:
         """A cached fragment is reusable if every number it holds is still allocated to
         the same thing and every IP set it references still exists with its type."""
         for name, typ in frag.ipsets_used:
@@ -764,7 +766,7 @@ class PolicyCompiler:
         return all(n in self.set_ids.by_number for n, _ in frag.netsets) and all(
             n in self.rule_ids.by_number for n in frag.counter_ids)
 
-    def _chain(self, state: DataplaneState, tiers: tuple[proto.TierInfo, ...],
+    def _chain(self, state: PolicyState, tiers: tuple[proto.TierInfo, ...],
                profile_ids: tuple[str, ...], direction: str) -> Chain:
         b = _ChainBuilder()
         inbound = direction == INGRESS
@@ -811,7 +813,7 @@ class PolicyCompiler:
 
     # the whole dataplane
 
-    def compile(self, state: DataplaneState, ifindexes: Mapping[str, int], *,
+    def compile(self, state: PolicyState, ifindexes: Mapping[str, int], *,
                 unavailable_ipsets: frozenset[str] = frozenset(),
                 host_endpoint_ifaces: Mapping[str, proto.HostEndpointID] | None = None,
                 ) -> CompiledDataplane:
@@ -830,7 +832,7 @@ class PolicyCompiler:
         self.unavailable_ipsets = frozenset(unavailable_ipsets)
         return self._compile(state, ifindexes)
 
-    def _compile(self, state: DataplaneState, ifindexes: Mapping[str, int]) -> CompiledDataplane:
+    def _compile(self, state: PolicyState, ifindexes: Mapping[str, int]) -> CompiledDataplane:
         problems: list[str] = []
         pending: list[str] = []
         programs: dict[proto.WorkloadEndpointID, EndpointProgram] = {}
@@ -987,7 +989,7 @@ class PolicyCompiler:
         self._generation += 1
         return self._generation
 
-    def _ipset_entries(self, state: DataplaneState, problems: list[str]
+    def _ipset_entries(self, state: PolicyState, problems: list[str]
                        ) -> dict[int, IPSetKeys]:
         groups: dict[int, IPSetKeys] = {}
         cache: dict[str, _EncodedSet] = {}
@@ -1086,7 +1088,7 @@ class PolicyCompiler:
         enc.group = group
         return enc
 
-    def _untracked(self, state: DataplaneState, ifindexes: Mapping[str, int],
+    def _untracked(self, state: PolicyState, ifindexes: Mapping[str, int],
                    problems: list[str], pending: list[str]) -> dict[bytes, bytes]:
         out: dict[bytes, bytes] = {}
         if self.host_endpoint_ifaces is not None:
@@ -1109,7 +1111,7 @@ class PolicyCompiler:
                 out.setdefault(key, untracked_map.encode_value(counter))
         return out
 
-    def _leading_src_denies(self, state: DataplaneState, hep: proto.HostEndpoint,
+    def _leading_src_denies(self, state: PolicyState, hep: proto.HostEndpoint,
                             problems: list[str]) -> list[tuple[str, int]]:
         """(source prefix, counter id) of the untracked inbound deny rules that come before
         any rule that could allow, pass or needs more than a source match."""
@@ -1133,7 +1135,7 @@ class PolicyCompiler:
         return out
 
     @staticmethod
-    def _simple_src_deny(state: DataplaneState, rule: proto.Rule) -> list[str] | None:
+    def _simple_src_deny(state: PolicyState, rule: proto.Rule) -> list[str] | None:
         """Source prefixes if `rule` is a deny whose only constraint is its source."""
         if str(rule.action).lower() != "deny":
             return None
@@ -1171,7 +1173,7 @@ class PolicyCompiler:
         return None
 
     @staticmethod
-    def _config(state: DataplaneState, problems: list[str]) -> dict[bytes, bytes]:
+    def _config(state: PolicyState, problems: list[str]) -> dict[bytes, bytes]:
         text = state.config.get("defaultendpointtohostaction", "Drop")
         try:
             action = config_map.action_from_felix(text)

@@ -33,7 +33,7 @@ from typing import Any
 
 from agent import proto as p
 from agent.bpf import packets
-from agent.bpf.compiler import DataplaneState, PolicyCompiler
+from agent.bpf.compiler import PolicyCompiler, PolicyState
 from agent.bpf.loader import BuildConfig, LoadedDataplane, load_dataplane, remove_pin_dir
 from agent.bpf.maps import ep_by_ifindex as ep_array
 from agent.bpf.testrun import TC_ACT_OK, TC_ACT_SHOT, run_tc
@@ -43,7 +43,7 @@ POD = "10.65.0.1"
 CLIENT = "10.66.0.1"  # in no set
 
 
-def _program(dp: LoadedDataplane, compiler: PolicyCompiler, state: DataplaneState,
+def _program(dp: LoadedDataplane, compiler: PolicyCompiler, state: PolicyState,
              written: dict[str, dict[bytes, bytes]]) -> None:
     """Compile and write only what changed since the previous call (`written`)."""
     out = compiler.compile(state, {"lo": LOOPBACK_IFINDEX})
@@ -84,7 +84,7 @@ def measure_verdict_samples(
         if m.params.name in ("conntrack", "endpoints", "ep_by_ifindex", "ipsets", "ids",
                              "wep_sources"):
             m.clear()
-    state = DataplaneState()
+    state = PolicyState()
     compiler = PolicyCompiler(rules_capacity=dp.maps["rules"].max_entries,
                               max_chain_records=32 * dp.config.rules_per_prog)
     for i in range(set_count):

@@ -7,22 +7,22 @@ Role (docs/ARCHITECTURE.md section 4; Felix's `felix/calc`): single-threaded, no
   `profile_decoder`, `passthru` (config, host IPs, IP pools), `route_resolver`;
 - `event_sequencer.EventSequencer`: coalesces and flushes messages in dependency order;
 - `pipeline.CalcPipeline`: syncer callbacks -> validator -> graph -> sequencer, one thread;
-- `dataplane_state.DataplaneState`: a dataplane model fed by the messages that checks
+- `expected_dataplane.ExpectedDataplane`: a dataplane model fed by the messages that checks
   their ordering contract (tests' recording fake, and `pyfelix calc`'s output).
 
 Imports only the model, selectors, syncer API and `proto`: never the dataplane.
 """
 
-from agent.calc.dataplane_state import DataplaneState, OrderingViolation
 from agent.calc.event_sequencer import EventSequencer
+from agent.calc.expected_dataplane import ExpectedDataplane, OrderingViolation
 from agent.calc.graph import CalcGraph, build_calc_graph
 from agent.calc.pipeline import CalcPipeline
 
 __all__ = [
     "CalcGraph",
     "CalcPipeline",
-    "DataplaneState",
     "EventSequencer",
+    "ExpectedDataplane",
     "OrderingViolation",
     "build_calc_graph",
 ]

@@ -1,7 +1,7 @@
 """One-shot calculation: what would NODE's dataplane be programmed with? (`pyfelix calc`)
 
 Role: read a datastore to in-sync, run it through the full pipeline (validator, calc graph,
-event sequencer) into a `DataplaneState`, and return that state plus every warning. No
+event sequencer) into a `ExpectedDataplane`, and return that state plus every warning. No
 kernel is touched. Input: a `--datastore` value (docs/ARCHITECTURE.md section 2) and a hostname.
 Output: `Snapshot` (`summary` is the `pyfelix calc -o json` object).
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.calc.dataplane_state import DataplaneState
+from agent.calc.expected_dataplane import ExpectedDataplane
 from agent.calc.pipeline import CalcPipeline
 from agent.syncer.api import SyncStatus
 
@@ -31,7 +31,7 @@ class CalcTimeout(RuntimeError):
 @dataclass
 class Snapshot:
     hostname: str
-    state: DataplaneState
+    state: ExpectedDataplane
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -47,7 +47,7 @@ def compute(datastore: str, hostname: str, *, timeout: float = 30.0) -> Snapshot
     """
     from agent.syncer.client import make_syncer, parse_datastore_url
 
-    state = DataplaneState(strict=False)
+    state = ExpectedDataplane(strict=False)
     state.record = False
     pipeline = CalcPipeline(hostname, state)
     location = parse_datastore_url(datastore)

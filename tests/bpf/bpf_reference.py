@@ -17,7 +17,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from agent import proto
-from agent.bpf.compiler import DataplaneState
+from agent.bpf.compiler import PolicyState
 from agent.bpf.maps import ipsets as ipsets_map
 from agent.bpf.maps.rules import Action, PortMatch, RuleRecord
 
@@ -50,7 +50,7 @@ def _in_net(addr: str, nets: tuple[str, ...]) -> bool:
     )
 
 
-def _in_set(state: DataplaneState, set_id: str, addr: str, proto_num: int = 0,
+def _in_set(state: PolicyState, set_id: str, addr: str, proto_num: int = 0,
             port: int = 0, named: bool = False) -> bool:
     s = state.ipsets[set_id]
     a = ipaddress.ip_address(addr)
@@ -63,13 +63,13 @@ def _in_set(state: DataplaneState, set_id: str, addr: str, proto_num: int = 0,
     return False
 
 
-def _port_ok(state: DataplaneState, pkt: Pkt, port: int, addr: str,
+def _port_ok(state: PolicyState, pkt: Pkt, port: int, addr: str,
              ranges: tuple[proto.PortRange, ...], named: tuple[str, ...]) -> bool:
     return any(r.first <= port <= r.last for r in ranges) or any(
         _in_set(state, n, addr, pkt.proto, port, named=True) for n in named)
 
 
-def rule_matches(state: DataplaneState, r: proto.Rule, pkt: Pkt) -> bool:
+def rule_matches(state: PolicyState, r: proto.Rule, pkt: Pkt) -> bool:
     if r.ip_version == 6:
         return False
     if r.protocol is not None and pkt.proto != r.protocol:
@@ -124,7 +124,7 @@ def rule_matches(state: DataplaneState, r: proto.Rule, pkt: Pkt) -> bool:
     return True
 
 
-def expected_verdict(state: DataplaneState, ep: proto.WorkloadEndpoint, direction: str,
+def expected_verdict(state: PolicyState, ep: proto.WorkloadEndpoint, direction: str,
                      pkt: Pkt) -> str:
     """'allow' or 'deny' by Calico's semantics. direction: 'ingress' | 'egress' (the pod's)."""
     inbound = direction == "ingress"

@@ -27,8 +27,8 @@ def ep(tiers=(), profiles=("kns.default",), iface="cali1", state="active"):
     return p.WorkloadEndpoint(state=state, name=iface, profile_ids=profiles, tiers=tiers)
 
 
-def base_state() -> c.DataplaneState:
-    s = c.DataplaneState(hostname="node1")
+def base_state() -> c.PolicyState:
+    s = c.PolicyState(hostname="node1")
     s.apply(p.ActiveProfileUpdate("kns.default", p.Profile(
         inbound_rules=(p.Rule("allow"),), outbound_rules=(p.Rule("allow"),))))
     return s
@@ -384,7 +384,7 @@ def test_untracked_xdp_entries_stop_at_the_first_rule_xdp_cannot_express():
 
 def test_delta_for_unknown_ip_set_is_a_clear_error():
     with pytest.raises(c.CompileError, match="'ghost'"):
-        c.DataplaneState().apply(p.IPSetDeltaUpdate("ghost", added=frozenset({"1.1.1.1/32"})))
+        c.PolicyState().apply(p.IPSetDeltaUpdate("ghost", added=frozenset({"1.1.1.1/32"})))
 
 
 def test_long_names_are_stored_as_digests_and_still_match():
@@ -463,7 +463,7 @@ packets = st.builds(
 
 @st.composite
 def scenarios(draw):
-    s = c.DataplaneState()
+    s = c.PolicyState()
     for name, (typ, members) in SETS.items():
         s.apply(p.IPSetUpdate(name, typ, members))
     tiers = []
@@ -532,7 +532,7 @@ def _keys(out: c.CompiledDataplane, number: int) -> set[bytes]:
 
 
 def test_ipset_groups_keep_their_generation_and_deltas_carry_the_difference():
-    s = c.DataplaneState()
+    s = c.PolicyState()
     s.apply(p.IPSetUpdate("s1", "net", frozenset({"10.0.0.1/32", "10.0.0.2/32"})))
     s.apply(p.IPSetUpdate("s2", "net", frozenset({"10.9.0.1/32"})))
     compiler = c.PolicyCompiler()
@@ -567,7 +567,7 @@ def test_compiling_after_deltas_equals_compiling_from_scratch(deltas, every):
         # two spellings of some addresses: the same trie key from different members
         return f"10.1.0.{i % 30}" + ("/32" if i >= 30 else "")
 
-    s = c.DataplaneState()
+    s = c.PolicyState()
     s.apply(p.IPSetUpdate("s", "net", frozenset(member(i) for i in range(0, 40, 3))))
     compiler = c.PolicyCompiler()
     out = compiler.compile(s, {})

@@ -6,7 +6,7 @@
   summary shape), IP sets (id -> members), active policy and profile ids, optionally tiers
   and routes. `sel()` / `named()` compute the IP-set id of a selector written in the test
   (ids are hashes of canonical selector text, so any spelling with the same meaning works).
-- `Replayer` drives a `CalcPipeline` into a strict `DataplaneState` (the recording fake that
+- `Replayer` drives a `CalcPipeline` into a strict `ExpectedDataplane` (the recording fake that
   raises on any ordering violation), moving from datastore state to datastore state by
   sending only the differences, and reports what the dataplane holds.
 """
@@ -18,7 +18,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.calc import CalcPipeline, DataplaneState
+from agent.calc import CalcPipeline, ExpectedDataplane
 from agent.calc.rule_scanner import named_port_ip_set, selector_ip_set
 from agent.syncer.api import RawUpdate, ResourceKey, SyncStatus, key_of
 
@@ -218,7 +218,7 @@ class State:
 EMPTY = State("empty", [], Expect())
 
 
-def observe(dp: DataplaneState, expect: Expect) -> dict[str, Any]:
+def observe(dp: ExpectedDataplane, expect: Expect) -> dict[str, Any]:
     """What the dataplane holds, in the shape of `expect` (optional parts only if asked)."""
     summary = dp.summary()
     seen: dict[str, Any] = {
@@ -242,7 +242,7 @@ def observe(dp: DataplaneState, expect: Expect) -> dict[str, Any]:
 
 
 def summary_label(endpoint_id: Any) -> str:
-    from agent.calc.dataplane_state import endpoint_label
+    from agent.calc.expected_dataplane import endpoint_label
 
     return endpoint_label(endpoint_id)
 
@@ -281,7 +281,7 @@ class Replayer:
 
     def __init__(self, hostname: str = HOST, *, order: str = "sorted", seed: int = 0,
                  naive: bool = False) -> None:
-        self.dataplane = DataplaneState(strict=True)
+        self.dataplane = ExpectedDataplane(strict=True)
         self.pipeline = CalcPipeline(hostname, self.dataplane, naive_ipsets=naive)
         self.current: dict[ResourceKey, Doc] = {}
         self.order = order

@@ -6,7 +6,7 @@ import pytest
 from calc_testlib import wep
 
 from agent import proto
-from agent.calc import DataplaneState, EventSequencer, OrderingViolation
+from agent.calc import EventSequencer, ExpectedDataplane, OrderingViolation
 from agent.calc.policy_resolver import EndpointTiers
 from agent.model import parse_resource
 from agent.syncer.api import ResourceKey
@@ -18,12 +18,12 @@ TIERS = EndpointTiers(tiers=(proto.TierInfo("default", ingress_policies=("p",)),
 KEY = ResourceKey("WorkloadEndpoint", "prod", "wep-a")
 
 
-def _setup() -> tuple[EventSequencer, DataplaneState]:
-    dp = DataplaneState()
+def _setup() -> tuple[EventSequencer, ExpectedDataplane]:
+    dp = ExpectedDataplane()
     return EventSequencer(dp), dp
 
 
-def _names(dp: DataplaneState) -> list[str]:
+def _names(dp: ExpectedDataplane) -> list[str]:
     return [type(m).__name__ for m in dp.messages]
 
 
@@ -141,7 +141,7 @@ def test_endpoint_identity_change_removes_the_old_id() -> None:
 
 
 def test_strict_dataplane_rejects_dangling_references() -> None:
-    dp = DataplaneState()
+    dp = ExpectedDataplane()
     with pytest.raises(OrderingViolation, match="unknown IP sets"):
         dp.send(proto.ActivePolicyUpdate(PID, POLICY))
     dp.send(proto.IPSetUpdate("s1", "net"))
@@ -151,7 +151,7 @@ def test_strict_dataplane_rejects_dangling_references() -> None:
     with pytest.raises(OrderingViolation, match="adds existing"):
         dp.send(proto.IPSetUpdate("s2", "net", frozenset({"a"})))
         dp.send(proto.IPSetDeltaUpdate("s2", added=frozenset({"a"})))
-    lenient = DataplaneState(strict=False)
+    lenient = ExpectedDataplane(strict=False)
     lenient.send(proto.IPSetRemove("nope"))
     assert lenient.violations
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 from calc_testlib import gnp, hep
 
 from agent import proto
-from agent.calc import CalcPipeline, DataplaneState
+from agent.calc import CalcPipeline, ExpectedDataplane
 from agent.syncer.api import RawUpdate, SyncStatus, key_of
 
 ALLOW = [{"action": "Allow"}]
 
 
 def _host_endpoints(docs: list[dict]) -> dict[str, proto.HostEndpoint]:
-    dataplane = DataplaneState()
+    dataplane = ExpectedDataplane()
     CalcPipeline("node1", dataplane).feed([RawUpdate(key_of(d), d, "t") for d in docs],
                                           SyncStatus.IN_SYNC)
     return {hid.endpoint: ep for hid, ep in dataplane.host_endpoints.items()}

@@ -19,12 +19,12 @@ from calc_testlib import (
 )
 
 from agent import proto
-from agent.calc import CalcPipeline, DataplaneState
+from agent.calc import CalcPipeline, ExpectedDataplane
 from agent.syncer.api import DatastoreError, RawUpdate, SyncStatus, key_of
 from agent.syncer.file import FileSyncer
 
 
-class LockedState(DataplaneState):
+class LockedState(ExpectedDataplane):
     """The dataplane model, readable from the test thread while the pipeline writes."""
 
     def __init__(self) -> None:
@@ -75,7 +75,7 @@ def test_threaded_pipeline_follows_a_watched_directory(tmp_path: Path) -> None:
 
 
 def test_nothing_is_sent_before_in_sync() -> None:
-    state = DataplaneState()
+    state = ExpectedDataplane()
     pipeline = CalcPipeline("node1", state)
     doc = wep("prod", "a", "node1", "10.65.0.1")
     pipeline.feed([RawUpdate(key_of(doc), doc, "t")], SyncStatus.RESYNC)
@@ -87,7 +87,7 @@ def test_nothing_is_sent_before_in_sync() -> None:
 
 
 def test_datastore_errors_are_kept_not_fatal() -> None:
-    state = DataplaneState()
+    state = ExpectedDataplane()
     pipeline = CalcPipeline("node1", state)
     pipeline.on_error(DatastoreError("x.yaml#1", "bad"))
     pipeline.feed([], SyncStatus.IN_SYNC)
@@ -151,7 +151,7 @@ def test_same_destination_on_two_nodes_prefers_the_local_one() -> None:
 
 def test_batch_callback_liveness_and_idleness() -> None:
     batches: list[tuple[float, int]] = []
-    state = DataplaneState()
+    state = ExpectedDataplane()
     pipeline = CalcPipeline("node1", state, on_batch=lambda s, n: batches.append((s, n)))
     assert not pipeline.is_alive() and pipeline.idle()
     doc = wep("prod", "a", "node1", "10.65.0.1")
@@ -187,7 +187,7 @@ def test_a_failing_dataplane_target_stops_the_thread_visibly() -> None:
 
 def test_idle_pipeline_heartbeats_on_a_timer() -> None:
     beats: list[float] = []
-    pipeline = CalcPipeline("node1", DataplaneState(), heartbeat=lambda: beats.append(1.0),
+    pipeline = CalcPipeline("node1", ExpectedDataplane(), heartbeat=lambda: beats.append(1.0),
                             heartbeat_interval=0.05)
     pipeline.start()
     try:

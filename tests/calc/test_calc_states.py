@@ -1,7 +1,7 @@
 """State-driven calc-graph tests in the style of Felix's calc_graph_fv_test.
 
 Every sequence of `calc_states` is replayed in several ways; after each state the recording
-fake dataplane (strict `DataplaneState`: it raises on any ordering violation) must hold
+fake dataplane (strict `ExpectedDataplane`: it raises on any ordering violation) must hold
 exactly the state's expectation, and when the sequence ends the datastore is emptied and
 the dataplane must be empty too (every add had its remove).
 """

@@ -9,14 +9,14 @@ import random
 from calc_testlib import ip_pool, node, wep
 
 from agent import proto
-from agent.calc import CalcPipeline, DataplaneState
+from agent.calc import CalcPipeline, ExpectedDataplane
 from agent.calc.vxlan_resolver import derived_vtep_mac
 from agent.syncer.api import RawUpdate, SyncStatus, key_of
 
 
 def _pipeline(docs: list[dict], order_seed: int | None = None
-              ) -> tuple[CalcPipeline, DataplaneState]:
-    dataplane = DataplaneState()
+              ) -> tuple[CalcPipeline, ExpectedDataplane]:
+    dataplane = ExpectedDataplane()
     pipeline = CalcPipeline("node1", dataplane)
     docs = list(docs)
     if order_seed is not None:

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agent.calc.dataplane_state import DataplaneState
+from agent.calc.expected_dataplane import ExpectedDataplane
 from agent.calc.pipeline import CalcPipeline
 from agent.syncer.api import Syncer
 
@@ -113,7 +113,7 @@ def write_file_datastore(directory: Path) -> Path:
 def calc_summary(syncer: Syncer, hostname: str = HOSTNAME,
                  timeout: float = 30.0) -> dict[str, Any]:
     """The `pyfelix calc -o json` object for `hostname`, from a not-yet-started syncer."""
-    state = DataplaneState(strict=False)
+    state = ExpectedDataplane(strict=False)
     state.record = False
     pipeline = CalcPipeline(hostname, state)
     pipeline.start()

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from typha_testlib import CALICO, FileStore, gnp, ippool, wep
 
-from agent.calc.dataplane_state import DataplaneState
+from agent.calc.expected_dataplane import ExpectedDataplane
 from agent.calc.pipeline import CalcPipeline
 from agent.calc.snapshot import compute
 from agent.syncer.api import ResourceKey
@@ -40,7 +40,7 @@ def _seed(store: FileStore) -> None:
               _policy("web-from-all", "role == 'web'", "all()"))
 
 
-def _wait_same(pipeline: CalcPipeline, state: DataplaneState, store: FileStore,
+def _wait_same(pipeline: CalcPipeline, state: ExpectedDataplane, store: FileStore,
                timeout: float = 15.0) -> dict[str, Any]:
     expected = compute(str(store.root), NODE).summary
     deadline = time.monotonic() + timeout
@@ -60,8 +60,8 @@ def _wait_same(pipeline: CalcPipeline, state: DataplaneState, store: FileStore,
 def calc_over(start_client):
     pipelines: list[CalcPipeline] = []
 
-    def start(address: tuple[str, int], **options: Any) -> tuple[CalcPipeline, DataplaneState]:
-        state = DataplaneState(strict=False)
+    def start(address: tuple[str, int], **options: Any) -> tuple[CalcPipeline, ExpectedDataplane]:
+        state = ExpectedDataplane(strict=False)
         pipeline = CalcPipeline(NODE, state)
         pipeline.start()
         pipelines.append(pipeline)

@@ -55,9 +55,9 @@ from agent.bpf.compiler import (
     AdoptedState,
     CompiledDataplane,
     CompileError,
-    DataplaneState,
     IPSetKeys,
     PolicyCompiler,
+    PolicyState,
 )
 from agent.bpf.maps import counters as counters_map
 from agent.bpf.maps import ep_by_ifindex as ep_array
@@ -200,7 +200,7 @@ class BpfPolicyManager(ManagerBase):
         self._base_config = {k.lower(): v for k, v in (base_config or {}).items()}
         self._rules_per_prog = rules_per_prog
         self._list_interfaces = list_interfaces
-        self.state = DataplaneState(hostname=hostname, config=dict(self._base_config))
+        self.state = PolicyState(hostname=hostname, config=dict(self._base_config))
         self.interfaces = InterfaceTable()
         self.compiler: PolicyCompiler | None = None
         self._dirty = True

@@ -1,6 +1,6 @@
 """Drive the real BPF programs from tests: compile state into the pinned maps, run packets.
 
-`Harness` owns a DataplaneState and a PolicyCompiler, writes the compiled result into the
+`Harness` owns a PolicyState and a PolicyCompiler, writes the compiled result into the
 maps of the session's LoadedDataplane (a minimal full sync: desired entries written,
 everything else deleted), and runs packets through calico_from_wep / calico_to_wep /
 calico_xdp with BPF_PROG_TEST_RUN inside the session's test namespace (whose dummy
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent import proto as p
-from agent.bpf.compiler import CompiledDataplane, DataplaneState, PolicyCompiler
+from agent.bpf.compiler import CompiledDataplane, PolicyCompiler, PolicyState
 from agent.bpf.loader import LoadedDataplane
 from agent.bpf.maps import counters as counters_map
 from agent.bpf.maps.base import ARRAY_TYPES, BpfMap
@@ -45,7 +45,7 @@ class Harness:
         self.dp = dp
         self.ns = ns
         self.ifindexes = ifindexes
-        self.state = DataplaneState(hostname="node1")
+        self.state = PolicyState(hostname="node1")
         self.route_inputs = RouteInputs(hostname="node1")
         self.compiler = PolicyCompiler(
             rules_capacity=dp.maps["rules"].max_entries,

@@ -17,7 +17,7 @@ import pytest
 from agent import proto as p
 from agent.bpf import packets as pk
 from agent.bpf import syscall
-from agent.bpf.compiler import DataplaneState, PolicyCompiler
+from agent.bpf.compiler import PolicyCompiler, PolicyState
 from agent.bpf.loader import BuildConfig, load_dataplane, prepare_pins, remove_pin_dir
 from agent.bpf.maps import ALL_MAPS, BY_NAME, endpoints, ipsets
 from agent.bpf.maps import conntrack as ct_map
@@ -276,7 +276,7 @@ def test_build_without_the_coarse_clock_tracks_flows_on_the_fine_one(root_untouc
             assert "-DPF_KTIME_COARSE=1" not in dp.config.cflags()
             compiler = PolicyCompiler(rules_capacity=dp.maps["rules"].max_entries,
                                       max_chain_records=32 * dp.config.rules_per_prog)
-            state = DataplaneState()
+            state = PolicyState()
             state.apply(p.ActiveProfileUpdate("allow", p.Profile(
                 inbound_rules=(p.Rule("allow"),), outbound_rules=(p.Rule("allow"),))))
             state.apply(p.WorkloadEndpointUpdate(p.WorkloadEndpointID("k8s", "d/a", "eth0"),

@@ -1,4 +1,4 @@
-"""DataplaneState: the dataplane as the calc graph's messages describe it, checked as it goes.
+"""ExpectedDataplane: the dataplane as the calc graph's messages describe it, checked as it goes.
 
 Role: a consumer of `proto` messages (it has `send(message)`) that applies each message to
 an in-memory model of what a dataplane would hold (IP sets and members, active policies
@@ -55,7 +55,7 @@ def _rule_ip_sets(rules: tuple[proto.Rule, ...]) -> set[str]:
     return out
 
 
-class DataplaneState:
+class ExpectedDataplane:
     def __init__(self, *, strict: bool = True) -> None:
         self.strict = strict
         self.ip_sets: dict[str, set[str]] = {}
