@@ -7,9 +7,6 @@ BIRD. The library (`confd`) does the work; this module parses options and prints
 
 from __future__ import annotations
 
-import logging
-import signal
-import threading
 from typing import Any
 
 import click
@@ -49,25 +46,14 @@ def _require(datastore: str | None, hostname: str | None) -> tuple[str, str]:
 
 def _run_loop(datastore: str | None, hostname: str | None, interface_prefix: str,
               bird_socket: str, config_file: str, prometheus_port: int) -> None:
-    from confd.datastore import DatastoreUnavailable, open_syncer
-    from confd.watcher import ConfdLoop, ConfdReconciler, run_until
+    from confd.daemon import ConfdStartError, run
 
     datastore, hostname = _require(datastore, hostname)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
-        syncer = open_syncer(datastore)
-    except DatastoreUnavailable as exc:
+        run(datastore, hostname, interface_prefix=interface_prefix, bird_socket=bird_socket,
+            config_file=config_file, prometheus_port=prometheus_port)
+    except ConfdStartError as exc:
         raise click.ClickException(str(exc)) from exc
-    if prometheus_port:
-        from prometheus_client import start_http_server
-
-        start_http_server(prometheus_port)
-    reconciler = ConfdReconciler(hostname, config_file, bird_socket,
-                                 interface_prefix=interface_prefix)
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    run_until(ConfdLoop(syncer, reconciler), stop)
 
 
 @click.group("confd", invoke_without_command=True)
