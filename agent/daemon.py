@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import metrics
+from agent.atomic_file import write_atomically
 from agent.calc.pipeline import CalcPipeline
 from agent.config import Config, load_config
 from agent.dataplane.errors import DataplaneUnavailable
@@ -398,22 +399,34 @@ def _idle(pipeline: CalcPipeline, loop: DataplaneLoop) -> bool:
 
 
 class StatusWriter:
-    """Writes the agent's sync/apply status as JSON (atomically) when it changes."""
+    """Writes the agent's sync/apply status as JSON when it changes.
+
+    The file is replaced atomically through a temporary file of a random name created with
+    O_EXCL|O_NOFOLLOW beside it (`agent.atomic_file`): a symlink planted at a temporary name
+    or at the status file's own name never makes the agent write anywhere else. A failed
+    write is logged (once per distinct error) and retried on the next call; it never stops
+    the agent."""
 
     def __init__(self, path: str, hostname: str) -> None:
         self._path = Path(path) if path else None
         self._hostname = hostname
         self._last: dict[str, Any] | None = None
+        self._last_error = ""
 
     def write(self, **fields: Any) -> None:
         if self._path is None or fields == self._last:
             return
-        self._last = dict(fields)
         body = {"hostname": self._hostname, "pid": os.getpid(), "written_wall": time.time(),
                 **fields}
-        tmp = self._path.with_name(self._path.name + ".tmp")
-        tmp.write_text(json.dumps(body, sort_keys=True))
-        os.replace(tmp, self._path)
+        try:
+            write_atomically(self._path, json.dumps(body, sort_keys=True).encode())
+        except OSError as exc:
+            if str(exc) != self._last_error:
+                log.warning("cannot write the status file %s: %s", self._path, exc)
+            self._last_error = str(exc)
+            return
+        self._last_error = ""
+        self._last = dict(fields)
 
 
 def run_agent(options: AgentOptions, *, install_signals: bool = True) -> int:
