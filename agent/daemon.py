@@ -10,10 +10,15 @@ Wiring (each box is a thread; arrows are queues)::
     SIGTERM/SIGINT, a fatal dataplane failure (fail closed), or a FelixConfiguration change
     that needs a restart.
 
-Start-up order matters: configuration is loaded from env/file AND the datastore's
-FelixConfiguration resources before the dataplane is built, so the dataplane mode is decided
-once; a later change to a restart-only parameter makes the agent exit 0 so its DaemonSet
-restarts it with the new value (as Felix does). SIGTERM stops the threads and leaves the
+Start-up order matters: configuration is loaded from env/file (checked first: bad values
+exit 2 at once; health is served from it) AND the datastore's FelixConfiguration resources
+before the dataplane is built, so the dataplane mode is decided once. A datastore that cannot
+be reached at start is waited for, not an exit: the read is retried with jittered
+exponential backoff (0.5 s up to 10 s), each failure logged with the next delay, and
+`/readiness` answers 503 with the `datastore` reporter not ready until it answers (a
+datastore that answers but refuses, e.g. permission denied, still exits 2). A later
+change to a restart-only parameter makes the agent exit 0 so its DaemonSet restarts it with
+the new value (as Felix does). SIGTERM stops the threads and leaves the
 programmed dataplane (maps, programs, routes, chains) in place: the next agent adopts it.
 
 Exit codes: 0 clean stop or restart-for-config, 1 fatal dataplane failure, 2 bad config.
@@ -56,12 +61,19 @@ from agent.proto import (
     WorkloadEndpointUpdate,
 )
 from agent.syncer.api import DatastoreError, RawUpdate, SyncStatus
+from agent.syncer.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_FATAL = 1
 EXIT_CONFIG = 2
+
+# Start-up while the datastore cannot be reached: retry with jittered exponential backoff
+# from STARTUP_RETRY_INITIAL_S up to STARTUP_RETRY_MAX_S, reported by this health reporter.
+DATASTORE_REPORTER = "datastore"
+STARTUP_RETRY_INITIAL_S = 0.5
+STARTUP_RETRY_MAX_S = 10.0
 
 _RESYNC_STATE_VALUES = {SyncStatus.WAIT_FOR_DATASTORE: 1, SyncStatus.RESYNC: 2,
                         SyncStatus.IN_SYNC: 3}
@@ -200,16 +212,23 @@ class _SyncerTap:
 
 
 def datastore_felix_config(datastore: str, hostname: str) -> tuple[dict[str, str], dict[str, str]]:
-    """FelixConfiguration `default` and `node.<hostname>` as read at start-up."""
+    """FelixConfiguration `default` and `node.<hostname>` as read at start-up.
+
+    Raises `DatastoreUnavailable` when the datastore cannot be reached (the agent waits and
+    retries), another `DatastoreClientError` when it refuses (the agent exits 2)."""
     from agent.model import FelixConfiguration, ValidationError, parse_resource
     from agent.syncer.client import open_datastore, parse_datastore_url
 
     if parse_datastore_url(datastore).backend == "typha":
         # Typha is read-only: take the effective (global, then per-node) settings from one
         # pass of its stream through the calc graph, as the running agent will see them.
-        from agent.calc.snapshot import compute
+        from agent.calc.snapshot import CalcTimeout, compute
+        from agent.syncer.client import DatastoreUnavailable
 
-        return dict(compute(datastore, hostname).state.config), {}
+        try:
+            return dict(compute(datastore, hostname).state.config), {}
+        except CalcTimeout as exc:
+            raise DatastoreUnavailable(str(exc)) from exc
 
     client = open_datastore(datastore)
     layers: list[dict[str, str]] = []
@@ -239,7 +258,8 @@ class AgentOptions:
 class Agent:
     def __init__(self, options: AgentOptions, *,
                  managers_factory: Callable[[Config], tuple[str, list[Manager]]] | None = None,
-                 monitor_interfaces: bool = True) -> None:
+                 monitor_interfaces: bool = True, startup_backoff: Backoff | None = None
+                 ) -> None:
         self.options = options
         self._managers_factory = managers_factory or select_managers
         self._monitor_interfaces = monitor_interfaces
@@ -248,6 +268,10 @@ class Agent:
         self.environ = dict(os.environ if options.environ is None else options.environ)
         self.config: Config | None = None
         self.dataplane_mode = ""
+        self._startup_backoff = startup_backoff or Backoff(
+            initial=STARTUP_RETRY_INITIAL_S, maximum=STARTUP_RETRY_MAX_S)
+        self._health_server: HealthServer | None = None
+        self._health_address: tuple[str, int] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -259,6 +283,40 @@ class Agent:
                                                           self.options.hostname)
         return load_config(environ=self.environ, config_file=self.options.config_file,
                            datastore_global=global_layer, datastore_node=node_layer)
+
+    def local_config(self) -> Config:
+        """The configuration without the datastore's layers (environment + config file):
+        checked before anything else, and enough to serve health while the datastore is
+        awaited."""
+        return load_config(environ=self.environ, config_file=self.options.config_file)
+
+    def wait_for_datastore_config(self, health: HealthAggregator) -> Config | None:
+        """`load_config()`, retried with jittered exponential backoff for as long as the
+        datastore cannot be reached (each failure logged with the delay before the next
+        attempt; the `datastore` health reporter is not ready meanwhile). Returns None if
+        the agent was asked to stop while waiting. A datastore that answers but refuses,
+        or bad configuration in it, raises at once."""
+        from agent.syncer.client import DatastoreUnavailable
+
+        started = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                config = self.load_config()
+            except DatastoreUnavailable as exc:
+                health.report(DATASTORE_REPORTER, live=True, ready=False)
+                delay = self._startup_backoff.failed()
+                log.warning("datastore %s is not reachable (%s); waiting for it, next "
+                            "attempt in %.1f s (attempt %d, %.0f s so far)",
+                            self.options.datastore, exc, delay, self._startup_backoff.failures,
+                            time.monotonic() - started)
+                self._stop.wait(delay)
+                continue
+            if self._startup_backoff.failures:
+                log.info("datastore %s reachable after %.1f s; starting",
+                         self.options.datastore, time.monotonic() - started)
+            health.report(DATASTORE_REPORTER, live=True, ready=True)
+            return config
+        return None
 
     def _status_reporter(self, config: Config, managers: list[Manager]) -> Any:
         """Felix's status reporting: a node record with a TTL in the datastore, and endpoint
@@ -289,11 +347,47 @@ class Agent:
                                          .replace("FATAL", "CRITICAL"))
 
     def run(self) -> int:
+        """Local configuration, health served from it, the datastore awaited (see
+        `wait_for_datastore_config`), then the agent proper (`_run`)."""
         from agent.logs import configure_logging
+
+        local = self.local_config()
+        configure_logging(local.log_severity_screen)
+        health = HealthAggregator()
+        health.register(DATASTORE_REPORTER, live=False, ready=True)
+        try:
+            self._serve_health(health, local)
+            config = self.wait_for_datastore_config(health)
+            if config is None:
+                log.info("stopped while waiting for the datastore")
+                return EXIT_OK
+            self.config = config
+            configure_logging(config.log_severity_screen)
+            self._serve_health(health, config)
+            return self._run(config, health)
+        finally:
+            self._serve_health(health, None)
+
+    def _serve_health(self, health: HealthAggregator, config: Config | None) -> None:
+        """Serve health where `config` says (nowhere for None or HealthEnabled false),
+        keeping the running server if it already listens there: the datastore's
+        FelixConfiguration, read after the server started, may move or disable it."""
+        wanted = None
+        if config is not None and config.health_enabled:
+            wanted = (config.health_host, config.health_port)
+        if self._health_server is not None:
+            if wanted == self._health_address:
+                return
+            self._health_server.stop()
+            self._health_server = self._health_address = None
+        if wanted is not None:
+            server = HealthServer(health, *wanted)
+            server.start()
+            self._health_server, self._health_address = server, wanted
+
+    def _run(self, config: Config, health: HealthAggregator) -> int:
         from agent.syncer.client import make_syncer
 
-        config = self.config = self.load_config()
-        configure_logging(config.log_severity_screen)
         mode, managers = self._managers_factory(config)
         self.dataplane_mode = mode
         reporter = self._status_reporter(config, managers)
@@ -301,13 +395,8 @@ class Agent:
             "hostname": self.options.hostname, "datastore": self.options.datastore,
             "dataplane": mode}})
 
-        health = HealthAggregator()
         health.register("calc-graph", live=True, ready=True, timeout=60)
         health.register("dataplane", live=True, ready=True, timeout=60)
-        health_server = None
-        if config.health_enabled:
-            health_server = HealthServer(health, config.health_host, config.health_port)
-            health_server.start()
         if config.prometheus_metrics_enabled:
             metrics.serve_metrics(config.prometheus_metrics_host,
                                   config.prometheus_metrics_port)
@@ -381,8 +470,6 @@ class Agent:
                 close = getattr(manager, "close", None)
                 if close is not None:
                     close()
-            if health_server is not None:
-                health_server.stop()
         return exit_code
 
 

@@ -1,5 +1,5 @@
-"""A running `pyfelix agent` (iptables mode) on the etcd3 datastore: etcd outages and
-malformed documents written straight into etcd.
+"""A running `pyfelix agent` (iptables mode) on the etcd3 datastore: etcd outages, an agent
+started before etcd, and malformed documents written straight into etcd.
 
 The world of each test, built by `etcd_agent_world()` and torn down on success, failure and
 Ctrl-C (one ExitStack; etcd and the agent also get SIGKILL if pytest itself is killed,
@@ -26,6 +26,10 @@ which leaves only the namespace and a /tmp/pfet* directory behind):
    InSync once reached, so an etcd outage does not make calico-node unready either. After
    etcd restarts on the same data directory, a policy change written then is programmed
    within 30 s, the agent resumed its watch (no relist), and a delete is programmed too.
+1b. `test_agent_started_before_etcd_waits_then_syncs`: the agent starts while nothing
+   listens on etcd's port. It stays up, logs each retry with its growing delay, answers
+   liveness 200 and readiness 503 (reporter `datastore` not ready); once etcd is started
+   and written, the agent reads its configuration, becomes ready and programs the policy.
 2. `test_malformed_documents_in_etcd_are_counted_and_change_nothing`: invalid JSON, a JSON
    array, a NetworkPolicy with a bad selector, a policy with a wrong-typed field, a document
    of an unknown kind under a known kind's directory, a key of the wrong shape, and a key of
@@ -228,6 +232,16 @@ class EtcdAgent:
             except OSError:
                 return 0
 
+    def http_body(self, path: str) -> dict[str, Any]:
+        """The JSON body of the health endpoint `path` (whatever its status)."""
+        with in_netns(self.netns):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{HEALTH_PORT}{path}",
+                                            timeout=2) as response:
+                    return dict(json.loads(response.read()))
+            except urllib.error.HTTPError as exc:
+                return dict(json.loads(exc.read()))
+
     def metrics(self) -> dict[str, float]:
         """Every sample of /metrics (`scrape_metrics`)."""
         return scrape_metrics(self.netns, METRICS_PORT)
@@ -308,9 +322,13 @@ def _mount_bpffs_if_needed() -> None:
 
 
 @contextlib.contextmanager
-def etcd_agent_world(documents: Sequence[dict[str, Any]]) -> Iterator[World]:
+def etcd_agent_world(documents: Sequence[dict[str, Any]], *,
+                     etcd_first: bool = True) -> Iterator[World]:
     """Namespace + workload veth + etcd (inside it) holding `documents` + a running agent.
-    Everything is undone on the way out, whatever the way out is."""
+    With `etcd_first=False` the agent is started while etcd is NOT running yet (its port is
+    chosen, nothing listens on it): the test starts etcd with `world.etcd.start()` and
+    writes `documents` itself. Everything is undone on the way out, whatever the way out
+    is."""
     if not Path(ETCD_BINARY).exists():
         pytest.fail(f"{ETCD_BINARY} is missing: install Debian's etcd-server (scripts/setup.sh)")
     token = uuid.uuid4().hex[:6]
@@ -333,10 +351,11 @@ def etcd_agent_world(documents: Sequence[dict[str, Any]]) -> Iterator[World]:
 
         etcd = NamespacedEtcd(base, netns)
         undo.callback(etcd.close)
-        etcd.start()
         store = EtcdDatastore(etcd.writer_config())
         undo.callback(store.close)
-        store.apply(list(documents))
+        if etcd_first:
+            etcd.start()
+            store.apply(list(documents))
 
         run_dir = base / "agent"
         run_dir.mkdir()
@@ -481,6 +500,61 @@ def test_etcd_outage_keeps_the_dataplane_and_recovers(
         f"after the restart began was programmed {(programmed_at - written_at) * 1000:.0f} ms"
         f" later ({(programmed_at - restarted_at) * 1000:.0f} ms from the restart); delete "
         f"programmed in {(removed_at - deleted_at) * 1000:.0f} ms"))
+
+
+# --- 1b. started before etcd ---------------------------------------------------------------------
+
+WAIT_BEFORE_ETCD_S = 5.0
+
+
+@pytest.mark.timeout(150)
+def test_agent_started_before_etcd_waits_then_syncs(
+        root_guard: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """The agent's datastore is down when it starts (nothing listens on etcd's port yet):
+    it keeps running, retries with growing delays and says so in its log, answers liveness
+    200 and readiness 503 (the `datastore` reporter not ready) meanwhile; once etcd is
+    started and holds a policy, the agent reads its configuration, syncs and programs it.
+    (Before: the agent exited 2 at once with "cannot reach etcd".)"""
+    policy = web_policy("late-etcd", 80)
+    chain = inbound_chain("late-etcd")
+    with etcd_agent_world(base_documents(policy), etcd_first=False) as world:
+        agent = world.agent
+        started_at = time.monotonic()
+        readiness: list[int] = []
+        while time.monotonic() - started_at < WAIT_BEFORE_ETCD_S:
+            agent.assert_running()
+            readiness.append(agent.http_status("/readiness"))
+            time.sleep(0.25)
+        agent.assert_running()
+        assert agent.http_status("/liveness") == 200
+        assert agent.http_status("/readiness") == 503
+        assert 200 not in readiness, readiness
+        body = agent.http_body("/readiness")
+        assert body["reporters"]["datastore"] == {"live": True, "ready": False}, body
+        waits = [line for line in agent.log_text().splitlines()
+                 if "is not reachable" in line and world.etcd.datastore_url in line]
+        assert len(waits) >= 3, agent.log_tail(40)
+        delays = [float(m.group(1)) for line in waits
+                  if (m := re.search(r"next attempt in ([0-9.]+) s", line))]
+        assert len(delays) == len(waits) and delays[-1] > delays[0], delays  # backing off
+        assert world.chain_rules(chain) is None
+
+        etcd_started_at = time.monotonic()
+        world.etcd.start()
+        world.store.apply(base_documents(policy))
+        written_at = time.monotonic()
+        _wait_ready(world, chain, 80)
+        ready_at = time.monotonic()
+        assert agent.http_body("/readiness")["reporters"]["datastore"]["ready"] is True
+        assert "reachable after" in agent.log_text()
+        assert agent.metric(RESYNC_STATE) == IN_SYNC
+        assert "Traceback" not in agent.log_text(), agent.log_tail(60)
+    root_guard.check()
+    _report(capsys, (
+        f"agent started {WAIT_BEFORE_ETCD_S:.0f} s before etcd: {len(waits)} logged retries "
+        f"(delays {', '.join(f'{d:.1f}' for d in delays)} s), readiness 503 throughout; "
+        f"etcd start + writes took {(written_at - etcd_started_at) * 1000:.0f} ms, ready and "
+        f"programmed {(ready_at - written_at) * 1000:.0f} ms after the writes"))
 
 
 # --- 2. malformed documents -----------------------------------------------------------------------
