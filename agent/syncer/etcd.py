@@ -24,6 +24,9 @@ How it follows etcd:
    it had seen, and sent keys that are gone, must all be seen in the replay; once they
    are, status goes back to IN_SYNC.
 
+Every list after the first is counted in `pyfelix_datastore_resyncs_total{backend="etcd3",
+reason}` (compacted, or error for an unexpected failure); a reconnect is not.
+
 Statuses: WAIT_FOR_DATASTORE until the first list succeeds, RESYNC during a list and while
 catching up after a reconnect, IN_SYNC otherwise; never the same status twice in a row.
 
@@ -69,7 +72,12 @@ from agent.syncer.etcd_conn import (
     WatchStream,
 )
 from agent.syncer.etcd_keys import ETCD_ROOT, EtcdKeyError, decode_value, parse_etcd_key
-from agent.syncer.metrics import DATASTORE_PARSE_ERRORS
+from agent.syncer.metrics import (
+    DATASTORE_PARSE_ERRORS,
+    DATASTORE_RESYNCS,
+    RESYNC_COMPACTED,
+    RESYNC_ERROR,
+)
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +94,10 @@ ETCD_RECONNECTS = Counter(
     "Number of times the etcd syncer lost its connection to etcd (a request failed, the "
     "watch stream broke, or etcd stopped answering the liveness probe) and reconnected.",
 )
+
+
+for _reason in (RESYNC_COMPACTED, RESYNC_ERROR):  # exported as 0 until the first one
+    DATASTORE_RESYNCS.labels(backend=BACKEND, reason=_reason)
 
 
 class _LivenessTimeout(EtcdError):
@@ -181,6 +193,7 @@ class EtcdSyncer:
                 log.info("etcd revision %d was compacted (%s); listing again",
                          self._revision, exc)
                 ETCD_RELISTS.inc()
+                DATASTORE_RESYNCS.labels(backend=BACKEND, reason=RESYNC_COMPACTED).inc()
                 self._listed = False
             except EtcdError as exc:
                 if self._stop.is_set():
@@ -192,6 +205,8 @@ class EtcdSyncer:
                 self._callbacks.on_error(DatastoreError(
                     self.config.description, f"etcd syncer failed unexpectedly ({exc!r}); "
                                              "listing again"))
+                if self._listed:
+                    DATASTORE_RESYNCS.labels(backend=BACKEND, reason=RESYNC_ERROR).inc()
                 self._listed = False
                 self._disconnect()
                 self._stop.wait(self._backoff.failed())
