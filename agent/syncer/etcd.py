@@ -14,7 +14,8 @@ How it follows etcd:
 2. Watch the prefix from R + 1 and send each watch response's events as one batch.
 3. The watch cannot start because R was compacted, or etcd cancels it with a compact
    revision (the watcher fell behind the compaction) -> relist (step 1) and watch again.
-4. The connection is lost (an RPC fails, the stream breaks, or the liveness probe gets no
+4. The connection is lost (an RPC fails, the stream breaks, the member lost its quorum and
+   cancelled the watch (require-leader, see etcd_conn), or the liveness probe gets no
    answer: after `liveness_interval` s of silence the syncer asks etcd for a progress
    response and gives up after `liveness_timeout` s more) -> status RESYNC, jittered
    backoff, reconnect to the next endpoint in turn, and resume the watch from the last
@@ -178,6 +179,11 @@ class EtcdSyncer:
     def revision(self) -> int:
         """The revision up to which every change has been sent (for tests and debug)."""
         return self._revision
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint the syncer is connected to, or will try next (for tests and debug)."""
+        return self._endpoints.current
 
     # -- thread body --
 
