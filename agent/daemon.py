@@ -20,10 +20,15 @@ backend bounds its own reads: etcd keepalives, TyphaReadTimeout), the BPF conntr
 and this main thread (a hung main thread cannot exit on a fatal dataplane, but that loop
 then stops reporting and liveness fails anyway).
 
-Start-up order matters: configuration is loaded from env/file AND the datastore's
-FelixConfiguration resources before the dataplane is built, so the dataplane mode is decided
-once; a later change to a restart-only parameter makes the agent exit 0 so its DaemonSet
-restarts it with the new value (as Felix does). SIGTERM stops the threads and leaves the
+Start-up order matters: configuration is loaded from env/file (checked first: bad values
+exit 2 at once; health is served from it) AND the datastore's FelixConfiguration resources
+before the dataplane is built, so the dataplane mode is decided once. A datastore that cannot
+be reached at start is waited for, not an exit: the read is retried with jittered
+exponential backoff (0.5 s up to 10 s), each failure logged with the next delay, and
+`/readiness` answers 503 with the `datastore` reporter not ready until it answers (a
+datastore that answers but refuses, e.g. permission denied, still exits 2). A later
+change to a restart-only parameter makes the agent exit 0 so its DaemonSet restarts it with
+the new value (as Felix does). SIGTERM stops the threads and leaves the
 programmed dataplane (maps, programs, routes, chains) in place: the next agent adopts it.
 
 Exit codes: 0 clean stop or restart-for-config, 1 fatal dataplane failure, 2 bad config.
@@ -43,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import metrics
+from agent.atomic_file import write_atomically
 from agent.calc.pipeline import CalcPipeline
 from agent.config import Config, load_config
 from agent.dataplane.errors import DataplaneUnavailable
@@ -65,6 +71,7 @@ from agent.proto import (
     WorkloadEndpointUpdate,
 )
 from agent.syncer.api import DatastoreError, RawUpdate, SyncStatus
+from agent.syncer.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +81,12 @@ EXIT_CONFIG = 2
 
 CALC_GRAPH_LIVENESS_TIMEOUT = 60.0
 IFACE_MONITOR_LIVENESS_TIMEOUT = 60.0
+
+# Start-up while the datastore cannot be reached: retry with jittered exponential backoff
+# from STARTUP_RETRY_INITIAL_S up to STARTUP_RETRY_MAX_S, reported by this health reporter.
+DATASTORE_REPORTER = "datastore"
+STARTUP_RETRY_INITIAL_S = 0.5
+STARTUP_RETRY_MAX_S = 10.0
 
 _RESYNC_STATE_VALUES = {SyncStatus.WAIT_FOR_DATASTORE: 1, SyncStatus.RESYNC: 2,
                         SyncStatus.IN_SYNC: 3}
@@ -212,16 +225,23 @@ class _SyncerTap:
 
 
 def datastore_felix_config(datastore: str, hostname: str) -> tuple[dict[str, str], dict[str, str]]:
-    """FelixConfiguration `default` and `node.<hostname>` as read at start-up."""
+    """FelixConfiguration `default` and `node.<hostname>` as read at start-up.
+
+    Raises `DatastoreUnavailable` when the datastore cannot be reached (the agent waits and
+    retries), another `DatastoreClientError` when it refuses (the agent exits 2)."""
     from agent.model import FelixConfiguration, ValidationError, parse_resource
     from agent.syncer.client import open_datastore, parse_datastore_url
 
     if parse_datastore_url(datastore).backend == "typha":
         # Typha is read-only: take the effective (global, then per-node) settings from one
         # pass of its stream through the calc graph, as the running agent will see them.
-        from agent.calc.snapshot import compute
+        from agent.calc.snapshot import CalcTimeout, compute
+        from agent.syncer.client import DatastoreUnavailable
 
-        return dict(compute(datastore, hostname).state.config), {}
+        try:
+            return dict(compute(datastore, hostname).state.config), {}
+        except CalcTimeout as exc:
+            raise DatastoreUnavailable(str(exc)) from exc
 
     client = open_datastore(datastore)
     layers: list[dict[str, str]] = []
@@ -251,7 +271,8 @@ class AgentOptions:
 class Agent:
     def __init__(self, options: AgentOptions, *,
                  managers_factory: Callable[[Config], tuple[str, list[Manager]]] | None = None,
-                 monitor_interfaces: bool = True) -> None:
+                 monitor_interfaces: bool = True, startup_backoff: Backoff | None = None
+                 ) -> None:
         self.options = options
         self._managers_factory = managers_factory or select_managers
         self._monitor_interfaces = monitor_interfaces
@@ -260,6 +281,10 @@ class Agent:
         self.environ = dict(os.environ if options.environ is None else options.environ)
         self.config: Config | None = None
         self.dataplane_mode = ""
+        self._startup_backoff = startup_backoff or Backoff(
+            initial=STARTUP_RETRY_INITIAL_S, maximum=STARTUP_RETRY_MAX_S)
+        self._health_server: HealthServer | None = None
+        self._health_address: tuple[str, int, int, float] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -271,6 +296,40 @@ class Agent:
                                                           self.options.hostname)
         return load_config(environ=self.environ, config_file=self.options.config_file,
                            datastore_global=global_layer, datastore_node=node_layer)
+
+    def local_config(self) -> Config:
+        """The configuration without the datastore's layers (environment + config file):
+        checked before anything else, and enough to serve health while the datastore is
+        awaited."""
+        return load_config(environ=self.environ, config_file=self.options.config_file)
+
+    def wait_for_datastore_config(self, health: HealthAggregator) -> Config | None:
+        """`load_config()`, retried with jittered exponential backoff for as long as the
+        datastore cannot be reached (each failure logged with the delay before the next
+        attempt; the `datastore` health reporter is not ready meanwhile). Returns None if
+        the agent was asked to stop while waiting. A datastore that answers but refuses,
+        or bad configuration in it, raises at once."""
+        from agent.syncer.client import DatastoreUnavailable
+
+        started = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                config = self.load_config()
+            except DatastoreUnavailable as exc:
+                health.report(DATASTORE_REPORTER, live=True, ready=False)
+                delay = self._startup_backoff.failed()
+                log.warning("datastore %s is not reachable (%s); waiting for it, next "
+                            "attempt in %.1f s (attempt %d, %.0f s so far)",
+                            self.options.datastore, exc, delay, self._startup_backoff.failures,
+                            time.monotonic() - started)
+                self._stop.wait(delay)
+                continue
+            if self._startup_backoff.failures:
+                log.info("datastore %s reachable after %.1f s; starting",
+                         self.options.datastore, time.monotonic() - started)
+            health.report(DATASTORE_REPORTER, live=True, ready=True)
+            return config
+        return None
 
     def _status_reporter(self, config: Config, managers: list[Manager]) -> Any:
         """Felix's status reporting: a node record with a TTL in the datastore, and endpoint
@@ -301,11 +360,50 @@ class Agent:
                                          .replace("FATAL", "CRITICAL"))
 
     def run(self) -> int:
+        """Local configuration, health served from it, the datastore awaited (see
+        `wait_for_datastore_config`), then the agent proper (`_run`)."""
         from agent.logs import configure_logging
+
+        local = self.local_config()
+        configure_logging(local.log_severity_screen)
+        health = HealthAggregator(timeout_overrides=dict(local.health_timeout_overrides))
+        health.register(DATASTORE_REPORTER, live=False, ready=True)
+        try:
+            self._serve_health(health, local)
+            config = self.wait_for_datastore_config(health)
+            if config is None:
+                log.info("stopped while waiting for the datastore")
+                return EXIT_OK
+            self.config = config
+            configure_logging(config.log_severity_screen)
+            self._serve_health(health, config)
+            return self._run(config, health)
+        finally:
+            self._serve_health(health, None)
+
+    def _serve_health(self, health: HealthAggregator, config: Config | None) -> None:
+        """Serve health where `config` says (nowhere for None or HealthEnabled false),
+        keeping the running server if it already listens there: the datastore's
+        FelixConfiguration, read after the server started, may move or disable it."""
+        wanted = None
+        if config is not None and config.health_enabled:
+            wanted = (config.health_host, config.health_port, config.health_max_connections,
+                      config.health_read_timeout)
+        if self._health_server is not None:
+            if wanted == self._health_address:
+                return
+            self._health_server.stop()
+            self._health_server = self._health_address = None
+        if wanted is not None:
+            host, port, max_connections, read_timeout = wanted
+            server = HealthServer(health, host, port, max_connections=max_connections,
+                                  read_timeout=read_timeout)
+            server.start()
+            self._health_server, self._health_address = server, wanted
+
+    def _run(self, config: Config, health: HealthAggregator) -> int:
         from agent.syncer.client import make_syncer
 
-        config = self.config = self.load_config()
-        configure_logging(config.log_severity_screen)
         mode, managers = self._managers_factory(config)
         self.dataplane_mode = mode
         reporter = self._status_reporter(config, managers)
@@ -313,7 +411,8 @@ class Agent:
             "hostname": self.options.hostname, "datastore": self.options.datastore,
             "dataplane": mode}})
 
-        health = HealthAggregator(timeout_overrides=dict(config.health_timeout_overrides))
+        # the datastore's layer may set HealthTimeoutOverrides: it counts from here on
+        health.set_timeout_overrides(dict(config.health_timeout_overrides))
         calc_health = health.register("calc-graph", timeout=CALC_GRAPH_LIVENESS_TIMEOUT)
         dp_health = health.register("dataplane", timeout=config.dataplane_watchdog_timeout)
         monitor_health = None
@@ -322,13 +421,7 @@ class Agent:
                                              timeout=IFACE_MONITOR_LIVENESS_TIMEOUT)
         for name in health.unknown_overrides():
             log.warning("HealthTimeoutOverrides: no health reporter is called %r", name)
-        health_server = None
         metrics_server = None
-        if config.health_enabled:
-            health_server = HealthServer(health, config.health_host, config.health_port,
-                                         max_connections=config.health_max_connections,
-                                         read_timeout=config.health_read_timeout)
-            health_server.start()
         if config.prometheus_metrics_enabled:
             metrics_server = metrics.serve_metrics(
                 config.prometheus_metrics_host, config.prometheus_metrics_port,
@@ -412,8 +505,6 @@ class Agent:
                 close = getattr(manager, "close", None)
                 if close is not None:
                     close()
-            if health_server is not None:
-                health_server.stop()
             if metrics_server is not None:
                 metrics_server.stop()
         return exit_code
@@ -432,22 +523,34 @@ def _idle(pipeline: CalcPipeline, loop: DataplaneLoop) -> bool:
 
 
 class StatusWriter:
-    """Writes the agent's sync/apply status as JSON (atomically) when it changes."""
+    """Writes the agent's sync/apply status as JSON when it changes.
+
+    The file is replaced atomically through a temporary file of a random name created with
+    O_EXCL|O_NOFOLLOW beside it (`agent.atomic_file`): a symlink planted at a temporary name
+    or at the status file's own name never makes the agent write anywhere else. A failed
+    write is logged (once per distinct error) and retried on the next call; it never stops
+    the agent."""
 
     def __init__(self, path: str, hostname: str) -> None:
         self._path = Path(path) if path else None
         self._hostname = hostname
         self._last: dict[str, Any] | None = None
+        self._last_error = ""
 
     def write(self, **fields: Any) -> None:
         if self._path is None or fields == self._last:
             return
-        self._last = dict(fields)
         body = {"hostname": self._hostname, "pid": os.getpid(), "written_wall": time.time(),
                 **fields}
-        tmp = self._path.with_name(self._path.name + ".tmp")
-        tmp.write_text(json.dumps(body, sort_keys=True))
-        os.replace(tmp, self._path)
+        try:
+            write_atomically(self._path, json.dumps(body, sort_keys=True).encode())
+        except OSError as exc:
+            if str(exc) != self._last_error:
+                log.warning("cannot write the status file %s: %s", self._path, exc)
+            self._last_error = str(exc)
+            return
+        self._last_error = ""
+        self._last = dict(fields)
 
 
 def run_agent(options: AgentOptions, *, install_signals: bool = True) -> int:

@@ -26,7 +26,8 @@ Timeouts: each reporter's registered default, replaced by `timeout_overrides` (F
 HealthTimeoutOverrides, `name=duration`); a timeout of 0 means "never times out". Failing
 liveness is logged once when the set of problems changes.
 
-Invariants: a reporter that never reported is neither live nor ready; time comes from an
+Invariants: a reporter that never reported is not ready, and not live once its timeout has
+passed since it registered (a loop still starting is not a hung one); time comes from an
 injectable clock so tests do not sleep. The HTTP server is an `agent.httpserver`
 `BoundedHTTPServer` (connection cap and read timeout: HealthMaxConnections,
 HealthReadTimeout).
@@ -70,6 +71,7 @@ class _Reporter:
     ready: bool = False
     detail: str = ""
     last_report: float | None = None
+    registered: float = 0.0
 
 
 class HealthReporter:
@@ -103,8 +105,15 @@ class HealthAggregator:
             log.info("health reporter %s: timeout %g s (overridden from %g s)", name,
                      effective, timeout)
         with self._lock:
-            self._reporters[name] = _Reporter(name, live, ready, effective)
+            self._reporters[name] = _Reporter(name, live, ready, effective,
+                                              registered=self._clock())
         return HealthReporter(self, name, effective)
+
+    def set_timeout_overrides(self, overrides: Mapping[str, float]) -> None:
+        """Replace the overrides for reporters registered from now on (the agent learns the
+        datastore's HealthTimeoutOverrides after its first reporter registered)."""
+        self._overrides = {FELIX_ALIASES.get(name, name): float(seconds)
+                           for name, seconds in overrides.items()}
 
     def unknown_overrides(self) -> list[str]:
         """Overridden names that no registered reporter has (typos, other agents' names)."""
@@ -131,7 +140,13 @@ class HealthAggregator:
             live_problem = ready_problem = ""
             why = f" ({r.detail})" if r.detail else ""
             if age is None:
-                live_problem = ready_problem = f"{r.name}: never reported"
+                # not ready until it reports; not live only once its timeout has passed
+                # (a loop still starting is not a hung one)
+                ready_problem = f"{r.name}: never reported"
+                waited = now - r.registered
+                if r.timeout > 0 and waited > r.timeout:
+                    live_problem = (f"{r.name}: never reported in {waited:.1f} s "
+                                    f"(timeout {r.timeout:g} s)")
             else:
                 if r.reports_live:
                     if r.timeout > 0 and age > r.timeout:

@@ -10,10 +10,14 @@ configure` calls; module-level Prometheus counters.
 
 Each reconcile, once the syncer is in sync and something changed:
   compute + render -> same text as the running config? nothing to do
-  -> write `<dir>/.<name>.staged` (mode 0600: it may hold BGP passwords), fsync
+  -> write a staged file beside the config, `<dir>/.<name>.<random>.tmp`, created with
+     O_EXCL|O_NOFOLLOW (mode 0600: it may hold BGP passwords; `agent.atomic_file`: a
+     symlink planted at a staged name or at the config file's name is never written
+     through), fsync
   -> `bird -p -c staged`: rejected? keep the running config, log why, count it, delete the
      staged file; the next datastore change tries again
-  -> rename over the config file (atomic) -> `birdc configure`: failed (BIRD down, busy)?
+  -> rename over the config file (atomic; replaces a symlink there instead of following it)
+  -> `birdc configure`: failed (BIRD down, busy)?
      count it and retry the reload every `reload_retry_interval` seconds until it works
      (a BIRD started later reads the new file by itself anyway).
 
@@ -38,6 +42,7 @@ from pathlib import Path
 
 from prometheus_client import Counter
 
+from agent.atomic_file import StagedFile
 from agent.syncer.api import DatastoreError, RawUpdate, Syncer, SyncStatus
 from confd.bgp_config import DEFAULT_INTERFACE_PREFIX, ConfdError, compute_bird_config
 from confd.bgp_view import BGPView
@@ -83,7 +88,7 @@ class ConfdReconciler:
         self.hostname = hostname
         self.config_path = Path(config_path)
         self.socket_path = Path(socket_path)
-        self.staged_path = self.config_path.with_name(f".{self.config_path.name}.staged")
+        self.staged_path: Path | None = None  # the staged file while one exists
         self.tools = tools or BirdTools()
         self.interface_prefix = interface_prefix
         self.view = BGPView()
@@ -137,26 +142,23 @@ class ConfdReconciler:
             return Outcome.RENDER_FAILED
         if text == self.applied_text:
             return Outcome.UNCHANGED
-        self._stage(text)
-        check = self.tools.check(self.staged_path)
-        if not check.ok:
-            BIRD_CHECK_FAILURES.inc()
-            self.last_error = f"bird -p rejected the new config: {check.message}"
-            log.error("confd: %s; keeping the running config", self.last_error)
-            self.staged_path.unlink(missing_ok=True)
-            return Outcome.CHECK_FAILED
-        os.replace(self.staged_path, self.config_path)
+        self.config_path.parent.mkdir(parents=True, exist_ok=True)
+        with StagedFile(self.config_path, mode=0o600, sync=True) as staged:
+            self.staged_path = staged.path
+            try:
+                staged.write(text.encode())
+                check = self.tools.check(staged.path)
+                if not check.ok:
+                    BIRD_CHECK_FAILURES.inc()
+                    self.last_error = f"bird -p rejected the new config: {check.message}"
+                    log.error("confd: %s; keeping the running config", self.last_error)
+                    return Outcome.CHECK_FAILED  # the staged file is discarded on the way out
+                staged.commit()
+            finally:
+                self.staged_path = None
         self.applied_text = text
         self.reload_pending = True
         return self._reload()
-
-    def _stage(self, text: str) -> None:
-        self.config_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.staged_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as staged:
-            staged.write(text)
-            staged.flush()
-            os.fsync(staged.fileno())
 
     def _reload(self) -> Outcome:
         result: BirdResult = self.tools.configure(self.socket_path)

@@ -13,7 +13,9 @@ as dicts; `ApplyResult`s.
 Invariants: `apply()` validates every document first (keyable, plus the injectable
 `validate(doc)` hook, by default `minimal_validate`: apiVersion/kind known) and writes
 nothing if any is invalid. Every error is a `DatastoreClientError` with a message fit to
-show a user as is (the CLI wraps it in a click.ClickException).
+show a user as is (the CLI wraps it in a click.ClickException); `DatastoreUnavailable`, a
+subclass, when the datastore could not be reached at all (worth retrying: the agent waits
+for its datastore at start-up on exactly this error).
 
 Kind names on the command line are case-insensitive, singular or plural
 (`GlobalNetworkPolicy`, `globalnetworkpolicies`); `resolve_kind()` maps them.
@@ -45,6 +47,12 @@ K8S_CORE_API = "v1"
 
 class DatastoreClientError(Exception):
     """An error to show the user as is (bad URL, invalid input, missing resource...)."""
+
+
+class DatastoreUnavailable(DatastoreClientError):
+    """The datastore could not be reached or did not answer (connection refused, timeout,
+    a server error): the same request may succeed later. Refusals (bad credentials, invalid
+    input) are plain `DatastoreClientError`s."""
 
 
 class DatastoreURLError(DatastoreClientError, ValueError):

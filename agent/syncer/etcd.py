@@ -14,7 +14,8 @@ How it follows etcd:
 2. Watch the prefix from R + 1 and send each watch response's events as one batch.
 3. The watch cannot start because R was compacted, or etcd cancels it with a compact
    revision (the watcher fell behind the compaction) -> relist (step 1) and watch again.
-4. The connection is lost (an RPC fails, the stream breaks, or the liveness probe gets no
+4. The connection is lost (an RPC fails, the stream breaks, the member lost its quorum and
+   cancelled the watch (require-leader, see etcd_conn), or the liveness probe gets no
    answer: after `liveness_interval` s of silence the syncer asks etcd for a progress
    response and gives up after `liveness_timeout` s more) -> status RESYNC, jittered
    backoff, reconnect to the next endpoint in turn, and resume the watch from the last
@@ -23,6 +24,9 @@ How it follows etcd:
    the prefix at the watch's creation revision H: keys modified after the last revision
    it had seen, and sent keys that are gone, must all be seen in the replay; once they
    are, status goes back to IN_SYNC.
+
+Every list after the first is counted in `pyfelix_datastore_resyncs_total{backend="etcd3",
+reason}` (compacted, or error for an unexpected failure); a reconnect is not.
 
 Statuses: WAIT_FOR_DATASTORE until the first list succeeds, RESYNC during a list and while
 catching up after a reconnect, IN_SYNC otherwise; never the same status twice in a row.
@@ -69,7 +73,12 @@ from agent.syncer.etcd_conn import (
     WatchStream,
 )
 from agent.syncer.etcd_keys import ETCD_ROOT, EtcdKeyError, decode_value, parse_etcd_key
-from agent.syncer.metrics import DATASTORE_PARSE_ERRORS
+from agent.syncer.metrics import (
+    DATASTORE_PARSE_ERRORS,
+    DATASTORE_RESYNCS,
+    RESYNC_COMPACTED,
+    RESYNC_ERROR,
+)
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +95,10 @@ ETCD_RECONNECTS = Counter(
     "Number of times the etcd syncer lost its connection to etcd (a request failed, the "
     "watch stream broke, or etcd stopped answering the liveness probe) and reconnected.",
 )
+
+
+for _reason in (RESYNC_COMPACTED, RESYNC_ERROR):  # exported as 0 until the first one
+    DATASTORE_RESYNCS.labels(backend=BACKEND, reason=_reason)
 
 
 class _LivenessTimeout(EtcdError):
@@ -167,6 +180,11 @@ class EtcdSyncer:
         """The revision up to which every change has been sent (for tests and debug)."""
         return self._revision
 
+    @property
+    def endpoint(self) -> str:
+        """The endpoint the syncer is connected to, or will try next (for tests and debug)."""
+        return self._endpoints.current
+
     # -- thread body --
 
     def _run(self) -> None:
@@ -181,6 +199,7 @@ class EtcdSyncer:
                 log.info("etcd revision %d was compacted (%s); listing again",
                          self._revision, exc)
                 ETCD_RELISTS.inc()
+                DATASTORE_RESYNCS.labels(backend=BACKEND, reason=RESYNC_COMPACTED).inc()
                 self._listed = False
             except EtcdError as exc:
                 if self._stop.is_set():
@@ -192,6 +211,8 @@ class EtcdSyncer:
                 self._callbacks.on_error(DatastoreError(
                     self.config.description, f"etcd syncer failed unexpectedly ({exc!r}); "
                                              "listing again"))
+                if self._listed:
+                    DATASTORE_RESYNCS.labels(backend=BACKEND, reason=RESYNC_ERROR).inc()
                 self._listed = False
                 self._disconnect()
                 self._stop.wait(self._backoff.failed())

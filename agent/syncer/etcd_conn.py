@@ -17,7 +17,10 @@ but refused: permission denied, bad request...).
 
 Invariants: every unary call has a deadline (`request_timeout`), so a stopped etcd
 (SIGSTOP, a partition) fails the call instead of hanging; a range listed in pages reads
-every page at the revision of the first one, so the pages form one snapshot.
+every page at the revision of the first one, so the pages form one snapshot; a watch is
+created with etcd's require-leader metadata, so a cluster member that loses its quorum
+(partitioned from its peers, yet running and answering) ends the stream with
+`EtcdUnavailable` after a few election timeouts instead of keeping it silently idle.
 """
 
 from __future__ import annotations
@@ -46,6 +49,12 @@ _UNAVAILABLE_CODES = (
     grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.RESOURCE_EXHAUSTED,
     grpc.StatusCode.ABORTED,
 )
+
+# etcd's "require leader" stream metadata (clientv3.WithRequireLeader): the member refuses
+# the watch while it has no leader and cancels it (UNAVAILABLE "no leader") once it has had
+# none for a few election timeouts, so a member cut off from its quorum cannot hold a watch
+# that will never see another write (it still answers progress requests by itself).
+_REQUIRE_LEADER = (("hasleader", "true"),)
 
 # Environment variables Calico uses for the same settings.
 ENV_CA_CERT = "ETCD_CA_CERT_FILE"
@@ -173,7 +182,7 @@ class WatchStream:
         create = etcdrpc.WatchCreateRequest(key=key, range_end=range_end,
                                             start_revision=start_revision)
         self._requests.put(etcdrpc.WatchRequest(create_request=create))
-        self._call = stub.Watch(self._request_iterator())
+        self._call = stub.Watch(self._request_iterator(), metadata=_REQUIRE_LEADER)
         self._reader = threading.Thread(target=self._read, name=f"etcd-watch-{endpoint}",
                                         daemon=True)
         self._reader.start()

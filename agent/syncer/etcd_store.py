@@ -15,7 +15,8 @@ Invariants:
   revisions read just before (optimistic concurrency): a resource changed by someone else
   in between makes the chunk retry from the read, so no concurrent edit is overwritten
   unseen. An apply of more than `TXN_CHUNK` resources is not one transaction;
-- each request tries the endpoints in turn; when none answers the error names them all.
+- each request tries the endpoints in turn; when none answers the error
+  (`DatastoreUnavailable`) names them all.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from agent.syncer.api import DatastoreError, ResourceKey
 from agent.syncer.client import (
     ApplyResult,
     DatastoreClientError,
+    DatastoreUnavailable,
     ResourceNotFound,
     Validator,
     minimal_validate,
@@ -101,7 +103,7 @@ class EtcdDatastore:
                 self._endpoints.advance()
             except EtcdError as exc:
                 raise DatastoreClientError(str(exc)) from exc
-        raise DatastoreClientError(
+        raise DatastoreUnavailable(
             f"cannot reach etcd at {', '.join(self.config.endpoints)}: " + "; ".join(failures))
 
     # -- reads --

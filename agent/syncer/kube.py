@@ -19,7 +19,8 @@ How each type is followed (one thread per type, like Calico's watcher caches):
 3. The stream ends (the server's timeout) -> watch again from the last resourceVersion.
    The stream breaks or the request fails -> jittered backoff, then the same.
 4. `410 Gone` (an ERROR event whose Status has code 410, or an HTTP 410): the server no
-   longer has the history since our resourceVersion -> relist (step 1, with deletes).
+   longer has the history since our resourceVersion -> relist (step 1, with deletes),
+   counted in `pyfelix_datastore_resyncs_total{backend="kubernetes",reason="expired"}`.
 5. A type the server does not serve (404, e.g. a Calico CRD not installed) counts as
    empty and is listed again every `missing_type_retry` seconds.
 
@@ -70,7 +71,12 @@ from agent.syncer.kube_api import (
     WatchStream,
 )
 from agent.syncer.kube_resources import RESOURCE_TYPES, ResourceType, to_document
-from agent.syncer.metrics import DATASTORE_PARSE_ERRORS
+from agent.syncer.metrics import (
+    DATASTORE_PARSE_ERRORS,
+    DATASTORE_RESYNCS,
+    RESYNC_ERROR,
+    RESYNC_EXPIRED,
+)
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +152,7 @@ class _TypeWatcher:
             except KubeGone as exc:
                 log.info("%s: %s; listing again", self.rtype, exc)
                 KUBE_RELISTS.labels(resource=str(self.rtype)).inc()
+                DATASTORE_RESYNCS.labels(backend=BACKEND, reason=RESYNC_EXPIRED).inc()
                 self._listed = False
                 self._report("resync")
             except KubeNotFound as exc:
@@ -157,6 +164,8 @@ class _TypeWatcher:
                 self._report("error", error=DatastoreError(
                     f"kubernetes:{self.rtype}", f"watcher failed unexpectedly ({exc!r}); "
                                                 "listing again"))
+                if self._listed:
+                    DATASTORE_RESYNCS.labels(backend=BACKEND, reason=RESYNC_ERROR).inc()
                 self._listed = False
                 self._stop.wait(self._backoff.failed())
 

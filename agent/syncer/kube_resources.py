@@ -10,7 +10,13 @@ Namespaces, ServiceAccounts, Nodes and networking.k8s.io/v1 NetworkPolicies; and
 CRDs (`crd.projectcalico.org/v1`, plural names) for the v3 kinds Calico keeps in CRDs in
 its Kubernetes datastore mode. Profiles, WorkloadEndpoints and Calico Nodes are not CRDs
 there: Calico derives them from Namespaces/ServiceAccounts, Pods and Nodes, and so does
-pyfelix (in `agent.conversion`).
+pyfelix (in `agent.conversion`; `DERIVED_KINDS`).
+
+RBAC: `node_rbac_rules()` is what the node's ClusterRole (deploy/base/clusterrole.yaml)
+must grant, derived from these tables: `READ_VERBS` on `NODE_READ_TYPES` (the watched types
+plus `SERVICE_TYPES`, Services and EndpointSlices). tests/deploy checks the manifest
+against it exactly, so a type added here without its rule (or a rule left behind when a
+type goes) fails the suite.
 
 Conversions (object -> document):
 - Kubernetes kinds: the object as served, with `apiVersion`/`kind` filled in (list
@@ -71,7 +77,7 @@ class ResourceType:
         return f"{self.collection_path(namespace if self.namespaced else None)}/{name}"
 
     def __str__(self) -> str:
-        group = self.group_version.rpartition("/")[0]
+        group = api_group(self)
         return f"{self.plural}.{group}" if group else self.plural
 
 
@@ -102,6 +108,40 @@ CRD_TYPES: tuple[ResourceType, ...] = (
 )
 RESOURCE_TYPES: tuple[ResourceType, ...] = KUBERNETES_TYPES + CRD_TYPES
 CRD_TYPE_BY_KIND = {rtype.kind: rtype for rtype in CRD_TYPES}
+# Services and their EndpointSlices: granted to the node for the agent's service handling
+# (Calico's node reads both for its BPF kube-proxy replacement and service advertisement;
+# pyfelix's Typha discovery lists EndpointSlices already). Not in RESOURCE_TYPES: the
+# syncer starts watching them once the model parses them (they would be counted as
+# validation errors of an unknown kind until then).
+SERVICE_TYPES: tuple[ResourceType, ...] = (
+    ResourceType("Service", "Service", "v1", "services", True),
+    ResourceType("EndpointSlice", "EndpointSlice", "discovery.k8s.io/v1", "endpointslices",
+                 True),
+)
+# Calico kinds that have no API resource of their own in the Kubernetes datastore: pyfelix
+# derives them (agent.conversion) from the objects of these kinds, as Calico's KDD mode does.
+DERIVED_KINDS: dict[str, tuple[str, ...]] = {
+    "WorkloadEndpoint": ("Pod",),
+    "Profile": ("Namespace", "ServiceAccount"),
+}
+# What the node's service account (agent, confd, Typha) may do in the Kubernetes API: these
+# verbs on every type of NODE_READ_TYPES, nothing else. deploy/base/clusterrole.yaml must
+# grant exactly this (tests/deploy compares the two). Reads only: in the Kubernetes
+# datastore pyfelix keeps no status objects (agent.status) and `pyfelix apply` writes with
+# the user's own credentials.
+READ_VERBS: tuple[str, ...] = ("get", "list", "watch")
+NODE_READ_TYPES: tuple[ResourceType, ...] = RESOURCE_TYPES + SERVICE_TYPES
+
+
+def api_group(rtype: ResourceType) -> str:
+    """The RBAC apiGroup of a type: "" for core/v1, else the group of its group/version."""
+    return rtype.group_version.rpartition("/")[0]
+
+
+def node_rbac_rules() -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) for every right the node's ClusterRole must hold."""
+    return {(api_group(rtype), rtype.plural, verb) for rtype in NODE_READ_TYPES
+            for verb in READ_VERBS}
 
 
 def crd_type(kind: str) -> ResourceType | None:

@@ -26,11 +26,19 @@ from agent.syncer.api import DatastoreError, ResourceKey, key_of
 from agent.syncer.client import (
     ApplyResult,
     DatastoreClientError,
+    DatastoreUnavailable,
     ResourceNotFound,
     Validator,
     minimal_validate,
 )
-from agent.syncer.kube_api import KubeAPI, KubeConflict, KubeError, KubeNotFound
+from agent.syncer.kube_api import (
+    KubeAPI,
+    KubeConflict,
+    KubeError,
+    KubeHTTPError,
+    KubeNotFound,
+    KubeUnavailable,
+)
 from agent.syncer.kube_resources import (
     CRD_TYPES,
     ResourceType,
@@ -90,7 +98,7 @@ class KubeDatastore:
             except KubeNotFound:
                 return found  # the CRD is not installed: nothing stored
             except KubeError as exc:
-                raise DatastoreClientError(str(exc)) from exc
+                raise _client_error(exc) from exc
             for item in page.get("items") or []:
                 doc = to_document(rtype, item)
                 try:
@@ -170,6 +178,15 @@ class KubeDatastore:
             raise ResourceNotFound(f"{key} not found in {self.description}") from exc
         except KubeError as exc:
             raise DatastoreClientError(str(exc)) from exc
+
+
+def _client_error(exc: KubeError) -> DatastoreClientError:
+    """Unreachable API server, or one answering 429/5xx: `DatastoreUnavailable` (a retry
+    may succeed); any other refusal (401, 403, 400...) as is."""
+    if isinstance(exc, KubeUnavailable) or (
+            isinstance(exc, KubeHTTPError) and (exc.status == 429 or exc.status >= 500)):
+        return DatastoreUnavailable(str(exc))
+    return DatastoreClientError(str(exc))
 
 
 def open_kube_datastore(*, validate: Validator = minimal_validate, kubeconfig: str | None = None,

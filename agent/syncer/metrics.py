@@ -14,3 +14,16 @@ DATASTORE_PARSE_ERRORS = Counter(
     "good state of such a file; key-value backends (etcd3) treat the key as deleted.",
     ["backend"],
 )
+
+DATASTORE_RESYNCS = Counter(
+    "pyfelix_datastore_resyncs_total",
+    "Number of full resyncs: times a syncer listed every resource (etcd3) or a resource "
+    "type (kubernetes) again after its first list. Reasons: compacted = the etcd revision "
+    "it was watching from had been compacted; expired = the Kubernetes API answered 410 "
+    "Gone; error = an unexpected failure made it start over. A reconnect that resumes the "
+    "watch where it stopped is not a resync.",
+    ["backend", "reason"],
+)
+RESYNC_COMPACTED = "compacted"
+RESYNC_EXPIRED = "expired"
+RESYNC_ERROR = "error"

@@ -34,6 +34,11 @@ def counter(name: str) -> float:
     return REGISTRY.get_sample_value(name) or 0.0
 
 
+def _staged_files(config_path: Path) -> list[Path]:
+    """Temporary files confd left beside the config (it must leave none)."""
+    return sorted(config_path.parent.glob(f".{config_path.name}.*"))
+
+
 BASE = [doc_node("node1", "198.18.0.1/15"), doc_node("node2", "198.18.0.2/15"),
         doc_pool("pool", "10.65.0.0/16")]
 
@@ -76,7 +81,7 @@ def test_in_sync_writes_checked_config_and_reloads(paths: tuple[Path, Path]) -> 
     assert "neighbor 198.18.0.2 as 64512;" in text
     assert stat.S_IMODE(paths[0].stat().st_mode) == 0o600  # may hold BGP passwords
     assert counter("pyfelix_confd_reloads_total") == reloads + 1
-    assert not reconciler.staged_path.exists()
+    assert _staged_files(paths[0]) == []
 
 
 def test_unchanged_state_does_not_reload(paths: tuple[Path, Path]) -> None:
@@ -102,7 +107,7 @@ def test_check_failure_keeps_running_config_counts_and_retries_on_next_change(
     assert reconciler.reconcile() is Outcome.CHECK_FAILED
     assert paths[0].read_text() == good
     assert bird.running_config == good
-    assert not reconciler.staged_path.exists()
+    assert _staged_files(paths[0]) == []
     assert "bird -p rejected" in reconciler.last_error
     assert counter("pyfelix_confd_bird_check_failures_total") == failures + 1
     # no change: no retry

@@ -11,9 +11,10 @@ What is measured:
   the real click CLI), the health probes hit the port/host the ConfigMap configures, the
   node agent's shape (privileged, hostNetwork, bpffs Bidirectional, read-only kernel headers,
   tolerations that tolerate any taint), volumes and mounts agree, confd and BIRD share the
-  config file and control socket, the ClusterRole grants read-only access to exactly the
-  resources pyfelix's kinds come from (no wildcard, no write verb without a listed reason),
-  and the Typha Service/Deployment/PDB/agent URL agree;
+  config file and control socket, the ClusterRole grants exactly the rules derived from the
+  Kubernetes backend's kind tables (`node_rbac_rules()`: no rule missing, none extra; no
+  wildcard, no write verb without a listed reason), and the Typha Service/Deployment/PDB/
+  agent URL agree;
 - the kustomize-free renderer used here agrees with `kubectl kustomize` when kubectl exists.
 
 No image is built and nothing is applied: there is no Docker engine or kube-apiserver here.
@@ -48,6 +49,13 @@ from kubernetes_validate.utils import all_versions
 
 from agent.config import ConfigError, load_config
 from agent.model import KNOWN_KINDS
+from agent.syncer.kube_resources import (
+    DERIVED_KINDS,
+    NODE_READ_TYPES,
+    RESOURCE_TYPES,
+    api_group,
+    node_rbac_rules,
+)
 
 # The oldest Kubernetes minor version the manifests promise to work with (deploy/README.md).
 OLDEST_SUPPORTED = "1.28"
@@ -58,24 +66,6 @@ READ_VERBS = frozenset({"get", "list", "watch"})
 # Write rights the node's ClusterRole may hold, each with the reason (mirrored as a comment in
 # deploy/base/clusterrole.yaml). pyfelix writes nothing into the datastore, so: none.
 WRITE_RULES: dict[tuple[str, str, str], str] = {}
-# Where each pyfelix resource kind comes from in a Kubernetes datastore (Calico's KDD mapping).
-K8S_SOURCES: dict[str, set[tuple[str, str]]] = {
-    "Pod": {("", "pods")},
-    "WorkloadEndpoint": {("", "pods")},
-    "Namespace": {("", "namespaces")},
-    "ServiceAccount": {("", "serviceaccounts")},
-    "Profile": {("", "namespaces"), ("", "serviceaccounts")},
-    "Node": {("", "nodes")},
-    "KubernetesNetworkPolicy": {("networking.k8s.io", "networkpolicies")},
-    **{kind: {("crd.projectcalico.org", plural)} for kind, plural in {
-        "GlobalNetworkPolicy": "globalnetworkpolicies", "NetworkPolicy": "networkpolicies",
-        "Tier": "tiers", "GlobalNetworkSet": "globalnetworksets", "NetworkSet": "networksets",
-        "HostEndpoint": "hostendpoints", "IPPool": "ippools",
-        "FelixConfiguration": "felixconfigurations", "BGPConfiguration": "bgpconfigurations",
-        "BGPPeer": "bgppeers", "BlockAffinity": "blockaffinities"}.items()},
-}
-
-
 def _strategic_patches() -> set[Path]:
     patches: set[Path] = set()
     for directory in OVERLAYS:
@@ -429,16 +419,29 @@ def test_cluster_role_is_read_only_and_has_no_wildcards(base: list[Document]) ->
     assert unexplained == set(), f"write rights without a listed reason: {sorted(unexplained)}"
 
 
-def test_cluster_role_grants_exactly_what_pyfelix_kinds_come_from(base: list[Document]) -> None:
-    missing_mapping = KNOWN_KINDS - set(K8S_SOURCES)
-    assert missing_mapping == set(), f"kinds with no Kubernetes source here: {missing_mapping}"
-    needed = set().union(*(K8S_SOURCES[kind] for kind in KNOWN_KINDS))
+def _rules_text(grants: set[tuple[str, str, str]]) -> list[str]:
+    return [f"{verb} {group or 'core'}/{resource}" for group, resource, verb in sorted(grants)]
+
+
+def test_cluster_role_grants_exactly_what_the_kind_tables_need(base: list[Document]) -> None:
+    """The rules are derived from the Kubernetes backend's own tables (the types its syncer
+    lists and watches, plus Services and EndpointSlices) and must match the role exactly:
+    nothing missing, nothing the code does not read."""
+    needed = node_rbac_rules()
     grants = _grants(find(base, "ClusterRole", "pyfelix-node"))
-    granted = {(group, resource) for group, resource, _verb in grants}
-    for group, resource in needed:
-        for verb in ("list", "watch"):
-            assert (group, resource, verb) in grants, f"{verb} {group or 'core'}/{resource}"
-    assert granted - needed == set(), f"rights on resources pyfelix never reads: {granted - needed}"
+    assert _rules_text(needed - grants) == [], "rights the node needs but is not granted"
+    assert _rules_text(grants - needed) == [], "rights granted that no table of the code needs"
+
+
+def test_kind_tables_cover_every_kind_pyfelix_parses() -> None:
+    """Every kind the model parses comes from a watched type or is derived from one, so the
+    role derived from the tables lets the agent see all of its input."""
+    watched = {rtype.kind for rtype in RESOURCE_TYPES}
+    derived = {kind for kind, sources in DERIVED_KINDS.items() if set(sources) <= watched}
+    assert KNOWN_KINDS - watched - derived == set()
+    assert {rtype.kind for rtype in NODE_READ_TYPES} >= watched
+    granted_types = {(api_group(t), t.plural) for t in NODE_READ_TYPES}
+    assert {("", "services"), ("discovery.k8s.io", "endpointslices")} <= granted_types
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)

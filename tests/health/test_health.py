@@ -17,9 +17,12 @@ class Clock:
         return self.now
 
 
-def test_unreported_is_neither_live_nor_ready() -> None:
-    agg = HealthAggregator(clock=Clock())
+def test_unreported_is_not_ready_and_not_live_after_its_timeout() -> None:
+    clock = Clock()
+    agg = HealthAggregator(clock=clock)
     agg.register("calc", timeout=10)
+    assert agg.is_live() and not agg.is_ready()
+    clock.now += 10.5
     assert not agg.is_live() and not agg.is_ready()
 
 
@@ -60,13 +63,21 @@ def test_a_silent_reporter_fails_liveness_naming_itself_and_why() -> None:
 
 
 def test_reported_not_live_and_never_reported_are_named() -> None:
-    agg = HealthAggregator(clock=Clock())
+    clock = Clock()
+    agg = HealthAggregator(clock=clock)
     agg.register("dataplane", timeout=30).report(live=False, ready=False,
                                                  detail="failed closed")
     agg.register("iface-monitor", ready=False, timeout=30)
-    assert agg.liveness_problems() == ["dataplane: reported not live (failed closed)",
-                                       "iface-monitor: never reported"]
-    assert agg.readiness_problems() == ["dataplane: reported not ready (failed closed)"]
+    agg.register("calc-graph", timeout=30)
+    # a reporter still starting is not ready, but not dead either until its timeout
+    assert agg.liveness_problems() == ["dataplane: reported not live (failed closed)"]
+    assert sorted(agg.readiness_problems()) == [
+        "calc-graph: never reported", "dataplane: reported not ready (failed closed)"]
+    clock.now += 31
+    assert sorted(agg.liveness_problems()) == [
+        "calc-graph: never reported in 31.0 s (timeout 30 s)",
+        "dataplane: no report for 31.0 s (timeout 30 s)",
+        "iface-monitor: never reported in 31.0 s (timeout 30 s)"]
 
 
 def test_timeout_overrides_felix_alias_and_zero() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -161,3 +162,27 @@ def test_factories_build_from_url_parts_and_reject_bad_tls(tmp_path: Path) -> No
     assert store.description == "etcd3 datastore etcd3://127.0.0.1:2379"
     with pytest.raises(DatastoreURLError, match="ca_cert '/nope'"):
         make_etcd_syncer(["h:1"], ca_cert="/nope")
+
+
+def test_watch_streams_require_a_leader() -> None:
+    """Every watch carries etcd's require-leader metadata, so a member cut off from its
+    quorum ends the stream instead of holding it idle (the cluster test shows why)."""
+    from agent.syncer.etcd_conn import WatchStream
+
+    class FakeCall:
+        def __iter__(self) -> Any:
+            return iter(())
+
+        def cancel(self) -> None:
+            pass
+
+    class FakeStub:
+        metadata: Any = None
+
+        def Watch(self, requests: Any, metadata: Any = None) -> FakeCall:
+            FakeStub.metadata = metadata
+            return FakeCall()
+
+    stream = WatchStream(FakeStub(), "fake:1", b"/calico/", b"/calico0", 1)
+    stream.close()
+    assert ("hasleader", "true") in (FakeStub.metadata or ())

@@ -67,6 +67,11 @@ def _relists(resource: ResourceType) -> float:
                                      {"resource": str(resource)}) or 0.0
 
 
+def _resyncs(reason: str) -> float:
+    return REGISTRY.get_sample_value("pyfelix_datastore_resyncs_total",
+                                     {"backend": "kubernetes", "reason": reason}) or 0.0
+
+
 def _lists(fake: FakeKubeAPIServer, path: str) -> list[dict[str, str]]:
     """The query of every list (GET without watch) of `path` the fake server received."""
     return [q for method, p, q in fake.requests
@@ -183,6 +188,8 @@ def test_410_gone_relists_with_the_right_deletes(fake_kube: FakeKubeAPIServer,
     _, recorder = start_kube_syncer(page_size=2, resync_settle=1.0)
     recorder.wait_in_sync()
     pod_relists, gnp_relists, ns_relists = _relists(PODS), _relists(GNPS), _relists(NAMESPACES)
+    resyncs = _resyncs("expired")
+    all_relists = sum(_relists(t) for t in RESOURCE_TYPES)
     namespace_updates = len(recorder.updates_of(ResourceKey("Namespace", "", "shop")))
 
     # While the syncer cannot watch: deletes, a change, a creation; then history is lost.
@@ -208,6 +215,8 @@ def test_410_gone_relists_with_the_right_deletes(fake_kube: FakeKubeAPIServer,
     assert _relists(PODS) == pod_relists + 1
     assert _relists(GNPS) == gnp_relists + 1
     assert _relists(NAMESPACES) == ns_relists + 1  # its watch was too old as well
+    # the same relists, in the backend-wide metric
+    assert _resyncs("expired") - resyncs == sum(_relists(t) for t in RESOURCE_TYPES) - all_relists
     assert recorder.state[pod_key("web-1")]["status"]["podIP"] == "10.65.7.7"
     for gone in (pod_key("web-0"), pod_key("web-3"), gnp_key("deny-all")):
         assert gone not in recorder.state

@@ -108,7 +108,8 @@ def test_health_metrics_and_sigterm(netns: str, tmp_path: Path) -> None:
         # every loop reports its own liveness (agent.health), the interface monitor too
         live = json.loads(http_get(netns, 9099, "/liveness")[1])
         assert live["problems"] == []
-        assert set(live["reporters"]) == {"calc-graph", "dataplane", "iface-monitor"}
+        assert set(live["reporters"]) == {"datastore", "calc-graph", "dataplane",
+                                          "iface-monitor"}
         status = json.loads((tmp_path / "status.json").read_text())
         assert status["dataplane_in_sync"] and status["calc_in_sync"]
         code, metrics = http_get(netns, 9091, "/metrics")

@@ -38,8 +38,12 @@ pytestmark = pytest.mark.privileged
 OUTAGE_SECONDS = 10.0
 
 
-def _metric(name: str) -> float:
-    return REGISTRY.get_sample_value(name) or 0.0
+def _metric(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def _resyncs(reason: str) -> float:
+    return _metric("pyfelix_datastore_resyncs_total", backend="etcd3", reason=reason)
 
 
 def _wait_status(recorder: TimedRecorder, status: SyncStatus, occurrences: int,
@@ -64,6 +68,7 @@ def test_ten_second_outage_resumes_without_loss_or_duplicates(
         etcd: EtcdServer, start_syncer: SyncerFactory) -> None:
     store, recorder = _initial(etcd, start_syncer)
     relists = _metric("pyfelix_etcd_relists_total")
+    resyncs = _resyncs("compacted") + _resyncs("error")
     reconnects = _metric("pyfelix_etcd_reconnects_total")
     state_before = dict(recorder.state)
 
@@ -101,6 +106,7 @@ def test_ten_second_outage_resumes_without_loss_or_duplicates(
     assert recorder.updates_of(ResourceKey("Pod", "shop", "p1"))[-1].value is None
     assert recorder.state[gnp_key("c")] == changed
     assert _metric("pyfelix_etcd_relists_total") == relists  # resumed, not relisted
+    assert _resyncs("compacted") + _resyncs("error") == resyncs
     assert _metric("pyfelix_etcd_reconnects_total") > reconnects
 
     # And the watch goes on.
@@ -113,6 +119,7 @@ def test_compaction_while_cut_off_relists_with_the_right_deletes(
         etcd: EtcdServer, start_syncer: SyncerFactory) -> None:
     store, recorder = _initial(etcd, start_syncer)
     relists = _metric("pyfelix_etcd_relists_total")
+    compacted = _resyncs("compacted")
     etcd.stop()
     _wait_status(recorder, SyncStatus.RESYNC, 2)
 
@@ -144,6 +151,7 @@ def test_compaction_while_cut_off_relists_with_the_right_deletes(
           f"which etcd took {etcd.start_seconds * 1000:.0f} ms to answer the test's probe")
 
     assert _metric("pyfelix_etcd_relists_total") == relists + 1
+    assert _resyncs("compacted") == compacted + 1
     assert recorder.state == expected
     assert recorder.duplicates() == []
     # The relist sent only differences: the final value of "a", the deletes, the new key.

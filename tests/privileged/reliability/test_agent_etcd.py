@@ -1,5 +1,5 @@
-"""A running `pyfelix agent` (iptables mode) on the etcd3 datastore: etcd outages and
-malformed documents written straight into etcd.
+"""A running `pyfelix agent` (iptables mode) on the etcd3 datastore: etcd outages, an agent
+started before etcd, and malformed documents written straight into etcd.
 
 The world of each test, built by `etcd_agent_world()` and torn down on success, failure and
 Ctrl-C (one ExitStack; etcd and the agent also get SIGKILL if pytest itself is killed,
@@ -26,6 +26,10 @@ which leaves only the namespace and a /tmp/pfet* directory behind):
    InSync once reached, so an etcd outage does not make calico-node unready either. After
    etcd restarts on the same data directory, a policy change written then is programmed
    within 30 s, the agent resumed its watch (no relist), and a delete is programmed too.
+1b. `test_agent_started_before_etcd_waits_then_syncs`: the agent starts while nothing
+   listens on etcd's port. It stays up, logs each retry with its growing delay, answers
+   liveness 200 and readiness 503 (reporter `datastore` not ready); once etcd is started
+   and written, the agent reads its configuration, becomes ready and programs the policy.
 2. `test_malformed_documents_in_etcd_are_counted_and_change_nothing`: invalid JSON, a JSON
    array, a NetworkPolicy with a bad selector, a policy with a wrong-typed field, a document
    of an unknown kind under a known kind's directory, a key of the wrong shape, and a key of
@@ -43,16 +47,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -62,36 +61,36 @@ from typing import Any
 import pytest
 
 from agent.conversion.k8s import workload_interface_name
-from agent.dataplane.iptables.names import policy_chain_name
-from agent.lab.netns import in_netns, processes_in_netns
+from agent.lab.netns import processes_in_netns
 from agent.syncer.api import ResourceKey
 from agent.syncer.etcd_conn import EtcdConnection
 from agent.syncer.etcd_keys import decode_value, encode_value, etcd_key, parse_etcd_key
 from agent.syncer.etcd_store import EtcdDatastore
 from agent.validator import validate_document
+from tests.privileged.etcd.etcd_agent import (
+    BPFFS,
+    PEER_IFACE,
+    EtcdAgent,
+    base_documents,
+    inbound_chain,
+    web_policy,
+)
+from tests.privileged.etcd.etcd_agent import admits_port as _admits_port
+from tests.privileged.etcd.etcd_agent import mount_bpffs_if_needed as _mount_bpffs_if_needed
 from tests.privileged.etcd.etcd_server import DIE_WITH_PARENT, ETCD_BINARY, EtcdServer
-from tests.privileged.etcd.etcd_testlib import CALICO, namespace, pod
+from tests.privileged.etcd.etcd_testlib import CALICO
 from tests.privileged.reliability.harness import (
     dataplane_snapshot,
-    scrape_metrics,
     snapshot_difference,
     wait_for,
 )
 
 pytestmark = pytest.mark.privileged
 
-REPO = Path(__file__).resolve().parents[3]
-NODE = "node1"
-POD_IP = "10.65.0.5"
-PEER_IFACE = "pfetpeer0"
-HEALTH_PORT = 9099
-METRICS_PORT = 9091
-BPFFS = Path("/sys/fs/bpf")
 WRITER_SOCKET = "writer:1"  # etcd's unix URL must look like host:port; the file gets that name
 OUTAGE_SECONDS = 10.0
 SYNC_TIMEOUT_S = 45.0
 PROGRAM_TIMEOUT_S = 30.0
-AGENT_STOP_TIMEOUT_S = 10.0
 PARSE_ERRORS = "pyfelix_datastore_parse_errors_total"
 VALIDATION_ERRORS = "pyfelix_validation_errors_total"
 RESYNC_STATE = "felix_resync_state"
@@ -147,108 +146,6 @@ class NamespacedEtcd(EtcdServer):
         self.start_seconds = time.monotonic() - started
 
 
-# --- the agent --------------------------------------------------------------------------------
-
-class EtcdAgent:
-    """One `pyfelix agent` process in `netns` on etcd, and the test's views of it."""
-
-    def __init__(self, netns: str, datastore_url: str, run_dir: Path, pin_dir: Path) -> None:
-        self.netns = netns
-        self.datastore_url = datastore_url
-        self.log_path = run_dir / "agent.log"
-        self.status_path = run_dir / "agent.status.json"
-        self.pin_dir = pin_dir
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        env = {
-            **os.environ,
-            "FELIX_BPFENABLED": "false",
-            "FELIX_BPFPINDIR": str(self.pin_dir),
-            "FELIX_INTERFACEPREFIX": "cali",
-            "FELIX_HEALTHENABLED": "true",
-            "FELIX_HEALTHHOST": "127.0.0.1",
-            "FELIX_HEALTHPORT": str(HEALTH_PORT),
-            "FELIX_PROMETHEUSMETRICSENABLED": "true",
-            "FELIX_PROMETHEUSMETRICSHOST": "127.0.0.1",
-            "FELIX_PROMETHEUSMETRICSPORT": str(METRICS_PORT),
-            "FELIX_STATUSFILE": str(self.status_path),
-            "FELIX_LOGSEVERITYSCREEN": "Info",
-        }
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                ["ip", "netns", "exec", self.netns, *DIE_WITH_PARENT, sys.executable, "-m",
-                 "cli.main", "agent", "--datastore", self.datastore_url, "--hostname", NODE],
-                cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True)
-
-    def stop(self) -> None:
-        """SIGTERM (a clean stop), SIGKILL to the whole group if it does not exit in time."""
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self._signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=AGENT_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self._signal(signal.SIGKILL)
-                self.process.wait(timeout=5)
-        self._signal(signal.SIGKILL)  # anything left in its group
-
-    def _signal(self, signum: int) -> None:
-        assert self.process is not None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signum)
-
-    def exit_code(self) -> int | None:
-        return None if self.process is None else self.process.poll()
-
-    def log_text(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def log_tail(self, lines: int = 25) -> str:
-        return "\n".join(self.log_text().splitlines()[-lines:])
-
-    def assert_running(self) -> None:
-        code = self.exit_code()
-        assert code is None, f"the agent exited with {code}; log:\n{self.log_tail()}"
-
-    def http_status(self, path: str) -> int:
-        """The HTTP status of the health endpoint `path`; 0 if nothing answers."""
-        with in_netns(self.netns):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{HEALTH_PORT}{path}",
-                                            timeout=2) as response:
-                    return int(response.status)
-            except urllib.error.HTTPError as exc:
-                return int(exc.code)
-            except OSError:
-                return 0
-
-    def metrics(self) -> dict[str, float]:
-        """Every sample of /metrics (`scrape_metrics`)."""
-        return scrape_metrics(self.netns, METRICS_PORT)
-
-    def metric(self, name: str, **labels: str) -> float:
-        """The sum of `name`'s samples whose labels include `labels`."""
-        wanted = {f'{k}="{v}"' for k, v in labels.items()}
-        total = 0.0
-        for sample, value in self.metrics().items():
-            base, _, rest = sample.partition("{")
-            if base == name and wanted <= set(rest.rstrip("}").split(",")):
-                total += value
-        return total
-
-    def status(self) -> dict[str, Any]:
-        try:
-            return dict(json.loads(self.status_path.read_text()))
-        except (FileNotFoundError, json.JSONDecodeError):
-            return {}
-
-
 # --- the world ------------------------------------------------------------------------------
 
 @dataclass
@@ -300,17 +197,14 @@ class World:
         return wait_for(settled, timeout, "an idle agent with a stable dataplane", poll=0.3)
 
 
-def _mount_bpffs_if_needed() -> None:
-    with open("/proc/mounts") as mounts:
-        if any(line.split()[1:3] == [str(BPFFS), "bpf"] for line in mounts):
-            return
-    subprocess.run(["mount", "-t", "bpf", "bpf", str(BPFFS)], check=True)
-
-
 @contextlib.contextmanager
-def etcd_agent_world(documents: Sequence[dict[str, Any]]) -> Iterator[World]:
+def etcd_agent_world(documents: Sequence[dict[str, Any]], *,
+                     etcd_first: bool = True) -> Iterator[World]:
     """Namespace + workload veth + etcd (inside it) holding `documents` + a running agent.
-    Everything is undone on the way out, whatever the way out is."""
+    With `etcd_first=False` the agent is started while etcd is NOT running yet (its port is
+    chosen, nothing listens on it): the test starts etcd with `world.etcd.start()` and
+    writes `documents` itself. Everything is undone on the way out, whatever the way out
+    is."""
     if not Path(ETCD_BINARY).exists():
         pytest.fail(f"{ETCD_BINARY} is missing: install Debian's etcd-server (scripts/setup.sh)")
     token = uuid.uuid4().hex[:6]
@@ -333,10 +227,11 @@ def etcd_agent_world(documents: Sequence[dict[str, Any]]) -> Iterator[World]:
 
         etcd = NamespacedEtcd(base, netns)
         undo.callback(etcd.close)
-        etcd.start()
         store = EtcdDatastore(etcd.writer_config())
         undo.callback(store.close)
-        store.apply(list(documents))
+        if etcd_first:
+            etcd.start()
+            store.apply(list(documents))
 
         run_dir = base / "agent"
         run_dir.mkdir()
@@ -349,30 +244,6 @@ def etcd_agent_world(documents: Sequence[dict[str, Any]]) -> Iterator[World]:
 
 
 # --- documents --------------------------------------------------------------------------------
-
-def web_policy(name: str, port: int, kind: str = "GlobalNetworkPolicy",
-               namespace_name: str | None = None) -> dict[str, Any]:
-    """A policy admitting TCP `port` to the pods labelled app=web."""
-    metadata: dict[str, Any] = {"name": name}
-    if namespace_name is not None:
-        metadata["namespace"] = namespace_name
-    return {"apiVersion": CALICO, "kind": kind, "metadata": metadata,
-            "spec": {"selector": "app == 'web'", "types": ["Ingress"], "ingress": [
-                {"action": "Allow", "protocol": "TCP", "destination": {"ports": [port]}}]}}
-
-
-def inbound_chain(name: str) -> str:
-    """The ingress chain of a policy of the default tier (`<ns>/<name>` if namespaced)."""
-    return policy_chain_name("default", name, inbound=True)
-
-
-def base_documents(*policies: dict[str, Any]) -> list[dict[str, Any]]:
-    return [namespace("default"), pod("web", "default", NODE, POD_IP), *policies]
-
-
-def _admits_port(rules: list[str] | None, port: int) -> bool:
-    return rules is not None and any(re.search(rf"\b{port}\b", rule) for rule in rules)
-
 
 def _wait_programmed(world: World, chain: str, port: int, what: str,
                      timeout: float = PROGRAM_TIMEOUT_S) -> float:
@@ -481,6 +352,61 @@ def test_etcd_outage_keeps_the_dataplane_and_recovers(
         f"after the restart began was programmed {(programmed_at - written_at) * 1000:.0f} ms"
         f" later ({(programmed_at - restarted_at) * 1000:.0f} ms from the restart); delete "
         f"programmed in {(removed_at - deleted_at) * 1000:.0f} ms"))
+
+
+# --- 1b. started before etcd ---------------------------------------------------------------------
+
+WAIT_BEFORE_ETCD_S = 5.0
+
+
+@pytest.mark.timeout(150)
+def test_agent_started_before_etcd_waits_then_syncs(
+        root_guard: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """The agent's datastore is down when it starts (nothing listens on etcd's port yet):
+    it keeps running, retries with growing delays and says so in its log, answers liveness
+    200 and readiness 503 (the `datastore` reporter not ready) meanwhile; once etcd is
+    started and holds a policy, the agent reads its configuration, syncs and programs it.
+    (Before: the agent exited 2 at once with "cannot reach etcd".)"""
+    policy = web_policy("late-etcd", 80)
+    chain = inbound_chain("late-etcd")
+    with etcd_agent_world(base_documents(policy), etcd_first=False) as world:
+        agent = world.agent
+        started_at = time.monotonic()
+        readiness: list[int] = []
+        while time.monotonic() - started_at < WAIT_BEFORE_ETCD_S:
+            agent.assert_running()
+            readiness.append(agent.http_status("/readiness"))
+            time.sleep(0.25)
+        agent.assert_running()
+        assert agent.http_status("/liveness") == 200
+        assert agent.http_status("/readiness") == 503
+        assert 200 not in readiness, readiness
+        body = agent.http_body("/readiness")
+        assert body["reporters"]["datastore"] == {"live": True, "ready": False}, body
+        waits = [line for line in agent.log_text().splitlines()
+                 if "is not reachable" in line and world.etcd.datastore_url in line]
+        assert len(waits) >= 3, agent.log_tail(40)
+        delays = [float(m.group(1)) for line in waits
+                  if (m := re.search(r"next attempt in ([0-9.]+) s", line))]
+        assert len(delays) == len(waits) and delays[-1] > delays[0], delays  # backing off
+        assert world.chain_rules(chain) is None
+
+        etcd_started_at = time.monotonic()
+        world.etcd.start()
+        world.store.apply(base_documents(policy))
+        written_at = time.monotonic()
+        _wait_ready(world, chain, 80)
+        ready_at = time.monotonic()
+        assert agent.http_body("/readiness")["reporters"]["datastore"]["ready"] is True
+        assert "reachable after" in agent.log_text()
+        assert agent.metric(RESYNC_STATE) == IN_SYNC
+        assert "Traceback" not in agent.log_text(), agent.log_tail(60)
+    root_guard.check()
+    _report(capsys, (
+        f"agent started {WAIT_BEFORE_ETCD_S:.0f} s before etcd: {len(waits)} logged retries "
+        f"(delays {', '.join(f'{d:.1f}' for d in delays)} s), readiness 503 throughout; "
+        f"etcd start + writes took {(written_at - etcd_started_at) * 1000:.0f} ms, ready and "
+        f"programmed {(ready_at - written_at) * 1000:.0f} ms after the writes"))
 
 
 # --- 2. malformed documents -----------------------------------------------------------------------
