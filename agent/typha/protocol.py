@@ -12,17 +12,19 @@ each payload is one complete zlib stream (RFC 1950), compressed on its own: the 
 encode a message once and send the same bytes to every client.
 
 Inputs / outputs: `encode_*` functions return bytes ready for a socket; `FrameReader` splits
-a byte stream into payloads; `MessageDecoder` turns payloads into message dicts (following
-decoder restarts); `encode_kv`/`decode_kv` convert `RawUpdate`s to and from the JSON text
-of one key/value entry.
+a byte stream into payloads (`feed`, or `push` + `pop` one at a time); `MessageDecoder`
+turns payloads into message dicts (following decoder restarts); `encode_kv`/`decode_kv`
+convert `RawUpdate`s to and from the JSON text of one key/value entry.
 
 The message catalogue, the connection's life and the versioning rules are in
 docs/typha-protocol.md.
 
 Invariants: every malformed input raises `ProtocolError` whose message says what was wrong
 (which frame size, which message, which field); nothing here raises anything else for bad
-bytes. A receiver ignores unknown fields (newer peers may add some); new message types need
-a new protocol version.
+bytes, whatever they are (a hypothesis fuzz test, tests/typha/test_typha_fuzz.py, holds the
+decoder and the client's handling of frames to this; JSON nested deeper than Python's parser
+goes is one such error, not a RecursionError). A receiver ignores unknown fields (newer peers
+may add some); new message types need a new protocol version.
 
 Easy to get wrong: a frame's length must be checked BEFORE its payload is buffered (a bad
 peer would otherwise make us allocate 4 GiB); zlib output must be bounded too (a small frame
@@ -138,8 +140,9 @@ def client_hello(*, hostname: str, syncer_type: str, compression: Iterable[str],
             "client_version": client_version}
 
 
-def server_hello(*, syncer_type: str, compression: str, server_version: str = "") -> dict:
-    return {"type": SERVER_HELLO, "protocol_version": PROTOCOL_VERSION,
+def server_hello(*, syncer_type: str, compression: str, server_version: str = "",
+                 protocol_version: int = PROTOCOL_VERSION) -> dict:
+    return {"type": SERVER_HELLO, "protocol_version": protocol_version,
             "syncer_type": syncer_type, "compression": compression,
             "server_version": server_version}
 
@@ -277,19 +280,31 @@ class FrameReader:
             raise ProtocolError(f"frame {self.frames_read + 1} announces {length} bytes, over "
                                 f"the limit of {self.max_frame_bytes}")
 
+    def push(self, data: bytes) -> None:
+        """Add received bytes (take the payloads with `pop`)."""
+        self._buffer += data
+
+    def pop(self) -> bytes | None:
+        """The next complete payload, or None until more bytes come; ProtocolError when the
+        next frame's length is bad (checked as soon as its header is in)."""
+        header = FRAME_HEADER.size
+        if len(self._buffer) < header:
+            return None
+        (length,) = FRAME_HEADER.unpack_from(self._buffer)
+        self.check_length(length)
+        if len(self._buffer) < header + length:
+            return None
+        payload = bytes(self._buffer[header:header + length])
+        del self._buffer[:header + length]
+        self.frames_read += 1
+        return payload
+
     def feed(self, data: bytes) -> list[bytes]:
         """Add received bytes; return every complete payload now available, in order."""
-        self._buffer += data
+        self.push(data)
         payloads: list[bytes] = []
-        header = FRAME_HEADER.size
-        while len(self._buffer) >= header:
-            (length,) = FRAME_HEADER.unpack_from(self._buffer)
-            self.check_length(length)
-            if len(self._buffer) < header + length:
-                break
-            payloads.append(bytes(self._buffer[header:header + length]))
-            del self._buffer[:header + length]
-            self.frames_read += 1
+        while (payload := self.pop()) is not None:
+            payloads.append(payload)
         return payloads
 
 
@@ -331,6 +346,9 @@ class MessageDecoder:
         except (UnicodeDecodeError, ValueError) as exc:
             raise ProtocolError(f"message {number} is not valid UTF-8 JSON "
                                 f"({compression_note(self.compression)}): {exc}") from exc
+        except RecursionError:  # "[[[[..." : Python's parser gives up around 1,000 levels
+            raise ProtocolError(f"message {number} nests JSON arrays/objects too deeply "
+                                f"({compression_note(self.compression)})") from None
         if not isinstance(message, dict):
             raise ProtocolError(f"message {number} is a JSON {type(message).__name__}, "
                                 "not an object")
