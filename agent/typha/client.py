@@ -94,6 +94,7 @@ from agent.typha.protocol import (
     FrameReader,
     MessageDecoder,
     ProtocolError,
+    brief,
     client_hello,
     decode_kv,
     decode_status,
@@ -139,6 +140,10 @@ class TyphaUnavailable(Exception):
 
 class _SessionLost(Exception):
     """The current connection ended (timeout, EOF, server error, protocol error)."""
+
+    def __init__(self, message: str, *, protocol_error: bool = False) -> None:
+        super().__init__(message)
+        self.protocol_error = protocol_error
 
 
 class HelloRefused(Exception):
@@ -321,6 +326,8 @@ class TyphaSyncer:
                     log.warning("typha client (%s): connection to %s lost: %s; reconnecting",
                                 self.syncer_type, session.address, exc)
                     self._state.connection_lost()
+                    if exc.protocol_error:  # a broken server: do not hammer it
+                        self._stop.wait(self._delay(1))
             except Exception as exc:  # a bug: report it, reconnect with a fresh snapshot
                 log.exception("typha client failed unexpectedly")
                 self._callbacks.on_error(DatastoreError(
@@ -427,7 +434,7 @@ class TyphaSyncer:
             if left <= 0:
                 raise _SessionLost(f"no server_hello from {session.address} within "
                                    f"{self.connect_timeout:g} s")
-            self._feed(session, session.receive(left))
+            self._feed(session, session.receive(left), until_hello=True)
         self.sessions += 1
         self.connected_to = session.address
         CLIENT_SESSIONS.labels(self.syncer_type).inc()
@@ -435,6 +442,7 @@ class TyphaSyncer:
                  session.address, session.connection.compression)
 
     def _follow(self, session: _Session) -> None:
+        self._feed(session, b"")  # what came with the server_hello
         while not self._stop.is_set():
             try:
                 data = session.receive()
@@ -444,15 +452,15 @@ class TyphaSyncer:
                 raise
             self._feed(session, data)
 
-    def _feed(self, session: _Session, data: bytes) -> None:
+    def _feed(self, session: _Session, data: bytes, *, until_hello: bool = False) -> None:
         """Bytes from the server -> the connection's state; replies sent. A bad frame or an
         `error` from the server ends the session (_SessionLost); HelloRefused passes."""
         try:
-            replies = session.connection.feed(data)
+            replies = session.connection.feed(data, until_hello=until_hello)
         except ProtocolError as exc:
             CLIENT_PROTOCOL_ERRORS.labels(self.syncer_type).inc()
             raise _SessionLost(f"protocol error from {session.address}: {exc}; dropping "
-                               "the connection") from None
+                               "the connection", protocol_error=True) from None
         except ServerClosed as exc:
             raise _SessionLost(str(exc)) from None
         for reply in replies:
@@ -474,7 +482,7 @@ def check_server_hello(reply: dict[str, Any], syncer_type: str,
     not fit what this client asked for."""
     if reply["type"] == ERROR:
         code = reply.get("code")
-        detail = f"{code}: {reply.get('message')}"[:MAX_ERROR_TEXT]
+        detail = f"{_text(code)}: {_text(reply.get('message'))}"[:MAX_ERROR_TEXT]
         raise HelloRefused(f"refused: {detail}", code=code if isinstance(code, str) else None,
                            detail=detail)
     try:
@@ -496,6 +504,11 @@ def check_server_hello(reply: dict[str, Any], syncer_type: str,
         raise HelloRefused(f"server chose compression {compression!r}, which this "
                            f"client did not offer ({', '.join(offered)})")
     return compression
+
+
+def _text(value: Any) -> str:
+    """A server's string field for our logs (anything else, briefly)."""
+    return value[:MAX_ERROR_TEXT] if isinstance(value, str) else brief(value)
 
 
 class ClientState:
@@ -541,6 +554,16 @@ class ClientState:
         if snapshot is None:
             snapshot = seen is not None
         updates: list[RawUpdate] = []
+        try:
+            self._apply(entries, seen, snapshot, updates)
+        finally:
+            # also when an entry was bad: the ones before it are remembered in `emitted`,
+            # so they must reach the callbacks (or a reconnect would skip them as known)
+            if updates:
+                self.callbacks.on_updates(updates)
+
+    def _apply(self, entries: list[Any], seen: set[tuple[str, str, str]] | None,
+               snapshot: bool, updates: list[RawUpdate]) -> None:
         emitted = self.emitted
         for index, entry in enumerate(entries):
             try:
@@ -578,8 +601,6 @@ class ClientState:
             emitted[key] = fingerprint
             updates.append(RawUpdate(ResourceKey(kind, namespace, name), value, source,
                                      revision))
-        if updates:
-            self.callbacks.on_updates(updates)
 
     def missing(self, seen: set[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
         """The emitted keys `seen` lacks."""
@@ -657,10 +678,15 @@ class StreamFollower:
                             self.state.syncer_type, self.where, status.value, kept)
             self.state.server_status(status)
         elif kind == PING:
-            return {"type": PONG, "timestamp": message.get("timestamp")}
+            # echo a number only: the server measures latency with it, and echoing any
+            # structure would let a server make us encode (and recurse into) anything
+            stamp = message.get("timestamp")
+            if not isinstance(stamp, int | float) or isinstance(stamp, bool):
+                stamp = None
+            return {"type": PONG, "timestamp": stamp}
         elif kind == ERROR:
-            raise ServerClosed(f"server closed the connection: {message.get('code')}: "
-                               f"{message.get('message')}"[:MAX_ERROR_TEXT])
+            raise ServerClosed(f"server closed the connection: {_text(message.get('code'))}: "
+                               f"{_text(message.get('message'))}"[:MAX_ERROR_TEXT])
         elif kind != DECODER_RESTART:
             raise ProtocolError(f"unexpected {kind!r} message after the hello")
         return None
@@ -693,7 +719,10 @@ class ClientConnection:
     def hello_done(self) -> bool:
         return self.follower is not None
 
-    def feed(self, data: bytes) -> list[dict[str, Any]]:
+    def feed(self, data: bytes = b"", *, until_hello: bool = False) -> list[dict[str, Any]]:
+        """`until_hello`: stop after the server_hello, leaving later frames buffered (the
+        next `feed` handles them): a bad frame after a good hello is a broken session, not
+        a failed connection attempt."""
         replies: list[dict[str, Any]] = []
         self.frames.push(data)
         while (payload := self.frames.pop()) is not None:
@@ -701,6 +730,8 @@ class ClientConnection:
             if self.follower is None:
                 self.compression = check_server_hello(message, self.syncer_type, self.offered)
                 self.follower = StreamFollower(self.state, self.where)
+                if until_hello:
+                    break
                 continue
             reply = self.follower.handle(message)
             if reply is not None:

@@ -88,13 +88,35 @@ ERR_NOT_AUTHORIZED = "not-authorized"
 _STATUS_BY_TEXT = {status.value: status for status in SyncStatus}
 
 
+MAX_ERROR_CHARS = 500  # of a ProtocolError's text: it quotes what the peer sent
+
+
 class ProtocolError(Exception):
     """The peer sent something this protocol version does not allow; `code` is the error
-    code to send back (an `ERR_*` constant)."""
+    code to send back (an `ERR_*` constant). The text is cut at MAX_ERROR_CHARS."""
 
     def __init__(self, message: str, code: str = ERR_MALFORMED) -> None:
+        if len(message) > MAX_ERROR_CHARS:
+            message = message[:MAX_ERROR_CHARS - 3] + "..."
         super().__init__(message)
         self.code = code
+
+
+def brief(value: Any, limit: int = 120) -> str:
+    """A peer's value quoted in an error: short scalars and short flat lists/objects as
+    repr, anything else summarised. Never the repr of a whole big or deeply nested value
+    (slow, and deep nesting makes repr itself raise RecursionError)."""
+    if isinstance(value, list | dict):
+        items = value.values() if isinstance(value, dict) else value
+        flat = len(value) <= 8 and not any(isinstance(i, list | dict) for i in items) \
+            and not any(isinstance(k, list | dict) for k in value)
+        if not flat:
+            kind = "an object" if isinstance(value, dict) else "a list"
+            return f"{kind} of {len(value)} {'fields' if isinstance(value, dict) else 'items'}"
+    elif isinstance(value, str) and len(value) > limit:
+        return repr(value[:limit]) + "..."
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 # --------------------------------------------------------------------------------------------
@@ -234,15 +256,15 @@ def decode_kv(entry: Any, where: str) -> DecodedKV:
 
 def _bad_key(where: str, key: Any) -> ProtocolError:
     return ProtocolError(f"{where}: field 'k' must be [kind, namespace, name] strings "
-                         f"(kind and name non-empty), got {key!r}"[:300])
+                         f"(kind and name non-empty), got {brief(key)}")
 
 
 def decode_status(message: Mapping[str, Any]) -> SyncStatus:
     text = message.get("status")
     status = _STATUS_BY_TEXT.get(text) if isinstance(text, str) else None
     if status is None:
-        raise ProtocolError(f"status message: field 'status' is {text!r}; expected one of "
-                            f"{', '.join(sorted(_STATUS_BY_TEXT))}")
+        raise ProtocolError(f"status message: field 'status' is {brief(text)}; expected one "
+                            f"of {', '.join(sorted(_STATUS_BY_TEXT))}")
     return status
 
 
@@ -251,8 +273,9 @@ def require(message: Mapping[str, Any], field: str, kind: type | tuple[type, ...
     value = message.get(field)
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
         names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
-        raise ProtocolError(f"{message.get('type', 'message')} message: field {field!r} is "
-                            f"missing or not a {names} (got {value!r})"[:300])
+        kind = message.get("type")
+        raise ProtocolError(f"{kind if isinstance(kind, str) else 'a'} message: field "
+                            f"{field!r} is missing or not a {names} (got {brief(value)})")
     return value
 
 
@@ -356,14 +379,15 @@ class MessageDecoder:
         if not isinstance(kind, str):
             raise ProtocolError(f"message {number} has no string field 'type'")
         if kind not in self.allowed_types:
-            raise ProtocolError(f"message {number} has unexpected type {kind!r}; expected one "
-                                f"of {', '.join(sorted(self.allowed_types))}")
+            raise ProtocolError(f"message {number} has unexpected type {brief(kind)}; "
+                                f"expected one of {', '.join(sorted(self.allowed_types))}")
         self.messages_read = number
         if kind == DECODER_RESTART:
             compression = message.get("compression")
             if compression not in KNOWN_COMPRESSIONS:
                 raise ProtocolError(f"decoder_restart message: unknown compression "
-                                    f"{compression!r}; known: {', '.join(KNOWN_COMPRESSIONS)}")
+                                    f"{brief(compression)}; known: "
+                                    f"{', '.join(KNOWN_COMPRESSIONS)}")
             self.compression = compression
         return message
 

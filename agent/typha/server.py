@@ -392,7 +392,8 @@ class _Connection:
                     f"protocol version {version} is not supported; this server speaks "
                     f"version {', '.join(map(str, SUPPORTED_PROTOCOL_VERSIONS))}"[:300],
                     ERR_UNSUPPORTED_VERSION)
-            self.hostname = str(hello.get("hostname") or "")[:253]
+            hostname = hello.get("hostname")
+            self.hostname = hostname[:253] if isinstance(hostname, str) else ""
             syncer_type = require(hello, "syncer_type", str)
             fanout = self.server.fanouts.get(syncer_type)
             if fanout is None:
