@@ -276,8 +276,7 @@ def _primed_state() -> tuple[ClientState, Recorder]:
     rec = Recorder()
     state = ClientState(rec)
     state.apply([json.loads(encode_kv(RawUpdate(ResourceKey(kind, "", name), gnp(name))).text)
-                 for kind in ("GlobalNetworkPolicy", "IPPool") for name in ("a", "d")], None,
-                snapshot=False)
+                 for kind in ("GlobalNetworkPolicy", "IPPool") for name in ("a", "d")], None)
     state.connection_lost()
     return state, rec
 
@@ -322,7 +321,7 @@ def test_the_quick_kv_check_accepts_what_decode_kv_accepts(entry: Any,
         state.emitted[strict.key] = "known"
         rec.state[ResourceKey(*strict.key)] = {}
     try:
-        state.apply([entry], None, snapshot=False)
+        state.apply([entry], None)
     except ProtocolError as exc:
         assert strict is None, f"the quick path refused what decode_kv accepts: {exc}"
         return
