@@ -199,6 +199,10 @@ class ServerConfig:
             raise ValueError(f"health_port {self.health_port} is not a port (0-65535)")
 
 
+class HealthListenError(Exception):
+    """The health endpoint's port cannot be bound."""
+
+
 class _Disconnect(Exception):
     """End a connection: `reason` is the metric label, `code` the error to send (or None)."""
 
@@ -663,8 +667,13 @@ class TyphaServer:
             future = asyncio.run_coroutine_threadsafe(self._listen(), loop)
             future.result(timeout=30)
             if self.config.health_port is not None:
-                self._health_server = HealthServer(self.health, self.config.health_host,
-                                                   self.config.health_port)
+                try:
+                    self._health_server = HealthServer(self.health, self.config.health_host,
+                                                       self.config.health_port)
+                except OSError as exc:
+                    raise HealthListenError(
+                        f"cannot serve health checks on {self.config.health_host}:"
+                        f"{self.config.health_port}: {exc.strerror or exc}") from exc
                 self._health_server.start()
                 self.health_address = (self.config.health_host, self._health_server.port)
         except BaseException:
