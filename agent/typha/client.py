@@ -33,7 +33,9 @@ data flowed) and is IN_SYNC only once the server's snapshot is complete and it i
 Hostile or broken servers: every bad frame or message (bad length, bad JSON or zlib, a
 message out of place, a malformed KV) raises ProtocolError inside `ClientConnection.feed`;
 the syncer logs it, counts it (`pyfelix_typha_client_protocol_errors_total`), drops the
-connection and reconnects. Nothing else escapes a frame (tests/typha/test_typha_fuzz.py).
+connection and reconnects after one retry delay (a broken server is not hammered). Frames
+before the bad one take effect. Nothing else escapes a frame (tests/typha/test_typha_fuzz.py).
+A bad frame arriving with a good server_hello is a broken session, not a failed attempt.
 
 Timeouts: `read_timeout` (FELIX_TYPHAREADTIMEOUT, default 30 s): no message at all (the
 server pings every 10 s) -> reconnect; `write_timeout` (FELIX_TYPHAWRITETIMEOUT, 10 s) for
