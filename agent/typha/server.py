@@ -132,8 +132,11 @@ SYNCER_TYPES: dict[str, frozenset[str] | None] = {
 }
 DEFAULT_PORT = 5473
 BATCH_CACHE_SIZE = 8  # merged batches kept per syncer type (a few positions in the log)
-# Connections accepted that have not completed TLS + hello (TYPHA_SERVERMAXPENDINGHANDSHAKES)
-DEFAULT_MAX_PENDING_HANDSHAKES = 1000
+# Connections accepted that have not completed TLS + hello (TYPHA_SERVERMAXPENDINGHANDSHAKES).
+# Each pending TLS connection costs ~300 KB (asyncio's TLS protocol allocates a 256 KiB read
+# buffer per connection): 250 of them ~75 MB, plain TCP ~2.5 MB. The server completes a few
+# hundred TLS handshakes + hellos a second, so 250 is about a second of that work queued.
+DEFAULT_MAX_PENDING_HANDSHAKES = 250
 DEFAULT_HANDSHAKE_TIMEOUT = 10.0  # seconds from accept to hello (TYPHA_SERVERHANDSHAKETIMEOUTSECS)
 DEFAULT_HEALTH_PORT = 9098  # Calico Typha's TYPHA_HEALTHPORT
 HEALTH_SERVER = "typha-server"  # health reporter: the event loop (live) and listener (ready)

@@ -24,7 +24,7 @@ def _dropped(reason: str) -> float:
 
 def test_the_documented_defaults() -> None:
     config = typha_server.ServerConfig()
-    assert (config.max_pending_handshakes, config.handshake_timeout) == (1000, 10.0)
+    assert (config.max_pending_handshakes, config.handshake_timeout) == (250, 10.0)
 
 
 def test_connections_that_never_say_hello_are_capped(store: FileStore, start_server,
