@@ -744,8 +744,9 @@ class TyphaServer:
         self._rejected_unlogged += 1
         now = self.clock()
         if now - self._rejection_logged_at >= REJECTION_LOG_INTERVAL:
-            log.warning("typha: refused %d connection(s) from %s: already %d connections "
-                        "waiting for their hello (the limit)", self._rejected_unlogged,
+            log.warning("typha: refused %d connection(s) since the last such message "
+                        "(the latest from %s): %d connections were already waiting for their "
+                        "hello, the limit (max_pending_handshakes)", self._rejected_unlogged,
                         _peer_name(writer.get_extra_info("peername")), limit)
             self._rejection_logged_at = now
             self._rejected_unlogged = 0
