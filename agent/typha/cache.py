@@ -7,8 +7,13 @@ status change. A new client gets a `Snapshot` (every current KV plus the status,
 sequence number S) and then the log entries after S.
 
 Inputs: `on_status`, `on_updates`, `on_error` from the syncer thread. Outputs: `snapshot()`,
-`entries_after(seq, upto)` and `latest_seq` for the server's connections (any thread), and
-`on_publish(seq)` called after each new entry (the server wakes its connections there).
+`entries_after(seq, upto)` and `latest_seq` for the server's connections (any thread),
+`on_publish(seq)` called after each new entry (the server wakes its connections there), and
+`on_status_change(status)` after each status change (the server's readiness follows it).
+
+The status is the datastore syncer's own, passed on as is: a snapshot says `in-sync` only
+when the syncer behind it is (clients delete the keys a snapshot lacks only then; a Typha
+whose syncer is still listing serves partial snapshots marked `resync`).
 
 Invariants:
 - sequence numbers start at 1 and grow by one per entry; the snapshot at S plus entries
@@ -181,6 +186,7 @@ class SnapshotCache:
         self._status = SyncStatus.WAIT_FOR_DATASTORE
         self._snapshot: Snapshot | None = None
         self.on_publish: Callable[[int], None] | None = None
+        self.on_status_change: Callable[[SyncStatus], None] | None = None
         self.errors = 0
 
     # -- the syncer side (SyncerCallbacks) --
@@ -193,6 +199,9 @@ class SnapshotCache:
             seq = self._append_locked(
                 Breadcrumb(self._seq + 1, self._clock(), text=status_text(self._seq + 1, status)))
         self._publish(seq)
+        callback = self.on_status_change
+        if callback is not None:
+            callback(status)
 
     def on_updates(self, updates: list[RawUpdate]) -> None:
         received = self._clock()

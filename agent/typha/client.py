@@ -14,27 +14,42 @@ attempt (and again after each pass over it); attempts go round it in order (loca
 endpoints first, see `agent.typha.discovery`) with a jittered growing delay between them, at
 most max(`min_attempts` (6), `attempts_per_address` (2) x addresses) of them. A refused
 hello (unsupported version, syncer type not served, server full) counts as a failed
-attempt. When all fail, the syncer reports ONE DatastoreError listing the addresses and the
-last error of each, sets `failed`, and its thread ends (the agent should then exit, as Felix
-does when it cannot reach Typha).
+attempt; a server that does not speak this client's protocol version is logged as such,
+naming the server tried next. When all fail, the syncer reports ONE DatastoreError listing
+the addresses and the last error of each, sets `failed`, and its thread ends (the agent
+should then exit, as Felix does when it cannot reach Typha).
 
-Reconnecting keeps the downstream state correct: the syncer remembers the fingerprint of
-every value it emitted; a fresh snapshot emits only keys whose value changed, then (at
-`snapshot_end`) a delete for every emitted key the snapshot lacks (deletes missed while
-disconnected). Status goes back to RESYNC while this happens, and never reports IN_SYNC
-before the snapshot is complete.
+Reconnecting (failing over to another replica) keeps the downstream state correct: the
+syncer remembers the fingerprint of every value it emitted; a fresh snapshot emits only keys
+whose value changed. Deletes for the keys the new server lacks (deleted while we were away)
+wait until that server says `in-sync` after its snapshot: a replica whose own datastore
+syncer is still listing sends a PARTIAL snapshot, and deleting what it lacks would delete
+policy from the node until it caught up. Until then the client keeps every key it had and
+only adds and updates (and passes on the deletes the server sends explicitly); at the
+server's `in-sync` it deletes every emitted key neither the snapshot nor the updates since
+held. Status goes back to RESYNC while this happens (never back to WAIT_FOR_DATASTORE once
+data flowed) and is IN_SYNC only once the server's snapshot is complete and it is in sync.
+
+Hostile or broken servers: every bad frame or message (bad length, bad JSON or zlib, a
+message out of place, a malformed KV) raises ProtocolError inside `ClientConnection.feed`;
+the syncer logs it, counts it (`pyfelix_typha_client_protocol_errors_total`), drops the
+connection and reconnects after one retry delay (a broken server is not hammered). Frames
+before the bad one take effect. Nothing else escapes a frame (tests/typha/test_typha_fuzz.py).
+A bad frame arriving with a good server_hello is a broken session, not a failed attempt.
 
 Timeouts: `read_timeout` (FELIX_TYPHAREADTIMEOUT, default 30 s): no message at all (the
 server pings every 10 s) -> reconnect; `write_timeout` (FELIX_TYPHAWRITETIMEOUT, 10 s) for
 the hello and pongs; `connect_timeout` for TCP + TLS + hello.
 
 Structure: the protocol state lives in transport-free pieces, `check_server_hello`,
-`ClientState` (what was emitted, across connections) and `StreamFollower` (one connection's
-snapshot and deltas); `TyphaSyncer` drives them from a thread with a blocking socket (the
-benchmark drives the same pieces from asyncio).
+`ClientState` (what was emitted, across connections), `StreamFollower` (one connection's
+snapshot, deltas and statuses) and `ClientConnection` (one connection's bytes -> those
+pieces -> replies); `TyphaSyncer` drives a `ClientConnection` from a thread with a blocking
+socket (the benchmark drives the same pieces from asyncio).
 
 Easy to get wrong: decoding must follow `decoder_restart` frame by frame; a delete for a key
-never emitted must not be forwarded (the validator would see an unknown delete); `stop()`
+never emitted must not be forwarded (the validator would see an unknown delete); the end of
+a snapshot is NOT the moment to delete what it lacks (the server's `in-sync` is); `stop()`
 must unblock a thread stuck in `recv` (it shuts the socket down).
 """
 
@@ -47,6 +62,7 @@ import socket
 import ssl
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -61,8 +77,10 @@ from agent.typha.discovery import (
     split_address,
 )
 from agent.typha.protocol import (
+    COMPRESSION_NONE,
     DECODER_RESTART,
     DEFAULT_MAX_FRAME_BYTES,
+    ERR_UNSUPPORTED_VERSION,
     ERROR,
     KNOWN_COMPRESSIONS,
     KVS,
@@ -78,6 +96,7 @@ from agent.typha.protocol import (
     FrameReader,
     MessageDecoder,
     ProtocolError,
+    brief,
     client_hello,
     decode_kv,
     decode_status,
@@ -103,6 +122,14 @@ CLIENT_CONNECT_FAILURES = Counter(
     "Number of failed attempts to connect to a Typha server (TCP, TLS or hello refused).",
     ["syncer_type"],
 )
+CLIENT_PROTOCOL_ERRORS = Counter(
+    "pyfelix_typha_client_protocol_errors_total",
+    "Number of connections to a Typha server this process's clients dropped because the "
+    "server sent a bad frame or message (bad length, JSON or zlib; a message out of place; a "
+    "malformed key/value). Each is logged with the reason; the client reconnects.",
+    ["syncer_type"],
+)
+MAX_ERROR_TEXT = 500  # of a server's error message, in our logs and errors
 
 
 class TyphaConfigError(ValueError):
@@ -116,9 +143,21 @@ class TyphaUnavailable(Exception):
 class _SessionLost(Exception):
     """The current connection ended (timeout, EOF, server error, protocol error)."""
 
+    def __init__(self, message: str, *, protocol_error: bool = False) -> None:
+        super().__init__(message)
+        self.protocol_error = protocol_error
+
 
 class HelloRefused(Exception):
-    """The server answered the hello with an error, or with something unusable."""
+    """The server answered the hello with an error, or with something unusable. `code` is
+    the error code (ERR_UNSUPPORTED_VERSION also when the server_hello names a version this
+    client does not speak); `detail` the reason without the "refused: " prefix."""
+
+    def __init__(self, message: str, *, code: str | None = None,
+                 detail: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.detail = detail or message
 
 
 class _Stopped(Exception):
@@ -126,19 +165,15 @@ class _Stopped(Exception):
 
 
 class _Session:
-    """One connected socket, its framing state, and what the server said in its hello."""
+    """One connected socket and its protocol state (a `ClientConnection`)."""
 
-    def __init__(self, sock: socket.socket, address: str, *, max_frame_bytes: int,
+    def __init__(self, sock: socket.socket, address: str, connection: ClientConnection, *,
                  read_timeout: float, write_timeout: float) -> None:
         self.sock = sock
         self.address = address
-        self.frames = FrameReader(max_frame_bytes)
-        self.decoder = MessageDecoder(SERVER_MESSAGE_TYPES,
-                                      max_message_bytes=max_frame_bytes * 8)
+        self.connection = connection
         self.read_timeout = read_timeout
         self.write_timeout = write_timeout
-        self.compression = "none"
-        self._pending: list[dict[str, Any]] = []
 
     def send(self, message: dict[str, Any]) -> None:
         try:
@@ -151,26 +186,20 @@ class _Session:
             raise _SessionLost(f"sending {message['type']} to {self.address} failed: "
                                f"{exc}") from None
 
-    def receive(self, timeout: float | None = None) -> dict[str, Any]:
-        """The next message; _SessionLost on timeout, EOF, socket or protocol error."""
-        while not self._pending:
-            wait = self.read_timeout if timeout is None else timeout
-            try:
-                self.sock.settimeout(wait)
-                data = self.sock.recv(RECV_BYTES)
-            except TimeoutError:
-                raise _SessionLost(f"no message from {self.address} for {wait:g} s "
-                                   "(read timeout)") from None
-            except OSError as exc:
-                raise _SessionLost(f"reading from {self.address} failed: {exc}") from None
-            if not data:
-                raise _SessionLost(f"{self.address} closed the connection")
-            try:
-                # decode in order: a decoder_restart changes how the next payload is read
-                self._pending.extend(self.decoder.decode(p) for p in self.frames.feed(data))
-            except ProtocolError as exc:
-                raise _SessionLost(f"protocol error from {self.address}: {exc}") from None
-        return self._pending.pop(0)
+    def receive(self, timeout: float | None = None) -> bytes:
+        """The next bytes; _SessionLost on timeout, EOF or socket error."""
+        wait = self.read_timeout if timeout is None else timeout
+        try:
+            self.sock.settimeout(wait)
+            data = self.sock.recv(RECV_BYTES)
+        except TimeoutError:
+            raise _SessionLost(f"no message from {self.address} for {wait:g} s "
+                               "(read timeout)") from None
+        except OSError as exc:
+            raise _SessionLost(f"reading from {self.address} failed: {exc}") from None
+        if not data:
+            raise _SessionLost(f"{self.address} closed the connection")
+        return data
 
     def close(self) -> None:
         try:
@@ -299,6 +328,8 @@ class TyphaSyncer:
                     log.warning("typha client (%s): connection to %s lost: %s; reconnecting",
                                 self.syncer_type, session.address, exc)
                     self._state.connection_lost()
+                    if exc.protocol_error:  # a broken server: do not hammer it
+                        self._stop.wait(self._delay(1))
             except Exception as exc:  # a bug: report it, reconnect with a fresh snapshot
                 log.exception("typha client failed unexpectedly")
                 self._callbacks.on_error(DatastoreError(
@@ -336,8 +367,17 @@ class TyphaSyncer:
                 except (OSError, ssl.SSLError, HelloRefused, _SessionLost) as exc:
                     errors[address] = str(exc) or type(exc).__name__
                     CLIENT_CONNECT_FAILURES.labels(self.syncer_type).inc()
-                    log.warning("typha client (%s): attempt %d/%d at %s failed: %s",
-                                self.syncer_type, attempts, budget, address, errors[address])
+                    if isinstance(exc, HelloRefused) and exc.code == ERR_UNSUPPORTED_VERSION:
+                        following = (f"trying {addresses[position % len(addresses)]} next"
+                                     if attempts < budget else "no attempts left")
+                        log.warning("typha client (%s): %s cannot serve this client (it does "
+                                    "not speak protocol version %d): %s; %s (attempt %d of "
+                                    "%d)", self.syncer_type, address, self.protocol_version,
+                                    exc.detail, following, attempts, budget)
+                    else:
+                        log.warning("typha client (%s): attempt %d/%d at %s failed: %s",
+                                    self.syncer_type, attempts, budget, address,
+                                    errors[address])
             if attempts < budget and self._stop.wait(self._delay(attempts)):
                 raise _Stopped
         detail = "; ".join(f"{where}: {error}" for where, error in errors.items())
@@ -365,8 +405,12 @@ class TyphaSyncer:
         except BaseException:
             raw.close()
             raise
-        session = _Session(sock, address, max_frame_bytes=self.max_frame_bytes,
-                           read_timeout=self.read_timeout, write_timeout=self.write_timeout)
+        assert self._state is not None
+        connection = ClientConnection(self._state, address, syncer_type=self.syncer_type,
+                                      offered=self.compression,
+                                      max_frame_bytes=self.max_frame_bytes)
+        session = _Session(sock, address, connection, read_timeout=self.read_timeout,
+                           write_timeout=self.write_timeout)
         with self._lock:
             if self._stop.is_set():
                 session.close()
@@ -386,32 +430,43 @@ class TyphaSyncer:
                                   compression=self.compression,
                                   protocol_version=self.protocol_version,
                                   client_version=CLIENT_VERSION))
-        reply = session.receive(self.connect_timeout)
-        session.compression = check_server_hello(reply, self.syncer_type, self.compression)
+        deadline = time.monotonic() + self.connect_timeout
+        while not session.connection.hello_done:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _SessionLost(f"no server_hello from {session.address} within "
+                                   f"{self.connect_timeout:g} s")
+            self._feed(session, session.receive(left), until_hello=True)
         self.sessions += 1
         self.connected_to = session.address
         CLIENT_SESSIONS.labels(self.syncer_type).inc()
         log.info("typha client (%s): connected to %s (compression %s)", self.syncer_type,
-                 session.address, session.compression)
+                 session.address, session.connection.compression)
 
     def _follow(self, session: _Session) -> None:
-        assert self._state is not None
-        follower = StreamFollower(self._state, session.address)
+        self._feed(session, b"")  # what came with the server_hello
         while not self._stop.is_set():
             try:
-                message = session.receive()
+                data = session.receive()
             except _SessionLost:
                 if self._stop.is_set():
                     return
                 raise
-            try:
-                reply = follower.handle(message)
-            except ProtocolError as exc:
-                raise _SessionLost(f"protocol error from {session.address}: {exc}") from None
-            except ServerClosed as exc:
-                raise _SessionLost(str(exc)) from None
-            if reply is not None:
-                session.send(reply)
+            self._feed(session, data)
+
+    def _feed(self, session: _Session, data: bytes, *, until_hello: bool = False) -> None:
+        """Bytes from the server -> the connection's state; replies sent. A bad frame or an
+        `error` from the server ends the session (_SessionLost); HelloRefused passes."""
+        try:
+            replies = session.connection.feed(data, until_hello=until_hello)
+        except ProtocolError as exc:
+            CLIENT_PROTOCOL_ERRORS.labels(self.syncer_type).inc()
+            raise _SessionLost(f"protocol error from {session.address}: {exc}; dropping "
+                               "the connection", protocol_error=True) from None
+        except ServerClosed as exc:
+            raise _SessionLost(str(exc)) from None
+        for reply in replies:
+            session.send(reply)
 
 
 # --------------------------------------------------------------------------------------------
@@ -428,7 +483,10 @@ def check_server_hello(reply: dict[str, Any], syncer_type: str,
     """The compression the server chose; HelloRefused when the reply is an error or does
     not fit what this client asked for."""
     if reply["type"] == ERROR:
-        raise HelloRefused(f"refused: {reply.get('code')}: {reply.get('message')}")
+        code = reply.get("code")
+        detail = f"{_text(code)}: {_text(reply.get('message'))}"[:MAX_ERROR_TEXT]
+        raise HelloRefused(f"refused: {detail}", code=code if isinstance(code, str) else None,
+                           detail=detail)
     try:
         if reply["type"] != SERVER_HELLO:
             raise ProtocolError(f"expected server_hello, got {reply['type']!r}")
@@ -439,7 +497,8 @@ def check_server_hello(reply: dict[str, Any], syncer_type: str,
         raise HelloRefused(str(exc)) from None
     if version not in SUPPORTED_PROTOCOL_VERSIONS:
         raise HelloRefused(f"server speaks protocol version {version}; this client "
-                           f"speaks {', '.join(map(str, SUPPORTED_PROTOCOL_VERSIONS))}")
+                           f"speaks {', '.join(map(str, SUPPORTED_PROTOCOL_VERSIONS))}"[:300],
+                           code=ERR_UNSUPPORTED_VERSION)
     if answered != syncer_type:
         raise HelloRefused(f"server answered for syncer type {answered!r}; this "
                            f"client asked for {syncer_type!r}")
@@ -447,6 +506,11 @@ def check_server_hello(reply: dict[str, Any], syncer_type: str,
         raise HelloRefused(f"server chose compression {compression!r}, which this "
                            f"client did not offer ({', '.join(offered)})")
     return compression
+
+
+def _text(value: Any) -> str:
+    """A server's string field for our logs (anything else, briefly)."""
+    return value[:MAX_ERROR_TEXT] if isinstance(value, str) else brief(value)
 
 
 class ClientState:
@@ -465,29 +529,55 @@ class ClientState:
         self.status = status
         self.callbacks.on_status(status)
 
+    def server_status(self, status: SyncStatus) -> None:
+        """A status the server sent, as our callbacks should see it: once data flowed
+        (RESYNC or IN_SYNC reported), a server still waiting for its datastore means we are
+        resyncing, not back at the start."""
+        if status == SyncStatus.WAIT_FOR_DATASTORE and self.status in (SyncStatus.RESYNC,
+                                                                        SyncStatus.IN_SYNC):
+            status = SyncStatus.RESYNC
+        self.set_status(status)
+
     def connection_lost(self) -> None:
         if self.status == SyncStatus.IN_SYNC:
             self.set_status(SyncStatus.RESYNC)
 
-    def apply(self, entries: list[Any], seen: set[tuple[str, str, str]] | None) -> None:
+    def apply(self, entries: list[Any], seen: set[tuple[str, str, str]] | None,
+              *, snapshot: bool | None = None) -> None:
         """KV entries of a `kvs` message -> on_updates with those that change something.
-        `seen` (during a snapshot) collects the keys the snapshot holds.
+        `seen` (from a snapshot's start until the server is in sync) collects the keys the
+        server has sent a value for. In a snapshot (`snapshot`, by default: `seen` given) a
+        delete is a protocol error.
 
         A hot path (every client decodes every update): well-formed entries take a quick
-        route; anything irregular goes through `decode_kv`, which names the entry and field.
+        route; anything irregular goes through `decode_kv`, which names the entry and field
+        (and accepts exactly what the quick route does: a fuzz test checks they agree).
         """
+        if snapshot is None:
+            snapshot = seen is not None
         updates: list[RawUpdate] = []
+        try:
+            self._apply(entries, seen, snapshot, updates)
+        finally:
+            # also when an entry was bad: the ones before it are remembered in `emitted`,
+            # so they must reach the callbacks (or a reconnect would skip them as known)
+            if updates:
+                self.callbacks.on_updates(updates)
+
+    def _apply(self, entries: list[Any], seen: set[tuple[str, str, str]] | None,
+               snapshot: bool, updates: list[RawUpdate]) -> None:
         emitted = self.emitted
         for index, entry in enumerate(entries):
             try:
-                kind, namespace, name = entry["k"]
+                key = entry["k"]
+                kind, namespace, name = key
                 value = entry["v"]
                 fingerprint = entry.get("f")
                 revision = entry.get("r", "")
                 source = entry.get("s", "")
-                regular = (type(kind) is str and type(namespace) is str and type(name) is str
-                           and kind != "" and name != "" and type(revision) is str
-                           and type(source) is str
+                regular = (type(key) is list and type(kind) is str and type(namespace) is str
+                           and type(name) is str and kind != "" and name != ""
+                           and type(revision) is str and type(source) is str
                            and (value is None or (type(value) is dict
                                                   and type(fingerprint) is str)))
             except (KeyError, TypeError, ValueError, AttributeError):
@@ -496,15 +586,15 @@ class ClientState:
                 kv = decode_kv(entry, f"kvs message, entry {index}")  # raises if it must
                 (kind, namespace, name), value, fingerprint, revision, source = kv
             key = (kind, namespace, name)
-            if seen is not None:
-                if value is None:
-                    raise ProtocolError(f"snapshot entry {index} ({kind} {name}) is a delete")
-                seen.add(key)
             if value is None:
+                if snapshot:
+                    raise ProtocolError(f"snapshot entry {index} ({kind} {name}) is a delete")
                 if emitted.pop(key, None) is not None:
                     updates.append(RawUpdate(ResourceKey(kind, namespace, name), None, source,
                                              revision))
                 continue
+            if seen is not None:
+                seen.add(key)
             known = emitted.get(key)
             if known == fingerprint:
                 continue
@@ -513,17 +603,22 @@ class ClientState:
             emitted[key] = fingerprint
             updates.append(RawUpdate(ResourceKey(kind, namespace, name), value, source,
                                      revision))
-        if updates:
-            self.callbacks.on_updates(updates)
 
-    def delete_missing(self, seen: set[tuple[str, str, str]]) -> None:
-        """After a snapshot: delete every emitted key the snapshot lacked."""
-        gone = [key for key in self.emitted if key not in seen]
+    def missing(self, seen: set[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+        """The emitted keys `seen` lacks."""
+        return [key for key in self.emitted if key not in seen]
+
+    def delete_missing(self, seen: set[tuple[str, str, str]], where: str = "") -> None:
+        """After a complete snapshot from a server in sync: delete every emitted key that
+        neither the snapshot nor the updates since held."""
+        gone = self.missing(seen)
         for key in gone:
             del self.emitted[key]
         if gone:
-            log.info("typha client (%s): %d keys vanished while disconnected; deleting them",
-                     self.syncer_type, len(gone))
+            log.info("typha client (%s): %d keys are gone from the datastore (deleted while "
+                     "this client was disconnected or following another server), as %s says "
+                     "now that it is in sync; deleting them", self.syncer_type, len(gone),
+                     where or "the server")
             self.callbacks.on_updates([RawUpdate(ResourceKey(*key), None, SOURCE)
                                        for key in sorted(gone)])
 
@@ -531,22 +626,32 @@ class ClientState:
 class StreamFollower:
     """One connection's messages after the hello -> `ClientState` (snapshot, deltas,
     statuses). `handle` returns a message to send back (a pong) or None; it raises
-    ProtocolError for a message out of place and ServerClosed for an `error`."""
+    ProtocolError for a message out of place and ServerClosed for an `error`.
+
+    Resync: from `snapshot_begin` until the server reports `in-sync` after `snapshot_end`,
+    `seen` collects every key the server sent a value for; only then are the emitted keys it
+    lacks deleted. Before that the server may be a replica still listing its datastore."""
 
     def __init__(self, state: ClientState, where: str) -> None:
         self.state = state
         self.where = where
         self.in_snapshot = False
         self.snapshot_done = False
-        self.seen: set[tuple[str, str, str]] = set()
+        self.seen: set[tuple[str, str, str]] | None = None  # None: no resync in progress
+        self._told_kept = False
+
+    @property
+    def resyncing(self) -> bool:
+        """Deletes of keys the server lacks are still waiting for its `in-sync`."""
+        return self.seen is not None
 
     def handle(self, message: dict[str, Any]) -> dict[str, Any] | None:
         kind = message["type"]
         if kind == KVS:
             if not (self.in_snapshot or self.snapshot_done):
                 raise ProtocolError("kvs message before snapshot_begin")
-            self.state.apply(require(message, "kvs", list),
-                             self.seen if self.in_snapshot else None)
+            self.state.apply(require(message, "kvs", list), self.seen,
+                             snapshot=self.in_snapshot)
         elif kind == SNAPSHOT_BEGIN:
             if self.in_snapshot or self.snapshot_done:
                 raise ProtocolError("a second snapshot_begin on one connection")
@@ -557,20 +662,83 @@ class StreamFollower:
             if not self.in_snapshot:
                 raise ProtocolError("snapshot_end without snapshot_begin")
             self.in_snapshot, self.snapshot_done = False, True
-            self.state.delete_missing(self.seen)
-            self.seen = set()
         elif kind == STATUS:
             if not self.snapshot_done:
                 raise ProtocolError("status message before the snapshot completed")
-            self.state.set_status(decode_status(message))
+            status = decode_status(message)
+            if self.seen is not None:
+                if status == SyncStatus.IN_SYNC:
+                    self.state.delete_missing(self.seen, self.where)
+                    self.seen = None
+                elif not self._told_kept:
+                    self._told_kept = True
+                    kept = len(self.state.missing(self.seen))
+                    if kept:
+                        log.warning(
+                            "typha client (%s): %s is not in sync with its datastore yet "
+                            "(%s); keeping the %d keys its snapshot lacks until it is",
+                            self.state.syncer_type, self.where, status.value, kept)
+            self.state.server_status(status)
         elif kind == PING:
-            return {"type": PONG, "timestamp": message.get("timestamp")}
+            # echo a number only: the server measures latency with it, and echoing any
+            # structure would let a server make us encode (and recurse into) anything
+            stamp = message.get("timestamp")
+            if not isinstance(stamp, int | float) or isinstance(stamp, bool):
+                stamp = None
+            return {"type": PONG, "timestamp": stamp}
         elif kind == ERROR:
-            raise ServerClosed(f"server closed the connection: {message.get('code')}: "
-                               f"{message.get('message')}")
+            raise ServerClosed(f"server closed the connection: {_text(message.get('code'))}: "
+                               f"{_text(message.get('message'))}"[:MAX_ERROR_TEXT])
         elif kind != DECODER_RESTART:
             raise ProtocolError(f"unexpected {kind!r} message after the hello")
         return None
+
+
+class ClientConnection:
+    """One connection's protocol without its socket: the bytes the server sends go in
+    (`feed`, in any chunks), the replies to send (pongs) come out. The first message must be
+    an acceptable `server_hello` (`check_server_hello`); the rest go to a `StreamFollower`.
+
+    `feed` raises only ProtocolError (a bad frame or message: drop the connection),
+    HelloRefused (the first message refuses or does not fit our hello) and ServerClosed (an
+    `error` after the hello). Frames are decoded and handled one at a time, in order: the
+    frames before a bad one take effect."""
+
+    def __init__(self, state: ClientState, where: str, *, syncer_type: str,
+                 offered: Sequence[str], max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+                 ) -> None:
+        self.state = state
+        self.where = where
+        self.syncer_type = syncer_type
+        self.offered = tuple(offered)
+        self.frames = FrameReader(max_frame_bytes)
+        self.decoder = MessageDecoder(SERVER_MESSAGE_TYPES,
+                                      max_message_bytes=max_frame_bytes * 8)
+        self.follower: StreamFollower | None = None
+        self.compression = COMPRESSION_NONE  # what the server_hello announced
+
+    @property
+    def hello_done(self) -> bool:
+        return self.follower is not None
+
+    def feed(self, data: bytes = b"", *, until_hello: bool = False) -> list[dict[str, Any]]:
+        """`until_hello`: stop after the server_hello, leaving later frames buffered (the
+        next `feed` handles them): a bad frame after a good hello is a broken session, not
+        a failed connection attempt."""
+        replies: list[dict[str, Any]] = []
+        self.frames.push(data)
+        while (payload := self.frames.pop()) is not None:
+            message = self.decoder.decode(payload)  # a decoder_restart affects the next one
+            if self.follower is None:
+                self.compression = check_server_hello(message, self.syncer_type, self.offered)
+                self.follower = StreamFollower(self.state, self.where)
+                if until_hello:
+                    break
+                continue
+            reply = self.follower.handle(message)
+            if reply is not None:
+                replies.append(reply)
+        return replies
 
 
 # --------------------------------------------------------------------------------------------

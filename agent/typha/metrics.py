@@ -25,9 +25,18 @@ CONNECTIONS_DROPPED = Counter(
     "Number of client connections the server closed on its own initiative, by reason: slow "
     "(its send queue went over the bound or a write timed out), behind (it fell out of the "
     "bounded update log), ping-timeout (no pong in time), malformed (a protocol error), "
-    "handshake (no valid hello), unauthorized (TLS identity refused), full (connection "
-    "limit) and shutdown. No syncer_type label: the type is unknown before the hello.",
+    "handshake (an invalid hello), hello-timeout (no TLS handshake and hello within the "
+    "handshake timeout of connecting), pending-limit (refused at once: the server already had "
+    "its limit of connections waiting for their hello), tls (the TLS handshake failed), "
+    "unauthorized (TLS identity refused), full (connection limit) and shutdown. No "
+    "syncer_type label: the type is unknown before the hello.",
     ["reason"],
+)
+CONNECTIONS_PENDING = Gauge(
+    "typha_connections_pending",
+    "Number of client connections accepted that have not completed their hello yet (TLS "
+    "handshake and client_hello); bounded by the pending-handshake limit. No syncer_type "
+    "label: the type is unknown before the hello.",
 )
 SNAPSHOT_SIZE = Gauge(
     "typha_snapshot_size",

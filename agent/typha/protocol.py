@@ -12,17 +12,19 @@ each payload is one complete zlib stream (RFC 1950), compressed on its own: the 
 encode a message once and send the same bytes to every client.
 
 Inputs / outputs: `encode_*` functions return bytes ready for a socket; `FrameReader` splits
-a byte stream into payloads; `MessageDecoder` turns payloads into message dicts (following
-decoder restarts); `encode_kv`/`decode_kv` convert `RawUpdate`s to and from the JSON text
-of one key/value entry.
+a byte stream into payloads (`feed`, or `push` + `pop` one at a time); `MessageDecoder`
+turns payloads into message dicts (following decoder restarts); `encode_kv`/`decode_kv`
+convert `RawUpdate`s to and from the JSON text of one key/value entry.
 
 The message catalogue, the connection's life and the versioning rules are in
 docs/typha-protocol.md.
 
 Invariants: every malformed input raises `ProtocolError` whose message says what was wrong
 (which frame size, which message, which field); nothing here raises anything else for bad
-bytes. A receiver ignores unknown fields (newer peers may add some); new message types need
-a new protocol version.
+bytes, whatever they are (a hypothesis fuzz test, tests/typha/test_typha_fuzz.py, holds the
+decoder and the client's handling of frames to this; JSON nested deeper than Python's parser
+goes is one such error, not a RecursionError). A receiver ignores unknown fields (newer peers
+may add some); new message types need a new protocol version.
 
 Easy to get wrong: a frame's length must be checked BEFORE its payload is buffered (a bad
 peer would otherwise make us allocate 4 GiB); zlib output must be bounded too (a small frame
@@ -86,13 +88,35 @@ ERR_NOT_AUTHORIZED = "not-authorized"
 _STATUS_BY_TEXT = {status.value: status for status in SyncStatus}
 
 
+MAX_ERROR_CHARS = 500  # of a ProtocolError's text: it quotes what the peer sent
+
+
 class ProtocolError(Exception):
     """The peer sent something this protocol version does not allow; `code` is the error
-    code to send back (an `ERR_*` constant)."""
+    code to send back (an `ERR_*` constant). The text is cut at MAX_ERROR_CHARS."""
 
     def __init__(self, message: str, code: str = ERR_MALFORMED) -> None:
+        if len(message) > MAX_ERROR_CHARS:
+            message = message[:MAX_ERROR_CHARS - 3] + "..."
         super().__init__(message)
         self.code = code
+
+
+def brief(value: Any, limit: int = 120) -> str:
+    """A peer's value quoted in an error: short scalars and short flat lists/objects as
+    repr, anything else summarised. Never the repr of a whole big or deeply nested value
+    (slow, and deep nesting makes repr itself raise RecursionError)."""
+    if isinstance(value, list | dict):
+        items = value.values() if isinstance(value, dict) else value
+        flat = len(value) <= 8 and not any(isinstance(i, list | dict) for i in items) \
+            and not any(isinstance(k, list | dict) for k in value)
+        if not flat:
+            kind = "an object" if isinstance(value, dict) else "a list"
+            return f"{kind} of {len(value)} {'fields' if isinstance(value, dict) else 'items'}"
+    elif isinstance(value, str) and len(value) > limit:
+        return repr(value[:limit]) + "..."
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 # --------------------------------------------------------------------------------------------
@@ -138,8 +162,9 @@ def client_hello(*, hostname: str, syncer_type: str, compression: Iterable[str],
             "client_version": client_version}
 
 
-def server_hello(*, syncer_type: str, compression: str, server_version: str = "") -> dict:
-    return {"type": SERVER_HELLO, "protocol_version": PROTOCOL_VERSION,
+def server_hello(*, syncer_type: str, compression: str, server_version: str = "",
+                 protocol_version: int = PROTOCOL_VERSION) -> dict:
+    return {"type": SERVER_HELLO, "protocol_version": protocol_version,
             "syncer_type": syncer_type, "compression": compression,
             "server_version": server_version}
 
@@ -231,15 +256,15 @@ def decode_kv(entry: Any, where: str) -> DecodedKV:
 
 def _bad_key(where: str, key: Any) -> ProtocolError:
     return ProtocolError(f"{where}: field 'k' must be [kind, namespace, name] strings "
-                         f"(kind and name non-empty), got {key!r}"[:300])
+                         f"(kind and name non-empty), got {brief(key)}")
 
 
 def decode_status(message: Mapping[str, Any]) -> SyncStatus:
     text = message.get("status")
     status = _STATUS_BY_TEXT.get(text) if isinstance(text, str) else None
     if status is None:
-        raise ProtocolError(f"status message: field 'status' is {text!r}; expected one of "
-                            f"{', '.join(sorted(_STATUS_BY_TEXT))}")
+        raise ProtocolError(f"status message: field 'status' is {brief(text)}; expected one "
+                            f"of {', '.join(sorted(_STATUS_BY_TEXT))}")
     return status
 
 
@@ -248,8 +273,9 @@ def require(message: Mapping[str, Any], field: str, kind: type | tuple[type, ...
     value = message.get(field)
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
         names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
-        raise ProtocolError(f"{message.get('type', 'message')} message: field {field!r} is "
-                            f"missing or not a {names} (got {value!r})"[:300])
+        kind = message.get("type")
+        raise ProtocolError(f"{kind if isinstance(kind, str) else 'a'} message: field "
+                            f"{field!r} is missing or not a {names} (got {brief(value)})")
     return value
 
 
@@ -277,19 +303,31 @@ class FrameReader:
             raise ProtocolError(f"frame {self.frames_read + 1} announces {length} bytes, over "
                                 f"the limit of {self.max_frame_bytes}")
 
+    def push(self, data: bytes) -> None:
+        """Add received bytes (take the payloads with `pop`)."""
+        self._buffer += data
+
+    def pop(self) -> bytes | None:
+        """The next complete payload, or None until more bytes come; ProtocolError when the
+        next frame's length is bad (checked as soon as its header is in)."""
+        header = FRAME_HEADER.size
+        if len(self._buffer) < header:
+            return None
+        (length,) = FRAME_HEADER.unpack_from(self._buffer)
+        self.check_length(length)
+        if len(self._buffer) < header + length:
+            return None
+        payload = bytes(self._buffer[header:header + length])
+        del self._buffer[:header + length]
+        self.frames_read += 1
+        return payload
+
     def feed(self, data: bytes) -> list[bytes]:
         """Add received bytes; return every complete payload now available, in order."""
-        self._buffer += data
+        self.push(data)
         payloads: list[bytes] = []
-        header = FRAME_HEADER.size
-        while len(self._buffer) >= header:
-            (length,) = FRAME_HEADER.unpack_from(self._buffer)
-            self.check_length(length)
-            if len(self._buffer) < header + length:
-                break
-            payloads.append(bytes(self._buffer[header:header + length]))
-            del self._buffer[:header + length]
-            self.frames_read += 1
+        while (payload := self.pop()) is not None:
+            payloads.append(payload)
         return payloads
 
 
@@ -331,6 +369,9 @@ class MessageDecoder:
         except (UnicodeDecodeError, ValueError) as exc:
             raise ProtocolError(f"message {number} is not valid UTF-8 JSON "
                                 f"({compression_note(self.compression)}): {exc}") from exc
+        except RecursionError:  # "[[[[..." : Python's parser gives up around 1,000 levels
+            raise ProtocolError(f"message {number} nests JSON arrays/objects too deeply "
+                                f"({compression_note(self.compression)})") from None
         if not isinstance(message, dict):
             raise ProtocolError(f"message {number} is a JSON {type(message).__name__}, "
                                 "not an object")
@@ -338,14 +379,15 @@ class MessageDecoder:
         if not isinstance(kind, str):
             raise ProtocolError(f"message {number} has no string field 'type'")
         if kind not in self.allowed_types:
-            raise ProtocolError(f"message {number} has unexpected type {kind!r}; expected one "
-                                f"of {', '.join(sorted(self.allowed_types))}")
+            raise ProtocolError(f"message {number} has unexpected type {brief(kind)}; "
+                                f"expected one of {', '.join(sorted(self.allowed_types))}")
         self.messages_read = number
         if kind == DECODER_RESTART:
             compression = message.get("compression")
             if compression not in KNOWN_COMPRESSIONS:
                 raise ProtocolError(f"decoder_restart message: unknown compression "
-                                    f"{compression!r}; known: {', '.join(KNOWN_COMPRESSIONS)}")
+                                    f"{brief(compression)}; known: "
+                                    f"{', '.join(KNOWN_COMPRESSIONS)}")
             self.compression = compression
         return message
 

@@ -14,7 +14,14 @@ confd needs, `BGP_KINDS`) it runs ONE syncer against the real datastore into a
 
 Inputs: a `syncer_factory(syncer_type) -> Syncer` (so tests and the CLI choose the
 datastore), a `ServerConfig`. Outputs: bytes to clients; the metrics of
-`agent.typha.metrics`.
+`agent.typha.metrics`; health (`health`, served on HTTP `/liveness` and `/readiness` when
+`health_port` is set, as Calico Typha's TYPHA_HEALTHENABLED/TYPHA_HEALTHPORT).
+
+In sync and ready: the server passes on its syncers' status; it says `in-sync` (and
+clients delete what its snapshot lacks) only once its own syncer is. Readiness is the same
+fact: ready when listening and EVERY syncer type it serves is in sync, so a Kubernetes
+Service (and the clients discovering its endpoints) skips a replica still listing the
+datastore. Liveness: the event loop reports every second (stale after 30 s).
 
 Threads: the syncers run in their own threads; every connection is a coroutine on ONE
 asyncio event loop in the server's thread; snapshot encoding runs in the loop's executor.
@@ -25,13 +32,24 @@ one `kvs` message (`cache.batch_frames`); clients at the same place in the log (
 share those bytes (`_Fanout.batch`), so an update is encoded and compressed once however
 many clients there are. The fan-out latency histogram gets one observation per write.
 
-One connection's life: TLS identity check -> client_hello (within `handshake_timeout`) ->
+Connections that have not said hello yet are bounded: at most `max_pending_handshakes`
+at a time (more are refused at once, counted as `typha_connections_dropped{reason=
+"pending-limit"}`), and each must complete its TLS handshake AND its client_hello within
+`handshake_timeout` of being accepted (one deadline, however slowly the bytes trickle in).
+So idle or slow peers (port scanners, half-open connections, a slowloris) hold no more than
+that many sockets for that long. TLS is started by the connection itself
+(`StreamWriter.start_tls`) after the limit is checked, so pending TLS handshakes count too.
+
+One connection's life: accept (pending limit) -> TLS handshake and identity check ->
+client_hello (all within `handshake_timeout` of the accept) ->
 server_hello -> decoder_restart if compressing -> snapshot -> log entries as they come
 (an entry waits at most `batch_delay` so that the entries following it go in the same
 write: per client at most 1/`batch_delay` writes per second, whatever the update rate),
 and a ping every `ping_interval`. The server closes it, sending an `error` message first when the
 client can still read one, when:
-- the hello is malformed, names an unsupported version or a syncer type not served;
+- the hello is malformed, names an unsupported version ("unsupported-version": this server
+  cannot serve that client; it should try another) or a syncer type not served;
+- the TLS handshake and the hello do not complete within `handshake_timeout`;
 - a frame is malformed (bad length, bad JSON, unknown type): "malformed";
 - no pong (nor anything else) arrives for `pong_timeout` seconds: "ping-timeout";
 - the client is slow: its queued bytes are not taken within `write_timeout` (the server
@@ -43,7 +61,9 @@ A bad client never affects the others: every failure ends only its own coroutine
 
 Easy to get wrong: a drop must `abort()` (a slow client would keep `close()` waiting for
 its buffer forever); error messages must be encoded with the connection's CURRENT
-compression; a snapshot is consistent only with the log entries after ITS sequence number.
+compression; a snapshot is consistent only with the log entries after ITS sequence number;
+a TLS connection must stop reading before its first await (bytes of the peer's TLS hello
+read into the plain stream would be lost to `start_tls`).
 """
 
 from __future__ import annotations
@@ -51,6 +71,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections import OrderedDict
@@ -58,7 +79,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.syncer.api import Syncer
+from agent.health import HealthAggregator, HealthServer
+from agent.syncer.api import Syncer, SyncStatus
 from agent.typha import metrics
 from agent.typha.cache import (
     DEFAULT_MAX_LOG_BYTES,
@@ -110,6 +132,22 @@ SYNCER_TYPES: dict[str, frozenset[str] | None] = {
 }
 DEFAULT_PORT = 5473
 BATCH_CACHE_SIZE = 8  # merged batches kept per syncer type (a few positions in the log)
+# Connections accepted that have not completed TLS + hello (TYPHA_SERVERMAXPENDINGHANDSHAKES).
+# Each pending TLS connection costs ~300 KB (asyncio's TLS protocol allocates a 256 KiB read
+# buffer per connection): 250 of them ~75 MB, plain TCP ~2.5 MB. The server completes a few
+# hundred TLS handshakes + hellos a second, so 250 is about a second of that work queued.
+DEFAULT_MAX_PENDING_HANDSHAKES = 250
+DEFAULT_HANDSHAKE_TIMEOUT = 10.0  # seconds from accept to hello (TYPHA_SERVERHANDSHAKETIMEOUTSECS)
+DEFAULT_HEALTH_PORT = 9098  # Calico Typha's TYPHA_HEALTHPORT
+HEALTH_SERVER = "typha-server"  # health reporter: the event loop (live) and listener (ready)
+HEALTH_HEARTBEAT = 1.0  # seconds between the event loop's liveness reports
+HEALTH_LIVENESS_TIMEOUT = 30.0  # no report for this long: not live
+REJECTION_LOG_INTERVAL = 10.0  # seconds between log lines about pending-limit refusals
+
+
+def health_reporter_name(syncer_type: str) -> str:
+    """The readiness reporter of one syncer type's datastore syncer."""
+    return f"typha-syncer-{syncer_type}"
 
 
 @dataclass(frozen=True)
@@ -119,7 +157,10 @@ class ServerConfig:
     tls: ServerTLS | None = None  # None: plain TCP (the CLI insists on --insecure)
     syncer_types: tuple[str, ...] = (SYNCER_TYPE_FELIX, SYNCER_TYPE_BGP)
     compression: tuple[str, ...] = KNOWN_COMPRESSIONS  # preference order
-    handshake_timeout: float = 10.0
+    # from accept to a valid client_hello, TLS handshake included
+    handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT
+    # connections accepted but not yet past their hello; more are refused at once
+    max_pending_handshakes: int = DEFAULT_MAX_PENDING_HANDSHAKES
     ping_interval: float = 10.0
     pong_timeout: float = 60.0
     write_timeout: float = 30.0
@@ -132,6 +173,8 @@ class ServerConfig:
     snapshot_reuse_seconds: float = 1.0
     max_connections: int = 10_000
     socket_send_buffer: int | None = None  # SO_SNDBUF for client sockets (tests shrink it)
+    health_port: int | None = None  # HTTP /liveness and /readiness; None: off, 0: any free
+    health_host: str = "localhost"
     syncer_kinds: dict[str, frozenset[str] | None] = field(
         default_factory=lambda: dict(SYNCER_TYPES))
 
@@ -153,6 +196,14 @@ class ServerConfig:
             raise ValueError("batch_delay must be between 0 and 1 s")
         if self.max_send_buffer < 64 * 1024:
             raise ValueError("max_send_buffer must be at least 64 KiB")
+        if self.max_pending_handshakes < 1:
+            raise ValueError("max_pending_handshakes must be at least 1")
+        if self.health_port is not None and not 0 <= self.health_port < 65536:
+            raise ValueError(f"health_port {self.health_port} is not a port (0-65535)")
+
+
+class HealthListenError(Exception):
+    """The health endpoint's port cannot be bound."""
 
 
 class _Disconnect(Exception):
@@ -257,9 +308,11 @@ class _Connection:
                                       max_message_bytes=CLIENT_MAX_FRAME_BYTES * 16)
         self.next_seq = 0
         self.counted = False
+        self.pending = True  # accepted, hello not done yet (counted in server.pending_count)
         self.closed = False
         self.ending = False
         self.clock = server.clock
+        self.deadline = self.clock() + self.config.handshake_timeout  # for TLS + hello
 
     def __str__(self) -> str:
         who = f"{self.hostname}@{self.peer}" if self.hostname else self.peer
@@ -274,12 +327,17 @@ class _Connection:
             log.info("typha: %s disconnected (%s)", self, exc or type(exc).__name__)
         except asyncio.CancelledError:
             pass
+        except Exception as exc:  # a bug: this connection ends, the server goes on
+            log.exception("typha: %s failed unexpectedly", self)
+            self._drop(_Disconnect("internal", None, f"internal error: {exc!r}"))
         finally:
             self._close()
 
     # -- stages --
 
     async def _serve(self) -> None:
+        if self.server.ssl_context is not None:
+            await self._start_tls(self.server.ssl_context)
         sock = self.writer.get_extra_info("socket")
         if self.config.socket_send_buffer and sock is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.config.socket_send_buffer)
@@ -307,12 +365,29 @@ class _Connection:
             if error is not None:
                 raise error
 
+    async def _start_tls(self, context: ssl.SSLContext) -> None:
+        """The TLS handshake, within what is left of the hello deadline. (Reading was
+        paused at accept, see TyphaServer._accept; start_tls resumes it.)"""
+        left = self.deadline - self.clock()
+        try:
+            # asyncio's own handshake timer a little later than ours: ours names the reason
+            await _within(self.writer.start_tls(context, ssl_handshake_timeout=left + 1.0),
+                          left)
+        except TimeoutError:
+            raise _Disconnect("hello-timeout", None, (
+                f"no TLS handshake within {self.config.handshake_timeout:g} s of "
+                "connecting")) from None
+        except ssl.SSLError as exc:
+            raise _Disconnect("tls", None, f"the TLS handshake failed: {exc}") from None
+
     async def _handshake(self) -> _Fanout:
         try:
-            hello = await self._read_message(self.config.handshake_timeout, "client_hello")
+            hello = await self._read_message(0.0, "client_hello", deadline=self.deadline)
         except _Disconnect as exc:
             if exc.reason == "ping-timeout":
-                raise _Disconnect("handshake", ERR_BAD_HELLO, str(exc)) from None
+                raise _Disconnect("hello-timeout", ERR_BAD_HELLO, (
+                    f"no client_hello within {self.config.handshake_timeout:g} s of "
+                    "connecting")) from None
             raise
         try:
             if hello["type"] != CLIENT_HELLO:
@@ -322,9 +397,10 @@ class _Connection:
             if version not in SUPPORTED_PROTOCOL_VERSIONS:
                 raise ProtocolError(
                     f"protocol version {version} is not supported; this server speaks "
-                    f"version {', '.join(map(str, SUPPORTED_PROTOCOL_VERSIONS))}",
+                    f"version {', '.join(map(str, SUPPORTED_PROTOCOL_VERSIONS))}"[:300],
                     ERR_UNSUPPORTED_VERSION)
-            self.hostname = str(hello.get("hostname") or "")[:253]
+            hostname = hello.get("hostname")
+            self.hostname = hostname[:253] if isinstance(hostname, str) else ""
             syncer_type = require(hello, "syncer_type", str)
             fanout = self.server.fanouts.get(syncer_type)
             if fanout is None:
@@ -341,9 +417,11 @@ class _Connection:
         compression = next((c for c in self.config.compression if c in offered),
                            COMPRESSION_NONE)
         self.syncer_type = syncer_type
+        self.server.hello_done(self)
         self._write(encode_message(server_hello(syncer_type=syncer_type,
                                                 compression=compression,
-                                                server_version=SERVER_VERSION)))
+                                                server_version=SERVER_VERSION,
+                                                protocol_version=version)))
         if compression != COMPRESSION_NONE:
             self._write(encode_message(decoder_restart(compression)))
             self.compression = compression
@@ -416,12 +494,18 @@ class _Connection:
 
     # -- I/O helpers --
 
-    async def _read_message(self, timeout: float, expecting: str) -> dict[str, Any]:
+    async def _read_message(self, timeout: float, expecting: str, *,
+                            deadline: float | None = None) -> dict[str, Any]:
+        """The next message: its header, then its payload, each within `timeout` seconds,
+        or both before `deadline` (clock time) when given."""
+        def left() -> float:
+            return timeout if deadline is None else max(deadline - self.clock(), 0.0)
+
         try:
-            header = await _within(self.reader.readexactly(FRAME_HEADER.size), timeout)
+            header = await _within(self.reader.readexactly(FRAME_HEADER.size), left())
             (length,) = FRAME_HEADER.unpack(header)
             self.frames.check_length(length)
-            payload = await _within(self.reader.readexactly(length), timeout)
+            payload = await _within(self.reader.readexactly(length), left())
             self.frames.frames_read += 1
             return self.decoder.decode(payload)
         except TimeoutError:
@@ -502,6 +586,7 @@ class _Connection:
         if self.closed:
             return
         self.closed = True
+        self.server.hello_done(self)  # if it never got that far
         if self.counted:
             metrics.CONNECTIONS_ACTIVE.labels(self.syncer_type).dec()
         transport = self.writer.transport
@@ -538,6 +623,18 @@ class TyphaServer:
         self.fanouts: dict[str, _Fanout] = {}
         self.address: tuple[str, int] = (config.host, config.port)
         self._stopped = False
+        self.ssl_context: ssl.SSLContext | None = None
+        self.pending_count = 0  # connections accepted, hello not done (loop thread only)
+        self._rejected_unlogged = 0
+        self._rejection_logged_at = float("-inf")
+        self.health = HealthAggregator()
+        self.health.register(HEALTH_SERVER, live=True, ready=True,
+                             timeout=HEALTH_LIVENESS_TIMEOUT)
+        for syncer_type in config.syncer_types:
+            self.health.register(health_reporter_name(syncer_type), live=False, ready=True)
+            self.health.report(health_reporter_name(syncer_type), live=True, ready=False)
+        self._health_server: HealthServer | None = None
+        self.health_address: tuple[str, int] | None = None
 
     # -- life cycle --
 
@@ -545,6 +642,7 @@ class TyphaServer:
         if self._loop is not None:
             raise RuntimeError("TyphaServer already started")
         ssl_context = self.config.tls.context() if self.config.tls is not None else None
+        self.ssl_context = ssl_context
         loop = asyncio.new_event_loop()
         self._loop = loop
         self._thread = threading.Thread(target=self._run_loop, name="typha-server",
@@ -561,6 +659,7 @@ class TyphaServer:
                     clock=self.clock)
                 fanout = _Fanout(cache, loop)
                 cache.on_publish = fanout.publish_threadsafe
+                cache.on_status_change = self._syncer_status_reporter(syncer_type)
                 self.caches[syncer_type] = cache
                 self.fanouts[syncer_type] = fanout
             for syncer_type, cache in self.caches.items():
@@ -568,8 +667,18 @@ class TyphaServer:
                 syncer.start(cache)
                 self._syncers.append(syncer)
                 metrics.DATASTORE_SYNCERS.inc()
-            future = asyncio.run_coroutine_threadsafe(self._listen(ssl_context), loop)
+            future = asyncio.run_coroutine_threadsafe(self._listen(), loop)
             future.result(timeout=30)
+            if self.config.health_port is not None:
+                try:
+                    self._health_server = HealthServer(self.health, self.config.health_host,
+                                                       self.config.health_port)
+                except OSError as exc:
+                    raise HealthListenError(
+                        f"cannot serve health checks on {self.config.health_host}:"
+                        f"{self.config.health_port}: {exc.strerror or exc}") from exc
+                self._health_server.start()
+                self.health_address = (self.config.health_host, self._health_server.port)
         except BaseException:
             self.stop()
             raise
@@ -582,21 +691,79 @@ class TyphaServer:
         self._loop.call_soon(self._running.set)
         self._loop.run_forever()
 
-    async def _listen(self, ssl_context: Any) -> None:
+    async def _listen(self) -> None:
+        # plain TCP: a TLS connection starts TLS itself, once it is within the pending limit
         self._listener = await asyncio.start_server(
-            self._accept, self.config.host, self.config.port, ssl=ssl_context,
-            ssl_handshake_timeout=self.config.handshake_timeout if ssl_context else None,
-            reuse_address=True, backlog=1024)
+            self._accept, self.config.host, self.config.port, reuse_address=True,
+            backlog=1024)
         sockname = self._listener.sockets[0].getsockname()
         self.address = (str(sockname[0]), int(sockname[1]))
+        self._heartbeat()
+
+    def _heartbeat(self) -> None:
+        """Liveness from the event loop itself; ready while listening."""
+        self.health.report(HEALTH_SERVER, live=True, ready=not self._stopped)
+        if not self._stopped and self._loop is not None:
+            self._loop.call_later(HEALTH_HEARTBEAT, self._heartbeat)
+
+    def _syncer_status_reporter(self, syncer_type: str) -> Callable[[SyncStatus], None]:
+        name = health_reporter_name(syncer_type)
+
+        def report(status: SyncStatus) -> None:
+            ready = status == SyncStatus.IN_SYNC
+            self.health.report(name, live=True, ready=ready)
+            log.info("typha: the %s syncer is %s: %s", syncer_type, status.value,
+                     "ready" if ready else "not ready (clients keep what they have)")
+
+        return report
+
+    def is_ready(self) -> bool:
+        """What /readiness answers: listening, and every syncer type in sync."""
+        return self.health.is_ready()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # nothing may await before this: see the module docstring (TLS)
         if self._stopped:
             writer.transport.abort()
             return
+        if self.pending_count >= self.config.max_pending_handshakes:
+            self._refuse_pending(writer)
+            return
+        if self.ssl_context is not None:
+            writer.transport.pause_reading()  # until start_tls hands the bytes to TLS
         connection = _Connection(self, reader, writer)
+        self.pending_count += 1
+        metrics.CONNECTIONS_PENDING.inc()
         self._connections.add(connection)
         await connection.run()
+
+    def _refuse_pending(self, writer: asyncio.StreamWriter) -> None:
+        """Over the pending-handshake limit: close at once (plain TCP: with an error)."""
+        metrics.CONNECTIONS_DROPPED.labels("pending-limit").inc()
+        limit = self.config.max_pending_handshakes
+        self._rejected_unlogged += 1
+        now = self.clock()
+        if now - self._rejection_logged_at >= REJECTION_LOG_INTERVAL:
+            log.warning("typha: refused %d connection(s) since the last such message "
+                        "(the latest from %s): %d connections were already waiting for their "
+                        "hello, the limit (max_pending_handshakes)", self._rejected_unlogged,
+                        _peer_name(writer.get_extra_info("peername")), limit)
+            self._rejection_logged_at = now
+            self._rejected_unlogged = 0
+        if self.ssl_context is not None:
+            writer.transport.abort()  # no TLS yet: nothing we could say
+            return
+        writer.write(encode_message(error_message(ERR_SERVER_FULL, (
+            f"the server already has {limit} connections waiting for their hello (its "
+            "limit); try again later or another server"))))
+        writer.transport.close()
+
+    def hello_done(self, connection: _Connection) -> None:
+        """`connection` is no longer pending (its hello was accepted, or it closed)."""
+        if connection.pending:
+            connection.pending = False
+            self.pending_count -= 1
+            metrics.CONNECTIONS_PENDING.dec()
 
     def forget(self, connection: _Connection) -> None:
         self._connections.discard(connection)
@@ -625,6 +792,10 @@ class TyphaServer:
         if self._stopped:
             return
         self._stopped = True
+        self.health.report(HEALTH_SERVER, live=True, ready=False)
+        if self._health_server is not None:
+            self._health_server.stop()
+            self._health_server = None
         loop = self._loop
         if loop is not None and loop.is_running():
             try:

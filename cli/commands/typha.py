@@ -3,7 +3,9 @@
 Adds no logic: parses options into `agent.typha.server.ServerConfig`, starts a
 `TyphaServer` (one syncer per syncer type from `agent.syncer.client.make_syncer`), serves
 metrics if asked, and runs until SIGTERM / Ctrl-C. Settings also come from Calico Typha's
-environment variables (TYPHA_CAFILE, TYPHA_SERVERCERTFILE, ...), as deploy/typha/ sets them.
+environment variables (TYPHA_CAFILE, TYPHA_SERVERCERTFILE, TYPHA_HEALTHENABLED, ...), as
+deploy/typha/ sets them; the pending-handshake limit is named in the same style
+(TYPHA_SERVERMAXPENDINGHANDSHAKES).
 """
 
 from __future__ import annotations
@@ -13,6 +15,12 @@ import signal
 import threading
 
 import click
+
+from agent.typha.server import (
+    DEFAULT_HANDSHAKE_TIMEOUT,
+    DEFAULT_HEALTH_PORT,
+    DEFAULT_MAX_PENDING_HANDSHAKES,
+)
 
 SECURITY_HELP = (
     "refusing to start: give TLS settings (--ca-file, --cert-file, --key-file and "
@@ -69,7 +77,28 @@ def _listen_address(text: str) -> tuple[str, int]:
               show_default=True, help="Seconds an update may wait to share a write with the "
                                       "updates after it (fewer, bigger writes per client).")
 @click.option("--max-connections", type=click.IntRange(min=1), default=10_000,
-              show_default=True, help="Refuse clients beyond this many.")
+              show_default=True, envvar="TYPHA_MAXCONNECTIONSUPPERLIMIT",
+              help="Refuse clients beyond this many. Env: TYPHA_MAXCONNECTIONSUPPERLIMIT.")
+@click.option("--handshake-timeout", type=click.FloatRange(min=0.01),
+              default=DEFAULT_HANDSHAKE_TIMEOUT, show_default=True,
+              envvar="TYPHA_SERVERHANDSHAKETIMEOUTSECS",
+              help="Seconds a new connection has for its TLS handshake and client hello "
+                   "together; then it is dropped. Env: TYPHA_SERVERHANDSHAKETIMEOUTSECS.")
+@click.option("--max-pending-handshakes", type=click.IntRange(min=1),
+              default=DEFAULT_MAX_PENDING_HANDSHAKES, show_default=True,
+              envvar="TYPHA_SERVERMAXPENDINGHANDSHAKES",
+              help="Connections that have not completed their hello yet, at most; more are "
+                   "refused at once (typha_connections_dropped{reason=\"pending-limit\"}). "
+                   "Env: TYPHA_SERVERMAXPENDINGHANDSHAKES.")
+@click.option("--health-enabled", is_flag=True, envvar="TYPHA_HEALTHENABLED",
+              help="Serve /liveness and /readiness over HTTP (ready = every syncer in sync "
+                   "with the datastore). Env: TYPHA_HEALTHENABLED.")
+@click.option("--health-port", type=click.IntRange(0, 65535), default=DEFAULT_HEALTH_PORT,
+              show_default=True, envvar="TYPHA_HEALTHPORT",
+              help="Port of the health endpoints. Env: TYPHA_HEALTHPORT.")
+@click.option("--health-host", default="localhost", show_default=True,
+              envvar="TYPHA_HEALTHHOST",
+              help="Address of the health endpoints. Env: TYPHA_HEALTHHOST.")
 @click.option("--log-severity", envvar="TYPHA_LOGSEVERITYSCREEN", default="Info",
               show_default=True, type=click.Choice(["Debug", "Info", "Warning", "Error"]),
               help="Log level. Env: TYPHA_LOGSEVERITYSCREEN.")
@@ -78,7 +107,8 @@ def command(datastore: str, listen: str, insecure: bool, ca_file: str | None,
             client_uri_san: str | None, syncer_types: str, metrics_port: int,
             metrics_host: str, ping_interval: float, pong_timeout: float,
             write_timeout: float, batch_delay: float, max_connections: int,
-            log_severity: str) -> None:
+            handshake_timeout: float, max_pending_handshakes: int, health_enabled: bool,
+            health_port: int, health_host: str, log_severity: str) -> None:
     """Serve one datastore watch per syncer type to many agents and confds (fan-out).
 
     Agents and `pyfelix calc` connect with --datastore typha://HOST:PORT (syncer type
@@ -95,7 +125,7 @@ def command(datastore: str, listen: str, insecure: bool, ca_file: str | None,
     """
     from agent.logs import configure_logging
     from agent.syncer.client import DatastoreClientError, make_syncer, parse_datastore_url
-    from agent.typha.server import ServerConfig, TyphaServer
+    from agent.typha.server import HealthListenError, ServerConfig, TyphaServer
     from agent.typha.tls import ServerTLS, TLSConfigError
 
     host, port = _listen_address(listen)
@@ -123,7 +153,11 @@ def command(datastore: str, listen: str, insecure: bool, ca_file: str | None,
         config = ServerConfig(host=host, port=port, tls=tls, syncer_types=types,
                               ping_interval=ping_interval, pong_timeout=pong_timeout,
                               write_timeout=write_timeout, batch_delay=batch_delay,
-                              max_connections=max_connections)
+                              max_connections=max_connections,
+                              handshake_timeout=handshake_timeout,
+                              max_pending_handshakes=max_pending_handshakes,
+                              health_port=health_port if health_enabled else None,
+                              health_host=health_host)
         config.validate()
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
@@ -132,7 +166,7 @@ def command(datastore: str, listen: str, insecure: bool, ca_file: str | None,
     server = TyphaServer(lambda _syncer_type: make_syncer(datastore), config)
     try:
         server.start()
-    except (DatastoreClientError, TLSConfigError) as exc:
+    except (DatastoreClientError, TLSConfigError, HealthListenError) as exc:
         raise click.ClickException(str(exc)) from exc
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {listen}: {exc.strerror or exc}") from exc

@@ -481,6 +481,25 @@ def test_typha_service_deployment_and_budget_agree(with_typha: list[Document]) -
     assert deployment["spec"]["template"]["spec"]["hostNetwork"] is True
 
 
+def test_typha_probes_hit_the_health_endpoint_its_environment_enables(
+        with_typha: list[Document]) -> None:
+    typha = _container(with_typha, "pyfelix-typha", "typha")
+    env = {e["name"]: e["value"] for e in typha["env"] if "value" in e}
+    assert env["TYPHA_HEALTHENABLED"] == "true"
+    for probe_name, path in (("readinessProbe", "/readiness"), ("livenessProbe", "/liveness")):
+        http = typha[probe_name]["httpGet"]  # readiness = in sync, not "the port is open"
+        assert http["path"] == path
+        assert str(http["port"]) == env["TYPHA_HEALTHPORT"]
+        assert http["host"] == env["TYPHA_HEALTHHOST"]
+    # every TYPHA_* setting in the manifest is one `pyfelix typha` reads
+    from cli.main import cli
+
+    command = cli.get_command(cli.make_context("pyfelix", [], resilient_parsing=True), "typha")
+    assert command is not None
+    read = {param.envvar for param in command.params if isinstance(param.envvar, str)}
+    assert {name for name in env if name.startswith("TYPHA_")} <= read
+
+
 # --------------------------------------------------------------------------------------------
 # Dockerfile
 

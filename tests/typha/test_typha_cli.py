@@ -3,6 +3,7 @@ that serves a client and exits cleanly on SIGTERM."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -36,6 +37,8 @@ def _invoke(*args: str) -> tuple[int, str]:
      "syncer types ['typo'] not known; known: bgp, felix"),
     (["--listen", "127.0.0.1:5473", "--insecure", "--ping-interval", "5",
       "--pong-timeout", "2"], "pong_timeout (2.0 s) must exceed ping_interval (5.0 s)"),
+    (["--listen", "127.0.0.1:5473", "--insecure", "--max-pending-handshakes", "0"],
+     "Invalid value for '--max-pending-handshakes': 0 is not in the range x>=1"),
 ])
 def test_refusals(args: list[str], message: str, tmp_path: Path) -> None:
     code, output = _invoke("--datastore", str(tmp_path), *args)
@@ -59,6 +62,50 @@ def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
                                "--insecure")
     assert code == 1
     assert f"cannot listen on 127.0.0.1:{port}: " in output
+
+
+def test_health_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, output = _invoke("--datastore", str(tmp_path), "--listen", "127.0.0.1:0",
+                               "--insecure", "--health-enabled", "--health-host", "127.0.0.1",
+                               "--health-port", str(port))
+    assert code == 1
+    assert f"cannot serve health checks on 127.0.0.1:{port}: " in output
+
+
+def test_health_endpoints_from_the_typha_environment(store: FileStore) -> None:
+    """As deploy/typha/deployment.yaml sets them: ready once every syncer is in sync."""
+    store.put(gnp("a"))
+    health_port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "typha", "--datastore", str(store.root),
+         "--listen", f"127.0.0.1:{free_port()}", "--insecure"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO), "TYPHA_HEALTHENABLED": "true",
+             "TYPHA_HEALTHPORT": str(health_port), "TYPHA_HEALTHHOST": "127.0.0.1",
+             "TYPHA_SERVERMAXPENDINGHANDSHAKES": "5",
+             "TYPHA_SERVERHANDSHAKETIMEOUTSECS": "3"})
+    try:
+        wait_until(lambda: _http(health_port, "/readiness").startswith(b"HTTP/1.0 200"),
+                   "typha ready")
+        ready = json.loads(_http(health_port, "/readiness").split(b"\r\n\r\n", 1)[1])
+        assert ready["reporters"] == {
+            "typha-server": {"live": True, "ready": True},
+            "typha-syncer-felix": {"live": True, "ready": True},
+            "typha-syncer-bgp": {"live": True, "ready": True}}
+        assert _http(health_port, "/liveness").startswith(b"HTTP/1.0 200")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            _, stderr = process.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            raise
+    assert process.returncode == 0, stderr.decode()[-2000:]
 
 
 def test_serves_clients_and_stops_on_sigterm(store: FileStore, start_client) -> None:
@@ -93,9 +140,13 @@ def test_serves_clients_and_stops_on_sigterm(store: FileStore, start_client) -> 
 
 
 def _scrape(port: int) -> bytes:
+    return _http(port, "/metrics")
+
+
+def _http(port: int, path: str) -> bytes:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
-            sock.sendall(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+            sock.sendall(f"GET {path} HTTP/1.0\r\nHost: x\r\n\r\n".encode())
             chunks = []
             while data := sock.recv(65536):
                 chunks.append(data)
