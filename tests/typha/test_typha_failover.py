@@ -25,7 +25,7 @@ from conftest import file_syncer_factory
 from test_typha_wire import fake_server  # noqa: F401 (a fixture)
 from typha_testlib import CALICO, FileStore, Recorder, gnp, ippool, wait_until, wep
 
-from agent.calc.dataplane_state import DataplaneState
+from agent.calc.expected_dataplane import ExpectedDataplane
 from agent.calc.pipeline import CalcPipeline
 from agent.calc.snapshot import compute
 from agent.syncer.api import DatastoreError, RawUpdate, ResourceKey, SyncStatus
@@ -206,7 +206,7 @@ def _readiness(server: Any) -> tuple[int, dict[str, Any]]:
         return exc.code, json.loads(exc.read())
 
 
-def _calc_summary(pipeline: CalcPipeline, state: DataplaneState) -> dict[str, Any]:
+def _calc_summary(pipeline: CalcPipeline, state: ExpectedDataplane) -> dict[str, Any]:
     wait_until(pipeline.idle, "the calc pipeline idle")
     for _ in range(50):
         try:
@@ -237,7 +237,7 @@ def test_failover_to_a_replica_out_of_sync_loses_no_policy(store: FileStore, sta
     assert code == 503
     assert body["reporters"]["typha-syncer-felix"]["ready"] is False
 
-    state = DataplaneState(strict=False)
+    state = ExpectedDataplane(strict=False)
     pipeline = CalcPipeline(NODE, state)
     pipeline.start()
     try:
