@@ -15,15 +15,20 @@ Invariants:
   policy must not be silently ignored);
 - nothing here raises anything but `ValidationError` for any input value: no TypeError on
   mixed-type keys, no OverflowError on huge numbers, no ValueError from `int()` on exotic
-  digit strings (easy to get wrong: `"²".isdigit()` is True but `int("²")` fails).
+  digit strings (easy to get wrong: `"²".isdigit()` is True but `int("²")` fails), no
+  RecursionError or huge string from describing a deeply nested or huge value;
+- no list or mapping read here holds more than `max_set_members` entries
+  (`agent.inputs.LIMITS`; decoding checks every one, this covers documents built in code).
 """
 
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
+from agent.inputs.limits import LIMITS, too_many_members
 from agent.model.names import is_decimal, label_value_problem, qualified_name_problem
 
 # More digits than any field we read can hold (uint32 AS numbers have 10); also keeps
@@ -49,8 +54,16 @@ class ValidationError(ValueError):
         return (ValidationError, (self.resource, self.field, self.message))
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel = 3
+_REPR.maxstring = 80
+_REPR.maxother = 80
+_REPR.maxlong = 40
+
+
 def _describe_value(value: Any) -> str:
-    text = repr(value)
+    """A short repr, bounded in depth and length whatever `value` is."""
+    text = _REPR.repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -119,6 +132,8 @@ class Fields:
             return []
         if not isinstance(value, list):
             self.fail(key, f"expected a list, got {_type_name(value)}")
+        if len(value) > LIMITS.max_set_members:
+            self.fail(key, too_many_members(LIMITS, len(value)))
         return value
 
     def items(self, key: str, *, allowed: set[str] | frozenset[str] | None = None
@@ -188,6 +203,8 @@ class Fields:
             return {}
         if not isinstance(value, dict):
             self.fail(key, f"expected a mapping of strings, got {_type_name(value)}")
+        if len(value) > LIMITS.max_set_members:
+            self.fail(key, too_many_members(LIMITS, len(value)))
         out: dict[str, str] = {}
         for k, v in value.items():
             if not isinstance(k, str):

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from agent.inputs import check_document
 from agent.syncer.api import DatastoreError, ResourceKey, key_of
 from agent.syncer.client import (
     ApplyResult,
@@ -92,10 +93,11 @@ class KubeDatastore:
             except KubeError as exc:
                 raise DatastoreClientError(str(exc)) from exc
             for item in page.get("items") or []:
-                doc = to_document(rtype, item)
                 try:
+                    check_document(item, kind=rtype.kind)
+                    doc = to_document(rtype, item)
                     found[key_of(doc)] = doc
-                except ValueError as exc:
+                except ValueError as exc:  # InputError is one
                     self._warnings.append(DatastoreError(
                         f"kubernetes:{rtype.collection_path()}", f"{exc}; skipped"))
             token = str((page.get("metadata") or {}).get("continue") or "")
