@@ -89,7 +89,7 @@ class _Loader(_BaseLoader):  # type: ignore[misc, valid-type]
             return InputProblem(too_many_digits(self.limits), "max_integer_digits")
         try:
             return super().construct_yaml_int(node)
-        except (ValueError, OverflowError):
+        except (ValueError, OverflowError, IndexError):  # IndexError: `!!int ""`
             return InputProblem(f"{text[:40]!r} is not a usable integer")
 
     def construct_yaml_timestamp(self, node: ScalarNode) -> Any:
@@ -217,6 +217,12 @@ def _sniff_identity(text: str) -> str:
     return f"{kind.group(1) if kind else '?'}({name.group(1) if name else '?'})"
 
 
+def _marker_lines(head: str) -> int:
+    """Lines before a piece's content: its `---` line when nothing follows the marker (as
+    for parsed documents, whose line is where their content starts)."""
+    return 1 if re.match(r"---[ \t]*(?:#[^\n]*)?\r?\n", head) else 0
+
+
 def _pieces(text: str, limits: InputLimits) -> list[tuple[int, int, int | None]]:
     """(start, end, oversized size or None) runs of `text`: consecutive small documents
     form one run (usually the whole text is one); each oversized document is its own."""
@@ -289,9 +295,10 @@ def decode_yaml_documents(text: str, limits: InputLimits = LIMITS) -> Iterator[D
         offset = text.count("\n", 0, start)
         if oversized is not None:
             count[0] += 1
-            error = InputError(_sniff_identity(text[start:end]), "",
-                               too_big(limits, oversized), "max_document_bytes")
-            yield Document(count[0], offset + 1, error=error)
+            head = text[start:start + 8192]
+            error = InputError(_sniff_identity(head), "", too_big(limits, oversized),
+                               "max_document_bytes")
+            yield Document(count[0], offset + 1 + _marker_lines(head), error=error)
             continue
         piece = text if (start, end) == (0, len(text)) else text[start:end]
         yield from _decode_piece(piece, count, offset, limits)
@@ -324,8 +331,8 @@ def _decode_piece(piece: str, count: list[int], offset: int, limits: InputLimits
                     continue
             try:
                 value = loader.construct_document(node)
-            except (yaml.YAMLError, ValueError, TypeError, OverflowError,
-                    RecursionError) as exc:
+            except Exception as exc:  # PyYAML's constructors over hostile input: any error
+                # (ConstructorError, ValueError, IndexError...) rejects this document only
                 _reset(loader)
                 yield Document(index, line, error=InputError(
                     node_identity(node), "", f"cannot be constructed: "

@@ -79,9 +79,15 @@ def printable(text: str) -> str:
     return text if text.isprintable() else repr(text)[1:-1]
 
 
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def shown_key(key: ResourceKey) -> str:
-    """`Kind(namespace/name)` for an error message (see `printable`)."""
-    return printable(str(key))
+    """`Kind(namespace/name)` for an error message: bounded (a name longer than any valid
+    one is cut) and printable (see `printable`)."""
+    return printable(str(ResourceKey(_cut(key.kind, 60), _cut(key.namespace, 63),
+                                     _cut(key.name, 253))))
 
 
 def describe_document(doc: Any) -> str:

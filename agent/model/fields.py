@@ -61,9 +61,12 @@ _REPR.maxother = 80
 _REPR.maxlong = 40
 
 
-def _describe_value(value: Any) -> str:
+def describe_value(value: Any) -> str:
     """A short repr, bounded in depth and length whatever `value` is."""
-    text = _REPR.repr(value)
+    try:
+        text = _REPR.repr(value)
+    except ValueError:  # an int beyond Python's 4,300-digit str() limit
+        return f"a {type(value).__name__} too large to show"
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -107,14 +110,14 @@ class Fields:
             unknown = self.data.keys() - allowed
             for key in unknown:
                 if not isinstance(key, str):
-                    self.fail("", f"field name {_describe_value(key)} is not a string")
+                    self.fail("", f"field name {describe_value(key)} is not a string")
             self.fail(sorted(unknown)[0], "unknown field")
 
     def field_names(self) -> list[str]:
         """The mapping's field names (all checked to be strings)."""
         for key in self.data:
             if not isinstance(key, str):
-                self.fail("", f"field name {_describe_value(key)} is not a string")
+                self.fail("", f"field name {describe_value(key)} is not a string")
         return list(self.data)
 
     def has(self, key: str) -> bool:
@@ -150,7 +153,7 @@ class Fields:
                 self.fail(key, "required field is missing")
             return default
         if not isinstance(value, str):
-            self.fail(key, f"expected a string, got {_type_name(value)} {_describe_value(value)}")
+            self.fail(key, f"expected a string, got {_type_name(value)} {describe_value(value)}")
         if required and not value:
             self.fail(key, "must not be empty")
         return value
@@ -160,7 +163,7 @@ class Fields:
         if value is None:
             return default
         if not isinstance(value, bool):
-            self.fail(key, f"expected true or false, got {_describe_value(value)}")
+            self.fail(key, f"expected true or false, got {describe_value(value)}")
         return value
 
     def int(self, key: str, default: int | None = None, *, lo: int | None = None,
@@ -172,7 +175,7 @@ class Fields:
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int | float):
-            self.fail(key, f"expected a number, got {_describe_value(value)}")
+            self.fail(key, f"expected a number, got {describe_value(value)}")
         try:
             number = float(value)
         except OverflowError:
@@ -184,7 +187,7 @@ class Fields:
     def one_of(self, key: str, choices: tuple[str, ...], default: str) -> str:
         value = self.str(key, default)
         if value not in choices:
-            self.fail(key, f"{_describe_value(value)} is not one of {', '.join(choices)}")
+            self.fail(key, f"{describe_value(value)} is not one of {', '.join(choices)}")
         return value
 
     # --- collections of scalars -------------------------------------------------------------
@@ -193,7 +196,7 @@ class Fields:
         items = self.list(key)
         for i, item in enumerate(items):
             if not isinstance(item, str):
-                self.fail(f"{key}[{i}]", f"expected a string, got {_describe_value(item)}")
+                self.fail(f"{key}[{i}]", f"expected a string, got {describe_value(item)}")
         return tuple(items)
 
     def str_map(self, key: str) -> dict[str, str]:
@@ -208,9 +211,9 @@ class Fields:
         out: dict[str, str] = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                self.fail(key, f"key {_describe_value(k)} is not a string")
+                self.fail(key, f"key {describe_value(k)} is not a string")
             if isinstance(v, bool) or not isinstance(v, str | int | float):
-                self.fail(f"{key}.{k}", f"expected a string value, got {_describe_value(v)}")
+                self.fail(f"{key}.{k}", f"expected a string value, got {describe_value(v)}")
             out[k] = v if isinstance(v, str) else str(v)
         return out
 
@@ -223,7 +226,7 @@ class Fields:
                 self.fail(f"{key}.{k}", f"invalid label key: {problem}")
             problem = label_value_problem(v)
             if problem:
-                self.fail(f"{key}.{k}", f"invalid label value {_describe_value(v)}: {problem}")
+                self.fail(f"{key}.{k}", f"invalid label value {describe_value(v)}: {problem}")
         return labels
 
 
@@ -233,11 +236,11 @@ def checked_int(value: Any, fields: Fields, key: str, default: int | None = None
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int | str):
-        fields.fail(key, f"expected an integer, got {_describe_value(value)}")
+        fields.fail(key, f"expected an integer, got {describe_value(value)}")
     if isinstance(value, str):
         text = value.strip()
         if not is_decimal(text) or len(text) > _MAX_DIGITS:
-            fields.fail(key, f"expected an integer, got {_describe_value(value)}")
+            fields.fail(key, f"expected an integer, got {describe_value(value)}")
         value = int(text)
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         bounds = f"[{'' if lo is None else lo}, {'' if hi is None else hi}]"

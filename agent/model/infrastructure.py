@@ -451,7 +451,10 @@ def _settings(spec: Fields) -> tuple[tuple[str, str], ...]:
         elif isinstance(v, bool):
             out.append((k, "true" if v else "false"))
         elif isinstance(v, str | int | float):
-            out.append((k, str(v)))
+            try:
+                out.append((k, str(v)))
+            except ValueError:  # an int beyond Python's 4,300-digit str() limit
+                spec.fail(k, "number too large")
         elif v is not None:
             spec.fail(k, f"unsupported value of type {type(v).__name__}")
     return tuple(sorted(out))

@@ -49,7 +49,7 @@ from agent.model.base import (
     shown_key,
     with_labels,
 )
-from agent.model.fields import Fields, ValidationError
+from agent.model.fields import Fields, ValidationError, describe_value
 from agent.model.infrastructure import (
     parse_bgp_configuration,
     parse_bgp_peer,
@@ -495,7 +495,7 @@ def _parse_keyed(doc: dict[str, Any], key: ResourceKey, described: str) -> Resou
         raise ValidationError(described, "kind", f"unknown kind {key.kind[:60]!r}")
     expected = sorted({CALICO_API for k in [key.kind] if k in _CALICO_PARSERS}
                       | {K8S_API_BY_KIND[key.kind] for k in [key.kind] if k in _K8S_PARSERS})
-    shown = repr(api_version)[:60]
+    shown = describe_value(api_version)[:60]
     raise ValidationError(described, "apiVersion",
                           f"{shown} is not {' or '.join(repr(e) for e in expected)} "
                           f"for kind {key.kind}")

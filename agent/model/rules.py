@@ -32,11 +32,11 @@ import ipaddress
 import re
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from agent import selector
 from agent.inputs.limits import LIMITS
-from agent.model.fields import Fields, checked_int
+from agent.model.fields import Fields, checked_int, describe_value
 from agent.model.names import is_decimal, is_port_name
 
 ACTIONS = ("Allow", "Deny", "Log", "Pass")
@@ -118,14 +118,14 @@ def protocol_number(value: object, fields: Fields, key: str) -> int | None:
     if isinstance(value, int):
         if 1 <= value <= 255:
             return value
-        fields.fail(key, f"protocol number {value} is out of range [1, 255]")
+        fields.fail(key, f"protocol number {describe_value(value)} is out of range [1, 255]")
     if isinstance(value, str):
         number = _PROTOCOL_SPELLINGS.get(value)
         if number is not None:
             return number
         if is_decimal(value) and len(value) <= 3 and 1 <= int(value) <= 255:
             return int(value)
-    shown = repr(value) if isinstance(value, str | int | float) else type(value).__name__
+    shown = describe_value(value) if isinstance(value, str | int | float) else type(value).__name__
     fields.fail(key, f"unknown protocol {shown[:60]} (expected one of "
                 f"{', '.join(PROTOCOL_NUMBERS)} or a number 1-255)")
 
@@ -189,7 +189,7 @@ def parse_port(value: object, fields: Fields, key: str) -> Port:
         fields.fail(key, f"invalid port {value!r}")
     if isinstance(value, int):
         if not 1 <= value <= 65535:
-            fields.fail(key, f"port {value} is out of range [1, 65535]")
+            fields.fail(key, f"port {describe_value(value)} is out of range [1, 65535]")
         return Port(value, value)
     if isinstance(value, str):
         text = value.strip()
@@ -205,7 +205,8 @@ def parse_port(value: object, fields: Fields, key: str) -> Port:
             return parse_port(int(text), fields, key)
         if is_port_name(value):  # a name exactly as written (no surrounding white space)
             return Port(name=value)
-    shown = repr(value)[:40] if isinstance(value, str | int | float) else type(value).__name__
+    shown = describe_value(value)[:40] if isinstance(value, str | int | float) else (
+        type(value).__name__)
     fields.fail(key, f"invalid port {shown} (a number 1-65535, a 'lo:hi' range, or a port name "
                 "of at most 15 lower-case letters, digits and '-')")
 
@@ -216,8 +217,7 @@ def parse_selector(text: str, fields: Fields, key: str) -> str:
     if not text:
         return text
     if len(text) > LIMITS.max_selector_length:
-        fields.fail(key, f"the selector is {len(text)} characters, more than "
-                    f"max_selector_length ({LIMITS.max_selector_length})")
+        _selector_too_long(fields, key, text)
     try:
         selector.parse(text)
     except selector.SelectorError as exc:
@@ -363,31 +363,41 @@ def parse_rules(fields: Fields, key: str) -> tuple[Rule, ...]:
 _ENTITY_SELECTOR_FIELDS = ("selector", "notSelector", "namespaceSelector")
 
 
-def _add_text(found: set[str], mapping: Any, key: str) -> None:
+def _add_text(found: dict[str, str], mapping: Any, key: str, path: str) -> None:
     value = mapping.get(key) if isinstance(mapping, dict) else None
     if isinstance(value, str):
-        found.add(value)
+        found.setdefault(value, path)
 
 
 def check_selector_text(spec: Fields, own: tuple[str, ...] = ()) -> None:
-    """The distinct selectors of a policy or profile (fields `own` of `spec`, and every
-    rule's) must fit max_selector_text_per_policy together (agent.inputs.LIMITS); checked on
-    the raw document, before any selector is parsed. (A selector used twice is parsed
-    once, so it counts once.)"""
-    found: set[str] = set()
+    """Selector sizes of a policy or profile, on the raw document, before any selector is
+    parsed (agent.inputs.LIMITS): each of its own (fields `own` of `spec`) and its rules'
+    at most max_selector_length, the distinct ones together at most
+    max_selector_text_per_policy (a selector used twice is parsed once, so counts once)."""
+    found: dict[str, str] = {}  # text -> field where first seen
     for key in own:
-        _add_text(found, spec.data, key)
+        _add_text(found, spec.data, key, key)
     for rules_key in ("ingress", "egress"):
-        for rule in spec.list(rules_key):
+        for i, rule in enumerate(spec.list(rules_key)):
             if not isinstance(rule, dict):
                 continue
             for side in ("source", "destination"):
                 entity = rule.get(side)
+                where = f"{rules_key}[{i}].{side}"
                 for key in _ENTITY_SELECTOR_FIELDS:
-                    _add_text(found, entity, key)
+                    _add_text(found, entity, key, f"{where}.{key}")
                 if isinstance(entity, dict):
-                    _add_text(found, entity.get("serviceAccounts"), "selector")
+                    _add_text(found, entity.get("serviceAccounts"), "selector",
+                              f"{where}.serviceAccounts.selector")
+    for text, where in found.items():
+        if len(text) > LIMITS.max_selector_length:
+            _selector_too_long(spec, where, text)
     check_selector_total(spec, sum(len(text) for text in found))
+
+
+def _selector_too_long(fields: Fields, key: str, text: str) -> NoReturn:
+    fields.fail(key, f"the selector is {len(text)} characters, more than "
+                f"max_selector_length ({LIMITS.max_selector_length})")
 
 
 def check_selector_total(fields: Fields, total: int) -> None:

@@ -21,9 +21,11 @@ Invariants (what the rest of the pipeline relies on):
 - A file that fails to parse (YAML/JSON syntax, unreadable, not UTF-8) keeps its last good
   contents: no deletes are sent for it, and exactly one error names the file and the failing
   document and line. Fixing the file later applies the difference.
-- A document that cannot be keyed (no kind / metadata.name) is reported (file, document,
-  line) and skipped; the rest of its file loads. If it used to be keyable, its old key is
-  deleted (nothing names it any more).
+- A document that cannot be keyed (no kind / metadata.name), or that `agent.inputs` rejects
+  (input limits: size, depth, aliases, members, duplicate keys...), is reported (file,
+  document, line, and for a rejection resource, field and limit) and skipped; the rest of
+  its file loads. If it used to define a key, that key is deleted (nothing names it any
+  more). Decoding is `agent.inputs`' (`decode_yaml_documents`, `decode_json_documents`).
 - The same key defined twice: the definition last in sorted path order wins (paths compared
   component by component, then document order within a file), and one DatastoreError names
   every definition. It is reported again only when the set of definitions changes.
