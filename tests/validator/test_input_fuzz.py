@@ -33,12 +33,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent import selector
-from agent.inputs import (
-    InputError,
-    check_document,
-    decode_json,
-    decode_json_document,
-)
 from agent.model import ValidationError, parse_resource
 from agent.syncer.api import RawUpdate, key_of
 from agent.syncer.file import parse_text
@@ -186,6 +180,8 @@ def test_json_text_through_the_file_datastore_and_the_validator(text: str) -> No
 @given(json_texts, st.booleans())
 def test_json_text_as_an_etcd_value_and_a_kubernetes_transport(text: str,
                                                                 as_bytes: bool) -> None:
+    from agent.inputs import InputError, check_document, decode_json, decode_json_document
+
     data: bytes | str = text.encode("utf-8", "surrogatepass") if as_bytes else text
     try:
         doc = decode_json_document(data, resource="GlobalNetworkPolicy(fuzz)")
@@ -261,6 +257,8 @@ def test_structured_documents_into_the_validator(doc: Any) -> None:
     validator = Validator()
     validator.on_updates([RawUpdate(key, doc, "fuzz")])
     assert "internal error" not in validator.errors.get(key, "")
+    from agent.inputs import InputError, check_document
+
     try:
         check_document(doc)
     except InputError:
