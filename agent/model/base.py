@@ -9,7 +9,10 @@ Inputs: raw documents and `Fields` readers. Outputs: `Metadata`, checked address
 Invariants: names are checked as Calico checks them (DNS-1123 subdomains in general; DNS
 labels for tiers and namespaces; Calico's policy-name patterns for policies); labels and
 annotation keys as Kubernetes checks them; metadata fields beyond Kubernetes' ObjectMeta are
-rejected.
+rejected. References to nodes (`node_name`) and profiles (`name_list`) are checked as names
+too. Every pattern must match the whole text (`re.fullmatch`; `$` would let a trailing
+newline through into generated config). Error messages show keys bounded and printable
+(`shown_key`).
 """
 
 from __future__ import annotations

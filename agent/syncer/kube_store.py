@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agent.inputs import check_document
+from agent.inputs import InputError, check_document
 from agent.syncer.api import DatastoreError, ResourceKey, key_of
 from agent.syncer.client import (
     ApplyResult,
@@ -60,6 +60,15 @@ def _check_crd_kind(key: ResourceKey, doc: Mapping[str, Any]) -> None:
         _crd_type_of(key.kind)
     except ValueError as exc:
         raise ValueError(f"{key}: {exc}") from None
+
+
+def _acceptable(obj: dict[str, Any], rtype: ResourceType) -> bool:
+    """Whether a stored object is within the input limits (agent.inputs)."""
+    try:
+        check_document(obj, kind=rtype.kind)
+    except InputError:
+        return False
+    return True
 
 
 class KubeDatastore:
@@ -147,8 +156,9 @@ class KubeDatastore:
                     self.api.request_json("POST", rtype.collection_path(key.namespace or None),
                                           body=wanted)
                     return ApplyResult(key, "created")
-                if to_document(rtype, current) == to_document(rtype, wanted):
-                    return ApplyResult(key, "unchanged")
+                if (_acceptable(current, rtype)
+                        and to_document(rtype, current) == to_document(rtype, wanted)):
+                    return ApplyResult(key, "unchanged")  # (a rejected one is replaced)
                 replacement = dict(wanted, metadata=dict(
                     wanted["metadata"],
                     resourceVersion=(current.get("metadata") or {}).get("resourceVersion")))
