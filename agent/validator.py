@@ -14,6 +14,9 @@ Invariants:
 - an invalid document becomes a DELETE of what its key produced before (and of its natural
   Calico key), so a resource that turned invalid is removed, never left stale; the reason
   is logged (naming resource and field) and counted in `pyfelix_validation_errors_total`;
+- documents reach it decoded by `agent.inputs` (size, depth, members, aliases, duplicate
+  keys already bounded); the per-kind limits (rules per policy, selector length and text)
+  are the model's, so they count here as validation errors;
 - the stage remembers what each raw key converted to, so a Pod delete deletes its
   WorkloadEndpoint, and a Pod that loses its IP, finishes or turns host-networked deletes
   it too; a pod rescheduled to another node deletes the old endpoint name;

@@ -81,7 +81,7 @@ _LOG_LEVELS: dict[str, tuple[str, str]] = {
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s|us|µs|ns)")
 _DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6,
                    "ns": 1e-9}
-_INTERFACE_PREFIX = re.compile(r"^[A-Za-z0-9_.-]{1,14}$")
+_INTERFACE_PREFIX = re.compile(r"[A-Za-z0-9_.-]{1,14}")  # fullmatch only
 
 
 class ConfdError(ValueError):
@@ -260,7 +260,7 @@ class _Computation:
         self.state = state
         self.hostname = hostname
         self.notes: list[str] = []
-        if not _INTERFACE_PREFIX.match(interface_prefix):
+        if not _INTERFACE_PREFIX.fullmatch(interface_prefix):
             raise ConfdError(f"interface prefix {interface_prefix!r}: expected 1-14 letters, "
                              "digits, '.', '_' or '-'")
         self.interface_prefix = interface_prefix

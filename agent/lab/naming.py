@@ -27,6 +27,7 @@ from pathlib import Path
 
 LAB_PREFIX = "pf"
 RUN_ID_HEX_DIGITS = 6
+# Whole names only: use fullmatch (with match, `$` accepts a trailing newline).
 RUN_ID_PATTERN = re.compile(rf"^{LAB_PREFIX}[0-9a-f]{{{RUN_ID_HEX_DIGITS}}}$")
 LAB_NETNS_PATTERN = re.compile(rf"^({LAB_PREFIX}[0-9a-f]{{{RUN_ID_HEX_DIGITS}}})-[a-z0-9.-]+$")
 
@@ -48,7 +49,7 @@ def new_run_id() -> str:
 
 def parse_run_id(netns_name: str) -> str | None:
     """The run id owning a lab namespace name, or None when the name is not one of ours."""
-    match = LAB_NETNS_PATTERN.match(netns_name)
+    match = LAB_NETNS_PATTERN.fullmatch(netns_name)
     return match.group(1) if match else None
 
 

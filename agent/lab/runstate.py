@@ -176,7 +176,7 @@ def sweep_stale_runs(
     report = SweepReport()
     run_ids = {naming.parse_run_id(n) for n in list_netns()} - {None}
     if root.is_dir():
-        run_ids |= {p.name for p in root.iterdir() if naming.RUN_ID_PATTERN.match(p.name)}
+        run_ids |= {p.name for p in root.iterdir() if naming.RUN_ID_PATTERN.fullmatch(p.name)}
     for run_id in sorted(r for r in run_ids if r is not None):
         run_dir = naming.run_state_dir(run_id, root)
         if run_dir.is_dir():
@@ -203,7 +203,7 @@ def _sweep_stale_staging(root: Path) -> None:
         return
     now = time.time()
     for path in root.iterdir():
-        if not (path.name.startswith(".") and naming.RUN_ID_PATTERN.match(path.name[1:])):
+        if not (path.name.startswith(".") and naming.RUN_ID_PATTERN.fullmatch(path.name[1:])):
             continue
         with contextlib.suppress(OSError):
             if now - path.stat().st_mtime > STALE_STAGING_SECONDS and not run_is_alive(path):

@@ -309,7 +309,7 @@ class _ScenarioParser:
             port = self.port_number(item.get("port"), f"{item_path}.port")
             protocol = self.protocol(item.get("protocol", "TCP"), f"{item_path}.protocol")
             name = item.get("name")
-            if name is not None and not (isinstance(name, str) and _PORT_NAME.match(name)):
+            if name is not None and not (isinstance(name, str) and _PORT_NAME.fullmatch(name)):
                 self.fail(
                     f"{item_path}.name",
                     f"{name!r} is not a port name (lowercase letters, digits and '-', "
@@ -500,7 +500,7 @@ class _ScenarioParser:
         return value
 
     def dns_name(self, value: object, path: str) -> bool:
-        if isinstance(value, str) and _DNS_NAME.match(value):
+        if isinstance(value, str) and _DNS_NAME.fullmatch(value):
             return True
         self.fail(
             path,

@@ -9,7 +9,10 @@ Inputs: raw documents and `Fields` readers. Outputs: `Metadata`, checked address
 Invariants: names are checked as Calico checks them (DNS-1123 subdomains in general; DNS
 labels for tiers and namespaces; Calico's policy-name patterns for policies); labels and
 annotation keys as Kubernetes checks them; metadata fields beyond Kubernetes' ObjectMeta are
-rejected.
+rejected. References to nodes (`node_name`) and profiles (`name_list`) are checked as names
+too. Every pattern must match the whole text (`re.fullmatch`; `$` would let a trailing
+newline through into generated config). Error messages show keys bounded and printable
+(`shown_key`).
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ from agent.syncer.api import ResourceKey, key_of
 
 # Calico's policy name rules (libcalico-go validator).
 _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+# Used with fullmatch only (`$` would accept a trailing newline).
 _NP_NAME_RE = re.compile(
-    rf"^(({_LABEL})(\.{_LABEL})?|((knp|ossg)\.default\.{_LABEL}(\.{_LABEL})*))$")
-_GNP_NAME_RE = re.compile(rf"^({_LABEL}\.)?{_LABEL}$")
+    rf"(({_LABEL})(\.{_LABEL})?|((knp|ossg)\.default\.{_LABEL}(\.{_LABEL})*))")
+_GNP_NAME_RE = re.compile(rf"({_LABEL}\.)?{_LABEL}")
 
 
 @dataclass(frozen=True)
@@ -64,19 +68,35 @@ METADATA_FIELDS = frozenset({
 _NAME_RULES: dict[str, tuple[Callable[[str], bool], str]] = {
     "Tier": (is_dns_label, "a DNS label (lower case letters, digits and '-')"),
     "Namespace": (is_dns_label, "a DNS label (lower case letters, digits and '-')"),
-    "NetworkPolicy": (lambda n: bool(_NP_NAME_RE.match(n)) and len(n) <= 253,
+    "NetworkPolicy": (lambda n: bool(_NP_NAME_RE.fullmatch(n)) and len(n) <= 253,
                       "lower case letters, digits and '-', with at most one '.'"),
-    "GlobalNetworkPolicy": (lambda n: bool(_GNP_NAME_RE.match(n)) and len(n) <= 253,
+    "GlobalNetworkPolicy": (lambda n: bool(_GNP_NAME_RE.fullmatch(n)) and len(n) <= 253,
                             "lower case letters, digits and '-', with at most one '.'"),
 }
 
 _DEFAULT_NAME_RULE = (is_dns_subdomain, "a DNS subdomain (lower case letters, digits, '-', '.')")
 
 
+def printable(text: str) -> str:
+    """`text` for an error message: control characters (a newline in a name) escaped."""
+    return text if text.isprintable() else repr(text)[1:-1]
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def shown_key(key: ResourceKey) -> str:
+    """`Kind(namespace/name)` for an error message: bounded (a name longer than any valid
+    one is cut) and printable (see `printable`)."""
+    return printable(str(ResourceKey(_cut(key.kind, 60), _cut(key.namespace, 63),
+                                     _cut(key.name, 253))))
+
+
 def describe_document(doc: Any) -> str:
     """`Kind(namespace/name)` as far as the document allows, with `?` for what is missing."""
     try:
-        return str(key_of(doc))
+        return shown_key(key_of(doc))
     except ValueError:
         pass
     if not isinstance(doc, dict):
@@ -86,7 +106,7 @@ def describe_document(doc: Any) -> str:
     meta = doc.get("metadata")
     name = meta.get("name") if isinstance(meta, dict) else None
     name_text = name if isinstance(name, str) and name else "?"
-    return f"{kind_text[:60]}({name_text[:120]})"
+    return printable(f"{kind_text[:60]}({name_text[:120]})")
 
 
 def check_key_fields(doc: Any, described: str) -> None:
@@ -158,3 +178,22 @@ def net_list(spec: Fields, key: str) -> tuple[str, ...]:
 def optional_ip(fields: Fields, key: str) -> str:
     text = fields.str(key)
     return ip_address_field(text, fields, key) if text else ""
+
+
+def node_name(fields: Fields, key: str, *, required: bool = False) -> str:
+    """A reference to a Node by name: a DNS subdomain, as Node names are."""
+    name = fields.str(key, required=required)
+    if name and not is_dns_subdomain(name):
+        fields.fail(key, f"{name[:80]!r} is not a valid node name: expected "
+                    f"{_DEFAULT_NAME_RULE[1]}")
+    return name
+
+
+def name_list(fields: Fields, key: str) -> tuple[str, ...]:
+    """References to resources by name (a WorkloadEndpoint's profiles): DNS subdomains."""
+    names = fields.str_list(key)
+    for i, name in enumerate(names):
+        if not is_dns_subdomain(name):
+            fields.fail(f"{key}[{i}]", f"{name[:80]!r} is not a valid name: expected "
+                        f"{_DEFAULT_NAME_RULE[1]}")
+    return names

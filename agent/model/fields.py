@@ -15,15 +15,20 @@ Invariants:
   policy must not be silently ignored);
 - nothing here raises anything but `ValidationError` for any input value: no TypeError on
   mixed-type keys, no OverflowError on huge numbers, no ValueError from `int()` on exotic
-  digit strings (easy to get wrong: `"²".isdigit()` is True but `int("²")` fails).
+  digit strings (easy to get wrong: `"²".isdigit()` is True but `int("²")` fails), no
+  RecursionError or huge string from describing a deeply nested or huge value;
+- no list or mapping read here holds more than `max_set_members` entries
+  (`agent.inputs.LIMITS`; decoding checks every one, this covers documents built in code).
 """
 
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
+from agent.inputs.limits import LIMITS, too_many_members
 from agent.model.names import is_decimal, label_value_problem, qualified_name_problem
 
 # More digits than any field we read can hold (uint32 AS numbers have 10); also keeps
@@ -49,8 +54,19 @@ class ValidationError(ValueError):
         return (ValidationError, (self.resource, self.field, self.message))
 
 
-def _describe_value(value: Any) -> str:
-    text = repr(value)
+_REPR = reprlib.Repr()
+_REPR.maxlevel = 3
+_REPR.maxstring = 80
+_REPR.maxother = 80
+_REPR.maxlong = 40
+
+
+def describe_value(value: Any) -> str:
+    """A short repr, bounded in depth and length whatever `value` is."""
+    try:
+        text = _REPR.repr(value)
+    except ValueError:  # an int beyond Python's 4,300-digit str() limit
+        return f"a {type(value).__name__} too large to show"
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -94,14 +110,14 @@ class Fields:
             unknown = self.data.keys() - allowed
             for key in unknown:
                 if not isinstance(key, str):
-                    self.fail("", f"field name {_describe_value(key)} is not a string")
+                    self.fail("", f"field name {describe_value(key)} is not a string")
             self.fail(sorted(unknown)[0], "unknown field")
 
     def field_names(self) -> list[str]:
         """The mapping's field names (all checked to be strings)."""
         for key in self.data:
             if not isinstance(key, str):
-                self.fail("", f"field name {_describe_value(key)} is not a string")
+                self.fail("", f"field name {describe_value(key)} is not a string")
         return list(self.data)
 
     def has(self, key: str) -> bool:
@@ -119,6 +135,8 @@ class Fields:
             return []
         if not isinstance(value, list):
             self.fail(key, f"expected a list, got {_type_name(value)}")
+        if len(value) > LIMITS.max_set_members:
+            self.fail(key, too_many_members(LIMITS, len(value)))
         return value
 
     def items(self, key: str, *, allowed: set[str] | frozenset[str] | None = None
@@ -135,7 +153,7 @@ class Fields:
                 self.fail(key, "required field is missing")
             return default
         if not isinstance(value, str):
-            self.fail(key, f"expected a string, got {_type_name(value)} {_describe_value(value)}")
+            self.fail(key, f"expected a string, got {_type_name(value)} {describe_value(value)}")
         if required and not value:
             self.fail(key, "must not be empty")
         return value
@@ -145,7 +163,7 @@ class Fields:
         if value is None:
             return default
         if not isinstance(value, bool):
-            self.fail(key, f"expected true or false, got {_describe_value(value)}")
+            self.fail(key, f"expected true or false, got {describe_value(value)}")
         return value
 
     def int(self, key: str, default: int | None = None, *, lo: int | None = None,
@@ -157,7 +175,7 @@ class Fields:
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int | float):
-            self.fail(key, f"expected a number, got {_describe_value(value)}")
+            self.fail(key, f"expected a number, got {describe_value(value)}")
         try:
             number = float(value)
         except OverflowError:
@@ -169,7 +187,7 @@ class Fields:
     def one_of(self, key: str, choices: tuple[str, ...], default: str) -> str:
         value = self.str(key, default)
         if value not in choices:
-            self.fail(key, f"{_describe_value(value)} is not one of {', '.join(choices)}")
+            self.fail(key, f"{describe_value(value)} is not one of {', '.join(choices)}")
         return value
 
     # --- collections of scalars -------------------------------------------------------------
@@ -178,7 +196,7 @@ class Fields:
         items = self.list(key)
         for i, item in enumerate(items):
             if not isinstance(item, str):
-                self.fail(f"{key}[{i}]", f"expected a string, got {_describe_value(item)}")
+                self.fail(f"{key}[{i}]", f"expected a string, got {describe_value(item)}")
         return tuple(items)
 
     def str_map(self, key: str) -> dict[str, str]:
@@ -188,12 +206,14 @@ class Fields:
             return {}
         if not isinstance(value, dict):
             self.fail(key, f"expected a mapping of strings, got {_type_name(value)}")
+        if len(value) > LIMITS.max_set_members:
+            self.fail(key, too_many_members(LIMITS, len(value)))
         out: dict[str, str] = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                self.fail(key, f"key {_describe_value(k)} is not a string")
+                self.fail(key, f"key {describe_value(k)} is not a string")
             if isinstance(v, bool) or not isinstance(v, str | int | float):
-                self.fail(f"{key}.{k}", f"expected a string value, got {_describe_value(v)}")
+                self.fail(f"{key}.{k}", f"expected a string value, got {describe_value(v)}")
             out[k] = v if isinstance(v, str) else str(v)
         return out
 
@@ -206,7 +226,7 @@ class Fields:
                 self.fail(f"{key}.{k}", f"invalid label key: {problem}")
             problem = label_value_problem(v)
             if problem:
-                self.fail(f"{key}.{k}", f"invalid label value {_describe_value(v)}: {problem}")
+                self.fail(f"{key}.{k}", f"invalid label value {describe_value(v)}: {problem}")
         return labels
 
 
@@ -216,11 +236,11 @@ def checked_int(value: Any, fields: Fields, key: str, default: int | None = None
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int | str):
-        fields.fail(key, f"expected an integer, got {_describe_value(value)}")
+        fields.fail(key, f"expected an integer, got {describe_value(value)}")
     if isinstance(value, str):
         text = value.strip()
         if not is_decimal(text) or len(text) > _MAX_DIGITS:
-            fields.fail(key, f"expected an integer, got {_describe_value(value)}")
+            fields.fail(key, f"expected an integer, got {describe_value(value)}")
         value = int(text)
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         bounds = f"[{'' if lo is None else lo}, {'' if hi is None else hi}]"

@@ -26,6 +26,7 @@ from agent.model.base import (
     Resource,
     ip_address_field,
     net_list,
+    node_name,
     optional_ip,
 )
 from agent.model.fields import Fields
@@ -34,10 +35,11 @@ from agent.model.rules import parse_net, parse_selector
 from agent.syncer.api import ResourceKey
 
 _MAX_AS_NUMBER = 4294967295
-_STANDARD_COMMUNITY_RE = re.compile(r"^(\d+):(\d+)$")
-_LARGE_COMMUNITY_RE = re.compile(r"^(\d+):(\d+):(\d+)$")
-_DURATION_RE = re.compile(r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$")
-_FELIX_SETTING_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]*$")
+# Used with fullmatch only (`$` would accept a trailing newline); ASCII digits only.
+_STANDARD_COMMUNITY_RE = re.compile(r"([0-9]+):([0-9]+)")
+_LARGE_COMMUNITY_RE = re.compile(r"([0-9]+):([0-9]+):([0-9]+)")
+_DURATION_RE = re.compile(r"([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+")
+_FELIX_SETTING_RE = re.compile(r"[A-Za-z][A-Za-z0-9]*")
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,7 @@ def _as_number(fields: Fields, key: str) -> int | None:
 
 def _duration(fields: Fields, key: str) -> str:
     text = fields.str(key)
-    if text and not _DURATION_RE.match(text):
+    if text and not _DURATION_RE.fullmatch(text):
         fields.fail(key, f"{text[:40]!r} is not a duration such as '120s' or '2m'")
     return text
 
@@ -228,12 +230,12 @@ def _interface_address(fields: Fields, key: str, version: int) -> str:
 
 
 def parse_node_bgp(b: Fields) -> NodeBGP:
-    bgp = NodeBGP(_interface_address(b, "ipv4Address", 4), _interface_address(b, "ipv6Address", 6),
-                  _as_number(b, "asNumber"), b.str("routeReflectorClusterID"),
-                  optional_ip(b, "ipv4IPIPTunnelAddr"))
-    if bgp.route_reflector_cluster_id:
-        ip_address_field(bgp.route_reflector_cluster_id, b, "routeReflectorClusterID")
-    return bgp
+    # routeReflectorClusterID is an IPv4-address-shaped ID; kept normalised (it is written
+    # into bird.conf, so never as given: "1.2.3.4\n" would pass a stripped check)
+    return NodeBGP(_interface_address(b, "ipv4Address", 4),
+                   _interface_address(b, "ipv6Address", 6),
+                   _as_number(b, "asNumber"), optional_ip(b, "routeReflectorClusterID"),
+                   optional_ip(b, "ipv4IPIPTunnelAddr"))
 
 
 def node_addresses(items: list[Any], fields: Fields, key: str,
@@ -295,10 +297,10 @@ def parse_kubernetes_node(top: Fields, key: ResourceKey, meta: Metadata) -> Node
 
 
 def _community_ok(value: str) -> bool:
-    standard = _STANDARD_COMMUNITY_RE.match(value)
+    standard = _STANDARD_COMMUNITY_RE.fullmatch(value)
     if standard:
         return all(len(g) <= 5 and int(g) <= 65535 for g in standard.groups())
-    large = _LARGE_COMMUNITY_RE.match(value)
+    large = _LARGE_COMMUNITY_RE.fullmatch(value)
     return bool(large) and all(len(g) <= 10 and int(g) <= _MAX_AS_NUMBER
                                for g in large.groups())
 
@@ -404,7 +406,7 @@ def parse_bgp_peer(spec: Fields, key: ResourceKey, meta: Metadata) -> BGPPeer:
     reachable_by = optional_ip(spec, "reachableBy")
     peer = BGPPeer(
         key, meta,
-        node=spec.str("node"),
+        node=node_name(spec, "node"),
         peer_ip=peer_ip,
         as_number=_as_number(spec, "asNumber"),
         node_selector=parse_selector(spec.str("nodeSelector"), spec, "nodeSelector"),
@@ -439,7 +441,7 @@ def _settings(spec: Fields) -> tuple[tuple[str, str], ...]:
     out = []
     for k in spec.field_names():
         v = spec.data[k]
-        if not _FELIX_SETTING_RE.match(k):
+        if not _FELIX_SETTING_RE.fullmatch(k):
             spec.fail(k, "not a FelixConfiguration setting name")
         if isinstance(v, dict | list):
             try:
@@ -449,7 +451,10 @@ def _settings(spec: Fields) -> tuple[tuple[str, str], ...]:
         elif isinstance(v, bool):
             out.append((k, "true" if v else "false"))
         elif isinstance(v, str | int | float):
-            out.append((k, str(v)))
+            try:
+                out.append((k, str(v)))
+            except ValueError:  # an int beyond Python's 4,300-digit str() limit
+                spec.fail(k, "number too large")
         elif v is not None:
             spec.fail(k, f"unsupported value of type {type(v).__name__}")
     return tuple(sorted(out))
@@ -464,7 +469,7 @@ def parse_block_affinity(spec: Fields, key: ResourceKey, meta: Metadata) -> Bloc
     deleted = spec.raw("deleted")
     if deleted is not None and not isinstance(deleted, bool | str):
         spec.fail("deleted", "expected true/false")
-    return BlockAffinity(key, meta, node=spec.str("node", required=True),
+    return BlockAffinity(key, meta, node=node_name(spec, "node", required=True),
                          cidr=parse_net(spec.str("cidr", required=True), spec, "cidr"),
                          state=spec.one_of("state", ("confirmed", "pending",
                                                      "pendingDeletion"), "confirmed"),

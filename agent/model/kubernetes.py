@@ -14,7 +14,9 @@ Pod details: IPs from status.podIPs, else status.podIP, else Calico CNI's
 containers and init containers, TCP/UDP/SCTP only; service account "default" when unset.
 NetworkPolicy details: policyTypes default as the API server defaults them (Ingress, plus
 Egress when there are egress rules); ipBlock except must lie strictly inside its cidr;
-endPort needs a numeric port <= endPort.
+endPort needs a numeric port <= endPort; limits (agent.inputs.LIMITS) apply to what the
+policy becomes: rules x peers <= max_rules_per_policy, and each label selector's Calico text
+<= max_selector_length, all of them together <= max_selector_text_per_policy.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from agent.inputs.limits import LIMITS
 from agent.model.base import Metadata, Resource, optional_ip
 from agent.model.fields import Fields
 from agent.model.names import (
@@ -33,7 +36,13 @@ from agent.model.names import (
     label_value_problem,
     qualified_name_problem,
 )
-from agent.model.rules import normalise_ip, parse_net, protocol_number
+from agent.model.rules import (
+    check_rule_count,
+    check_selector_total,
+    normalise_ip,
+    parse_net,
+    protocol_number,
+)
 from agent.syncer.api import ResourceKey
 
 
@@ -216,6 +225,31 @@ def parse_pod(top: Fields, key: ResourceKey, meta: Metadata) -> Pod:
                deleted=top.sub("metadata").raw("deletionTimestamp") is not None)
 
 
+# Characters a label selector's terms take at most as Calico selector text, beyond the keys
+# and values themselves (agent.conversion: `k == 'v' && `, `k not in { 'a', 'b' } && `).
+_TERM_OVERHEAD = 20
+_VALUE_OVERHEAD = 4
+_POD_SELECTOR_OVERHEAD = 64  # `projectcalico.org/orchestrator == 'k8s'` and its `&&`
+
+
+def _converted_length(selector: LabelSelector) -> int:
+    """An upper bound of the length of the Calico selector text `selector` becomes."""
+    length = _POD_SELECTOR_OVERHEAD + sum(len(k) + len(v) + _TERM_OVERHEAD
+                                          for k, v in selector.match_labels)
+    for expr in selector.match_expressions:
+        length += len(expr.key) + _TERM_OVERHEAD + sum(len(v) + _VALUE_OVERHEAD
+                                                       for v in expr.values)
+    return length
+
+
+def _check_converted_length(fields: Fields, selector: LabelSelector) -> None:
+    """The selector text it becomes must fit max_selector_length."""
+    length = _converted_length(selector)
+    if length > LIMITS.max_selector_length:
+        fields.fail("", f"becomes a selector of about {length} characters, more than "
+                    f"max_selector_length ({LIMITS.max_selector_length})")
+
+
 def _label_selector(fields: Fields) -> LabelSelector:
     fields.only({"matchLabels", "matchExpressions"})
     expressions = []
@@ -238,7 +272,10 @@ def _label_selector(fields: Fields) -> LabelSelector:
             if problem:
                 item.fail(f"values[{i}]", f"invalid label value {value[:40]!r}: {problem}")
         expressions.append(LabelSelectorRequirement(key, operator, values))
-    return LabelSelector(tuple(sorted(fields.labels("matchLabels").items())), tuple(expressions))
+    selector = LabelSelector(tuple(sorted(fields.labels("matchLabels").items())),
+                             tuple(expressions))
+    _check_converted_length(fields, selector)
+    return selector
 
 
 def _optional_selector(peer: Fields, key: str) -> LabelSelector | None:
@@ -307,10 +344,22 @@ def _k8s_rules(spec: Fields, key: str, peer_key: str) -> tuple[K8sPolicyRule, ..
     return tuple(rules)
 
 
+def _check_converted_rule_count(spec: Fields) -> None:
+    """Converted, each rule is one Calico rule per peer (and protocol): rules x peers must
+    fit max_rules_per_policy. Checked before any rule is parsed."""
+    count = 0
+    for key, peer_key in (("ingress", "from"), ("egress", "to")):
+        for item in spec.list(key):
+            peers = item.get(peer_key) if isinstance(item, dict) else None
+            count += max(1, len(peers) if isinstance(peers, list) else 0)
+    check_rule_count(spec, count)
+
+
 def parse_kubernetes_network_policy(top: Fields, key: ResourceKey, meta: Metadata
                                     ) -> K8sNetworkPolicy:
     spec = top.sub("spec")
     spec.only({"podSelector", "policyTypes", "ingress", "egress"})
+    _check_converted_rule_count(spec)
     ingress = _k8s_rules(spec, "ingress", "from")
     egress = _k8s_rules(spec, "egress", "to")
     types = spec.str_list("policyTypes")
@@ -321,9 +370,14 @@ def parse_kubernetes_network_policy(top: Fields, key: ResourceKey, meta: Metadat
         types = ("Ingress", "Egress") if egress else ("Ingress",)
     if spec.raw("podSelector") is None and "podSelector" not in spec.data:
         spec.fail("podSelector", "required field is missing (use {} to select all pods)")
-    return K8sNetworkPolicy(key, meta, pod_selector=_label_selector(spec.sub("podSelector")),
-                            policy_types=tuple(dict.fromkeys(types)), ingress=ingress,
-                            egress=egress)
+    policy = K8sNetworkPolicy(key, meta, pod_selector=_label_selector(spec.sub("podSelector")),
+                              policy_types=tuple(dict.fromkeys(types)), ingress=ingress,
+                              egress=egress)
+    distinct = {policy.pod_selector} | {
+        selector for rule in ingress + egress for peer in rule.peers
+        for selector in (peer.pod_selector, peer.namespace_selector) if selector is not None}
+    check_selector_total(spec, sum(_converted_length(s) for s in distinct))
+    return policy
 
 
 def parse_namespace(top: Fields, key: ResourceKey, meta: Metadata) -> Namespace:

@@ -11,6 +11,12 @@ Rules (from Kubernetes' `validation` package, which Calico's validator reuses):
 - label value: empty, or like a qualified name's name part (at most 63 characters).
 - port name (IANA service name): at most 15 characters of `[a-z0-9-]`, at least one letter,
   no leading, trailing or doubled `-`.
+- interface name: Linux's rules (1-15 bytes, not `.` or `..`, no `/`, `:` or whitespace),
+  within Calico's character set `[A-Za-z0-9_.-]`.
+
+Every pattern must match the WHOLE text (`re.fullmatch`): with `re.match` and `^...$`, `$`
+also matches before a trailing newline, so `peer1\n` would pass as a name and then break
+every generated file it is written into (bird.conf, iptables-restore input).
 
 The checks are cached (label keys, values and port names repeat across thousands of pods).
 
@@ -25,11 +31,12 @@ import functools
 import re
 
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS_LABEL_RE = re.compile(rf"^{_DNS_LABEL}$")
-_DNS_SUBDOMAIN_RE = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$")
-_QUALIFIED_NAME_PART_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_PORT_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
-_INTERFACE_NAME_RE = re.compile(r"^[a-zA-Z0-9_.-]{1,15}$")
+# Used with fullmatch only (module docstring).
+_DNS_LABEL_RE = re.compile(_DNS_LABEL)
+_DNS_SUBDOMAIN_RE = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
+_QUALIFIED_NAME_PART_RE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_PORT_NAME_RE = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?")
+_INTERFACE_NAME_RE = re.compile(r"[a-zA-Z0-9_.-]{1,15}")  # ASCII: 15 characters = 15 bytes
 
 DNS_LABEL_MAX = 63
 DNS_SUBDOMAIN_MAX = 253
@@ -39,11 +46,11 @@ PORT_NAME_MAX = 15
 
 
 def is_dns_label(text: str) -> bool:
-    return len(text) <= DNS_LABEL_MAX and bool(_DNS_LABEL_RE.match(text))
+    return len(text) <= DNS_LABEL_MAX and bool(_DNS_LABEL_RE.fullmatch(text))
 
 
 def is_dns_subdomain(text: str) -> bool:
-    return len(text) <= DNS_SUBDOMAIN_MAX and bool(_DNS_SUBDOMAIN_RE.match(text))
+    return len(text) <= DNS_SUBDOMAIN_MAX and bool(_DNS_SUBDOMAIN_RE.fullmatch(text))
 
 
 @functools.lru_cache(maxsize=16384)
@@ -58,7 +65,7 @@ def qualified_name_problem(key: str) -> str | None:
         return "the name part is empty"
     if len(name) > QUALIFIED_NAME_MAX:
         return f"the name part is longer than {QUALIFIED_NAME_MAX} characters"
-    if not _QUALIFIED_NAME_PART_RE.match(name):
+    if not _QUALIFIED_NAME_PART_RE.fullmatch(name):
         return ("the name part must be letters, digits, '-', '_' or '.', starting and ending "
                 "with a letter or digit")
     return None
@@ -71,7 +78,7 @@ def label_value_problem(value: str) -> str | None:
         return None
     if len(value) > LABEL_VALUE_MAX:
         return f"longer than {LABEL_VALUE_MAX} characters"
-    if not _QUALIFIED_NAME_PART_RE.match(value):
+    if not _QUALIFIED_NAME_PART_RE.fullmatch(value):
         return ("must be letters, digits, '-', '_' or '.', starting and ending with a letter "
                 "or digit")
     return None
@@ -81,14 +88,15 @@ def label_value_problem(value: str) -> str | None:
 def is_port_name(text: str) -> bool:
     return (
         len(text) <= PORT_NAME_MAX
-        and bool(_PORT_NAME_RE.match(text))
+        and bool(_PORT_NAME_RE.fullmatch(text))
         and "--" not in text
         and any(c.isalpha() for c in text)
     )
 
 
 def is_interface_name(text: str) -> bool:
-    return bool(_INTERFACE_NAME_RE.match(text))
+    """A name Linux accepts for a network interface (dev_valid_name) in Calico's characters."""
+    return bool(_INTERFACE_NAME_RE.fullmatch(text)) and text not in (".", "..")
 
 
 def is_decimal(text: str) -> bool:

@@ -42,11 +42,14 @@ from agent.model.base import (
     describe_document,
     ip_address_field,
     ip_address_list,
+    name_list,
     net_list,
+    node_name,
     parse_metadata,
+    shown_key,
     with_labels,
 )
-from agent.model.fields import Fields, ValidationError
+from agent.model.fields import Fields, ValidationError, describe_value
 from agent.model.infrastructure import (
     parse_bgp_configuration,
     parse_bgp_peer,
@@ -71,6 +74,8 @@ from agent.model.labels import (
 from agent.model.names import is_dns_label, is_interface_name, is_port_name
 from agent.model.rules import (
     Rule,
+    check_rule_count,
+    check_selector_text,
     no_global,
     normalise_ip,
     parse_net,
@@ -85,7 +90,7 @@ CALICO_API = "projectcalico.org/v3"
 K8S_API_BY_KIND = {"Pod": "v1", "Namespace": "v1", "ServiceAccount": "v1", "Node": "v1",
                    KIND_K8S_NETWORK_POLICY: K8S_NETWORKING_API}
 K8S_KINDS = frozenset({"Pod", "Namespace", "ServiceAccount", KIND_K8S_NETWORK_POLICY})
-_MAC_RE = re.compile(r"^[0-9a-fA-F]{2}([:-][0-9a-fA-F]{2}){5}$")
+_MAC_RE = re.compile(r"[0-9a-fA-F]{2}([:-][0-9a-fA-F]{2}){5}")  # fullmatch only
 
 
 @dataclass(frozen=True)
@@ -249,6 +254,8 @@ GLOBAL_POLICY_FIELDS = NETWORK_POLICY_FIELDS | {"namespaceSelector", "doNotTrack
 
 def _policy(spec: Fields, key: ResourceKey, meta: Metadata, is_global: bool) -> NetworkPolicy:
     spec.only(GLOBAL_POLICY_FIELDS if is_global else NETWORK_POLICY_FIELDS)
+    check_rule_count(spec, len(spec.list("ingress")) + len(spec.list("egress")))
+    check_selector_text(spec, ("selector", "namespaceSelector", "serviceAccountSelector"))
     for i, hint in enumerate(spec.str_list("performanceHints")):
         if hint != "AssumeNeededOnEveryNode":
             spec.fail(f"performanceHints[{i}]", f"unknown hint {hint[:40]!r}")
@@ -305,6 +312,8 @@ def _np(spec: Fields, key: ResourceKey, meta: Metadata) -> NetworkPolicy:
 
 def _profile(spec: Fields, key: ResourceKey, meta: Metadata) -> Profile:
     spec.only({"ingress", "egress", "labelsToApply"})
+    check_rule_count(spec, len(spec.list("ingress")) + len(spec.list("egress")))
+    check_selector_text(spec)
     return Profile(key, meta, ingress=parse_rules(spec, "ingress"),
                    egress=parse_rules(spec, "egress"),
                    labels_to_apply=tuple(sorted(spec.labels("labelsToApply").items())))
@@ -316,7 +325,7 @@ def _network_set(is_global: bool) -> Callable[[Fields, ResourceKey, Metadata], N
         if spec.has("allowedEgressDomains"):
             spec.fail("allowedEgressDomains", "domain-based network sets are not supported")
         if LABEL_NAMESPACE in meta.labels_dict:
-            raise ValidationError(str(key), f"metadata.labels.{LABEL_NAMESPACE}",
+            raise ValidationError(shown_key(key), f"metadata.labels.{LABEL_NAMESPACE}",
                                   "this label is reserved (Calico sets it from the namespace)")
         if not is_global:
             meta = with_labels(meta, {LABEL_NAMESPACE: key.namespace})
@@ -360,7 +369,7 @@ def _interface(spec: Fields, key: str, *, allow_wildcard: bool = False) -> str:
 def _wep(spec: Fields, key: ResourceKey, meta: Metadata) -> WorkloadEndpoint:
     spec.only(WORKLOAD_ENDPOINT_FIELDS)
     mac = spec.str("mac")
-    if mac and not _MAC_RE.match(mac):
+    if mac and not _MAC_RE.fullmatch(mac):
         spec.fail("mac", f"{mac[:40]!r} is not a MAC address")
     ip_networks = _single_address_networks(spec, "ipNetworks")
     nats = []
@@ -384,7 +393,7 @@ def _wep(spec: Fields, key: ResourceKey, meta: Metadata) -> WorkloadEndpoint:
     orchestrator = spec.str("orchestrator", "k8s")
     pod = spec.str("pod")
     workload = spec.str("workload") or pod or key.name
-    node = spec.str("node", required=True)
+    node = node_name(spec, "node", required=True)
     implied = {LABEL_NAMESPACE: key.namespace}
     if orchestrator:
         implied[LABEL_ORCHESTRATOR] = orchestrator
@@ -398,7 +407,7 @@ def _wep(spec: Fields, key: ResourceKey, meta: Metadata) -> WorkloadEndpoint:
         interface_name=_interface(spec, "interfaceName"),
         mac=mac,
         ip_networks=tuple(ip_networks),
-        profiles=spec.str_list("profiles"),
+        profiles=name_list(spec, "profiles"),
         ports=_endpoint_ports(spec, workload=True),
         service_account_name=spec.str("serviceAccountName"),
         container_id=spec.str("containerID"),
@@ -411,10 +420,10 @@ def _wep(spec: Fields, key: ResourceKey, meta: Metadata) -> WorkloadEndpoint:
 
 def _hep(spec: Fields, key: ResourceKey, meta: Metadata) -> HostEndpoint:
     spec.only({"node", "interfaceName", "expectedIPs", "profiles", "ports"})
-    hep = HostEndpoint(key, meta, node=spec.str("node", required=True),
+    hep = HostEndpoint(key, meta, node=node_name(spec, "node", required=True),
                        interface_name=_interface(spec, "interfaceName", allow_wildcard=True),
                        expected_ips=ip_address_list(spec, "expectedIPs"),
-                       profiles=spec.str_list("profiles"),
+                       profiles=name_list(spec, "profiles"),
                        ports=_endpoint_ports(spec, workload=False))
     if not hep.interface_name and not hep.expected_ips:
         spec.fail("interfaceName", "a host endpoint needs interfaceName or expectedIPs")
@@ -464,7 +473,14 @@ def parse_resource(doc: Any) -> Resource:
     described = describe_document(doc)
     check_key_fields(doc, described)
     key = key_of(doc)
-    described = str(key)
+    described = shown_key(key)
+    try:
+        return _parse_keyed(doc, key, described)
+    except RecursionError:  # a document built in code, not decoded (decoding bounds depth)
+        raise ValidationError(described, "", "nested too deeply to validate") from None
+
+
+def _parse_keyed(doc: dict[str, Any], key: ResourceKey, described: str) -> Resource:
     api_version = doc.get("apiVersion")
     if key.kind in _CALICO_PARSERS and api_version == CALICO_API:
         top = Fields(doc, described, allowed=_CALICO_TOP_FIELDS | (
@@ -479,7 +495,7 @@ def parse_resource(doc: Any) -> Resource:
         raise ValidationError(described, "kind", f"unknown kind {key.kind[:60]!r}")
     expected = sorted({CALICO_API for k in [key.kind] if k in _CALICO_PARSERS}
                       | {K8S_API_BY_KIND[key.kind] for k in [key.kind] if k in _K8S_PARSERS})
-    shown = repr(api_version)[:60]
+    shown = describe_value(api_version)[:60]
     raise ValidationError(described, "apiVersion",
                           f"{shown} is not {' or '.join(repr(e) for e in expected)} "
                           f"for kind {key.kind}")

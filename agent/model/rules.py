@@ -13,7 +13,10 @@ Validation follows Calico's (libcalico-go `validator/v3`):
   ICMPv6 IPv6 when ipVersion is given;
 - nets/notNets are CIDRs (a bare address means /32 or /128), normalised to their network;
   one rule may not mix IPv4 and IPv6 CIDRs, nor contradict ipVersion;
-- selectors must parse; `global()` is only valid, alone, as a namespaceSelector.
+- selectors must parse and be at most max_selector_length characters; `global()` is only
+  valid, alone, as a namespaceSelector;
+- at most max_rules_per_policy rules per policy or profile (`check_rule_count`), and at
+  most max_selector_text_per_policy characters of selectors in all (`check_selector_text`).
 Unsupported Calico match fields (`http`, `services`) are REJECTED, not ignored: ignoring a
 match field would make a rule match more than its author wrote.
 
@@ -29,10 +32,11 @@ import ipaddress
 import re
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from agent import selector
-from agent.model.fields import Fields, checked_int
+from agent.inputs.limits import LIMITS
+from agent.model.fields import Fields, checked_int, describe_value
 from agent.model.names import is_decimal, is_port_name
 
 ACTIONS = ("Allow", "Deny", "Log", "Pass")
@@ -46,7 +50,7 @@ ICMP_PROTOCOLS = frozenset({1, 58})
 PROTO_ICMP = 1
 PROTO_ICMPV6 = 58
 
-_GLOBAL_ONLY_RE = re.compile(r"^\s*global\s*\(\s*\)\s*$")
+_GLOBAL_ONLY_RE = re.compile(r"\s*global\s*\(\s*\)\s*")  # fullmatch only
 
 
 @dataclass(frozen=True)
@@ -114,14 +118,14 @@ def protocol_number(value: object, fields: Fields, key: str) -> int | None:
     if isinstance(value, int):
         if 1 <= value <= 255:
             return value
-        fields.fail(key, f"protocol number {value} is out of range [1, 255]")
+        fields.fail(key, f"protocol number {describe_value(value)} is out of range [1, 255]")
     if isinstance(value, str):
         number = _PROTOCOL_SPELLINGS.get(value)
         if number is not None:
             return number
         if is_decimal(value) and len(value) <= 3 and 1 <= int(value) <= 255:
             return int(value)
-    shown = repr(value) if isinstance(value, str | int | float) else type(value).__name__
+    shown = describe_value(value) if isinstance(value, str | int | float) else type(value).__name__
     fields.fail(key, f"unknown protocol {shown[:60]} (expected one of "
                 f"{', '.join(PROTOCOL_NUMBERS)} or a number 1-255)")
 
@@ -185,7 +189,7 @@ def parse_port(value: object, fields: Fields, key: str) -> Port:
         fields.fail(key, f"invalid port {value!r}")
     if isinstance(value, int):
         if not 1 <= value <= 65535:
-            fields.fail(key, f"port {value} is out of range [1, 65535]")
+            fields.fail(key, f"port {describe_value(value)} is out of range [1, 65535]")
         return Port(value, value)
     if isinstance(value, str):
         text = value.strip()
@@ -199,17 +203,21 @@ def parse_port(value: object, fields: Fields, key: str) -> Port:
                         "1 <= lo <= hi <= 65535)")
         if is_decimal(text) and len(text) <= 5:
             return parse_port(int(text), fields, key)
-        if is_port_name(text):
-            return Port(name=text)
-    shown = repr(value)[:40] if isinstance(value, str | int | float) else type(value).__name__
+        if is_port_name(value):  # a name exactly as written (no surrounding white space)
+            return Port(name=value)
+    shown = describe_value(value)[:40] if isinstance(value, str | int | float) else (
+        type(value).__name__)
     fields.fail(key, f"invalid port {shown} (a number 1-65535, a 'lo:hi' range, or a port name "
                 "of at most 15 lower-case letters, digits and '-')")
 
 
 def parse_selector(text: str, fields: Fields, key: str) -> str:
-    """Check that `text` is a valid Calico selector; returns it unchanged."""
+    """Check that `text` is a valid Calico selector of at most max_selector_length
+    characters (agent.inputs.LIMITS; checked before parsing); returns it unchanged."""
     if not text:
         return text
+    if len(text) > LIMITS.max_selector_length:
+        _selector_too_long(fields, key, text)
     try:
         selector.parse(text)
     except selector.SelectorError as exc:
@@ -258,7 +266,7 @@ def parse_entity(fields: Fields) -> EntityRule:
     namespace_selector = parse_selector(fields.str("namespaceSelector"), fields,
                                         "namespaceSelector")
     if ("global(" in namespace_selector.replace(" ", "")
-            and not _GLOBAL_ONLY_RE.match(namespace_selector)):
+            and not _GLOBAL_ONLY_RE.fullmatch(namespace_selector)):
         fields.fail("namespaceSelector", "global() cannot be combined with other selectors")
     return EntityRule(
         nets=_nets(fields, "nets"),
@@ -352,6 +360,60 @@ def parse_rules(fields: Fields, key: str) -> tuple[Rule, ...]:
     return tuple(parse_rule(item) for item in fields.items(key))
 
 
+_ENTITY_SELECTOR_FIELDS = ("selector", "notSelector", "namespaceSelector")
+
+
+def _add_text(found: dict[str, str], mapping: Any, key: str, path: str) -> None:
+    value = mapping.get(key) if isinstance(mapping, dict) else None
+    if isinstance(value, str):
+        found.setdefault(value, path)
+
+
+def check_selector_text(spec: Fields, own: tuple[str, ...] = ()) -> None:
+    """Selector sizes of a policy or profile, on the raw document, before any selector is
+    parsed (agent.inputs.LIMITS): each of its own (fields `own` of `spec`) and its rules'
+    at most max_selector_length, the distinct ones together at most
+    max_selector_text_per_policy (a selector used twice is parsed once, so counts once)."""
+    found: dict[str, str] = {}  # text -> field where first seen
+    for key in own:
+        _add_text(found, spec.data, key, key)
+    for rules_key in ("ingress", "egress"):
+        for i, rule in enumerate(spec.list(rules_key)):
+            if not isinstance(rule, dict):
+                continue
+            for side in ("source", "destination"):
+                entity = rule.get(side)
+                where = f"{rules_key}[{i}].{side}"
+                for key in _ENTITY_SELECTOR_FIELDS:
+                    _add_text(found, entity, key, f"{where}.{key}")
+                if isinstance(entity, dict):
+                    _add_text(found, entity.get("serviceAccounts"), "selector",
+                              f"{where}.serviceAccounts.selector")
+    for text, where in found.items():
+        if len(text) > LIMITS.max_selector_length:
+            _selector_too_long(spec, where, text)
+    check_selector_total(spec, sum(len(text) for text in found))
+
+
+def _selector_too_long(fields: Fields, key: str, text: str) -> NoReturn:
+    fields.fail(key, f"the selector is {len(text)} characters, more than "
+                f"max_selector_length ({LIMITS.max_selector_length})")
+
+
+def check_selector_total(fields: Fields, total: int) -> None:
+    if total > LIMITS.max_selector_text_per_policy:
+        fields.fail("", f"its selectors hold {total} characters in all, more than "
+                    f"max_selector_text_per_policy ({LIMITS.max_selector_text_per_policy})")
+
+
+def check_rule_count(fields: Fields, count: int, key: str = "ingress") -> None:
+    """At most max_rules_per_policy rules (agent.inputs.LIMITS) in one policy or profile,
+    checked before any rule is parsed."""
+    if count > LIMITS.max_rules_per_policy:
+        fields.fail(key, f"{count} rules in all, more than max_rules_per_policy "
+                    f"({LIMITS.max_rules_per_policy})")
+
+
 __all__ = [
     "ACTIONS",
     "PROTOCOLS_WITH_PORTS",
@@ -364,6 +426,9 @@ __all__ = [
     "Rule",
     "ServiceAccountMatch",
     "cached_network",
+    "check_rule_count",
+    "check_selector_text",
+    "check_selector_total",
     "checked_int",
     "normalise_ip",
     "parse_net",

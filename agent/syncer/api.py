@@ -105,7 +105,9 @@ def key_of(doc: Any) -> ResourceKey:
     namespace = meta.get("namespace") or ""
     if not isinstance(namespace, str):
         raise ValueError(f"{kind}({name}): field 'metadata.namespace' is not a string")
-    if kind == "NetworkPolicy" and str(doc.get("apiVersion", "")).startswith("networking.k8s.io"):
+    api_version = doc.get("apiVersion")
+    if (kind == "NetworkPolicy" and isinstance(api_version, str)
+            and api_version.startswith("networking.k8s.io")):
         kind = KIND_K8S_NETWORK_POLICY
     namespace = (namespace or "default") if kind in NAMESPACED_KINDS else ""
     return ResourceKey(kind, namespace, name)

@@ -32,10 +32,11 @@ Statuses: WAIT_FOR_DATASTORE until the first list succeeds, RESYNC during a list
 catching up after a reconnect, IN_SYNC otherwise; never the same status twice in a row.
 
 Invariants: a key's updates are sent in revision order, at most once per revision; a value
-that is not valid JSON, or a document whose kind/namespace/name disagree with its key, is
-reported as a `DatastoreError` and handled as a delete of that key (etcd holds no valid
-resource there); keys under the prefix that are not in the layout (Calico kinds pyfelix does
-not use) are ignored. Like an update, a rejected value is reported (logged, counted in
+that is not valid JSON, breaks an input limit (`agent.inputs.decode_json_document`: size,
+depth, duplicate keys...), or holds a document whose kind/namespace/name disagree with its
+key, is reported as a `DatastoreError` and handled as a delete of that key (etcd holds no
+valid resource there); keys under the prefix that are not in the layout (Calico kinds
+pyfelix does not use) are ignored. Like an update, a rejected value is reported (logged, counted in
 `pyfelix_datastore_parse_errors_total`, sent to `on_error`) once per revision: a relist
 finding it unchanged says nothing again.
 

@@ -31,6 +31,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from agent.inputs import InputError, decode_json_document
 from agent.syncer.api import ResourceKey, key_of
 from agent.syncer.client import CALICO_API, KINDS
 
@@ -132,13 +133,12 @@ def encode_value(doc: dict[str, Any]) -> bytes:
 
 
 def decode_value(path: str, key: ResourceKey, raw: bytes) -> dict[str, Any]:
-    """Decode a stored document; raises ValueError naming the etcd key and the problem."""
+    """Decode a stored document (`agent.inputs`: size, depth, duplicate keys... limits);
+    raises ValueError naming the etcd key, the resource, the field and the problem."""
     try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"etcd key {path}: value is not UTF-8 JSON ({exc})") from exc
-    if not isinstance(doc, dict):
-        raise ValueError(f"etcd key {path}: value is a JSON {type(doc).__name__}, not an object")
+        doc = decode_json_document(raw, resource=str(key))
+    except InputError as exc:
+        raise ValueError(f"etcd key {path}: value rejected: {exc}") from exc
     try:
         own_key = key_of(doc)
     except ValueError as exc:

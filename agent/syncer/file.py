@@ -21,9 +21,11 @@ Invariants (what the rest of the pipeline relies on):
 - A file that fails to parse (YAML/JSON syntax, unreadable, not UTF-8) keeps its last good
   contents: no deletes are sent for it, and exactly one error names the file and the failing
   document and line. Fixing the file later applies the difference.
-- A document that cannot be keyed (no kind / metadata.name) is reported (file, document,
-  line) and skipped; the rest of its file loads. If it used to be keyable, its old key is
-  deleted (nothing names it any more).
+- A document that cannot be keyed (no kind / metadata.name), or that `agent.inputs` rejects
+  (input limits: size, depth, aliases, members, duplicate keys...), is reported (file,
+  document, line, and for a rejection resource, field and limit) and skipped; the rest of
+  its file loads. If it used to define a key, that key is deleted (nothing names it any
+  more). Decoding is `agent.inputs`' (`decode_yaml_documents`, `decode_json_documents`).
 - The same key defined twice: the definition last in sorted path order wins (paths compared
   component by component, then document order within a file), and one DatastoreError names
   every definition. It is reported again only when the set of definitions changes.
@@ -56,19 +58,23 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import logging
 import os
 import select
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 
-import yaml
-
+from agent.inputs import (
+    Document,
+    InputError,
+    InputSyntaxError,
+    decode_json_documents,
+    decode_yaml_documents,
+)
 from agent.syncer.api import (
     DatastoreError,
     RawUpdate,
@@ -99,9 +105,6 @@ BACKEND = "file"
 RESOURCE_SUFFIXES = (".yaml", ".yml", ".json")
 JSON_SUFFIX = ".json"
 DEFAULT_SETTLE = 0.01  # seconds of quiet after complete writes (module docstring)
-
-_YamlLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
 
 # --------------------------------------------------------------------------------------------
 # Parsing one file
@@ -191,6 +194,11 @@ class _DocCollector:
                 continue
             self.docs.append(ParsedDoc(key, item, source, doc_index, i, item_line))
 
+    def reject(self, doc_index: int, line: int | None, error: InputError) -> None:
+        """A document that broke an input limit (agent.inputs): reported and skipped."""
+        self.errors.append(DatastoreError(f"{self.path}#{doc_index}",
+                                          f"{_where(doc_index, line)}: {error}; skipped"))
+
     def result(self, document_count: int) -> ParsedFile:
         return ParsedFile(self.path, tuple(self.docs), tuple(self.errors), False, document_count)
 
@@ -199,69 +207,33 @@ class _DocCollector:
         return ParsedFile(self.path, (), (error,), True, 0)
 
 
-def _list_item_lines(node: yaml.Node) -> list[int] | None:
-    if not isinstance(node, yaml.MappingNode):
-        return None
-    for key_node, value_node in node.value:
-        is_items = getattr(key_node, "value", None) == "items"
-        if is_items and isinstance(value_node, yaml.SequenceNode):
-            return [child.start_mark.line + 1 for child in value_node.value]
-    return None
+def _collect(path: str, documents: Iterator[Document], language: str) -> ParsedFile:
+    """Feed decoded documents to a collector; a syntax error fails the whole file."""
+    collector = _DocCollector(path)
+    count = 0
+    try:
+        for document in documents:
+            count = document.index
+            if document.error is not None:
+                collector.reject(document.index, document.line, document.error)
+            else:
+                collector.add(document.index, document.value, document.line,
+                              list(document.item_lines) if document.item_lines else None)
+    except InputSyntaxError as exc:
+        where = _where(exc.index, exc.line, exc.column)
+        return collector.failure(exc.index, f"{where}: invalid {language}: {exc.detail}; the "
+                                            "file's last good contents (if any) stay in effect")
+    return collector.result(count)
 
 
 def parse_yaml(path: str, text: str) -> ParsedFile:
     """Parse a (multi-document) YAML text; `path` only labels sources and errors."""
-    collector = _DocCollector(path)
-    loader = _YamlLoader(text)
-    doc_index = 0
-    try:
-        while True:
-            doc_index += 1
-            if not loader.check_node():
-                break
-            node = loader.get_node()
-            value = loader.construct_document(node)
-            collector.add(doc_index, value, node.start_mark.line + 1, _list_item_lines(node))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc)
-        context = getattr(exc, "context", None)
-        context_mark = getattr(exc, "context_mark", None)
-        if context and context_mark is not None and context_mark is not mark:
-            context = f"{context} started at line {context_mark.line + 1}"
-        detail = f"{context}: {problem}" if context else problem
-        if mark is not None:
-            where = _where(doc_index, mark.line + 1, mark.column + 1)
-        else:
-            where = _where(doc_index, None)
-        return collector.failure(doc_index, f"{where}: invalid YAML: {detail}; the file's last "
-                                            "good contents (if any) stay in effect")
-    finally:
-        loader.dispose()
-    return collector.result(doc_index - 1)
+    return _collect(path, decode_yaml_documents(text), "YAML")
 
 
 def parse_json(path: str, text: str) -> ParsedFile:
     """Parse one or more concatenated JSON values; `path` only labels sources and errors."""
-    collector = _DocCollector(path)
-    decoder = json.JSONDecoder()
-    position = 0
-    doc_index = 0
-    while True:
-        while position < len(text) and text[position].isspace():
-            position += 1
-        if position >= len(text):
-            break
-        doc_index += 1
-        line = text.count("\n", 0, position) + 1
-        try:
-            value, position = decoder.raw_decode(text, position)
-        except json.JSONDecodeError as exc:
-            return collector.failure(
-                doc_index, f"{_where(doc_index, exc.lineno, exc.colno)}: invalid JSON: {exc.msg}; "
-                           "the file's last good contents (if any) stay in effect")
-        collector.add(doc_index, value, line)
-    return collector.result(doc_index)
+    return _collect(path, decode_json_documents(text), "JSON")
 
 
 def parse_text(path: str, text: str) -> ParsedFile:

@@ -42,6 +42,7 @@ from typing import Any
 
 import yaml
 
+from agent.inputs import InputSyntaxError, decode_yaml_documents
 from agent.syncer.api import DatastoreError, ResourceKey, key_of
 from agent.syncer.client import (
     ApplyResult,
@@ -137,8 +138,25 @@ def _document_spans(text: str) -> list[tuple[int, int]]:
             for i, start in enumerate(starts)]
 
 
-def _all_documents(text: str) -> list[Any]:
-    return [doc for doc in yaml.load_all(text, Loader=_YamlLoader) if doc is not None]
+def _decoded_documents(path: str, text: str) -> list[Any]:
+    """Every document's value (None for an empty one), read as the datastore reads them;
+    a document the datastore would reject stops the edit (its text cannot be checked)."""
+    values: list[Any] = []
+    try:
+        for document in decode_yaml_documents(text):
+            if document.error is not None:
+                raise DatastoreClientError(
+                    f"cannot edit {path} safely: its document {document.index} is rejected "
+                    f"({document.error}); nothing was written: fix the file by hand")
+            values.append(document.value)
+    except InputSyntaxError as exc:
+        raise DatastoreClientError(f"cannot edit {path} safely: {exc}; nothing was written"
+                                   ) from exc
+    return values
+
+
+def _all_documents(path: str, text: str) -> list[Any]:
+    return [doc for doc in _decoded_documents(path, text) if doc is not None]
 
 
 def _has_content(lines: Sequence[str]) -> bool:
@@ -172,11 +190,11 @@ def _check_yaml_edit(edit: _FileEdit, new_text: str) -> None:
     """Refuse to write unless the new text holds exactly the intended documents."""
     old_docs: list[Any] = []
     if edit.stored is not None:
-        old_docs = list(yaml.load_all(edit.stored.text, Loader=_YamlLoader))
+        old_docs = _decoded_documents(edit.path, edit.stored.text)
     kept_or_replaced = [edit.replacements.get(number, doc)  # a None replacement removes
                         for number, doc in enumerate(old_docs, start=1)]
     expected = [doc for doc in kept_or_replaced if doc is not None] + list(edit.appended)
-    if _all_documents(new_text) != expected:
+    if _all_documents(edit.path, new_text) != expected:
         raise DatastoreClientError(
             f"cannot edit {edit.path} safely (its document layout is unusual); nothing was "
             "written: edit the file by hand")

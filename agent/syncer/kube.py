@@ -31,6 +31,11 @@ watch restarted from its last resourceVersion is NOT a resync: the server replay
 everything since (as client-go's reflector relies on); the state held is complete as of
 that resourceVersion.
 
+Hostile input: every object is checked (`agent.inputs.check_document`: size, depth,
+members, duplicate keys) before anything copies it; one that breaks a limit is reported
+(logged, `pyfelix_datastore_parse_errors_total`, `on_error`, once per resourceVersion) and
+handled as a delete of its key, and its list page or watch stream carries on.
+
 Invariants: a key's updates are sent in the order the server sent them, each
 resourceVersion of an object at most once (a replayed event with the resourceVersion
 already sent is dropped); a delete is sent only for a key that was sent.
@@ -52,6 +57,7 @@ from typing import Any
 
 from prometheus_client import Counter
 
+from agent.inputs import InputError, check_document
 from agent.syncer.api import (
     DatastoreError,
     RawUpdate,
@@ -128,6 +134,8 @@ class _TypeWatcher:
         self._options = options
         self._backoff = options.backoff()
         self._sent: dict[ResourceKey, str] = {}  # key -> resourceVersion sent
+        # key -> resourceVersion of an object rejected by the input limits (reported once)
+        self._rejected: dict[ResourceKey, str] = {}
         self.resource_version = ""
         self._listed = False
         self._announced_empty = False
@@ -291,41 +299,66 @@ class _TypeWatcher:
     def _source(self, key: ResourceKey) -> str:
         return f"kubernetes:{self.rtype.object_path(key.namespace, key.name)}"
 
-    def _keyed(self, obj: dict[str, Any]) -> tuple[ResourceKey, dict[str, Any]] | None:
-        doc = to_document(self.rtype, obj)
+    def _key_of(self, obj: dict[str, Any]) -> ResourceKey | None:
+        """The key of an API object, from its metadata alone (a hostile spec is not even
+        copied); None, reported, when it cannot be keyed."""
+        meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
         try:
-            key = key_of(doc)
+            return key_of(to_document(self.rtype, {"metadata": meta}))
         except ValueError as exc:
-            meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
-            where = f"kubernetes:{self.rtype.collection_path(meta.get('namespace'))}"
-            DATASTORE_PARSE_ERRORS.labels(backend=BACKEND).inc()
-            self._report("error", error=DatastoreError(where, f"cannot be keyed: {exc}; "
-                                                              "skipped"))
+            namespace = meta.get("namespace")
+            where = "kubernetes:" + self.rtype.collection_path(
+                namespace if isinstance(namespace, str) else None)
+            self._parse_error(DatastoreError(where, f"cannot be keyed: {exc}; skipped"))
             return None
-        return key, doc
+
+    def _parse_error(self, error: DatastoreError) -> None:
+        DATASTORE_PARSE_ERRORS.labels(backend=BACKEND).inc()
+        log.warning("kubernetes datastore: %s", error)
+        self._report("error", error=error)
 
     def _put(self, obj: dict[str, Any], updates: list[RawUpdate]) -> ResourceKey | None:
-        keyed = self._keyed(obj)
-        if keyed is None:
+        key = self._key_of(obj)
+        if key is None:
             return None
-        key, doc = keyed
-        version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        version = _version_of(obj)
+        try:
+            check_document(obj, resource=str(key))
+        except InputError as exc:
+            # Rejected (agent.inputs limits): like an invalid document, a delete of what was
+            # sent for the key; reported once per resourceVersion.
+            if not version or self._rejected.get(key) != version:
+                self._parse_error(DatastoreError(self._source(key),
+                                                 f"{exc}; handled as a delete"))
+            self._rejected[key] = version
+            self._drop(key, version, updates)
+            return key
+        self._rejected.pop(key, None)
         if self._sent.get(key) != version or not version:
             self._sent[key] = version
-            updates.append(RawUpdate(key, doc, self._source(key), version))
+            updates.append(RawUpdate(key, to_document(self.rtype, obj), self._source(key),
+                                     version))
         return key
 
     def _delete(self, obj: dict[str, Any], version: str, updates: list[RawUpdate]) -> None:
-        keyed = self._keyed(obj)
-        if keyed is None:
-            return
-        key = keyed[0]
+        key = self._key_of(obj)
+        if key is not None:
+            self._rejected.pop(key, None)
+            self._drop(key, version, updates)
+
+    def _drop(self, key: ResourceKey, version: str, updates: list[RawUpdate]) -> None:
         if self._sent.pop(key, None) is not None:
             updates.append(RawUpdate(key, None, self._source(key), version))
 
     def _emit(self, updates: list[RawUpdate]) -> None:
         if updates:
             self._report("updates", updates)
+
+
+def _version_of(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata")
+    version = meta.get("resourceVersion") if isinstance(meta, dict) else None
+    return str(version) if isinstance(version, str | int) else ""
 
 
 class KubeSyncer:

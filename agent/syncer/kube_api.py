@@ -14,6 +14,11 @@ Errors: `KubeGone` (HTTP 410: a continue token or resourceVersion too old), `Kub
 (404), `KubeConflict` (409), `KubeHTTPError` (any other non-2xx status, with the server's
 Status message), `KubeUnavailable` (no connection, a timeout, a broken stream).
 
+Decoding goes through `agent.inputs.decode_json`: a duplicate key, an over-long number or
+a subtree nested too deep to decode inside ONE object of a list page or watch event is left
+as a marker for the syncer's per-object check (`agent.inputs.check_document`), so it
+rejects that object only, never the page or the stream.
+
 Invariants: every request has a timeout - a watch's read timeout is its `timeoutSeconds`
 plus a margin, so a silent dead connection is given up, not waited on forever; a watch
 stream can be closed from another thread (`close()` shuts the socket down, which wakes the
@@ -22,7 +27,6 @@ reader).
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections.abc import Iterator
@@ -31,9 +35,13 @@ from typing import Any
 import kubernetes
 import urllib3
 
+from agent.inputs import decode_json
 from agent.syncer.kube_resources import ResourceType
 
 WATCH_READ_MARGIN = 30.0
+# Levels around the objects: {"object": obj}; {"items": [obj, ...]}.
+_EVENT_WRAPPER_DEPTH = 1
+_LIST_WRAPPER_DEPTH = 2
 
 
 class KubeError(Exception):
@@ -67,8 +75,8 @@ def http_error(status: int, body: bytes | str, what: str) -> KubeHTTPError:
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
     message = text.strip()[:500]
     try:
-        decoded = json.loads(text)
-        if isinstance(decoded, dict) and decoded.get("message"):
+        decoded = decode_json(text)
+        if isinstance(decoded, dict) and isinstance(decoded.get("message"), str):
             message = str(decoded["message"])
     except ValueError:
         pass
@@ -124,7 +132,7 @@ class WatchStream:
 
     def _decode(self, line: bytes) -> dict[str, Any]:
         try:
-            event = json.loads(line)
+            event = decode_json(line, wrapper_depth=_EVENT_WRAPPER_DEPTH)
         except ValueError as exc:
             raise KubeUnavailable(f"{self._what}: undecodable watch event {line[:200]!r}") from exc
         if not isinstance(event, dict):
@@ -194,7 +202,7 @@ class KubeAPI:
         if not 200 <= response.status < 300:
             raise http_error(response.status, data, f"{method} {path}")
         try:
-            decoded = json.loads(data)
+            decoded = decode_json(data, wrapper_depth=_LIST_WRAPPER_DEPTH)
         except ValueError as exc:
             raise KubeUnavailable(f"{method} {path}: the answer is not JSON") from exc
         if not isinstance(decoded, dict):

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from agent.inputs import InputError, check_document
 from agent.syncer.api import DatastoreError, ResourceKey, key_of
 from agent.syncer.client import (
     ApplyResult,
@@ -69,6 +70,15 @@ def _check_crd_kind(key: ResourceKey, doc: Mapping[str, Any]) -> None:
         raise ValueError(f"{key}: {exc}") from None
 
 
+def _acceptable(obj: dict[str, Any], rtype: ResourceType) -> bool:
+    """Whether a stored object is within the input limits (agent.inputs)."""
+    try:
+        check_document(obj, kind=rtype.kind)
+    except InputError:
+        return False
+    return True
+
+
 class KubeDatastore:
     """Read/write access to Calico CRDs in a Kubernetes API server."""
 
@@ -100,10 +110,11 @@ class KubeDatastore:
             except KubeError as exc:
                 raise _client_error(exc) from exc
             for item in page.get("items") or []:
-                doc = to_document(rtype, item)
                 try:
+                    check_document(item, kind=rtype.kind)
+                    doc = to_document(rtype, item)
                     found[key_of(doc)] = doc
-                except ValueError as exc:
+                except ValueError as exc:  # InputError is one
                     self._warnings.append(DatastoreError(
                         f"kubernetes:{rtype.collection_path()}", f"{exc}; skipped"))
             token = str((page.get("metadata") or {}).get("continue") or "")
@@ -153,8 +164,9 @@ class KubeDatastore:
                     self.api.request_json("POST", rtype.collection_path(key.namespace or None),
                                           body=wanted)
                     return ApplyResult(key, "created")
-                if to_document(rtype, current) == to_document(rtype, wanted):
-                    return ApplyResult(key, "unchanged")
+                if (_acceptable(current, rtype)
+                        and to_document(rtype, current) == to_document(rtype, wanted)):
+                    return ApplyResult(key, "unchanged")  # (a rejected one is replaced)
                 replacement = dict(wanted, metadata=dict(
                     wanted["metadata"],
                     resourceVersion=(current.get("metadata") or {}).get("resourceVersion")))

@@ -18,7 +18,8 @@ def test_run_ids_are_fresh_and_recognised_in_namespace_names() -> None:
 
 
 @pytest.mark.parametrize("foreign", ["pf12345-ul", "pf1234567-ul", "pfabcdeg-ul", "xpf123456-ul",
-                                     "pf123456", "pf123456-", "pf123456-UL", "cni-1234"])
+                                     "pf123456", "pf123456-", "pf123456-UL", "cni-1234",
+                                     "pf123456-ul\n"])
 def test_names_not_ours_are_not_recognised(foreign: str) -> None:
     assert naming.parse_run_id(foreign) is None
 

@@ -66,7 +66,7 @@ def check_cases(cases: Sequence[Case]) -> list[str]:
     problems: list[str] = []
     seen: set[str] = set()
     for index, case in enumerate(cases):
-        if not _CASE_NAME.match(case.name):
+        if not _CASE_NAME.fullmatch(case.name):
             problems.append(f"case {case.name!r}: name must be lowercase words joined by '-'")
         if case.name in seen:
             problems.append(f"case {case.name!r}: duplicate name")
