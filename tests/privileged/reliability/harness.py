@@ -172,11 +172,15 @@ class AgentUnderTest:
                      if self.keep_host_mounts else ["ip", "netns", "exec", self.netns])
             self.process = subprocess.Popen(
                 [*enter, sys.executable, "-m", "cli.main", "agent",
-                 "--datastore", str(self.datastore_dir), "--hostname", self.node],
+                 "--datastore", self.datastore_argument(), "--hostname", self.node],
                 cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env=env, start_new_session=True)
         self.starts += 1
         self._consecutive_ok = 0
+
+    def datastore_argument(self) -> str:
+        """What the agent's --datastore is (subclasses may feed it through Typha)."""
+        return str(self.datastore_dir)
 
     def kill9(self) -> None:
         assert self.process is not None
