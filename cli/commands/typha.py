@@ -10,10 +10,6 @@ deploy/typha/ sets them; the pending-handshake limit is named in the same style
 
 from __future__ import annotations
 
-import logging
-import signal
-import threading
-
 import click
 
 from agent.typha.server import (
@@ -125,7 +121,8 @@ def command(datastore: str, listen: str, insecure: bool, ca_file: str | None,
     """
     from agent.logs import configure_logging
     from agent.syncer.client import DatastoreClientError, make_syncer, parse_datastore_url
-    from agent.typha.server import HealthListenError, ServerConfig, TyphaServer
+    from agent.typha.daemon import TyphaStartError, run
+    from agent.typha.server import ServerConfig
     from agent.typha.tls import ServerTLS, TLSConfigError
 
     host, port = _listen_address(listen)
@@ -163,26 +160,14 @@ def command(datastore: str, listen: str, insecure: bool, ca_file: str | None,
         raise click.UsageError(str(exc)) from exc
 
     configure_logging(log_severity)
-    server = TyphaServer(lambda _syncer_type: make_syncer(datastore), config)
-    try:
-        server.start()
-    except (DatastoreClientError, TLSConfigError, HealthListenError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    except OSError as exc:
-        raise click.ClickException(f"cannot listen on {listen}: {exc.strerror or exc}") from exc
-    if metrics_port:
-        from prometheus_client import start_http_server
 
-        start_http_server(metrics_port, addr=metrics_host)
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    bound_host, bound_port = server.address
-    click.echo(f"typha: serving {', '.join(types)} from {datastore} on "
-               f"{bound_host}:{bound_port} ({'TLS' if tls else 'plain TCP'})", err=True)
+    def started(bound_host: str, bound_port: int) -> None:
+        click.echo(f"typha: serving {', '.join(types)} from {datastore} on "
+                   f"{bound_host}:{bound_port} ({'TLS' if tls else 'plain TCP'})", err=True)
+
     try:
-        while not stop.wait(0.2):  # short: a signal handler sets `stop`
-            pass
-    finally:
-        server.stop()
-        logging.getLogger(__name__).info("typha: stopped")
+        run(config, lambda _syncer_type: make_syncer(datastore),
+            start_errors=(DatastoreClientError,), metrics_port=metrics_port,
+            metrics_host=metrics_host, on_started=started)
+    except TyphaStartError as exc:
+        raise click.ClickException(str(exc)) from exc

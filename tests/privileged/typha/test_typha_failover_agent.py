@@ -24,13 +24,14 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from agent.lab.netns import in_netns
 from agent.lab.runner import LabRunner
 from agent.lab.scenario import parse_scenario
+from tests.privileged.lab.conftest import RootGuard
+from tests.privileged.lab.conftest import root_guard as root_guard  # the fixture
 from tests.privileged.reliability.harness import AgentUnderTest, dataplane_snapshot
 from tests.privileged.reliability.test_fail_closed import Echo, tcp_ok
 
@@ -103,7 +104,7 @@ def stopped_on_exit(procs: list[subprocess.Popen[bytes]]) -> Iterator[None]:
 
 @pytest.mark.timeout(180)
 def test_agent_moved_to_an_out_of_sync_replica_keeps_policy_and_flows(
-        root_guard: Any, tmp_path: Path) -> None:
+        root_guard: RootGuard, tmp_path: Path) -> None:
     agent = TyphaAgent(f"typha://127.0.0.1:{PORT_A},127.0.0.1:{PORT_B}")
     runner = LabRunner(parse_scenario(SCENARIO, source="<typha-failover>"), agents=agent,
                        program_routes=False, probe_timeout=0.5)
