@@ -85,6 +85,8 @@ class BuildConfig:
     ktime_coarse: bool = field(default_factory=kernel_has_ktime_coarse)
 
     def max_entries(self, params: MapParams) -> int:
+        if params.sized_like:
+            return self.max_entries(BY_NAME[params.sized_like])
         return int(self.map_sizes.get(params.name, params.max_entries))
 
     def validate(self) -> None:

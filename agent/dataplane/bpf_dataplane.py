@@ -21,7 +21,7 @@ sysctl managers. Steps:
    - `BpfConntrackManager`: the conntrack cleaner thread (managers/bpf_conntrack.py).
 
 Drop counters (`pyfelix_bpf_dropped_packets_total{reason}`, per-endpoint spoofed packets)
-are read at scrape time from the `global_counters` map, the `ep_counters` map and the
+are read at scrape time from the `global_counters` map, the `ep_spoofed` map and the
 guard's nft counters (`bpf_metrics.DROPS`).
 
 Failure: any of 1-3 (or the guard) failing raises `DataplaneUnavailable` with a message

@@ -7,6 +7,9 @@
  *   rule_counters[counter_id]   packets/bytes of every rule record that matched. counter_id
  *                               is allocated by Python per rule id (ids.h, kind RULE);
  *                               0 means "not counted" (guard records).
+ *   ep_spoofed[endpoint_id]     packets/bytes each endpoint sent from a source it may not use
+ *                               (dropped by the RPF check); apart from ep_counters so that
+ *                               stays one cache line per entry on the per-packet path.
  *   ep_counters[endpoint_id]    allowed/denied packets and bytes per endpoint and direction,
  *                               index EP_CNT_<dir>_<verdict> in the arrays below. Direction
  *                               is the POD's: ingress = to_wep hook, egress = from_wep hook.
@@ -37,9 +40,7 @@ struct rule_counter {
 
 struct ep_counter {
 	__u64 packets[4]; /* indexed by EP_CNT_* */
-	__u64 bytes[4];
-	__u64 spoofed_packets; /* sent with a source the endpoint may not use (dropped) */
-	__u64 spoofed_bytes;
+	__u64 bytes[4];   /* 64 bytes in all: one cache line per endpoint and CPU */
 };
 
 /* global_counters indexes */
@@ -71,7 +72,12 @@ struct ep_counter {
 BPF_TABLE_PINNED("percpu_array", __u32, struct rule_counter, rule_counters,
 		 RULE_COUNTERS_MAX_ENTRIES, PIN_DIR "/rule_counters_v1");
 BPF_TABLE_PINNED("percpu_array", __u32, struct ep_counter, ep_counters, EP_COUNTERS_MAX_ENTRIES,
-		 PIN_DIR "/ep_counters_v2");
+		 PIN_DIR "/ep_counters_v1");
+#ifndef EP_SPOOFED_MAX_ENTRIES
+#define EP_SPOOFED_MAX_ENTRIES EP_COUNTERS_MAX_ENTRIES
+#endif
+BPF_TABLE_PINNED("percpu_array", __u32, struct rule_counter, ep_spoofed, EP_SPOOFED_MAX_ENTRIES,
+		 PIN_DIR "/ep_spoofed_v1");
 BPF_TABLE_PINNED("percpu_array", __u32, __u64, global_counters, GLOBAL_COUNTERS_MAX_ENTRIES,
 		 PIN_DIR "/global_counters_v2");
 
@@ -116,11 +122,11 @@ PF_INLINE void count_endpoint(__u32 endpoint_id, __u8 hook, int allowed, __u32 l
 
 PF_INLINE void count_spoofed(__u32 endpoint_id, __u32 len)
 {
-	struct ep_counter *c = ep_counters.lookup(&endpoint_id);
+	struct rule_counter *c = ep_spoofed.lookup(&endpoint_id);
 	if (!c)
 		return;
-	c->spoofed_packets += 1;
-	c->spoofed_bytes += len;
+	c->packets += 1;
+	c->bytes += len;
 }
 
 #endif /* PYFELIX_COUNTERS_H */

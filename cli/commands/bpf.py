@@ -27,6 +27,7 @@ MAP_HELP = {
     "conntrack": "Tracked flows per interface, with expiry.",
     "rule_counters": "Packets/bytes per rule counter (non-zero only).",
     "ep_counters": "Allowed/denied packets/bytes per endpoint (non-zero only).",
+    "ep_spoofed": "Packets/bytes each endpoint sent from a source it may not use (dropped).",
     "global_counters": "Why packets took their path (conntrack hits, drops, ...).",
     "routes": "Destination prefixes -> flags (local host, workload, pool), ifindex.",
     "config": "Dataplane settings the programs read (endpoint-to-host action).",

@@ -38,7 +38,8 @@ def c_defines() -> dict[str, str]:
 
 
 def c_int(defines: dict[str, str], name: str) -> int:
-    return int(defines[name], 0)
+    value = defines[name]
+    return c_int(defines, value) if value in defines else int(value, 0)
 
 
 def test_python_constants_match_the_c_headers():

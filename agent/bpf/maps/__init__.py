@@ -29,6 +29,7 @@ ALL_MAPS: tuple[MapParams, ...] = (
     conntrack.PARAMS,
     counters.RULE_COUNTERS,
     counters.EP_COUNTERS,
+    counters.EP_SPOOFED,
     counters.GLOBAL_COUNTERS,
     routes.PARAMS,
     config.PARAMS,
@@ -43,7 +44,8 @@ _DUMPERS = {
     "ipsets": ipsets.dump, "ids": ids.dump, "rules": rules.dump, "endpoints": endpoints.dump,
     "ep_by_ifindex": ep_by_ifindex.dump,
     "conntrack": conntrack.dump, "rule_counters": counters.dump_rules,
-    "ep_counters": counters.dump_endpoints, "global_counters": counters.dump_globals,
+    "ep_counters": counters.dump_endpoints,
+    "ep_spoofed": counters.dump_spoofed, "global_counters": counters.dump_globals,
     "routes": routes.dump, "config": config.dump, "untracked": untracked.dump,
     "wep_sources": wep_sources.dump,
 }

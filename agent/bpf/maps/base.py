@@ -78,6 +78,7 @@ class MapParams:
     version: int
     flags: int = 0
     header: str = ""  # bpf/include file that declares it
+    sized_like: str = ""  # another map whose size this one always has (same id space)
 
     @property
     def key_size(self) -> int:

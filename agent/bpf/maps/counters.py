@@ -1,8 +1,9 @@
 """The counter maps (bpf/include/counters.h): per-CPU arrays the programs only add to.
 
 - `rule_counters[counter_id]`: packets/bytes per rule (ids map kind RULE names the rule);
-- `ep_counters[endpoint_id]`: allowed/denied packets and bytes per endpoint and POD direction,
-  and the packets/bytes it sent from a source it may not use (dropped by the RPF check);
+- `ep_counters[endpoint_id]`: allowed/denied packets and bytes per endpoint and POD direction;
+- `ep_spoofed[endpoint_id]`: the packets/bytes it sent from a source it may not use (dropped
+  by the RPF check; a map of its own so ep_counters stays one cache line per entry);
 - `global_counters[GlobalCounter]`: why packets took their path (each drop reason: spoofed
   source, IPv6 not policed, unknown protocol, no endpoint, policy...; conntrack hits,
   tail-call failures...).
@@ -60,8 +61,7 @@ class RuleCounter(ctypes.Structure):
 class EpCounter(ctypes.Structure):
     """must match struct ep_counter in bpf/include/counters.h"""
 
-    _fields_ = [("packets", ctypes.c_uint64 * 4), ("bytes", ctypes.c_uint64 * 4),
-                ("spoofed_packets", ctypes.c_uint64), ("spoofed_bytes", ctypes.c_uint64)]
+    _fields_ = [("packets", ctypes.c_uint64 * 4), ("bytes", ctypes.c_uint64 * 4)]
 
 
 RULE_COUNTERS = MapParams(
@@ -70,7 +70,12 @@ RULE_COUNTERS = MapParams(
 )
 EP_COUNTERS = MapParams(
     name="ep_counters", map_type=MapType.PERCPU_ARRAY, key_type=ctypes.c_uint32,
-    value_type=EpCounter, max_entries=16384, version=2, header="counters.h",
+    value_type=EpCounter, max_entries=16384, version=1, header="counters.h",
+)
+EP_SPOOFED = MapParams(
+    name="ep_spoofed", map_type=MapType.PERCPU_ARRAY, key_type=ctypes.c_uint32,
+    value_type=RuleCounter, max_entries=16384, version=1, header="counters.h",
+    sized_like="ep_counters",
 )
 GLOBAL_COUNTERS = MapParams(
     name="global_counters", map_type=MapType.PERCPU_ARRAY, key_type=ctypes.c_uint32,
@@ -99,17 +104,11 @@ def read_rule(m: BpfMap, counter_id: int) -> tuple[int, int]:
     return tuple(_sum_slots(m, raw, "=QQ")) if raw else (0, 0)  # type: ignore[return-value]
 
 
-_EP_FORMAT = "=10Q"  # packets[4], bytes[4], spoofed_packets, spoofed_bytes
-
-
 def read_endpoint(m: BpfMap, endpoint_id: int) -> dict[str, dict[str, int]]:
-    """{"ingress_allowed": {"packets": n, "bytes": n}, ..., "spoofed": {...}} summed over
-    CPUs."""
+    """{"ingress_allowed": {"packets": n, "bytes": n}, ...} summed over CPUs."""
     raw = m.lookup(encode_index(endpoint_id))
-    vals = _sum_slots(m, raw, _EP_FORMAT) if raw else [0] * 10
-    out = {d: {"packets": vals[i], "bytes": vals[4 + i]} for i, d in enumerate(EP_DIRECTIONS)}
-    out["spoofed"] = {"packets": vals[8], "bytes": vals[9]}
-    return out
+    vals = _sum_slots(m, raw, "=8Q") if raw else [0] * 8
+    return {d: {"packets": vals[i], "bytes": vals[4 + i]} for i, d in enumerate(EP_DIRECTIONS)}
 
 
 def read_globals(m: BpfMap) -> dict[str, int]:
@@ -141,19 +140,23 @@ def dump_rules(m: BpfMap) -> list[dict]:
 
 
 def dump_endpoints(m: BpfMap) -> list[dict]:
-    """Non-zero endpoint counters: [{"endpoint_id": n, "ingress_allowed_packets": n, ...,
-    "spoofed_packets": n, "spoofed_bytes": n}]."""
+    """Non-zero endpoint counters: [{"endpoint_id": n, "ingress_allowed_packets": n, ...}]."""
     rows = []
     for k, v in m.items():
-        vals = _sum_slots(m, v, _EP_FORMAT)
+        vals = _sum_slots(m, v, "=8Q")
         if any(vals):
             row: dict = {"endpoint_id": _U32.unpack(k)[0]}
             for i, d in enumerate(EP_DIRECTIONS):
                 row[f"{d}_packets"] = vals[i]
                 row[f"{d}_bytes"] = vals[4 + i]
-            row["spoofed_packets"], row["spoofed_bytes"] = vals[8], vals[9]
             rows.append(row)
     return sorted(rows, key=lambda r: r["endpoint_id"])
+
+
+def dump_spoofed(m: BpfMap) -> list[dict]:
+    """Non-zero spoofed-source drops: [{"endpoint_id": n, "packets": n, "bytes": n}]."""
+    return [{"endpoint_id": r["counter_id"], "packets": r["packets"], "bytes": r["bytes"]}
+            for r in dump_rules(m)]
 
 
 def dump_globals(m: BpfMap) -> list[dict]:

@@ -4,8 +4,8 @@
 Key = (ifindex of the workload's host-side interface, source prefix); the value is reserved.
 The compiler writes, per programmed workload endpoint, its IPv4 `ipNetworks` and IPv4
 `allowSpoofedSourcePrefixes`; calico_from_wep drops an IPv4 packet whose source matches none
-of its interface's entries (global counter `spoofed_dropped`, the endpoint's
-`spoofed_packets`).
+of its interface's entries (global counter `spoofed_dropped`, the endpoint's `ep_spoofed`
+entry).
 """
 
 from __future__ import annotations

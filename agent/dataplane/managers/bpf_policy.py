@@ -76,7 +76,7 @@ log = logging.getLogger(__name__)
 
 SYNCED_MAPS = ("ids", "ipsets", "rules", "wep_sources", "endpoints", "ep_by_ifindex",
                "untracked", "config")
-COUNTER_MAPS = ("rule_counters", "ep_counters")
+COUNTER_MAPS = ("rule_counters", "ep_counters", "ep_spoofed")
 _STATE_MESSAGES = (
     proto.IPSetUpdate, proto.IPSetDeltaUpdate, proto.IPSetRemove,
     proto.ActivePolicyUpdate, proto.ActivePolicyRemove,
@@ -409,7 +409,8 @@ class BpfPolicyManager(ManagerBase):
 
     def _zero_new_counters(self, compiled: CompiledDataplane) -> None:
         """Counter slots of numbers given to a new owner start from zero."""
-        for kind, map_name in (("rules", "rule_counters"), ("endpoints", "ep_counters")):
+        for kind, map_name in (("rules", "rule_counters"), ("endpoints", "ep_counters"),
+                               ("endpoints", "ep_spoofed")):
             new = compiled.numbers_in_use[kind] - self._known_numbers[kind]
             if not new:
                 continue
@@ -463,15 +464,15 @@ class BpfPolicyManager(ManagerBase):
 
     def spoofed_by_endpoint(self) -> dict[str, int]:
         """Packets each programmed endpoint sent from a source it may not use (from the
-        ep_counters map; for the metrics)."""
+        ep_spoofed map; for the metrics)."""
         compiled = self.last_compiled
         if compiled is None:
             return {}
         out = {}
         for wid, program in compiled.programs.items():
             if program.endpoint_id:
-                counts = counters_map.read_endpoint(self._maps["ep_counters"],
-                                                    program.endpoint_id)
-                out[f"{wid.workload}/{wid.endpoint}"] = counts["spoofed"]["packets"]
+                packets, _bytes = counters_map.read_rule(self._maps["ep_spoofed"],
+                                                         program.endpoint_id)
+                out[f"{wid.workload}/{wid.endpoint}"] = packets
         return out
 

@@ -124,4 +124,7 @@ class Harness:
     def endpoint_counters(self, name: str) -> dict[str, dict[str, int]]:
         number = self.compiler.endpoint_ids.get(f"k8s/default/{name}/eth0")
         assert number, f"no endpoint id for {name!r}"
-        return counters_map.read_endpoint(self.dp.maps["ep_counters"], number)
+        counts = counters_map.read_endpoint(self.dp.maps["ep_counters"], number)
+        packets, nbytes = counters_map.read_rule(self.dp.maps["ep_spoofed"], number)
+        counts["spoofed"] = {"packets": packets, "bytes": nbytes}
+        return counts
