@@ -229,8 +229,8 @@ def datastore_felix_config(datastore: str, hostname: str) -> tuple[dict[str, str
 
     Raises `DatastoreUnavailable` when the datastore cannot be reached (the agent waits and
     retries), another `DatastoreClientError` when it refuses (the agent exits 2)."""
+    from agent.datastore import open_datastore, parse_datastore_url
     from agent.model import FelixConfiguration, ValidationError, parse_resource
-    from agent.syncer.client import open_datastore, parse_datastore_url
 
     if parse_datastore_url(datastore).backend == "typha":
         # Typha is read-only: take the effective (global, then per-node) settings from one
@@ -402,7 +402,7 @@ class Agent:
             self._health_server, self._health_address = server, wanted
 
     def _run(self, config: Config, health: HealthAggregator) -> int:
-        from agent.syncer.client import make_syncer
+        from agent.datastore import make_syncer
 
         mode, managers = self._managers_factory(config)
         self.dataplane_mode = mode

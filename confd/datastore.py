@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import threading
 
+from agent.datastore import make_syncer, parse_datastore_url
 from agent.syncer.api import DatastoreError, RawUpdate, Syncer, SyncStatus
-from agent.syncer.client import DatastoreClientError, make_syncer, parse_datastore_url
+from agent.syncer.client import DatastoreClientError
 
 
 class DatastoreUnavailable(RuntimeError):

@@ -111,7 +111,7 @@ class Pipeline:
         from agent.conversion.k8s import workload_interface_name
         from agent.dataplane.loop import DataplaneLoop
         from agent.dataplane.managers.bpf_policy import BpfPolicyManager
-        from agent.syncer.client import make_syncer
+        from agent.datastore import make_syncer
 
         self.ifindex = {workload_interface_name(NAMESPACE, pod_name(i)): 100 + i
                         for i in range(ENDPOINTS)}

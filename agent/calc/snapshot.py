@@ -45,7 +45,7 @@ def compute(datastore: str, hostname: str, *, timeout: float = 30.0) -> Snapshot
     Raises `agent.syncer.client.DatastoreClientError` for a bad --datastore value,
     FileNotFoundError for a missing path, `CalcTimeout` if in-sync is not reached.
     """
-    from agent.syncer.client import make_syncer, parse_datastore_url
+    from agent.datastore import make_syncer, parse_datastore_url
 
     state = ExpectedDataplane(strict=False)
     state.record = False

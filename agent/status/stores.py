@@ -312,7 +312,7 @@ class EtcdStatusStore:
 
 def open_status_store(datastore: str, *, ttl: float = 90.0) -> StatusStore | None:
     """The status store for a --datastore value (None where status is not reported)."""
-    from agent.syncer.client import parse_datastore_url
+    from agent.datastore import parse_datastore_url
 
     location = parse_datastore_url(datastore)
     if location.backend == "file":

@@ -427,7 +427,7 @@ def make_etcd_syncer(endpoints: Sequence[str], *, ca_cert: str | None = None,
                      cert_file: str | None = None, key_file: str | None = None,
                      request_timeout: float = 5.0, **options: Any) -> EtcdSyncer:
     """The syncer for `--datastore etcd3://HOST:PORT[,...]` (endpoints as parsed by
-    `agent.syncer.client.parse_datastore_url`); TLS files default to Calico's ETCD_*_FILE
+    `agent.datastore.parse_datastore_url`); TLS files default to Calico's ETCD_*_FILE
     variables; `options` go to EtcdSyncer. Raises DatastoreURLError for bad options."""
     config = EtcdConfig.from_options(endpoints, ca_cert=ca_cert, cert_file=cert_file,
                                      key_file=key_file, request_timeout=request_timeout)

@@ -12,8 +12,9 @@ import sys
 
 import click
 
+from agent.datastore import open_datastore
 from agent.syncer.api import RawUpdate
-from agent.syncer.client import DatastoreClientError, open_datastore
+from agent.syncer.client import DatastoreClientError
 from agent.syncer.file import load_path, load_text
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import click
 
+from agent.datastore import open_datastore
 from agent.syncer.api import ResourceKey
-from agent.syncer.client import DatastoreClientError, open_datastore, resolve_kind
+from agent.syncer.client import DatastoreClientError, resolve_kind
 from cli.commands.apply import read_input
 
 

@@ -14,7 +14,8 @@ from typing import Any
 import click
 import yaml
 
-from agent.syncer.client import DatastoreClientError, KindInfo, open_datastore, resolve_kind
+from agent.datastore import open_datastore
+from agent.syncer.client import DatastoreClientError, KindInfo, resolve_kind
 
 
 def _as_list(info: KindInfo, docs: list[dict[str, Any]]) -> dict[str, Any]:

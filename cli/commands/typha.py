@@ -1,7 +1,7 @@
 """`pyfelix typha`: serve one datastore watch per syncer type to many agents and confds.
 
 Adds no logic: parses options into `agent.typha.server.ServerConfig`, starts a
-`TyphaServer` (one syncer per syncer type from `agent.syncer.client.make_syncer`), serves
+`TyphaServer` (one syncer per syncer type from `agent.datastore.make_syncer`), serves
 metrics if asked, and runs until SIGTERM / Ctrl-C. Settings also come from Calico Typha's
 environment variables (TYPHA_CAFILE, TYPHA_SERVERCERTFILE, TYPHA_HEALTHENABLED, ...), as
 deploy/typha/ sets them; the pending-handshake limit is named in the same style
@@ -119,8 +119,9 @@ def command(datastore: str, listen: str, insecure: bool, ca_file: str | None,
           --ca-file ca.crt --cert-file typha.crt --key-file typha.key \\
           --client-cn pyfelix-node --metrics-port 9093
     """
+    from agent.datastore import make_syncer, parse_datastore_url
     from agent.logs import configure_logging
-    from agent.syncer.client import DatastoreClientError, make_syncer, parse_datastore_url
+    from agent.syncer.client import DatastoreClientError
     from agent.typha.daemon import TyphaStartError, run
     from agent.typha.server import ServerConfig
     from agent.typha.tls import ServerTLS, TLSConfigError

@@ -20,9 +20,10 @@ import pytest
 from agent import daemon
 from agent.config import ConfigError
 from agent.daemon import DATASTORE_REPORTER, Agent, AgentOptions
+from agent.datastore import open_datastore
 from agent.health import HealthAggregator
 from agent.syncer.backoff import Backoff
-from agent.syncer.client import DatastoreClientError, DatastoreUnavailable, open_datastore
+from agent.syncer.client import DatastoreClientError, DatastoreUnavailable
 
 
 class _FlakyDatastore:

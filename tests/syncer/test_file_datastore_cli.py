@@ -11,15 +11,9 @@ import yaml
 from click.testing import CliRunner
 from syncer_testlib import gnp, gnp_key, netpol, write, yaml_docs
 
+from agent.datastore import make_syncer, open_datastore, parse_datastore_url
 from agent.syncer.api import ResourceKey
-from agent.syncer.client import (
-    DatastoreClientError,
-    DatastoreURLError,
-    make_syncer,
-    open_datastore,
-    parse_datastore_url,
-    resolve_kind,
-)
+from agent.syncer.client import DatastoreClientError, DatastoreURLError, resolve_kind
 from agent.syncer.file import FileSyncer, load_path
 from cli.main import cli
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.syncer.client import make_syncer
+from agent.datastore import make_syncer
 from confd.bird import BirdInstance, BirdTools
 from confd.watcher import ConfdLoop, ConfdReconciler
 

@@ -3,7 +3,7 @@ invalid document with its field path and writes nothing; resources applied with
 `pyfelix apply` give the same `pyfelix calc -o json` output as the file datastore; `get`
 and `delete` work on etcd.
 
-These go through the real wiring: `agent.syncer.client.open_datastore` / `make_syncer`
+These go through the real wiring: `agent.datastore.open_datastore` / `make_syncer`
 send `etcd3://` URLs to `agent.syncer.etcd_store` / `agent.syncer.etcd`.
 """
 

@@ -1,0 +1,139 @@
+"""The backend factories: a `--datastore` value -> a `DatastoreLocation` -> a client or a syncer.
+
+Role: the one place that knows every backend. `parse_datastore_url()` turns a `--datastore`
+value into a `DatastoreLocation`:
+- a directory or a YAML/JSON file (optionally `file://PATH`) -> the file backend;
+- `etcd3://HOST:PORT[,HOST:PORT...]` -> etcd v3;
+- `kubernetes` (or `kubernetes://`) -> the Kubernetes API (in-cluster or KUBECONFIG);
+- `typha://HOST:PORT[,...]` (or `typha://` to discover it) -> Typha's fan-out (read-only).
+`open_datastore()` gives the read/write client of `pyfelix apply/delete/get`
+(`agent.syncer.client.Datastore`), `make_syncer()` the list+watch syncer of the agent,
+confd and Typha itself.
+
+Layering: this module sits above the backends (`agent.syncer.*`) AND Typha's client
+(`agent.typha`), which itself only uses the syncer vocabulary (`agent.syncer.api`,
+`agent.syncer.client`); so no backend imports another, and nothing below imports this.
+Errors are the `DatastoreClientError` family of `agent.syncer.client`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from agent.syncer.api import Syncer
+from agent.syncer.client import (
+    BackendNotImplemented,
+    Datastore,
+    DatastoreURLError,
+    Validator,
+    minimal_validate,
+)
+
+
+@dataclass(frozen=True)
+class DatastoreLocation:
+    backend: str  # "file", "etcd3", "kubernetes" or "typha"
+    path: str = ""  # file backend
+    endpoints: tuple[str, ...] = ()  # etcd3 / typha: "host:port"
+
+
+_URL_FORMS = ("a directory, a YAML file, etcd3://HOST:PORT[,HOST:PORT...], kubernetes, "
+              "or typha://HOST:PORT[,...]")
+
+
+def _endpoints(url: str, rest: str) -> tuple[str, ...]:
+    endpoints = tuple(part.strip() for part in rest.split(",") if part.strip())
+    if not endpoints:
+        raise DatastoreURLError(f"--datastore {url!r} names no HOST:PORT")
+    for endpoint in endpoints:
+        host, sep, port = endpoint.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise DatastoreURLError(
+                f"--datastore {url!r}: {endpoint!r} is not HOST:PORT (port 1-65535)")
+    return endpoints
+
+
+def parse_datastore_url(url: str) -> DatastoreLocation:
+    """Parse a --datastore value; raises DatastoreURLError naming the accepted forms."""
+    text = url.strip()
+    if not text:
+        raise DatastoreURLError(f"--datastore is empty; expected {_URL_FORMS}")
+    if text in ("kubernetes", "kubernetes://"):
+        return DatastoreLocation("kubernetes")
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        return DatastoreLocation("file", path=text)
+    scheme = scheme.lower()
+    if scheme == "file":
+        if not rest:
+            raise DatastoreURLError(f"--datastore {url!r} names no path")
+        return DatastoreLocation("file", path=rest)
+    if scheme == "typha" and not rest.strip():
+        # no address: discovered from FELIX_TYPHAADDR or the FELIX_TYPHAK8SSERVICENAME service
+        return DatastoreLocation("typha")
+    if scheme in ("etcd3", "typha"):
+        return DatastoreLocation(scheme, endpoints=_endpoints(url, rest))
+    raise DatastoreURLError(f"--datastore {url!r}: unknown scheme {scheme!r}; expected "
+                            f"{_URL_FORMS}")
+
+
+def _not_implemented(location: DatastoreLocation) -> BackendNotImplemented:
+    return BackendNotImplemented(
+        f"the {location.backend} datastore is not implemented yet; use a directory or YAML "
+        "file datastore (--datastore ./resources)")
+
+
+def open_datastore(url: str, *, validate: Validator | None = None) -> Datastore:
+    """A client for the datastore a --datastore value names."""
+    location = parse_datastore_url(url)
+    if location.backend == "file":
+        from agent.syncer.file_store import FileDatastore
+
+        return FileDatastore(location.path, validate=validate or minimal_validate)
+    if location.backend == "etcd3":
+        from agent.syncer.etcd_store import open_etcd_datastore
+
+        return open_etcd_datastore(location.endpoints, validate=validate or minimal_validate)
+    if location.backend == "kubernetes":
+        from agent.syncer.kube_store import open_kube_datastore
+
+        return open_kube_datastore(validate=validate or minimal_validate)
+    if location.backend == "typha":
+        raise DatastoreURLError(
+            f"--datastore {url!r}: Typha only fans out the datastore's watch (read-only); "
+            "apply, delete and get need the datastore itself")
+    raise _not_implemented(location)
+
+
+def make_syncer(url: str, *, syncer_type: str = "felix", hostname: str = "",
+                **options: Any) -> Syncer:
+    """The syncer for a --datastore value; `options` go to the backend's constructor
+    (file backend: poll_interval, debounce, use_inotify, rescan_interval...).
+
+    `syncer_type` ("felix": every kind; "bgp": what confd needs) and `hostname` matter only
+    to Typha, which serves one filtered stream per syncer type; a direct datastore syncer
+    carries every kind and its consumer picks what it needs."""
+    location = parse_datastore_url(url)
+    if location.backend == "typha":
+        from agent.typha.client import TyphaConfigError, make_typha_syncer
+
+        try:
+            return make_typha_syncer(location.endpoints, syncer_type=syncer_type,
+                                     hostname=hostname, **options)
+        except TyphaConfigError as exc:
+            raise DatastoreURLError(str(exc)) from None
+    if location.backend == "file":
+        from agent.syncer.file import FileSyncer
+
+        return FileSyncer(os.path.normpath(location.path), **options)
+    if location.backend == "etcd3":
+        from agent.syncer.etcd import make_etcd_syncer
+
+        return make_etcd_syncer(location.endpoints, **options)
+    if location.backend == "kubernetes":
+        from agent.syncer.kube import make_kube_syncer
+
+        return make_kube_syncer(**options)
+    raise _not_implemented(location)

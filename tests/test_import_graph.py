@@ -1,0 +1,99 @@
+"""The tree's structure, checked: no import cycle anywhere, and one place each for the
+`--datastore` parser and the kind catalogue (the layering itself is import-linter's job:
+contracts in pyproject.toml, run by `make lint`)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import grimp
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCES = [p for top in ("agent", "cli", "confd") for p in (REPO / top).rglob("*.py")]
+
+
+def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph.modules):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            advanced = False
+            for child in children:
+                if child not in graph.modules:
+                    continue
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(
+                        graph.find_modules_directly_imported_by(child)))))
+                    advanced = True
+                    break
+                if child in on_stack:
+                    low[node] = min(low[node], index[child])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycle() -> None:
+    sys.path.insert(0, str(REPO))
+    graph = grimp.build_graph("agent", "cli", "confd")
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle(tmp_path: Path) -> None:
+    pkg = tmp_path / "cyclepkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from cyclepkg import b\n")
+    (pkg / "b.py").write_text("from cyclepkg import a\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        graph = grimp.build_graph("cyclepkg", cache_dir=None)
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert _cycles(graph) == [["cyclepkg.a", "cyclepkg.b"]]
+
+
+def _defining(pattern: str) -> list[str]:
+    regex = re.compile(pattern, re.M)
+    return sorted(str(p.relative_to(REPO)) for p in SOURCES if regex.search(p.read_text()))
+
+
+def test_one_datastore_parser_and_one_kind_catalogue() -> None:
+    assert _defining(r"^def parse_datastore_url\(") == ["agent/datastore.py"]
+    assert _defining(r"^class DatastoreLocation\b") == ["agent/datastore.py"]
+    # only that parser takes a URL apart at its scheme
+    assert _defining(r"""["']://["']""") == ["agent/datastore.py"]
+    assert _defining(r"^class KindInfo\b") == ["agent/syncer/client.py"]
