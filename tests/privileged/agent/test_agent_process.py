@@ -110,8 +110,16 @@ def test_health_metrics_and_sigterm(netns: str, tmp_path: Path) -> None:
         assert live["problems"] == []
         assert set(live["reporters"]) == {"datastore", "calc-graph", "dataplane",
                                           "iface-monitor"}
-        status = json.loads((tmp_path / "status.json").read_text())
-        assert status["dataplane_in_sync"] and status["calc_in_sync"]
+        # the status file is written by the main thread's tick (every 0.1 s), which may
+        # come just after the loops reported ready
+        def status_in_sync() -> bool:
+            try:
+                status = json.loads((tmp_path / "status.json").read_text())
+            except (OSError, ValueError):
+                return False
+            return bool(status["dataplane_in_sync"] and status["calc_in_sync"])
+
+        wait_for(status_in_sync, 10, "status file in sync")
         code, metrics = http_get(netns, 9091, "/metrics")
         assert code == 200
         for name in ("felix_active_local_endpoints 1.0", "felix_active_local_policies 1.0",
