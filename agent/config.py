@@ -106,22 +106,34 @@ def parse_positive_seconds(text: str) -> float:
     return value
 
 
+def _json_list_as_text(text: str, required: tuple[str, ...],
+                       render: Callable[[dict[str, Any]], str], *,
+                       expected: str | None = None) -> str:
+    """A FelixConfiguration's JSON list of objects (each with `required` keys) turned into
+    the env/file form (`render` each, comma-separated); any other text is returned as is."""
+    text = text.strip()
+    if not text.startswith("["):
+        return text
+    try:
+        entries = json.loads(text)
+    except ValueError:
+        raise ValueError(f"{text[:60]!r} is not a JSON list") from None
+    if not isinstance(entries, list):
+        raise ValueError(f"{text[:60]!r} is not a JSON list")
+    items = []
+    for entry in entries:
+        if not isinstance(entry, dict) or any(key not in entry for key in required):
+            raise ValueError(f"{entry!r}: expected {expected or '{' + ', '.join(required) + '}'}")
+        items.append(render(entry))
+    return ",".join(items)
+
+
 def parse_health_timeout_overrides(text: str) -> tuple[tuple[str, float], ...]:
     """Felix's HealthTimeoutOverrides: `name=90s, other=10ms` (env/file form) or a
     FelixConfiguration's JSON list `[{"name": "dataplane", "timeout": "90s"}]`. 0 means the
     reporter never times out. Raises ValueError naming the bad entry."""
-    text = text.strip()
-    if text.startswith("["):
-        try:
-            entries = json.loads(text)
-        except ValueError:
-            raise ValueError(f"{text[:60]!r} is not a JSON list") from None
-        items = []
-        for entry in entries:
-            if not isinstance(entry, dict) or "name" not in entry or "timeout" not in entry:
-                raise ValueError(f"{entry!r}: expected {{name, timeout}}")
-            items.append(f"{entry['name']}={entry['timeout']}")
-        text = ",".join(items)
+    text = _json_list_as_text(text, ("name", "timeout"),
+                              lambda entry: f"{entry['name']}={entry['timeout']}")
     out: dict[str, float] = {}
     for item in text.split(","):
         item = item.strip()
@@ -156,18 +168,9 @@ def parse_proto_ports(text: str) -> tuple[tuple[str, int], ...]:
     """Felix's failsafe port lists: `tcp:22, udp:68, 179` (env/file form; tcp when no
     protocol) or a FelixConfiguration's JSON list `[{"protocol": "TCP", "port": 22}]`.
     Raises ValueError naming the bad entry."""
-    text = text.strip()
-    if text.startswith("["):
-        try:
-            entries = json.loads(text)
-        except ValueError:
-            raise ValueError(f"{text[:60]!r} is not a JSON list") from None
-        items = []
-        for entry in entries:
-            if not isinstance(entry, dict) or "port" not in entry:
-                raise ValueError(f"{entry!r}: expected {{protocol, port}}")
-            items.append(f"{entry.get('protocol', 'tcp')}:{entry['port']}")
-        text = ",".join(items)
+    text = _json_list_as_text(text, ("port",),
+                              lambda entry: f"{entry.get('protocol', 'tcp')}:{entry['port']}",
+                              expected="{protocol, port}")
     out = []
     for item in text.split(","):
         item = item.strip()

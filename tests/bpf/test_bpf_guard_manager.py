@@ -13,6 +13,7 @@ from agent.shims.nft_guard import install_script
 class FakeAttach:
     attached: frozenset[int] = frozenset()
     links: dict[str, int] = field(default_factory=dict)
+    links_listed: bool = True
 
 
 @dataclass
@@ -73,6 +74,17 @@ def test_a_restarted_manager_keeps_what_is_programmed_until_it_is_gone() -> None
     attach.attached = frozenset({5, 6})
     mgr.apply()
     assert guard.members_ == {5, 6}
+
+
+def test_nothing_is_removed_before_the_interfaces_were_listed() -> None:
+    guard = FakeGuard(members_={5, 6})
+    attach = FakeAttach(links={}, links_listed=False)  # the attach manager's dump failed
+    mgr = BpfGuardManager(attach, guard=guard)  # type: ignore[arg-type]
+    mgr.apply()
+    assert guard.members_ == {5, 6}
+    attach.links, attach.links_listed = {"cali2": 6}, True
+    mgr.apply()
+    assert guard.members_ == {6}
 
 
 def test_install_script_keeps_the_set_and_covers_every_prefix() -> None:

@@ -519,7 +519,8 @@ def test_dockerfile_builds_the_project_on_bookworm_with_bcc() -> None:
     instructions = _dockerfile_instructions()
     assert instructions[0][0] == "FROM" and "bookworm" in instructions[0][1]
     runs = " ".join(rest for keyword, rest in instructions if keyword == "RUN")
-    for package in ("python3-bpfcc", "python3-venv", "iproute2", "iptables", "ipset", "bird2"):
+    for package in ("python3-bpfcc", "python3-venv", "iproute2", "iptables", "ipset", "nftables",
+                    "bird2"):
         assert re.search(rf"\b{re.escape(package)}\b", runs), package
     assert re.search(r"venv --system-site-packages", runs)
     assert ("COPY", ". /src") in instructions

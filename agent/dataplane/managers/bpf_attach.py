@@ -101,6 +101,7 @@ class BpfAttachManager(ManagerBase):
         self._on_all_current = on_all_current
         self._clock = clock
         self._links: dict[str, int] = {}  # every interface we know of: name -> ifindex
+        self._links_listed = False  # _links came from a complete dump (not only messages)
         self._dirty: set[int] = set()  # workload ifindexes to check
         self._first_seen: dict[int, float] = {}  # for attach latency
         self._current: set[int] = set()  # workload ifindexes known to run our programs
@@ -178,6 +179,7 @@ class BpfAttachManager(ManagerBase):
         attacher = self._get_attacher()
         if self._resync_requested:
             self._links = attacher.list_links()
+            self._links_listed = True
             self._current.clear()
             self._xdp_attached.clear()
             self._hep_attached.clear()
@@ -372,3 +374,9 @@ class BpfAttachManager(ManagerBase):
     def links(self) -> dict[str, int]:
         """Every interface of the namespace we know of: name -> ifindex."""
         return dict(self._links)
+
+    @property
+    def links_listed(self) -> bool:
+        """`links` has been read from a complete dump of the namespace's interfaces (until
+        then, an interface missing from it may simply not be reported yet)."""
+        return self._links_listed

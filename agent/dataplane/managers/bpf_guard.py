@@ -16,6 +16,8 @@ Inputs: none of its own (InSync is noted); it reads the attach manager after tha
 manager's apply. Output (`apply`): on the first apply and at every resync, the table is
 installed or its rules rewritten when the interface prefixes changed (never the set), and
 the set is read back; then only the difference is written. Applying twice writes nothing.
+Removals wait until the attach manager has listed the namespace's interfaces once (its
+first apply may fail before that): a partial view never cuts a running pod off.
 
 Invariants: an ifindex is added only after both filters of ours are attached to it, and
 removed only when the interface no longer exists, so an interface running our programs is
@@ -45,6 +47,9 @@ class AttachedInterfaces(Protocol):
     @property
     def links(self) -> dict[str, int]: ...
 
+    @property
+    def links_listed(self) -> bool: ...
+
 
 class BpfGuardManager(ManagerBase):
     name = "bpf-guard"
@@ -73,6 +78,9 @@ class BpfGuardManager(ManagerBase):
         if add:
             self.guard.add(add)
             self._in_set |= add
+        if not self._attach.links_listed:
+            return  # an interface missing from a partial view is not gone (fail closed
+            #         would cut off every programmed pod, so: no removal on partial data)
         gone = self._in_set - set(links.values())
         if gone:
             self.guard.discard(gone)
