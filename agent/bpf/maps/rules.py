@@ -29,9 +29,14 @@ MAX_TAIL_CALLS = 32  # must match POLICY_MAX_TAIL_CALLS
 DEFAULT_RULES_PER_PROG = 128  # must match the default POLICY_RULES_PER_PROG
 
 
+MAX_CHAIN_RECORDS = 512 * 64  # must match POLICY_MAX_CHAIN_RECORDS (CLS_MAX_WORDS * 64)
+
+
 def max_chain_records(rules_per_prog: int = DEFAULT_RULES_PER_PROG) -> int:
-    """Longest chain the walker can finish (POLICY_MAX_CHAIN_RECORDS)."""
-    return MAX_TAIL_CALLS * rules_per_prog
+    """Longest chain the classifier indexes (POLICY_MAX_CHAIN_RECORDS). `rules_per_prog`
+    (the old walker's batch) no longer limits it and is ignored."""
+    del rules_per_prog
+    return MAX_CHAIN_RECORDS
 
 
 class Action(enum.IntEnum):

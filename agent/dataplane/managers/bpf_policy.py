@@ -59,6 +59,7 @@ from agent.bpf.compiler import (
     PolicyCompiler,
     PolicyState,
 )
+from agent.bpf.maps import cls_chains as cls_chains_map
 from agent.bpf.maps import counters as counters_map
 from agent.bpf.maps import ep_by_ifindex as ep_array
 from agent.bpf.maps import ipsets as ipsets_map
@@ -75,7 +76,8 @@ from agent.dataplane.managers.hostips import resolve_host_endpoints
 log = logging.getLogger(__name__)
 
 SYNCED_MAPS = ("ids", "ipsets", "rules", "wep_sources", "endpoints", "ep_by_ifindex",
-               "untracked", "config")
+               "untracked", "config", "cls_chains", "cls_l4", "cls_tries")
+CLS_WORDS = "cls_words"  # written block by block (new instances), never read back whole
 COUNTER_MAPS = ("rule_counters", "ep_counters", "ep_spoofed")
 _STATE_MESSAGES = (
     proto.IPSetUpdate, proto.IPSetDeltaUpdate, proto.IPSetRemove,
@@ -186,7 +188,7 @@ class BpfPolicyManager(ManagerBase):
         hostname: str = "",
     ) -> None:
         super().__init__()
-        missing = [n for n in SYNCED_MAPS + COUNTER_MAPS if n not in maps]
+        missing = [n for n in (*SYNCED_MAPS, *COUNTER_MAPS, CLS_WORDS) if n not in maps]
         if missing:
             raise ValueError(f"BpfPolicyManager: maps {missing} not given")
         self._maps = dict(maps)
@@ -287,13 +289,18 @@ class BpfPolicyManager(ManagerBase):
             self.interfaces.replace_all(self._list_interfaces())
         if self.compiler is None:
             adopted = AdoptedState.from_maps(self._maps["ids"], self._maps["endpoints"],
-                                             self._maps["rules"])
+                                             self._maps["rules"], self._maps["cls_chains"],
+                                             self._maps[CLS_WORDS], self._maps["cls_l4"],
+                                             self._maps["cls_tries"])
             self.compiler = PolicyCompiler(
                 rules_capacity=self._maps["rules"].max_entries,
                 max_chain_records=max_chain_records(self._rules_per_prog),
                 rule_counters=self._maps["rule_counters"].max_entries,
                 endpoint_counters=self._maps["ep_counters"].max_entries,
                 adopted=adopted,
+                cls_words=self._maps[CLS_WORDS].max_entries,
+                cls_tries=self._maps["cls_tries"].max_entries,
+                cls_l4=self._maps["cls_l4"].max_entries,
             )
             self._known_numbers = {
                 "rules": set(adopted.ids.get(IdKind.RULE, {})),
@@ -358,6 +365,7 @@ class BpfPolicyManager(ManagerBase):
     def _write_rest(self, compiled: CompiledDataplane) -> None:
         self._zero_new_counters(compiled)
         self._write_checked("rules", self._mirrors["rules"].updates(compiled.all_rules()))
+        self._write_classifiers(compiled)
         # an endpoint's allowed sources before its entry: its own traffic is never dropped
         # as spoofed for want of them
         self._write_checked("wep_sources",
@@ -379,6 +387,26 @@ class BpfPolicyManager(ManagerBase):
         for name in ("untracked", "config"):
             self._write_checked(name, self._mirrors[name].updates(getattr(compiled, name)))
 
+    def _write_classifiers(self, compiled: CompiledDataplane) -> None:
+        """Every new classifier instance whole (block, l4 and trie entries), THEN the
+        cls_chains pointers: a chain is never pointed at an instance that is not complete.
+        A write that does not fit raises (the pointers are not switched, the previous
+        classifiers stay in force; the next apply re-reads and retries)."""
+        words = compiled.cls_words()
+        if words:
+            self._maps[CLS_WORDS].update_many(words.items())
+            metrics.MAP_WRITES.labels(CLS_WORDS, "update").inc(len(words))
+        for name in ("cls_l4", "cls_tries"):
+            mirror = self._mirrors[name]
+            failed = mirror.write(mirror.updates(getattr(compiled, name)))
+            if failed:
+                self._count_full(name, len(failed))
+                raise MapFullError(name, mirror.map.max_entries,
+                                   f"{len(failed)} classifier entries did not fit; the "
+                                   f"previous policy stays in force")
+        chains = self._mirrors["cls_chains"]
+        self._write_checked("cls_chains", chains.updates(compiled.cls_chains))
+
     def _write_deletes(self, compiled: CompiledDataplane) -> None:
         # mirror slots first: a PRESENT slot must never outlive its endpoints entry
         stale_slots = sorted(self._ep_present - self._ep_wanted)
@@ -387,6 +415,15 @@ class BpfPolicyManager(ManagerBase):
         for name in ("endpoints", "wep_sources", "untracked"):
             mirror = self._mirrors[name]
             mirror.delete(mirror.stale(getattr(compiled, name)))
+        # classifiers no chain points at any more (endpoints were repointed above)
+        for name in ("cls_l4", "cls_tries"):
+            mirror = self._mirrors[name]
+            mirror.delete(mirror.stale(getattr(compiled, name)))
+        chains = self._mirrors["cls_chains"]
+        wanted = compiled.cls_chains
+        self._write_checked("cls_chains", [
+            (k, cls_chains_map.EMPTY) for k, v in (chains.actual or {}).items()
+            if k not in wanted and v != cls_chains_map.EMPTY])
         ipsets = self._ipsets
         assert ipsets.by_set is not None
         for number, (group, _, removes) in self._ipset_plan.items():
@@ -443,9 +480,14 @@ class BpfPolicyManager(ManagerBase):
                 metrics.MAP_ENTRIES.labels(name).set(used)
             elif name == "ep_by_ifindex":
                 metrics.MAP_ENTRIES.labels(name).set(len(self._ep_present))
+            elif name == "cls_chains":
+                metrics.MAP_ENTRIES.labels(name).set(len(compiled.cls_instances))
             else:
                 metrics.MAP_ENTRIES.labels(name).set(len(mirror.actual or {}))
             metrics.MAP_MAX_ENTRIES.labels(name).set(mirror.map.max_entries)
+        if self.compiler is not None:
+            metrics.MAP_ENTRIES.labels(CLS_WORDS).set(self.compiler.word_regions.used)
+            metrics.MAP_MAX_ENTRIES.labels(CLS_WORDS).set(self._maps[CLS_WORDS].max_entries)
 
     def close(self) -> None:
         """The maps stay pinned and programmed; only our handles go."""
