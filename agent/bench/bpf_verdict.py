@@ -27,21 +27,20 @@ import secrets
 
 from agent.bench.registry import BenchContext, Figures, Stat, benchmark
 
-RULE_COUNTS = (1, 10, 100, 1000)
+RULE_COUNTS = (1, 10, 100, 1000, 10000)
 
 
 @benchmark("bpf-verdict", description="tc program ns per packet: conntrack hit, first packet")
 def bpf_verdict(ctx: BenchContext) -> Figures:
     from agent.bpf.loader import BuildConfig, load_dataplane, remove_pin_dir
-    from agent.bpf.measure import measure_verdict_samples
+    from agent.bpf.measure import MEASURE_MAP_SIZES, measure_verdict_samples
 
     if os.geteuid() != 0:
         raise PermissionError("bpf-verdict needs root (BPF programs)")
     pin_dir = f"/sys/fs/bpf/pyfelix-bench-{secrets.token_hex(4)}"
     quick = ctx.settings.repeats <= 3 and ctx.settings.min_sample_seconds < 0.05
     try:
-        with load_dataplane(BuildConfig(pin_dir=pin_dir, map_sizes={
-                "rules": 8192, "ipsets": 1 << 18, "conntrack": 4096})) as dp:
+        with load_dataplane(BuildConfig(pin_dir=pin_dir, map_sizes=MEASURE_MAP_SIZES)) as dp:
             raw = measure_verdict_samples(
                 dp, rule_counts=RULE_COUNTS, samples=max(1, ctx.settings.repeats),
                 repeat=2_000 if quick else 20_000)

@@ -124,11 +124,14 @@ class _Builder:
         self.vec_ids: dict[int, int] = {}
 
     def vec(self, v: int) -> int:
-        """Relative id of vector v (stored once per distinct value)."""
-        found = self.vec_ids.get(v)
-        if found is not None:
-            return found
-        vid = len(self.words)
+        """A token for vector v (one per distinct value); `finish()` turns tokens into
+        relative ids."""
+        token = self.vec_ids.get(v)
+        if token is None:
+            token = self.vec_ids[v] = len(self.vec_ids)
+        return token
+
+    def _encode(self, v: int) -> list[int]:
         raw = v.to_bytes(self.n_words * 8, "little")
         ws = struct.unpack(f"<{self.n_words}Q", raw)
         summary = [0] * self.n_sum
@@ -141,9 +144,21 @@ class _Builder:
         for s in summary:
             rank.append(total)
             total += s.bit_count()
-        self.words += summary + rank + packed
-        self.vec_ids[v] = vid
-        return vid
+        return summary + rank + packed
+
+    def finish(self, idx: Index) -> None:
+        """Lay the vectors out in a canonical order (by value), so the same vectors give
+        the same block whatever order the fields produced them in, and rewrite the
+        index's tokens as relative ids."""
+        ids: dict[int, int] = {}
+        for v in sorted(self.vec_ids):
+            ids[self.vec_ids[v]] = len(self.words)
+            self.words += self._encode(v)
+        idx.fixed = [v if v == VEC_ALL else ids[v] for v in idx.fixed]
+        idx.l4 = {k: ids[v] for k, v in idx.l4.items()}
+        idx.tries = {k: ids[v] for k, v in idx.tries.items()}
+        idx.words = self.words
+        idx.vectors = len(ids)
 
 
 # --- per-field predicates -----------------------------------------------------------------
@@ -429,8 +444,7 @@ def build_index(chain: tuple[RuleRecord, ...],
     _build_addrs(b, chain, idx, False, members)
     _build_named(b, chain, idx, True, members)
     _build_named(b, chain, idx, False, members)
-    idx.words = b.words
-    idx.vectors = len(b.vec_ids)
+    b.finish(idx)
     return idx
 
 

@@ -1123,6 +1123,19 @@ class PolicyCompiler:
             self._instances[key] = inst
             self._indexes[inst] = index
             return inst, False
+        for (old_chain, _), old in self._instances.items():
+            prev = self._indexes.get(old)
+            if prev is not None and (old_chain is chain or old_chain == chain) \
+                    and prev.words == index.words \
+                    and prev.l4 == index.l4 and prev.fixed == index.fixed:
+                # only trie entries differ (set members came or went, and their
+                # signatures' vectors already exist): update that instance in place, entry
+                # by entry, as the ipsets trie is
+                self._instances = {k: v for k, v in self._instances.items() if v != old}
+                self._instances[key] = old
+                self._indexes[old] = index
+                self._index_entries.pop(old, None)
+                return old, False
         inst = self.word_regions.allocate(index.size)
         self._instances[key] = inst
         self._indexes[inst] = index
