@@ -36,6 +36,7 @@ the programs evaluate (a rule whose only nets are IPv6 cannot match IPv4 and is 
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import struct
 from collections.abc import Iterable, Mapping
@@ -423,16 +424,23 @@ class _ChainBuilder:
                 continue
             pos = t.pos if isinstance(t, _Label) else t
             assert pos is not None, "unmarked label"
-            out.append(RuleRecord(**{**rec.__dict__, "jump": pos}))
+            out.append(dataclasses.replace(rec, jump=pos))
         return tuple(out)
+
+
+_NO_PORTS = PortMatch()
 
 
 def _chunks(items: tuple, size: int) -> list[tuple]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-def _ports(ranges: tuple[proto.PortRange, ...], where: str) -> tuple[tuple[int, int], ...]:
+def _ports(ranges: tuple[proto.PortRange, ...], where: str, fld: str
+           ) -> tuple[tuple[int, int], ...]:
     """Validated ranges, sorted and merged where they overlap or touch (same union)."""
+    if not ranges:
+        return ()
+    where = f"{where}: field {fld}"
     checked = []
     for r in ranges:
         if not (isinstance(r.first, int) and isinstance(r.last, int)
@@ -448,16 +456,19 @@ def _ports(ranges: tuple[proto.PortRange, ...], where: str) -> tuple[tuple[int, 
     return tuple(merged)
 
 
-def _byte(value: int | None, where: str) -> int | None:
+def _byte(value: int | None, where: str, fld: str) -> int | None:
     if value is None:
         return None
     if not isinstance(value, int) or not 0 <= value <= 255:
-        raise CompileError(f"{where}: {value!r} is not a number 0-255")
+        raise CompileError(f"{where}: field {fld}: {value!r} is not a number 0-255")
     return value
 
 
-def _v4_nets(nets: tuple[str, ...], where: str) -> tuple[tuple[str, ...], bool]:
+def _v4_nets(nets: tuple[str, ...], where: str, fld: str) -> tuple[tuple[str, ...], bool]:
     """(sorted canonical IPv4 nets, had_any_net)."""
+    if not nets:
+        return (), False
+    where = f"{where}: field {fld}"
     out = set()
     for text in nets:
         try:
@@ -506,21 +517,25 @@ class _RuleLowerer:
         if action is None:
             raise CompileError(f"{where}: field action: unknown action {rule.action!r}")
 
-        src_nets, had_src = _v4_nets(rule.src_nets, f"{where}: field src_nets")
-        dst_nets, had_dst = _v4_nets(rule.dst_nets, f"{where}: field dst_nets")
+        src_nets, had_src = _v4_nets(rule.src_nets, where, "src_nets")
+        dst_nets, had_dst = _v4_nets(rule.dst_nets, where, "dst_nets")
         if (had_src and not src_nets) or (had_dst and not dst_nets):
             return None  # only IPv6 nets: cannot match IPv4
-        not_src_nets, _ = _v4_nets(rule.not_src_nets, f"{where}: field not_src_nets")
-        not_dst_nets, _ = _v4_nets(rule.not_dst_nets, f"{where}: field not_dst_nets")
+        not_src_nets, _ = _v4_nets(rule.not_src_nets, where, "not_src_nets")
+        not_dst_nets, _ = _v4_nets(rule.not_dst_nets, where, "not_dst_nets")
         if rule.icmp_code is not None and rule.icmp_type is None:
             raise CompileError(f"{where}: field icmp_code: set without icmp_type")
         if rule.not_icmp_code is not None and rule.not_icmp_type is None:
             raise CompileError(f"{where}: field not_icmp_code: set without not_icmp_type")
 
         def sets(names: tuple[str, ...], fld: str) -> tuple[int, ...]:
+            if not names:
+                return ()
             return tuple(self.set_id(n, f"{where}: field {fld}", "net") for n in names)
 
         def named(names: tuple[str, ...], fld: str) -> tuple[int, ...]:
+            if not names:
+                return ()
             return tuple(self.set_id(n, f"{where}: field {fld}", "ip_port") for n in names)
 
         src_sets = sets(rule.src_ip_set_ids, "src_ip_set_ids")
@@ -531,10 +546,10 @@ class _RuleLowerer:
         not_src_np = named(rule.not_src_named_port_ip_set_ids, "not_src_named_port_ip_set_ids")
         dst_np = named(rule.dst_named_port_ip_set_ids, "dst_named_port_ip_set_ids")
         not_dst_np = named(rule.not_dst_named_port_ip_set_ids, "not_dst_named_port_ip_set_ids")
-        src_ports = _ports(rule.src_ports, f"{where}: field src_ports")
-        not_src_ports = _ports(rule.not_src_ports, f"{where}: field not_src_ports")
-        dst_ports = _ports(rule.dst_ports, f"{where}: field dst_ports")
-        not_dst_ports = _ports(rule.not_dst_ports, f"{where}: field not_dst_ports")
+        src_ports = _ports(rule.src_ports, where, "src_ports")
+        not_src_ports = _ports(rule.not_src_ports, where, "not_src_ports")
+        dst_ports = _ports(rule.dst_ports, where, "dst_ports")
+        not_dst_ports = _ports(rule.not_dst_ports, where, "not_dst_ports")
 
         # Address constraints, all ANDed: nets (one compiler-made set per list), selectors.
         checks: list[SetCheck] = []
@@ -552,12 +567,12 @@ class _RuleLowerer:
         checks += [SetCheck(x, src=False, negate=True) for x in not_dst_sets]
 
         base = dict(
-            protocol=_byte(rule.protocol, f"{where}: field protocol"),
-            not_protocol=_byte(rule.not_protocol, f"{where}: field not_protocol"),
-            icmp_type=_byte(rule.icmp_type, f"{where}: field icmp_type"),
-            icmp_code=_byte(rule.icmp_code, f"{where}: field icmp_code"),
-            not_icmp_type=_byte(rule.not_icmp_type, f"{where}: field not_icmp_type"),
-            not_icmp_code=_byte(rule.not_icmp_code, f"{where}: field not_icmp_code"),
+            protocol=_byte(rule.protocol, where, "protocol"),
+            not_protocol=_byte(rule.not_protocol, where, "not_protocol"),
+            icmp_type=_byte(rule.icmp_type, where, "icmp_type"),
+            icmp_code=_byte(rule.icmp_code, where, "icmp_code"),
+            not_icmp_type=_byte(rule.not_icmp_type, where, "not_icmp_type"),
+            not_icmp_code=_byte(rule.not_icmp_code, where, "not_icmp_code"),
             set_checks=tuple(checks[:SET_CHECKS]),
             not_src_ports=PortMatch(not_src_ports[:PORT_SLOTS], not_src_np[:NAMED_PORT_SLOTS]),
             not_dst_ports=PortMatch(not_dst_ports[:PORT_SLOTS], not_dst_np[:NAMED_PORT_SLOTS]),
@@ -565,25 +580,30 @@ class _RuleLowerer:
 
         # Guards: each skips the whole rule when one overflowing AND-constraint fails.
         guards: list[RuleRecord] = []
-        for chk in checks[SET_CHECKS:]:
-            inverse = SetCheck(chk.set_id, src=chk.src, negate=not chk.negate)
-            guards.append(RuleRecord(Action.SKIP, set_checks=(inverse,)))
-        for chunk in _chunks(not_src_ports[PORT_SLOTS:], PORT_SLOTS):
-            guards.append(RuleRecord(Action.SKIP, src_ports=PortMatch(ranges=chunk)))
-        for chunk in _chunks(not_dst_ports[PORT_SLOTS:], PORT_SLOTS):
-            guards.append(RuleRecord(Action.SKIP, dst_ports=PortMatch(ranges=chunk)))
-        for chunk in _chunks(not_src_np[NAMED_PORT_SLOTS:], NAMED_PORT_SLOTS):
-            guards.append(RuleRecord(Action.SKIP, src_ports=PortMatch(named_sets=chunk)))
-        for chunk in _chunks(not_dst_np[NAMED_PORT_SLOTS:], NAMED_PORT_SLOTS):
-            guards.append(RuleRecord(Action.SKIP, dst_ports=PortMatch(named_sets=chunk)))
+        if len(checks) > SET_CHECKS:
+            for chk in checks[SET_CHECKS:]:
+                inverse = SetCheck(chk.set_id, src=chk.src, negate=not chk.negate)
+                guards.append(RuleRecord(Action.SKIP, set_checks=(inverse,)))
+        if len(not_src_ports) > PORT_SLOTS or len(not_dst_ports) > PORT_SLOTS \
+                or len(not_src_np) > NAMED_PORT_SLOTS or len(not_dst_np) > NAMED_PORT_SLOTS:
+            for chunk in _chunks(not_src_ports[PORT_SLOTS:], PORT_SLOTS):
+                guards.append(RuleRecord(Action.SKIP, src_ports=PortMatch(ranges=chunk)))
+            for chunk in _chunks(not_dst_ports[PORT_SLOTS:], PORT_SLOTS):
+                guards.append(RuleRecord(Action.SKIP, dst_ports=PortMatch(ranges=chunk)))
+            for chunk in _chunks(not_src_np[NAMED_PORT_SLOTS:], NAMED_PORT_SLOTS):
+                guards.append(RuleRecord(Action.SKIP, src_ports=PortMatch(named_sets=chunk)))
+            for chunk in _chunks(not_dst_np[NAMED_PORT_SLOTS:], NAMED_PORT_SLOTS):
+                guards.append(RuleRecord(Action.SKIP, dst_ports=PortMatch(named_sets=chunk)))
 
         # Main records: positive port alternatives (OR) split across records.
         def alternatives(ranges: tuple, np: tuple) -> list[PortMatch]:
             # a group is ranges-only or named-only: the classifier looks ports and named
             # ports up as different fields, and "in ranges OR in a named set" is an OR
+            if not np and len(ranges) <= PORT_SLOTS:
+                return [PortMatch(ranges=ranges)] if ranges else [_NO_PORTS]
             return ([PortMatch(ranges=c) for c in _chunks(ranges, PORT_SLOTS)]
                     + [PortMatch(named_sets=c) for c in _chunks(np, NAMED_PORT_SLOTS)]
-                    ) or [PortMatch()]
+                    ) or [_NO_PORTS]
 
         counter_id = self.c.counter_id(counter_name)
         mains = [
