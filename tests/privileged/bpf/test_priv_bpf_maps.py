@@ -274,8 +274,7 @@ def test_build_without_the_coarse_clock_tracks_flows_on_the_fine_one(root_untouc
         with load_dataplane(BuildConfig(pin_dir=pin_dir, ktime_coarse=False,
                                         map_sizes={"conntrack": 64})) as dp:
             assert "-DPF_KTIME_COARSE=1" not in dp.config.cflags()
-            compiler = PolicyCompiler(rules_capacity=dp.maps["rules"].max_entries,
-                                      max_chain_records=32 * dp.config.rules_per_prog)
+            compiler = PolicyCompiler(rules_capacity=dp.maps["rules"].max_entries)
             state = PolicyState()
             state.apply(p.ActiveProfileUpdate("allow", p.Profile(
                 inbound_rules=(p.Rule("allow"),), outbound_rules=(p.Rule("allow"),))))
@@ -285,6 +284,10 @@ def test_build_without_the_coarse_clock_tracks_flows_on_the_fine_one(root_untouc
                                                                     ipv4_nets=("10.65.0.1/32",))))
             out = compiler.compile(state, {"lo": 1})
             dp.maps["rules"].update_many(out.all_rules().items())
+            dp.maps["cls_words"].update_many(out.cls_words().items())
+            dp.maps["cls_l4"].update_many(out.cls_l4.items())
+            dp.maps["cls_tries"].update_many(out.cls_tries.items())
+            dp.maps["cls_chains"].update_many(out.cls_chains.items())
             dp.maps["wep_sources"].update_many(out.wep_sources.items())
             dp.maps["endpoints"].update_many(out.endpoints.items())
             before = time.monotonic_ns()
