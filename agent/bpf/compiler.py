@@ -20,6 +20,11 @@ What it computes:
   content and placed in the rules array by `ChainLayout` (first fit, never overwriting a
   region in use: a changed chain goes to a new region, the endpoint is repointed, the old
   region is freed on commit).
+- classifiers (bpf/include/classifier.h, agent.bpf.classifier): one instance per chain in
+  use and generation of the sets it checks, in a `cls_words` block of its own
+  (`WordRegions`, first fit, freed on commit) plus its `cls_l4` / `cls_tries` entries; a
+  chain whose classifier does not fit leaves its endpoints on the chain of the last commit
+  (the previous policy stays in force) or on DENY, with a problem naming map and endpoint.
 - endpoints (by ifindex; interfaces without an ifindex yet are listed as pending), the
   sources each programmed endpoint may send from (`wep_sources`: its IPv4 addresses and
   allowSpoofedSourcePrefixes; the RPF check), the untracked (XDP) trie, the config entry.

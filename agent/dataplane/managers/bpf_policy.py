@@ -20,11 +20,14 @@ endpoints known by their expected IPs).
 2. compile the whole desired state (the compiler caches per policy/IP set: a change costs
    little) and write the DIFFERENCE against the mirror of each map, in make-before-break
    order: ids adds -> ipsets adds -> counter slots of new ids zeroed -> rules (chains in new
-   regions) -> wep_sources adds (the sources each endpoint may send from) -> endpoints
+   regions) -> classifier instances whole (cls_words blocks, cls_l4 and cls_tries entries;
+   a write that does not fit raises before any pointer moves) -> cls_chains pointers ->
+   wep_sources adds (the sources each endpoint may send from) -> endpoints
    adds/changes (the hash, then its `ep_by_ifindex` array mirror:
    agent.bpf.maps.ep_by_ifindex) -> untracked, config adds/changes; then, ONLY
    after InSync: endpoints deletes (mirror slots cleared first, then the hash entries) ->
-   wep_sources/untracked deletes -> ipsets deletes -> ids deletes, and
+   wep_sources/untracked deletes -> stale classifier entries and cls_chains slots ->
+   ipsets deletes -> ids deletes, and
    `PolicyCompiler.commit()` (frees ids and regions, which must not happen while stale
    entries may still point at them). Hash maps are written with batch syscalls.
    Applying the same state twice writes nothing.
@@ -35,6 +38,9 @@ Map full: never a silent drop and never the whole dataplane's problem.
   closed, with a problem naming endpoint, policy and set); other endpoints are unaffected.
   An unavailable set is retried at a resync or once the trie has room for it.
 - rules (the array): the compiler gives the endpoint that does not fit a DENY chain.
+- cls_words / cls_tries / cls_l4 (the classifier): the compiler leaves the endpoint
+  direction on the chain it had at the last commit (the previous policy stays in force),
+  or gives it a DENY chain if it had none.
 - endpoints (the hash): that endpoint gets no entry, so the programs drop its traffic.
 - ids / untracked: the entry is left out; wep_sources: that source stays dropped.
 Each counts `pyfelix_bpf_map_full_errors_total{map}` and logs an error; apply() succeeds
