@@ -75,6 +75,14 @@ def port_prefixes(first: int, last: int) -> list[tuple[int, int]]:
 
 
 @dataclass
+class _SideState:
+    exact: dict[tuple[int, int, int, int], set[int]]  # (proto, port, value, plen) -> sets
+    lengths: dict[tuple[int, int], set[int]]  # (proto, port) -> prefix lengths present
+    vector: Callable[[frozenset[int]], int]
+    memo: dict[frozenset[int], int]
+
+
+@dataclass
 class Index:
     """One chain's classifier, with vector ids RELATIVE to the instance block (0 = the
     block's first word, which is the header)."""
@@ -87,6 +95,11 @@ class Index:
     tries: dict[tuple[int, int, int, int, int], int]  # (side, proto, port, value, plen) -> vec
     words: list[int]  # the block: header words are filled by entries()
     vectors: int = 0  # distinct vectors stored
+    # for member deltas without a rebuild (update_members): per trie side looked up, its
+    # signature state; which set numbers each side checks; vector value -> relative id
+    inc: dict[int, _SideState] = field(default_factory=dict)
+    referenced: dict[int, frozenset[int]] = field(default_factory=dict)
+    vec_rel: dict[int, int] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -154,6 +167,7 @@ class _Builder:
         for v in sorted(self.vec_ids):
             ids[self.vec_ids[v]] = len(self.words)
             self.words += self._encode(v)
+        idx.vec_rel = {v: ids[t] for v, t in self.vec_ids.items()}
         idx.fixed = [v if v == VEC_ALL else ids[v] for v in idx.fixed]
         idx.l4 = {k: ids[v] for k, v in idx.l4.items()}
         idx.tries = {k: ids[v] for k, v in idx.tries.items()}
@@ -297,7 +311,8 @@ def _build_ports(b: _Builder, chain: tuple[RuleRecord, ...], idx: Index, src: bo
             idx.tries[(side, 0, 0, value << 16, plen)] = vid
 
 
-def _signatures(members_by_set: Mapping[int, Iterable[tuple[int, int, int, int]]]
+def _signatures(members_by_set: Mapping[int, Iterable[tuple[int, int, int, int]]],
+                state: list[_SideState] | None = None
                 ) -> dict[tuple[int, int, int, int], frozenset[int]]:
     """(proto, port, value, plen) -> the sets with a member CONTAINING that prefix (same
     proto/port). With those as LPM entries, the longest hit for an address is exactly the
@@ -309,17 +324,101 @@ def _signatures(members_by_set: Mapping[int, Iterable[tuple[int, int, int, int]]
             exact.setdefault((proto, port, value, plen), set()).add(number)
             lengths.setdefault((proto, port), set()).add(plen)
     out: dict[tuple[int, int, int, int], frozenset[int]] = {}
-    for (proto, port, value, plen), sets in exact.items():
+    ordered = {k: sorted(v) for k, v in lengths.items()}
+    shared: dict[frozenset[int], frozenset[int]] = {}  # one frozenset per distinct signature
+    for key, sets in exact.items():
+        proto, port, value, plen = key
         sig = set(sets)
-        for shorter in lengths[(proto, port)]:
+        for shorter in ordered[(proto, port)]:
             if shorter >= plen:
-                continue
+                break
             mask = (_M64 << (32 - shorter)) & 0xFFFFFFFF
             more = exact.get((proto, port, value & mask, shorter))
             if more:
                 sig |= more
-        out[(proto, port, value, plen)] = frozenset(sig)
+        fsig = frozenset(sig)
+        out[key] = shared.setdefault(fsig, fsig)
+    if state is not None:
+        state.append(_SideState(exact, lengths, lambda sig: 0, {}))
     return out
+
+
+def _ancestor_sets(st: _SideState, proto: int, port: int, value: int, plen: int) -> set[int]:
+    sig: set[int] = set()
+    for shorter in st.lengths.get((proto, port), ()):
+        if shorter < plen:
+            mask = (_M64 << (32 - shorter)) & 0xFFFFFFFF
+            sig |= st.exact.get((proto, port, value & mask, shorter), set())
+    return sig
+
+
+def can_update(idx: Index, numbers: Iterable[int]) -> bool:
+    """Whether every side that checks one of these sets keeps a signature state (the
+    precondition of update_members; checked before decoding any delta)."""
+    return all(side in idx.inc for number in numbers
+               for side, nums in idx.referenced.items() if number in nums)
+
+
+def update_members(idx: Index, deltas: Mapping[int, tuple[Iterable[Member], Iterable[Member]]]
+                   ) -> dict[tuple[int, int, int, int, int], int | None] | None:
+    """The trie changes (key -> relative vector id, None = delete) that bring `idx` up to
+    date after members of the sets in `deltas` (number -> (added, removed)) changed, or
+    None when that needs a rebuild: a changed member shorter than /32 (it would change
+    longer prefixes' signatures), a side that checks the set without a trie lookup, or a
+    signature whose vector the block does not hold. On success `idx`'s signature state is
+    updated; on None it is untouched."""
+    overlay: dict[tuple[int, tuple[int, int, int, int]], set[int]] = {}
+    touched: list[tuple[int, tuple[int, int, int, int]]] = []
+    for number, (added, removed) in deltas.items():
+        sides = [side for side, nums in idx.referenced.items() if number in nums]
+        for side in sides:
+            st = idx.inc.get(side)
+            if st is None:
+                return None
+            named = side in (tries_map.SIDE_SNAMED, tries_map.SIDE_DNAMED)
+            for members, add in ((removed, False), (added, True)):
+                for value, plen, proto, port in members:
+                    if plen != 32:
+                        return None
+                    if not named:
+                        proto = port = 0
+                    elif not proto:
+                        continue  # the named-port sides only hold members with a port
+                    key = (proto, port, value, 32)
+                    cur = overlay.get((side, key))
+                    if cur is None:
+                        cur = overlay[(side, key)] = set(st.exact.get(key, ()))
+                        touched.append((side, key))
+                    if add:
+                        cur.add(number)
+                    else:
+                        cur.discard(number)
+    changes: dict[tuple[int, int, int, int, int], int | None] = {}
+    for side, key in touched:
+        st = idx.inc[side]
+        proto, port, value, plen = key
+        sets = overlay[(side, key)]
+        tkey = (side, proto, port, value, plen)
+        if not sets:
+            changes[tkey] = None
+            continue
+        sig = frozenset(sets | _ancestor_sets(st, proto, port, value, plen))
+        v = st.memo.get(sig)
+        if v is None:
+            v = st.memo[sig] = st.vector(sig)
+        vid = idx.vec_rel.get(v)
+        if vid is None:
+            return None
+        changes[tkey] = vid
+    for side, key in touched:
+        st = idx.inc[side]
+        sets = overlay[(side, key)]
+        if sets:
+            st.exact[key] = sets
+            st.lengths.setdefault(key[:2], set()).add(32)
+        else:
+            st.exact.pop(key, None)
+    return changes
 
 
 def _build_addrs(b: _Builder, chain: tuple[RuleRecord, ...], idx: Index, src: bool,
@@ -359,9 +458,13 @@ def _build_addrs(b: _Builder, chain: tuple[RuleRecord, ...], idx: Index, src: bo
         return v & b.all
 
     referenced = set(pos1) | set(neg) | {s for _, need in multi for s in need}
-    sigs = _signatures({s: [(v, p, 0, 0) for v, p, _, _ in members(s)] for s in referenced})
+    idx.referenced[side] = frozenset(referenced)
+    state: list[_SideState] = []
+    sigs = _signatures({s: [(v, p, 0, 0) for v, p, _, _ in members(s)] for s in referenced},
+                       state)
     default = vector(frozenset())
     memo: dict[frozenset[int], int] = {}
+    state[0].vector, state[0].memo = vector, memo
     entries: dict[tuple[int, int, int, int, int], int] = {}
     for (_, _, value, plen), sig in sigs.items():
         v = memo.get(sig)
@@ -369,6 +472,8 @@ def _build_addrs(b: _Builder, chain: tuple[RuleRecord, ...], idx: Index, src: bo
             v = memo[sig] = vector(sig)
         entries[(side, 0, 0, value, plen)] = v
     _finish_trie_field(b, idx, fld, default, entries)
+    if idx.flags >> fld & 1:
+        idx.inc[side] = state[0]
 
 
 def _build_named(b: _Builder, chain: tuple[RuleRecord, ...], idx: Index, src: bool,
@@ -401,9 +506,13 @@ def _build_named(b: _Builder, chain: tuple[RuleRecord, ...], idx: Index, src: bo
             v &= ~neg_m.get(s, 0)
         return v & b.all
 
-    sigs = _signatures({s: [m for m in members(s) if m[2]] for s in set(pos) | set(neg)})
+    idx.referenced[side] = frozenset(set(pos) | set(neg))
+    state: list[_SideState] = []
+    sigs = _signatures({s: [m for m in members(s) if m[2]] for s in set(pos) | set(neg)},
+                       state)
     default = vector(frozenset())
     memo: dict[frozenset[int], int] = {}
+    state[0].vector, state[0].memo = vector, memo
     entries: dict[tuple[int, int, int, int, int], int] = {}
     for (proto, port, value, plen), sig in sigs.items():
         v = memo.get(sig)
@@ -411,6 +520,8 @@ def _build_named(b: _Builder, chain: tuple[RuleRecord, ...], idx: Index, src: bo
             v = memo[sig] = vector(sig)
         entries[(side, proto, port, value, plen)] = v
     _finish_trie_field(b, idx, fld, default, entries)
+    if idx.flags >> fld & 1:
+        idx.inc[side] = state[0]
 
 
 def _finish_trie_field(b: _Builder, idx: Index, fld: int, default: int,

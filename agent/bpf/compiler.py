@@ -51,6 +51,7 @@ from typing import Any
 from agent import proto
 from agent.bpf import classifier as cls
 from agent.bpf.maps import cls_chains as cls_chains_map
+from agent.bpf.maps import cls_tries as cls_tries_map
 from agent.bpf.maps import cls_words as cls_words_map
 from agent.bpf.maps import config as config_map
 from agent.bpf.maps import counters as counters_map
@@ -360,8 +361,12 @@ _IPSET_KEY = struct.Struct("=IIBBH4s")  # struct ipset_key
 
 
 def _members_of(group: IPSetKeys) -> tuple[cls.Member, ...]:
+    return _members_from_keys(group.keys)
+
+
+def _members_from_keys(keys: Iterable[bytes]) -> tuple[cls.Member, ...]:
     out = []
-    for key in group.keys:
+    for key in keys:
         prefixlen, _, proto_num, _, port, addr = _IPSET_KEY.unpack(key)
         out.append((int.from_bytes(addr, "big"), prefixlen - ipsets_map.KEY_FIXED_BITS,
                     proto_num, port))
@@ -820,6 +825,7 @@ class PolicyCompiler:
         self._index_entries: dict[int, tuple[dict[bytes, bytes], dict[bytes, bytes]]] = {}
         self._members_cache: dict[tuple[int, int], tuple[cls.Member, ...]] = {}
         self._committed_cls: dict[int, int] = {}  # chain start -> instance, last commit
+        self._cls_union: tuple[tuple, dict[bytes, bytes], dict[bytes, bytes]] | None = None
         self._committed_refs: dict[tuple[proto.WorkloadEndpointID, str], ChainRef] = {}
         # IP sets and compiler-made net sets share the trie's set-id space
         self.set_ids = IdAllocator((IdKind.IPSET, IdKind.NETSET), adopted=adopted.ids)
@@ -1088,12 +1094,17 @@ class PolicyCompiler:
         cfg = self._config(state, problems)
         cls_instances, cls_new = self._attach_classifiers(
             chains_in_use, new_rules, programs, endpoints, ipsets, problems, full_maps)
-        cls_l4: dict[bytes, bytes] = {}
-        cls_tries: dict[bytes, bytes] = {}
-        for inst in set(cls_instances.values()):
-            l4, tries = self._encoded_entries(inst)
-            cls_l4.update(l4)
-            cls_tries.update(tries)
+        parts = sorted((inst, *self._encoded_entries(inst))
+                       for inst in set(cls_instances.values()))
+        union_key = tuple((inst, id(l4), id(tries)) for inst, l4, tries in parts)
+        if self._cls_union is not None and self._cls_union[0] == union_key:
+            cls_l4, cls_tries = self._cls_union[1], self._cls_union[2]
+        else:  # the same dicts when nothing changed: the manager then skips its diff
+            cls_l4, cls_tries = {}, {}
+            for _, l4, tries in parts:
+                cls_l4.update(l4)
+                cls_tries.update(tries)
+            self._cls_union = (union_key, cls_l4, cls_tries)
 
         used_rule_ids = {r.counter_id for c in chains_in_use for r in c if r.counter_id}
         used_rule_ids |= {untracked_map.decode_value(v)["counter_id"] for v in untracked.values()}
@@ -1141,6 +1152,10 @@ class PolicyCompiler:
         inst = self._instances.get(key)
         if inst is not None:
             return inst, False
+        inst = self._update_in_place(chain, gens, groups)
+        if inst is not None:
+            self._instances[key] = inst
+            return inst, False
         index = cls.build_index(chain, lambda n: self._members(n, groups))
         found = self._cls_found.pop(start, None)
         if found is not None and (found[1], found[2], found[3]) == index.entries(found[0]):
@@ -1165,6 +1180,50 @@ class PolicyCompiler:
         self._instances[key] = inst
         self._indexes[inst] = index
         return inst, True
+
+    def _update_in_place(self, chain: Chain, gens: tuple[tuple[int, int], ...],
+                         groups: Mapping[int, IPSetKeys]) -> int | None:
+        """The instance of `chain` built for earlier generations of its sets, brought up to
+        date from the sets' deltas (trie entries only, written entry by entry), or None
+        when that needs a rebuild (cls.update_members says when)."""
+        for (old_chain, old_gens), inst in list(self._instances.items()):
+            if not (old_chain is chain or old_chain == chain):
+                continue
+            index = self._indexes.get(inst)
+            if index is None or [n for n, _ in old_gens] != [n for n, _ in gens]:
+                continue
+            changed = {n: old for (n, g), (_, old) in zip(gens, old_gens, strict=True) if g != old}
+            if not all((group := groups.get(n)) is not None and group.base_generation == old
+                       for n, old in changed.items()):
+                continue
+            if not cls.can_update(index, changed) or sum(
+                    len(groups[n].added) + len(groups[n].removed) for n in changed) > 50_000:
+                return None  # a rebuild: a side without a trie, or a delta as big as a set
+            deltas = {n: (_members_from_keys(groups[n].added),
+                          _members_from_keys(groups[n].removed)) for n in changed}
+            changes = cls.update_members(index, deltas)
+            if changes is None:
+                return None
+            tries = dict(index.tries)
+            for k, v in changes.items():
+                if v is None:
+                    tries.pop(k, None)
+                else:
+                    tries[k] = v
+            index.tries = tries
+            encoded = self._index_entries.get(inst)
+            if encoded is not None:
+                enc_tries = dict(encoded[1])
+                for (side, proto_num, port, value, plen), v in changes.items():
+                    k = cls_tries_map.encode_key(inst, side, proto_num, port, value, plen)
+                    if v is None:
+                        enc_tries.pop(k, None)
+                    else:
+                        enc_tries[k] = cls_tries_map.encode_value(inst + v)
+                self._index_entries[inst] = (encoded[0], enc_tries)
+            del self._instances[(old_chain, old_gens)]
+            return inst
+        return None
 
     def _forget_instance(self, inst: int) -> None:
         self.word_regions.blocks.pop(inst, None)

@@ -217,6 +217,8 @@ class BpfPolicyManager(ManagerBase):
         # wants: kept as sets so an apply never scans the whole (65,536-slot) array
         self._ep_present: set[bytes] = set()
         self._ep_wanted: set[bytes] = set()
+        # cls_l4 / cls_tries: the desired dict (by identity) the kernel was made equal to
+        self._cls_in_kernel: dict[str, dict[bytes, bytes]] = {}
         self._unavailable_sets: set[str] = set()
         self._logged_problems: frozenset[str] = frozenset()
         self.last_compiled: CompiledDataplane | None = None
@@ -286,6 +288,7 @@ class BpfPolicyManager(ManagerBase):
         self._report(compiled)
 
     def _read_kernel(self) -> None:
+        self._cls_in_kernel = {}
         for mirror in self._mirrors.values():
             mirror.reload()
         self._ep_present = {k for k, v in (self._mirrors["ep_by_ifindex"].actual or {}).items()
@@ -404,6 +407,8 @@ class BpfPolicyManager(ManagerBase):
             metrics.MAP_WRITES.labels(CLS_WORDS, "update").inc(len(words))
         for name in ("cls_l4", "cls_tries"):
             mirror = self._mirrors[name]
+            if self._cls_in_kernel.get(name) is getattr(compiled, name):
+                continue  # the very entries the kernel was last made equal to
             failed = mirror.write(mirror.updates(getattr(compiled, name)))
             if failed:
                 self._count_full(name, len(failed))
@@ -424,7 +429,10 @@ class BpfPolicyManager(ManagerBase):
         # classifiers no chain points at any more (endpoints were repointed above)
         for name in ("cls_l4", "cls_tries"):
             mirror = self._mirrors[name]
-            mirror.delete(mirror.stale(getattr(compiled, name)))
+            desired = getattr(compiled, name)
+            if self._cls_in_kernel.get(name) is not desired:
+                mirror.delete(mirror.stale(desired))
+                self._cls_in_kernel[name] = desired
         chains = self._mirrors["cls_chains"]
         wanted = compiled.cls_chains
         self._write_checked("cls_chains", [
