@@ -191,6 +191,14 @@ def test_every_map_dumps_json_ready_rows_from_its_pin(loaded, harness, pin_dir):
     assert rows["config"] == [{"flags": 0, "endpoint_to_host_action": "DROP",
                               "bpf_enforce_rpf": "STRICT"}]
     assert rows["untracked"] == []
+    # the classifier: the chain's instance, its header, its source-address entry
+    (chain,) = [r for r in rows["cls_chains"] if r["chain_start"] == rows["endpoints"][0][
+        "ingress"]["start"]]
+    (head,) = [r for r in rows["cls_words"] if r["instance"] == chain["instance"]]
+    assert head["n_words"] == 1 and head["looked_up"] == ["saddr"] and head["block_words"] > 5
+    assert {"instance": chain["instance"], "side": "saddr", "prefix": "10.1.0.0/16",
+            "vec": rows["cls_tries"][0]["vec"]} in rows["cls_tries"]
+    assert rows["cls_l4"] == []  # no record names a protocol
     with pytest.raises(KeyError, match="unknown BPF map 'nope'"):
         dump_pinned("nope", pin_dir)
 
