@@ -546,6 +546,30 @@ def test_a_1000_rule_chain_costs_one_classifier_step(harness):
     assert h.globals()["classifier_error"] == 0
 
 
+def test_a_15000_rule_policy_is_classified_exactly_and_flat(harness):
+    """Calico's figure after program splitting: 15,000 rules in one endpoint direction
+    (150 source nets x 100 ports each: every rule its own (net, port)), first, middle and
+    last rule found in one step each."""
+    h = harness
+    rules_ = tuple(p.Rule("allow", protocol=6, src_nets=(f"172.16.{i // 100}.0/24",),
+                          dst_ports=(p.PortRange(1000 + i % 5000, 1000 + i % 5000),))
+                   for i in range(15_000))
+    ingress_policy(h, *rules_)
+    out = h.last
+    assert [x for x in out.problems if "not counted" not in x] == []
+    chain = out.programs[next(iter(out.programs))].ingress.records
+    assert len(chain) == 15_002  # + tier end + final deny
+    steps = 0
+    for i in (0, 7_777, 14_999):
+        src = f"172.16.{i // 100}.7"
+        assert to_a(h, pk.tcp(src, A, 1, 1000 + i % 5000)) == "allow", i
+        assert to_a(h, pk.tcp(src, A, 1, 999)) == "deny", i  # a port no rule names
+        steps += 2
+        assert h.globals()["classifier_steps"] <= steps
+    assert to_a(h, pk.udp("172.16.0.0", A, 1, 1000)) == "deny"
+    assert h.globals()["classifier_error"] == 0 and h.globals()["tail_call_failed"] == 0
+
+
 def test_more_classifier_steps_than_the_tail_call_limit_fail_closed(harness):
     """A pathological chain: records alternate between two sets of constraints such that
     every word has candidates in both fields but none in their AND, for 300 words. The
