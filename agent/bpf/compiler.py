@@ -826,6 +826,7 @@ class PolicyCompiler:
         self._members_cache: dict[tuple[int, int], tuple[cls.Member, ...]] = {}
         self._committed_cls: dict[int, int] = {}  # chain start -> instance, last commit
         self._cls_union: tuple[tuple, dict[bytes, bytes], dict[bytes, bytes]] | None = None
+        self._uncommitted_cls: set[int] = set()
         self._committed_refs: dict[tuple[proto.WorkloadEndpointID, str], ChainRef] = {}
         # IP sets and compiler-made net sets share the trie's set-id space
         self.set_ids = IdAllocator((IdKind.IPSET, IdKind.NETSET), adopted=adopted.ids)
@@ -1226,6 +1227,7 @@ class PolicyCompiler:
         return None
 
     def _forget_instance(self, inst: int) -> None:
+        self._uncommitted_cls.discard(inst)
         self.word_regions.blocks.pop(inst, None)
         self._indexes.pop(inst, None)
         self._index_entries.pop(inst, None)
@@ -1260,8 +1262,10 @@ class PolicyCompiler:
                 used["cls_tries"] += len(index.tries)
                 used["cls_l4"] += len(index.l4)
 
-        for inst in set(self._committed_cls.values()):
-            count(inst)  # still in the kernel until this compile's deletes
+        # still in the kernel until this compile's deletes: the last commit's instances and
+        # those of compiles since (before InSync nothing is committed or deleted)
+        for inst in set(self._committed_cls.values()) | self._uncommitted_cls:
+            count(inst)
 
         def attach(chain: Chain, start: int) -> tuple[str, str] | None:
             try:
@@ -1288,6 +1292,7 @@ class PolicyCompiler:
             err = attach(chain, start)
             if err is not None:
                 failed[start] = err
+        self._uncommitted_cls |= set(instances.values())
         if not failed:
             return instances, new
         for chain, start in list(chains_in_use.items()):
@@ -1340,6 +1345,7 @@ class PolicyCompiler:
                         prog.endpoint_id, prog.flags,
                         (refs[INGRESS].start, refs[INGRESS].length),
                         (refs[EGRESS].start, refs[EGRESS].length))
+        self._uncommitted_cls |= set(instances.values())
         return instances, new
 
     def commit(self, compiled: CompiledDataplane) -> None:
@@ -1354,6 +1360,7 @@ class PolicyCompiler:
         self._indexes = {k: v for k, v in self._indexes.items() if k in in_force}
         self._index_entries = {k: v for k, v in self._index_entries.items() if k in in_force}
         self._committed_cls = dict(compiled.cls_instances)
+        self._uncommitted_cls = set()
         self._committed_refs = {}
         for wid, prog in compiled.programs.items():
             self._committed_refs[(wid, INGRESS)] = prog.ingress

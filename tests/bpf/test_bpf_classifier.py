@@ -334,3 +334,25 @@ def test_member_deltas_keep_the_classifier_exact_in_place_or_rebuilt():
                     assert got == want, (direction, pkt)
                     cases += 1
     assert cases >= 5_000 and in_place >= 20
+
+
+def test_instances_written_before_a_commit_count_against_the_maps():
+    """Before InSync nothing is committed or deleted: a compile that would need room held
+    by earlier, uncommitted instances reports the map full instead of overflowing it."""
+    ifaces = {f"cali{i}": i + 1 for i in range(3)}
+
+    def ports(base: int) -> c.PolicyState:
+        return _one_policy_state(tuple(
+            p.Rule("allow", protocol=6, dst_ports=(p.PortRange(base + 2 * i, base + 2 * i),))
+            for i in range(40)))
+
+    comp = c.PolicyCompiler(cls_tries=60)
+    first = comp.compile(ports(1000), ifaces)
+    assert first.problems == []
+    used = len(first.cls_tries)
+    assert used <= 60 < used * 2  # one fits, two do not
+    second = comp.compile(ports(3000), ifaces)  # no commit in between
+    assert "cls_tries" in second.full_maps
+    comp.commit(first)
+    third = comp.compile(ports(3000), ifaces)
+    assert "cls_tries" in third.full_maps  # the first is still in force until replaced
