@@ -74,6 +74,9 @@ MAP_SIZE_PARAMS = {
     "BPFMapSizeRules": "rules",
     "BPFMapSizeRoutes": "routes",
     "BPFMapSizeEndpoints": "endpoints",
+    "BPFMapSizeClassifierWords": "cls_words",
+    "BPFMapSizeClassifierTries": "cls_tries",
+    "BPFMapSizeClassifierL4": "cls_l4",
 }
 
 
