@@ -8,14 +8,14 @@ validator and the CLI read, so that a kind's facts are written once:
                ├── etcd directory (+ plural)          -> agent.syncer.etcd_keys
                ├── Kubernetes API resource (or the     -> agent.syncer.kube_resources
                │   kinds it is derived from)             (watch paths, CRDs, RBAC)
-               └── parsed by the model                -> agent.model.resources.PARSERS
-                                                         (one parser per catalogue kind;
-                                                         tests/model checks the two match)
+               ├── bgp: read by confd                 -> BGP_KINDS (confd's view, Typha)
+               └── parsed by the model                -> agent.model.resources' parser
+                                                         tables (one parser per kind)
 
 The model's parsers cannot live in this table itself: the model sits above the syncers in
 the import layers (it builds typed objects from what the syncers deliver), while the
-syncers need the catalogue. So the catalogue names each kind's parser by the kind, and
-`agent.model` registers exactly one parser per kind here (a test compares the two sets).
+syncers need the catalogue. So the model registers its parsers by kind, and refuses to
+load when their kinds and the catalogue's differ (tests/test_import_graph.py checks it too).
 
 Invariants: `kind` is unique; (`api_version`, `document_kind`) is unique; a kind with a
 `kube` resource is read from that resource in the Kubernetes datastore, one with

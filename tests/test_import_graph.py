@@ -114,3 +114,16 @@ def test_the_model_parses_exactly_the_catalogue_kinds() -> None:
     from agent.model import KNOWN_KINDS
 
     assert frozenset(KIND_BY_NAME) == KNOWN_KINDS
+
+
+def test_the_catalogue_invariants() -> None:
+    kinds = [info.kind for info in KINDS]
+    forms = [(info.api_version, info.document_kind) for info in KINDS]
+    plurals = [(info.etcd_directory, info.plural) for info in KINDS]
+    assert len(set(kinds)) == len(kinds)
+    assert len(set(forms)) == len(forms)
+    assert len(set(plurals)) == len(plurals)  # one etcd directory per kind
+    for info in KINDS:
+        # read from its own resource, or derived from other kinds, in the Kubernetes datastore
+        assert (info.kube is None) == bool(info.derived_from), info.kind
+        assert all(source in KIND_BY_NAME for source in info.derived_from)
