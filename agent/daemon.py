@@ -50,7 +50,7 @@ from typing import Any
 from agent import metrics
 from agent.atomic_file import write_atomically
 from agent.calc.pipeline import CalcPipeline
-from agent.config import Config, load_config
+from agent.config import Config, load_config, note_not_implemented
 from agent.dataplane.errors import DataplaneUnavailable
 from agent.dataplane.loop import DataplaneLoop
 from agent.dataplane.manager import Manager
@@ -93,6 +93,34 @@ _RESYNC_STATE_VALUES = {SyncStatus.WAIT_FOR_DATASTORE: 1, SyncStatus.RESYNC: 2,
 
 
 ManagersFactory = Callable[[Config], list[Manager]]
+
+LOGGING_PARAMS = ("LogSeverityScreen", "LogSeverityFile", "LogSeveritySys")
+
+
+def log_sinks(config: Config) -> Any:
+    """The logging sinks a configuration asks for (agent.logs.LogSinks)."""
+    from agent.logs import LogSinks
+
+    return LogSinks(screen=config.log_severity_screen, file_path=config.log_file_path,
+                    file_severity=config.log_severity_file,
+                    sys_severity=config.log_severity_sys,
+                    sys_address=config.log_syslog_address,
+                    file_max_bytes=config.log_file_max_size_mb * 1024 * 1024,
+                    file_backups=config.log_file_backups)
+
+
+def resolve_felix_datastore(local: Config, environ: dict[str, str]) -> str:
+    """No --datastore: the datastore Felix's own settings name (DatastoreType, Etcd*,
+    Typha*), as a --datastore value; the etcd TLS files go into `environ` (and this
+    process's environment, where the etcd backend reads them) unless already set there."""
+    from agent.felix_datastore import etcd_tls_environ, felix_datastore_location, location_url
+
+    url = location_url(felix_datastore_location(local))
+    for name, path in etcd_tls_environ(local).items():
+        environ.setdefault(name, path)
+        os.environ.setdefault(name, path)
+    log.info("no --datastore: using %s from Felix's datastore settings", url)
+    return url
 
 
 def linux_config(config: Config, *, bpf_mode: bool) -> Any:
@@ -285,6 +313,7 @@ class Agent:
             initial=STARTUP_RETRY_INITIAL_S, maximum=STARTUP_RETRY_MAX_S)
         self._health_server: HealthServer | None = None
         self._health_address: tuple[str, int, int, float] | None = None
+        self._health: HealthAggregator | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -348,6 +377,11 @@ class Agent:
         return reporter
 
     def _on_datastore_config(self, merged: dict[str, str]) -> None:
+        """A FelixConfiguration changed: restart (exit 0) if any changed parameter needs it
+        (Felix's rule, `Config.changed_requiring_restart`), else apply the live ones here
+        (logging, health timeouts; the dataplane managers take DefaultEndpointToHostAction,
+        the failsafe ports and BPFEnforceRPF from the ConfigUpdate itself). Bad values were
+        logged, counted and skipped by load_config: the rest still applies."""
         assert self.config is not None
         new = load_config(environ=self.environ, config_file=self.options.config_file,
                           datastore_global=merged)
@@ -355,9 +389,23 @@ class Agent:
         if changed:
             self._restart_reason = f"configuration changed: {', '.join(changed)}"
             self._stop.set()
-        else:
-            logging.getLogger().setLevel(new.log_severity_screen.upper()
-                                         .replace("FATAL", "CRITICAL"))
+            return
+        self.apply_live(self.config, new)
+        self.config = new
+
+    def apply_live(self, old: Config, new: Config) -> list[str]:
+        """Apply the live parameters that changed from `old` to `new`; returns their names."""
+        from agent.logs import configure_logging
+
+        changed = old.changed(new)
+        if any(name in changed for name in LOGGING_PARAMS):
+            configure_logging(log_sinks(new))
+        if "HealthTimeoutOverrides" in changed and self._health is not None:
+            self._health.set_timeout_overrides(dict(new.health_timeout_overrides))
+        note_not_implemented(new)
+        for name in changed:
+            log.info("configuration %s changed to %r; applied live", name, new.get(name))
+        return changed
 
     def run(self) -> int:
         """Local configuration, health served from it, the datastore awaited (see
@@ -365,8 +413,11 @@ class Agent:
         from agent.logs import configure_logging
 
         local = self.local_config()
-        configure_logging(local.log_severity_screen)
+        configure_logging(log_sinks(local))
+        if not self.options.datastore:
+            self.options.datastore = resolve_felix_datastore(local, self.environ)
         health = HealthAggregator(timeout_overrides=dict(local.health_timeout_overrides))
+        self._health = health
         health.register(DATASTORE_REPORTER, live=False, ready=True)
         try:
             self._serve_health(health, local)
@@ -375,7 +426,8 @@ class Agent:
                 log.info("stopped while waiting for the datastore")
                 return EXIT_OK
             self.config = config
-            configure_logging(config.log_severity_screen)
+            configure_logging(log_sinks(config))
+            note_not_implemented(config)
             self._serve_health(health, config)
             return self._run(config, health)
         finally:
@@ -476,7 +528,9 @@ class Agent:
                              last_update_wall=tap.last_update_wall,
                              idle=_idle(pipeline, loop), dataplane=mode,
                              rounds_applied=loop.rounds_applied,
-                             failures=loop.consecutive_failures)
+                             failures=loop.consecutive_failures,
+                             not_implemented=",".join(self.config.not_implemented()
+                                                      if self.config else ()))
                 if loop.fatal.is_set():
                     log.critical("dataplane failed closed: %s; exiting", loop.fatal_reason)
                     exit_code = EXIT_FATAL

@@ -79,6 +79,15 @@ def parse_datastore_url(url: str) -> DatastoreLocation:
                             f"{_URL_FORMS}")
 
 
+def location_url(location: DatastoreLocation) -> str:
+    """The --datastore value naming `location` (parse_datastore_url's inverse)."""
+    if location.backend == "file":
+        return location.path
+    if location.backend == "kubernetes":
+        return "kubernetes"
+    return f"{location.backend}://" + ",".join(location.endpoints)
+
+
 def _not_implemented(location: DatastoreLocation) -> BackendNotImplemented:
     return BackendNotImplemented(
         f"the {location.backend} datastore is not implemented yet; use a directory or YAML "

@@ -8,8 +8,10 @@ import click
 
 
 @click.command("agent")
-@click.option("--datastore", envvar="PYFELIX_DATASTORE", required=True,
-              help="Directory/YAML file, etcd3://HOST:PORT[,...], kubernetes, or typha://...")
+@click.option("--datastore", envvar="PYFELIX_DATASTORE", default="",
+              help="Directory/YAML file, etcd3://HOST:PORT[,...], kubernetes, or typha://... "
+                   "Default: as Felix, from DatastoreType, EtcdEndpoints/EtcdAddr and "
+                   "TyphaAddr/TyphaK8sServiceName (FELIX_* environment or config file).")
 @click.option("--hostname", envvar="NODENAME", required=True,
               help="This node's name (as in WorkloadEndpoint spec.node / Pod nodeName).")
 @click.option("--config-file", type=click.Path(dir_okay=False), default=None,
@@ -26,6 +28,8 @@ def command(datastore: str, hostname: str, config_file: str | None) -> None:
     Examples:
       pyfelix agent --datastore /etc/pyfelix/resources --hostname node1
       FELIX_BPFENABLED=false pyfelix agent --datastore etcd3://127.0.0.1:2379 --hostname n1
+      FELIX_DATASTORETYPE=etcdv3 FELIX_ETCDENDPOINTS=http://10.0.0.1:2379 \
+        pyfelix agent --hostname n1
     """
     from agent.config import ConfigError
     from agent.daemon import EXIT_CONFIG, AgentOptions, DataplaneUnavailable, run_agent
