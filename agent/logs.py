@@ -4,8 +4,10 @@ Sinks (`LogSinks`, from the agent's configuration): stderr at LogSeverityScreen,
 LogFilePath at LogSeverityFile (rotated when it reaches LogFileMaxSizeMB, LogFileBackups old
 files kept as felix.log.1...), and syslog at LogSeveritySys through the unix datagram socket
 LogSyslogAddress (RFC 3164 lines, facility user). A severity or path of "" (Felix's `none`)
-turns that sink off. A sink that cannot be opened (no syslog socket, an unwritable
-directory) is reported on the other sinks and skipped: logging never stops the agent.
+turns that sink off. Syslog is written without ever blocking: a full or vanished socket
+loses the line (`pyfelix_log_lines_dropped_total{sink="syslog"}`). A sink that cannot be
+opened (no syslog socket, an unwritable directory) is reported on the other sinks and
+skipped: logging never stops the agent.
 `configure_logging` may be called again with new severities (they apply live); it replaces
 the handlers it installed before.
 
@@ -26,6 +28,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from prometheus_client import Counter
 
 LEVELS = {"Trace": logging.DEBUG, "Debug": logging.DEBUG, "Info": logging.INFO,
           "Warning": logging.WARNING, "Error": logging.ERROR, "Fatal": logging.CRITICAL}
@@ -74,18 +78,34 @@ class _SyslogFormatter(FieldsFormatter):
                                          "%(message)s")
 
 
-class _QuietSysLogHandler(logging.handlers.SysLogHandler):
-    """A syslog daemon that went away (restarted, socket gone) loses those lines; it must
-    not print a traceback per line on the other sinks."""
+LOG_LINES_DROPPED = Counter(
+    "pyfelix_log_lines_dropped",
+    "Log lines a sink could not take (syslog's socket full or gone); never waited for.",
+    ["sink"],
+)
+
+
+class _NonBlockingSysLogHandler(logging.handlers.SysLogHandler):
+    """Syslog through a non-blocking socket: a slow or stuck syslog daemon (its receive
+    queue full) or one that went away loses lines, counted, instead of blocking the agent's
+    threads on a log call; no traceback per lost line on the other sinks."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(address=address, socktype=socket.SOCK_DGRAM)
+        self.socket.setblocking(False)
+
+    def _connect_unixsocket(self, address: Any) -> None:
+        super()._connect_unixsocket(address)  # type: ignore[misc]
+        self.socket.setblocking(False)
 
     def handleError(self, record: logging.LogRecord) -> None:
-        pass
+        LOG_LINES_DROPPED.labels("syslog").inc()
 
 
 def _open_syslog(address: str) -> logging.Handler:
     if not stat.S_ISSOCK(os.stat(address).st_mode):
         raise OSError(f"{address} is not a unix socket")
-    return _QuietSysLogHandler(address=address, socktype=socket.SOCK_DGRAM)
+    return _NonBlockingSysLogHandler(address)
 
 
 def _level(severity: str) -> int:

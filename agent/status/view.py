@@ -18,7 +18,8 @@ from typing import Any
 from agent.status.stores import StatusStoreError, open_status_store
 
 AGENT_FIELDS = ("hostname", "dataplane", "calc_in_sync", "dataplane_in_sync", "idle",
-                "rounds_applied", "failures", "endpoints", "policies", "profiles", "ipsets")
+                "rounds_applied", "failures", "endpoints", "policies", "profiles", "ipsets",
+                "not_implemented")  # Felix parameters set but not implemented (comma list)
 
 
 def _agent(status_file: str, now: float, problems: list[str]) -> dict[str, Any] | None:

@@ -99,3 +99,24 @@ def test_severity_none_turns_a_sink_off() -> None:
     finally:
         _reset_logging()
     assert screen.getvalue() == ""
+
+
+def test_a_full_syslog_socket_drops_lines_and_never_blocks(tmp_path) -> None:
+    from prometheus_client import REGISTRY
+
+    address = str(tmp_path / "slow-syslog.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(address)  # never read: its queue fills
+    before = REGISTRY.get_sample_value("pyfelix_log_lines_dropped_total",
+                                       {"sink": "syslog"}) or 0.0
+    try:
+        configure_logging(LogSinks(screen="", sys_severity="Info", sys_address=address),
+                          io.StringIO())
+        for i in range(2000):  # far beyond any datagram queue; would hang if blocking
+            logging.getLogger("pyfelix.test").info("line %d", i)
+    finally:
+        _reset_logging()
+        server.close()
+    dropped = REGISTRY.get_sample_value("pyfelix_log_lines_dropped_total",
+                                        {"sink": "syslog"}) - before
+    assert 0 < dropped < 2000
