@@ -401,7 +401,7 @@ class Agent:
         if any(name in changed for name in LOGGING_PARAMS):
             configure_logging(log_sinks(new))
         if "HealthTimeoutOverrides" in changed and self._health is not None:
-            self._health.set_timeout_overrides(dict(new.health_timeout_overrides))
+            self._health.apply_timeout_overrides(dict(new.health_timeout_overrides))
         note_not_implemented(new)
         for name in changed:
             log.info("configuration %s changed to %r; applied live", name, new.get(name))
