@@ -92,6 +92,7 @@ _CALICO_KINDS = (
     ("NetworkSet", True), ("WorkloadEndpoint", True), ("HostEndpoint", False),
     ("Profile", False), ("Tier", False), ("IPPool", False), ("Node", False),
     ("BGPConfiguration", False), ("BGPPeer", False), ("FelixConfiguration", False),
+    ("ClusterInformation", False),
 )
 
 def _plural(kind: str) -> str:

@@ -104,6 +104,7 @@ CRD_TYPES: tuple[ResourceType, ...] = (
     _crd("BGPConfiguration", "bgpconfigurations"),
     _crd("BGPPeer", "bgppeers"),
     _crd("FelixConfiguration", "felixconfigurations"),
+    _crd("ClusterInformation", "clusterinformations"),
     _crd("BlockAffinity", "blockaffinities"),
 )
 RESOURCE_TYPES: tuple[ResourceType, ...] = KUBERNETES_TYPES + CRD_TYPES
