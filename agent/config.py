@@ -213,6 +213,14 @@ def parse_severity(text: str) -> str:
     return enum_of(*SEVERITIES)(text)
 
 
+def parse_route_protocol(text: str) -> int:
+    value = parse_int(text)
+    if not 5 <= value <= 255:
+        raise ValueError(f"{value} is not a route protocol number of 5-255 (0-4 belong to "
+                         "the kernel and to routes added by hand)")
+    return value
+
+
 def parse_authority(text: str) -> str:
     value = text.strip()
     host, sep, port = value.rpartition(":")
@@ -311,7 +319,11 @@ PARAMS: tuple[Param, ...] = (
     Param("IptablesBackend", "Auto", enum_of("Auto", "NFT", "Legacy"), restart=True),
     Param("IptablesRefreshInterval", 180.0, parse_seconds),
     Param("RouteRefreshInterval", 90.0, parse_seconds),
-    Param("RouteTableProtocol", 80, parse_int, restart=True),
+    Param("RouteTableProtocol", 80, parse_route_protocol, restart=True,
+          help="pyfelix: the rtnetlink protocol number that marks the workload routes as the "
+               "agent's (every main-table route with it is managed). Not 0-4: those are "
+               "the kernel's and ip route's own (Felix's DeviceRouteProtocol is accepted "
+               "but not used for this)."),
     Param("FailsafeInboundHostPorts", parse_proto_ports(DEFAULT_FAILSAFE_IN), parse_proto_ports,
           restart=False),
     Param("FailsafeOutboundHostPorts", parse_proto_ports(DEFAULT_FAILSAFE_OUT),

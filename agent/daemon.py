@@ -141,6 +141,7 @@ def linux_config(config: Config, *, bpf_mode: bool) -> Any:
         vxlan_port=config.vxlan_port,
         vxlan_mtu=config.vxlanmtu,
         bpf_pin_dir=config.bpf_pin_dir,
+        route_protocol=config.route_table_protocol,
     )
 
 

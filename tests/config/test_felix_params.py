@@ -100,6 +100,7 @@ def test_only_names_felix_does_not_know_are_errors() -> None:
     ("BPFDataIfacePattern", "(unclosed", "regular expression"),
     ("InterfacePrefix", "none", "cannot be none"),
     ("XDPRefreshInterval", "soon", "not a duration"),
+    ("RouteTableProtocol", "3", "5-255"),
 ])
 def test_bad_values_name_the_parameter(name, value, fragment) -> None:
     with pytest.raises(ConfigError) as info:
