@@ -271,6 +271,11 @@ PARAMS: tuple[Param, ...] = (
     Param("BPFMapSizeRoute", 262144, parse_int, restart=True),
     Param("BPFMapSizeEndpoints", 16384, parse_int, restart=True),
     Param("BPFConntrackCleanupInterval", 10.0, parse_seconds),
+    Param("XDPEnabled", True, parse_bool,
+          help="BPF mode: calico_xdp drops untracked-denied sources early on host endpoint "
+               "interfaces (iptables' raw chains enforce the same policy either way)."),
+    Param("GenericXDPEnabled", False, parse_bool,
+          help="Allow generic (skb) XDP where the driver has no native XDP."),
     Param("BPFEnforceRPF", "Strict", enum_of("Disabled", "Strict", "Loose"), restart=False,
           help="Reverse-path check of packets arriving on host endpoint interfaces (BPF "
                "mode): Strict (the route back leaves by the same interface), Loose (the "
