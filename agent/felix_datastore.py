@@ -4,9 +4,9 @@ Role: an agent configured only as Felix is (DatastoreType, EtcdEndpoints / EtcdA
 EtcdScheme, EtcdCaFile / EtcdCertFile / EtcdKeyFile, TyphaAddr / TyphaK8sServiceName) finds
 its datastore. Inputs: the local `Config` (env + config file: these settings are `local` in
 Felix, never from a FelixConfiguration). Outputs: `felix_datastore_location()` (the existing
-`agent.datastore.DatastoreLocation`; `agent.datastore.location_url()` turns it into the
---datastore value `open_datastore`/`make_syncer` take) and `etcd_tls_environ()` (the TLS
-files as the etcd backend reads them: ETCD_CA_CERT_FILE, ETCD_CERT_FILE, ETCD_KEY_FILE).
+`agent.datastore.DatastoreLocation` that `open_datastore`/`make_syncer` take) and
+`etcd_tls_environ()` (the TLS files as the etcd backend reads them: ETCD_CA_CERT_FILE,
+ETCD_CERT_FILE, ETCD_KEY_FILE).
 
 Felix's precedence: Typha when TyphaAddr (or TyphaK8sServiceName, discovered) is set, with
 the datastore behind it; else DatastoreType: `kubernetes`, or `etcdv3` at EtcdEndpoints
@@ -18,10 +18,8 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from agent.config import Config
-from agent.datastore import DatastoreLocation, location_url
+from agent.datastore import DatastoreLocation
 from agent.syncer.client import DatastoreURLError
-
-__all__ = ["etcd_tls_environ", "felix_datastore_location", "location_url"]
 
 
 def _host_port(endpoint: str, setting: str) -> str:

@@ -6,7 +6,7 @@ import pytest
 
 from agent.config import load_config
 from agent.datastore import DatastoreLocation, parse_datastore_url
-from agent.felix_datastore import etcd_tls_environ, felix_datastore_location, location_url
+from agent.felix_datastore import etcd_tls_environ, felix_datastore_location
 from agent.syncer.client import DatastoreURLError
 
 
@@ -24,7 +24,7 @@ def test_etcd_endpoints_win_over_etcd_addr() -> None:
     location = _location(env)
     assert location == DatastoreLocation("etcd3", endpoints=("10.0.0.1:2379",
                                                              "10.0.0.2:22379"))
-    assert parse_datastore_url(location_url(location)) == location
+    assert parse_datastore_url(str(location)) == location
     assert _location({"FELIX_ETCDADDR": "10.0.0.9:2379", "FELIX_ETCDENDPOINTS": ""}) == \
         DatastoreLocation("etcd3", endpoints=("10.0.0.9:2379",))
 
@@ -33,10 +33,10 @@ def test_kubernetes_and_typha() -> None:
     assert _location({"FELIX_DATASTORETYPE": "kubernetes"}) == DatastoreLocation("kubernetes")
     typha = _location({"FELIX_DATASTORETYPE": "kubernetes", "FELIX_TYPHAADDR": "10.0.0.5:5473"})
     assert typha == DatastoreLocation("typha", endpoints=("10.0.0.5:5473",))
-    assert location_url(typha) == "typha://10.0.0.5:5473"
+    assert str(typha) == "typha://10.0.0.5:5473"
     discovered = _location({"FELIX_TYPHAK8SSERVICENAME": "calico-typha"})
     assert discovered == DatastoreLocation("typha")
-    assert parse_datastore_url(location_url(discovered)) == discovered
+    assert parse_datastore_url(str(discovered)) == discovered
 
 
 def test_etcd_tls_files(tmp_path) -> None:

@@ -19,6 +19,7 @@ import pytest
 
 from agent.config import load_config
 from agent.daemon import Agent, AgentOptions
+from agent.datastore import DatastoreLocation
 from agent.health import HealthAggregator
 from agent.logs import configure_logging
 
@@ -30,7 +31,8 @@ def agent(tmp_path: Path):
     environ = {"FELIX_LOGFILEPATH": str(tmp_path / "felix.log"),
                "FELIX_LOGSEVERITYSYS": "Error",
                "FELIX_LOGSYSLOGADDRESS": str(tmp_path / "syslog.sock")}
-    agent = Agent(AgentOptions(datastore=str(tmp_path), hostname="node1", environ=environ))
+    agent = Agent(AgentOptions(datastore=DatastoreLocation.file(tmp_path), hostname="node1",
+                               environ=environ))
     agent.config = load_config(environ=environ)
     health = HealthAggregator()
     health.register("dataplane", timeout=90.0)

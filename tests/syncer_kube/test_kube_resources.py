@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from agent.syncer.api import KIND_K8S_NETWORK_POLICY, key_of
+from agent.kinds import KIND_K8S_NETWORK_POLICY
+from agent.syncer.api import key_of
 from agent.syncer.kube_resources import (
     CRD_TYPES,
     KUBERNETES_TYPES,

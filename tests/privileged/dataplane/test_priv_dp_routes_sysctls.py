@@ -148,12 +148,12 @@ def test_foreign_routes_survive_and_stale_routes_of_ours_go_after_restart(make_n
 
 
 def test_route_table_protocol_marks_the_routes_and_scopes_what_is_ours(make_netns) -> None:
-    """RouteTableProtocol (here 99) through the agent's own assembly (agent.daemon's
-    linux_config -> linux_managers): workload routes carry it, a stale route with it is
-    removed after InSync, and a route with the default protocol 80 is someone else's."""
+    """RouteTableProtocol (here 99) through the agent's own assembly
+    (LinuxDataplaneConfig.from_config -> linux_managers): workload routes carry it, a stale
+    route with it is removed after InSync, and one with the default protocol 80 is someone
+    else's."""
     from agent.config import load_config
-    from agent.daemon import linux_config
-    from agent.dataplane.linux import linux_managers
+    from agent.dataplane.linux import LinuxDataplaneConfig, linux_managers
     from agent.dataplane.managers.routes import RouteManager as Routes
 
     host, wl = make_netns(), make_netns()
@@ -163,7 +163,7 @@ def test_route_table_protocol_marks_the_routes_and_scopes_what_is_ours(make_netn
     in_ns(host, "ip", "route", "add", "10.65.0.97/32", "dev", "cali3a", "scope", "link",
           "proto", str(ROUTE_PROTOCOL))
     config = load_config(environ={"FELIX_ROUTETABLEPROTOCOL": "99"})
-    cfg = linux_config(config, bpf_mode=False)
+    cfg = LinuxDataplaneConfig.from_config(config, bpf_mode=False)
     assert cfg.route_protocol == 99
     routes = [m for m in linux_managers(cfg, netns=host) if isinstance(m, Routes)]
     assert len(routes) == 1
