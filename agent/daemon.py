@@ -117,8 +117,8 @@ def resolve_felix_datastore(local: Config, environ: dict[str, str]) -> Datastore
     process's environment, where the etcd backend reads them) unless already set there."""
     from agent.felix_datastore import etcd_tls_environ, felix_datastore_location
 
-    location = felix_datastore_location(local)
-    for name, path in etcd_tls_environ(local).items():
+    location = felix_datastore_location(local, environ)
+    for name, path in etcd_tls_environ(local, environ).items():
         environ.setdefault(name, path)
         os.environ.setdefault(name, path)
     log.info("no --datastore: using %s from Felix's datastore settings", location)

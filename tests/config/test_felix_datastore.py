@@ -27,6 +27,11 @@ def test_etcd_endpoints_win_over_etcd_addr() -> None:
     assert parse_datastore_url(str(location)) == location
     assert _location({"FELIX_ETCDADDR": "10.0.0.9:2379", "FELIX_ETCDENDPOINTS": ""}) == \
         DatastoreLocation("etcd3", endpoints=("10.0.0.9:2379",))
+    # EtcdScheme https without a CA is refused, with one from either source accepted
+    https = load_config(environ={"FELIX_ETCDSCHEME": "https", "FELIX_ETCDADDR": "e:2379"})
+    with pytest.raises(DatastoreURLError, match="EtcdCaFile"):
+        etcd_tls_environ(https)
+    assert etcd_tls_environ(https, {"ETCD_CA_CERT_FILE": "/ca.pem"}) == {}
 
 
 def test_kubernetes_and_typha() -> None:
@@ -47,3 +52,21 @@ def test_etcd_tls_files(tmp_path) -> None:
     with pytest.raises(DatastoreURLError, match="EtcdCaFile"):
         etcd_tls_environ(load_config(environ={
             "FELIX_ETCDENDPOINTS": "https://10.0.0.1:2379"}))
+
+
+def test_libcalico_environment_then_felix_overrides() -> None:
+    """As Felix: DATASTORE_TYPE / ETCD_ENDPOINTS (or CALICO_...) first; a Felix setting that
+    is set wins; EtcdEndpoints or EtcdAddr select etcdv3 even over DATASTORE_TYPE."""
+    def where(env: dict[str, str]) -> DatastoreLocation:
+        return felix_datastore_location(load_config(environ=env), env)
+
+    assert where({"DATASTORE_TYPE": "kubernetes"}) == DatastoreLocation("kubernetes")
+    assert where({"CALICO_ETCD_ENDPOINTS": "http://10.0.0.3:2379"}) == DatastoreLocation(
+        "etcd3", endpoints=("10.0.0.3:2379",))
+    assert where({"DATASTORE_TYPE": "kubernetes", "FELIX_DATASTORETYPE": "etcdv3",
+                  "ETCD_ENDPOINTS": "http://10.0.0.4:2379"}) == DatastoreLocation(
+        "etcd3", endpoints=("10.0.0.4:2379",))
+    assert where({"DATASTORE_TYPE": "kubernetes", "FELIX_ETCDADDR": "10.0.0.5:2379"}) == \
+        DatastoreLocation("etcd3", endpoints=("10.0.0.5:2379",))
+    with pytest.raises(DatastoreURLError, match="DATASTORE_TYPE"):
+        where({"DATASTORE_TYPE": "consul"})
