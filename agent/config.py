@@ -461,6 +461,8 @@ def _apply(layer: Mapping[str, str], source: str, values: dict[str, Any],
            sources: dict[str, str], *, strict: bool, from_datastore: bool) -> list[ConfigError]:
     errors = []
     for raw_name, raw_value in layer.items():
+        if from_datastore and raw_name.lower() in felix_params.SPEC_FIELDS_NOT_PARAMETERS:
+            continue
         name = felix_params.spec_key_to_name(raw_name) if from_datastore else raw_name
         param = _lookup(name)
         text = str(raw_value)

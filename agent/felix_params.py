@@ -314,6 +314,10 @@ _SPEC_ALIASES = {
 }
 
 
+# FelixConfiguration spec fields that are not parameters (Felix's update processor skips them)
+SPEC_FIELDS_NOT_PARAMETERS = frozenset({"nodeselector"})
+
+
 def spec_key_to_name(key: str) -> str:
     """A FelixConfiguration spec key -> the parameter name it sets (unchanged if none)."""
     return _SPEC_ALIASES.get(key.lower(), key)

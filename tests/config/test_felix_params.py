@@ -127,7 +127,8 @@ def test_felixconfiguration_spec_spellings() -> None:
         "ipipMTU": "1400", "reportingInterval": "1m30s", "iptablesLockProbeInterval": "50ms",
         "routeTableRange": '{"max": 250, "min": 1}', "bpfConntrackMode": "Userspace",
         "healthTimeoutOverrides": '[{"name": "dataplane", "timeout": "2m"}]',
-        "externalNodesList": '["10.1.0.0/16"]', "xdpEnabled": "false"})
+        "externalNodesList": '["10.1.0.0/16"]', "xdpEnabled": "false",
+        "nodeSelector": "all()"})  # a spec field, not a parameter: skipped
     assert config.get("IpInIpMtu") == 1400
     assert config.get("ReportingIntervalSecs") == 90.0
     assert config.get("IptablesLockProbeIntervalMillis") == pytest.approx(0.05)
