@@ -504,7 +504,11 @@ def _parse(param: Param | felix_params.FelixParam, text: str) -> Any:
             raise ValueError("cannot be none")
         zero = felix_params.zero_value(felix.kind)
         return type(param.default)(zero) if isinstance(param.default, tuple | float) else zero
-    return param.parse(text)
+    value = param.parse(text)
+    felix = FELIX_PARAMS_BY_KEY.get(param.name.lower())
+    if felix is not None:
+        felix_params.parse_value(felix, text)  # Felix's own type check as well
+    return value
 
 
 def note_not_implemented(config: Config) -> None:

@@ -101,6 +101,9 @@ def test_only_names_felix_does_not_know_are_errors() -> None:
     ("InterfacePrefix", "none", "cannot be none"),
     ("XDPRefreshInterval", "soon", "not a duration"),
     ("RouteTableProtocol", "3", "5-255"),
+    # implemented, and checked against Felix's own type too
+    ("HealthHost", "bad host!", "not a host name or address"),
+    ("TyphaAddr", "typha", "HOST:PORT"),
 ])
 def test_bad_values_name_the_parameter(name, value, fragment) -> None:
     with pytest.raises(ConfigError) as info:
