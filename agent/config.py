@@ -18,6 +18,19 @@ Invariants and easy mistakes:
   counted and that one value ignored, so a bad resource cannot take every node down);
 - datastore values can only be set for parameters marked `datastore=True` (bootstrap
   settings such as the datastore itself come from env/file only).
+
+Every name Felix knows is accepted (`agent.felix_params` holds Felix's table). The ones in
+`PARAMS` below are implemented; any other Felix name is parsed and validated with its Felix
+kind, then accepted with one warning naming it (`Config.not_implemented()`, the status file,
+the `pyfelix_config_not_implemented` gauge). A name Felix does not know either is a
+`ConfigError`. As in Felix, an empty value means "not set" and `none` sets a parameter to its
+zero value (refused for Felix's `non-zero` parameters).
+
+Restart rule (Felix's): a change to any parameter restarts the agent (clean exit 0, the
+supervisor restarts it, the dataplane stays programmed) except the ones marked
+`restart=False` here (applied live: logging severities, DefaultEndpointToHostAction, the
+failsafe ports, BPFEnforceRPF, HealthTimeoutOverrides) and the not-implemented names Felix
+itself applies live (`felix_params.LIVE_IN_FELIX`).
 """
 
 from __future__ import annotations
@@ -33,7 +46,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
+
+from agent import felix_params
+from agent.felix_params import FELIX_PARAMS, FELIX_PARAMS_BY_KEY, LIVE_IN_FELIX
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +57,12 @@ CONFIG_ERRORS = Counter(
     "pyfelix_config_errors",
     "Number of configuration values rejected because they were unknown or did not parse.",
     ["source"],
+)
+CONFIG_NOT_IMPLEMENTED = Gauge(
+    "pyfelix_config_not_implemented",
+    "Felix parameters set (env, config file or FelixConfiguration) that pyfelix accepts but "
+    "does not implement: 1 per parameter.",
+    ["parameter"],
 )
 
 
@@ -79,15 +101,7 @@ def parse_port(text: str) -> int:
 
 def parse_seconds(text: str) -> float:
     """Felix durations: a number of seconds, or Go-style `90s`, `5m`, `1h`, `250ms`."""
-    stripped = text.strip()
-    units = (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0))
-    for suffix, factor in units:
-        if stripped.endswith(suffix) and stripped[: -len(suffix)].replace(".", "", 1).isdigit():
-            return float(stripped[: -len(suffix)]) * factor
-    try:
-        value = float(stripped)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a duration (seconds, or 90s/5m/1h/250ms)") from None
+    value = felix_params.parse_duration(text)
     if value < 0:
         raise ValueError(f"{text!r} is negative")
     return value
@@ -193,6 +207,35 @@ def parse_iface_prefixes(text: str) -> str:
     return prefix
 
 
+SEVERITIES = ("Trace", "Debug", "Info", "Warning", "Error", "Fatal")
+
+
+def parse_severity(text: str) -> str:
+    """Felix's log severities (any case); `none` (handled by the loader) turns a sink off."""
+    return enum_of(*SEVERITIES)(text)
+
+
+def parse_route_protocol(text: str) -> int:
+    value = parse_int(text)
+    if not 5 <= value <= 255:
+        raise ValueError(f"{value} is not a route protocol number of 5-255 (0-4 belong to "
+                         "the kernel and to routes added by hand)")
+    return value
+
+
+def parse_authority(text: str) -> str:
+    value = text.strip()
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or "/" in host:
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    parse_port(port)
+    return value
+
+
+parse_endpoint_list = felix_params.validator("endpoint-list")
+parse_existing_file = felix_params.validator("file(must-exist)")
+
+
 def parse_interface_names(text: str) -> str:
     """InterfaceExclude: interface names or /regex/ entries, comma-separated; every regex
     must compile (the dataplane matches with it)."""
@@ -222,7 +265,7 @@ class Param:
     name: str  # Felix's spelling
     default: Any
     parse: Callable[[str], Any]
-    restart: bool = False  # a change needs an agent restart
+    restart: bool = True  # a change restarts the agent (Felix's rule); False: applied live
     datastore: bool = True  # may come from a FelixConfiguration
     help: str = ""
 
@@ -231,8 +274,17 @@ DEFAULT_FAILSAFE_IN = "tcp:22,udp:68,tcp:179,tcp:2379,tcp:2380,tcp:5473,tcp:6443
 DEFAULT_FAILSAFE_OUT = "udp:53,udp:67,tcp:179,tcp:2379,tcp:2380,tcp:5473,tcp:6443,tcp:6666,tcp:6667"
 
 PARAMS: tuple[Param, ...] = (
-    Param("DatastoreType", "file", enum_of("file", "etcdv3", "kubernetes", "typha"),
-          restart=True, datastore=False, help="Which datastore backend to use."),
+    Param("DatastoreType", "etcdv3", enum_of("etcdv3", "kubernetes"), datastore=False,
+          help="The datastore when no --datastore is given: etcdv3 (EtcdEndpoints, else "
+               "EtcdAddr) or kubernetes; TyphaAddr/TyphaK8sServiceName put Typha in front."),
+    Param("EtcdAddr", "127.0.0.1:2379", parse_authority, datastore=False,
+          help="etcd's HOST:PORT when EtcdEndpoints is empty (with EtcdScheme)."),
+    Param("EtcdScheme", "http", enum_of("http", "https"), datastore=False),
+    Param("EtcdEndpoints", (), parse_endpoint_list, datastore=False,
+          help="etcd's endpoints, http(s)://HOST:PORT, comma-separated."),
+    Param("EtcdCaFile", "", parse_existing_file, datastore=False),
+    Param("EtcdCertFile", "", parse_existing_file, datastore=False),
+    Param("EtcdKeyFile", "", parse_existing_file, datastore=False),
     Param("BPFEnabled", True, parse_bool, restart=True,
           help="Enforce policy with tc/XDP BPF programs (else iptables)."),
     Param("BPFFallback", "none", enum_of("none", "iptables"), restart=True,
@@ -242,7 +294,7 @@ PARAMS: tuple[Param, ...] = (
     Param("BPFMapSizeConntrack", 512000, parse_int, restart=True),
     Param("BPFMapSizeIPSets", 1048576, parse_int, restart=True),
     Param("BPFMapSizeRules", 65536, parse_int, restart=True),
-    Param("BPFMapSizeRoutes", 262144, parse_int, restart=True),
+    Param("BPFMapSizeRoute", 262144, parse_int, restart=True),
     Param("BPFMapSizeEndpoints", 16384, parse_int, restart=True),
     Param("BPFMapSizeClassifierWords", 1048576, parse_int, restart=True,
           help="u64 words for the policy classifier's bitvectors (all chains; see "
@@ -253,14 +305,19 @@ PARAMS: tuple[Param, ...] = (
     Param("BPFMapSizeClassifierL4", 65536, parse_int, restart=True,
           help="Classifier protocol/ICMP entries (a few per protocol a chain names)."),
     Param("BPFConntrackCleanupInterval", 10.0, parse_seconds),
-    Param("BPFEnforceRPF", "Strict", enum_of("Disabled", "Strict", "Loose"),
+    Param("XDPEnabled", True, parse_bool,
+          help="BPF mode: calico_xdp drops untracked-denied sources early on host endpoint "
+               "interfaces (iptables' raw chains enforce the same policy either way)."),
+    Param("GenericXDPEnabled", False, parse_bool,
+          help="Allow generic (skb) XDP where the driver has no native XDP."),
+    Param("BPFEnforceRPF", "Strict", enum_of("Disabled", "Strict", "Loose"), restart=False,
           help="Reverse-path check of packets arriving on host endpoint interfaces (BPF "
                "mode): Strict (the route back leaves by the same interface), Loose (the "
                "source is routable), Disabled."),
     Param("HealthEnabled", False, parse_bool, restart=True),
     Param("HealthHost", "localhost", parse_str, restart=True),
     Param("HealthPort", 9099, parse_port, restart=True),
-    Param("HealthTimeoutOverrides", (), parse_health_timeout_overrides, restart=True,
+    Param("HealthTimeoutOverrides", (), parse_health_timeout_overrides, restart=False,
           help="Liveness timeouts of individual reporters (calc-graph, dataplane, "
                "iface-monitor), e.g. 'dataplane=120s'; 0 never times out."),
     Param("DataplaneWatchdogTimeout", 90.0, parse_seconds, restart=True,
@@ -281,15 +338,35 @@ PARAMS: tuple[Param, ...] = (
           help="pyfelix: a metrics connection must send its request within this time (and "
                "gets as long again for the response)."),
     Param("InterfacePrefix", "cali", parse_iface_prefixes, restart=True),
-    Param("LogSeverityScreen", "Info", enum_of("Debug", "Info", "Warning", "Error", "Fatal")),
-    Param("DefaultEndpointToHostAction", "Drop", enum_of("Drop", "Return", "Accept")),
+    Param("LogSeverityScreen", "Info", parse_severity, restart=False,
+          help="Least severity logged to stderr; none: nothing."),
+    Param("LogSeverityFile", "Info", parse_severity, restart=False,
+          help="Least severity logged to LogFilePath; none: nothing."),
+    Param("LogSeveritySys", "Info", parse_severity, restart=False,
+          help="Least severity sent to syslog (LogSyslogAddress); none: nothing."),
+    Param("LogFilePath", "/var/log/calico/felix.log", parse_str,
+          help="Log file (rotated at LogFileMaxSizeMB, LogFileBackups kept); none: no file."),
+    # pyfelix's own: the log file's rotation and the syslog socket (Felix has no equivalent)
+    Param("LogFileMaxSizeMB", 100, parse_positive_int,
+          help="pyfelix: LogFilePath is rotated when it reaches this size."),
+    Param("LogFileBackups", 5, parse_int,
+          help="pyfelix: rotated log files kept (felix.log.1 ... .N)."),
+    Param("LogSyslogAddress", "/dev/log", parse_str,
+          help="pyfelix: the syslog unix datagram socket LogSeveritySys logs to."),
+    Param("DefaultEndpointToHostAction", "Drop", enum_of("Drop", "Return", "Accept"),
+          restart=False),
     Param("IptablesBackend", "Auto", enum_of("Auto", "NFT", "Legacy"), restart=True),
-    Param("IptablesRefreshInterval", 90.0, parse_seconds),
+    Param("IptablesRefreshInterval", 180.0, parse_seconds),
     Param("RouteRefreshInterval", 90.0, parse_seconds),
-    Param("RouteTableProtocol", 80, parse_int, restart=True),
-    Param("FailsafeInboundHostPorts", parse_proto_ports(DEFAULT_FAILSAFE_IN), parse_proto_ports),
+    Param("RouteTableProtocol", 80, parse_route_protocol, restart=True,
+          help="pyfelix: the rtnetlink protocol number that marks the workload routes as the "
+               "agent's (every main-table route with it is managed). Not 0-4: those are "
+               "the kernel's and ip route's own (Felix's DeviceRouteProtocol is accepted "
+               "but not used for this)."),
+    Param("FailsafeInboundHostPorts", parse_proto_ports(DEFAULT_FAILSAFE_IN), parse_proto_ports,
+          restart=False),
     Param("FailsafeOutboundHostPorts", parse_proto_ports(DEFAULT_FAILSAFE_OUT),
-          parse_proto_ports),
+          parse_proto_ports, restart=False),
     Param("InterfaceExclude", "kube-ipvs0", parse_interface_names, restart=True,
           help="Interfaces (names or /regex/, comma-separated) never treated as host IPs."),
     Param("VXLANVNI", 4096, int_in(1, (1 << 24) - 1), restart=True),
@@ -299,7 +376,7 @@ PARAMS: tuple[Param, ...] = (
     Param("ReportingTTLSecs", 90.0, parse_seconds),
     Param("DataplaneFailClosedAfter", 60.0, parse_seconds,
           help="Exit non-zero when policy could not be programmed for this long."),
-    Param("StatusFile", "", parse_str, datastore=False,
+    Param("StatusFile", "", parse_str, restart=False, datastore=False,
           help="Write sync/apply status as JSON to this file (used by the lab)."),
     Param("ConfdEnabled", False, parse_bool, restart=True,
           help="Run confd (BIRD config) inside the agent process."),
@@ -318,6 +395,18 @@ PARAMS: tuple[Param, ...] = (
           help="This node's name, when --hostname/NODENAME are not given."),
 )
 PARAMS_BY_KEY = {p.name.lower(): p for p in PARAMS}
+# pyfelix's earlier spellings of Felix parameters
+_ALIASES = {"bpfmapsizeroutes": "BPFMapSizeRoute"}
+NOT_IMPLEMENTED: tuple[str, ...] = tuple(p.name for p in FELIX_PARAMS
+                                         if p.name.lower() not in PARAMS_BY_KEY)
+_NOT_IMPLEMENTED_DEFAULTS = {name: felix_params.default_value(FELIX_PARAMS_BY_KEY[name.lower()])
+                             for name in NOT_IMPLEMENTED}
+_warned_not_implemented: set[str] = set()
+
+
+def _lookup(name: str) -> Param | felix_params.FelixParam | None:
+    key = _ALIASES.get(name.lower(), name).lower()
+    return PARAMS_BY_KEY.get(key) or FELIX_PARAMS_BY_KEY.get(key)
 
 
 def attribute_name(felix_name: str) -> str:
@@ -344,32 +433,58 @@ class Config:
     def __getattr__(self, name: str) -> Any:  # for type checkers: attributes are dynamic
         raise AttributeError(name)
 
+    def _name(self, felix_name: str) -> str:
+        param = _lookup(felix_name)
+        if param is None:
+            raise KeyError(felix_name)
+        return param.name
+
     def get(self, felix_name: str) -> Any:
-        return self._values[PARAMS_BY_KEY[felix_name.lower()].name]
+        """Any parameter's value, implemented or not (Felix's names, any case)."""
+        return self._values[self._name(felix_name)]
 
     def source_of(self, felix_name: str) -> str:
-        return self._sources[PARAMS_BY_KEY[felix_name.lower()].name]
+        return self._sources[self._name(felix_name)]
 
     def as_strings(self) -> tuple[tuple[str, str], ...]:
         return tuple(sorted((k, str(v)) for k, v in self._values.items()))
 
+    def not_implemented(self) -> list[str]:
+        """Felix parameters set by some source that pyfelix accepts but does not implement."""
+        return [name for name in NOT_IMPLEMENTED if self._sources[name] != "default"]
+
     def changed_requiring_restart(self, new: Config) -> list[str]:
-        return [p.name for p in PARAMS
-                if p.restart and self._values[p.name] != new._values[p.name]]
+        """Felix's rule: every changed parameter restarts, except the ones applied live."""
+        implemented = [p.name for p in PARAMS
+                       if p.restart and self._values[p.name] != new._values[p.name]]
+        others = [name for name in NOT_IMPLEMENTED if name not in LIVE_IN_FELIX
+                  and self._values[name] != new._values[name]]
+        return implemented + others
+
+    def changed(self, new: Config) -> list[str]:
+        return [name for name, value in self._values.items() if new._values[name] != value]
 
 
 def _apply(layer: Mapping[str, str], source: str, values: dict[str, Any],
            sources: dict[str, str], *, strict: bool, from_datastore: bool) -> list[ConfigError]:
     errors = []
     for raw_name, raw_value in layer.items():
-        param = PARAMS_BY_KEY.get(raw_name.lower())
+        if from_datastore and raw_name.lower() in felix_params.SPEC_FIELDS_NOT_PARAMETERS:
+            continue
+        name = felix_params.spec_key_to_name(raw_name) if from_datastore else raw_name
+        param = _lookup(name)
+        text = str(raw_value)
+        if not text.strip():
+            continue  # as Felix: an empty value leaves the parameter unset
         try:
             if param is None:
-                raise ConfigError(source, raw_name, "unknown parameter")
-            if from_datastore and not param.datastore:
-                raise ConfigError(source, param.name, "cannot be set from the datastore")
+                raise ConfigError(source, raw_name, "unknown parameter (Felix has no parameter "
+                                                    "of this name)")
+            if from_datastore and not _from_datastore_ok(param):
+                raise ConfigError(source, param.name, "cannot be set from the datastore "
+                                                      "(env or config file only)")
             try:
-                values[param.name] = param.parse(str(raw_value))
+                values[param.name] = _parse(param, text)
             except ValueError as exc:
                 raise ConfigError(source, param.name, str(exc)) from None
             sources[param.name] = source
@@ -380,6 +495,41 @@ def _apply(layer: Mapping[str, str], source: str, values: dict[str, Any],
             log.warning("ignoring bad configuration value: %s", exc)
             errors.append(exc)
     return errors
+
+
+def _from_datastore_ok(param: Param | felix_params.FelixParam) -> bool:
+    if isinstance(param, Param):
+        return param.datastore
+    return not param.local
+
+
+def _parse(param: Param | felix_params.FelixParam, text: str) -> Any:
+    if isinstance(param, felix_params.FelixParam):
+        return felix_params.parse_value(param, text)
+    if text.strip().lower() == "none":
+        felix = FELIX_PARAMS_BY_KEY.get(param.name.lower())
+        if felix is None or felix.non_zero:
+            raise ValueError("cannot be none")
+        zero = felix_params.zero_value(felix.kind)
+        return type(param.default)(zero) if isinstance(param.default, tuple | float) else zero
+    value = param.parse(text)
+    felix = FELIX_PARAMS_BY_KEY.get(param.name.lower())
+    if felix is not None:
+        felix_params.parse_value(felix, text)  # Felix's own type check as well
+    return value
+
+
+def note_not_implemented(config: Config) -> None:
+    """One warning per process for each not-implemented Felix parameter that is set; the
+    gauge holds the current set."""
+    names = config.not_implemented()
+    CONFIG_NOT_IMPLEMENTED.clear()
+    for name in names:
+        CONFIG_NOT_IMPLEMENTED.labels(name).set(1)
+        if name not in _warned_not_implemented:
+            _warned_not_implemented.add(name)
+            log.warning("Felix parameter %s (from %s) is accepted but not implemented by "
+                        "pyfelix; it has no effect", name, config.source_of(name))
 
 
 def read_config_file(path: str | Path) -> dict[str, str]:
@@ -406,7 +556,8 @@ def load_config(*, environ: Mapping[str, str] | None = None, config_file: str | 
     """Build the effective config. Env/file errors raise ConfigError; datastore ones are
     logged, counted and skipped (the rest of that resource still applies)."""
     values = {p.name: p.default for p in PARAMS}
-    sources = {p.name: "default" for p in PARAMS}
+    values.update(_NOT_IMPLEMENTED_DEFAULTS)
+    sources = dict.fromkeys(values, "default")
     if config_file:
         try:
             layer = read_config_file(config_file)

@@ -51,7 +51,7 @@ from typing import Any
 from agent import metrics
 from agent.atomic_file import write_atomically
 from agent.calc.pipeline import CalcPipeline
-from agent.config import Config, load_config
+from agent.config import Config, load_config, note_not_implemented
 from agent.dataplane.errors import DataplaneUnavailable
 from agent.dataplane.loop import DataplaneLoop
 from agent.dataplane.manager import Manager
@@ -95,6 +95,34 @@ _RESYNC_STATE_VALUES = {SyncStatus.WAIT_FOR_DATASTORE: 1, SyncStatus.RESYNC: 2,
 
 
 ManagersFactory = Callable[[Config], list[Manager]]
+
+LOGGING_PARAMS = ("LogSeverityScreen", "LogSeverityFile", "LogSeveritySys")
+
+
+def log_sinks(config: Config) -> Any:
+    """The logging sinks a configuration asks for (agent.logs.LogSinks)."""
+    from agent.logs import LogSinks
+
+    return LogSinks(screen=config.log_severity_screen, file_path=config.log_file_path,
+                    file_severity=config.log_severity_file,
+                    sys_severity=config.log_severity_sys,
+                    sys_address=config.log_syslog_address,
+                    file_max_bytes=config.log_file_max_size_mb * 1024 * 1024,
+                    file_backups=config.log_file_backups)
+
+
+def resolve_felix_datastore(local: Config, environ: dict[str, str]) -> DatastoreLocation:
+    """No --datastore: the datastore Felix's own settings name (DatastoreType, Etcd*,
+    Typha*); the etcd TLS files go into `environ` (and this
+    process's environment, where the etcd backend reads them) unless already set there."""
+    from agent.felix_datastore import etcd_tls_environ, felix_datastore_location
+
+    location = felix_datastore_location(local, environ)
+    for name, path in etcd_tls_environ(local, environ).items():
+        environ.setdefault(name, path)
+        os.environ.setdefault(name, path)
+    log.info("no --datastore: using %s from Felix's datastore settings", location)
+    return location
 
 
 def build_iptables_managers(config: Config) -> list[Manager]:
@@ -245,7 +273,7 @@ def datastore_felix_config(datastore: DatastoreLocation,
 
 @dataclass
 class AgentOptions:
-    datastore: DatastoreLocation
+    datastore: DatastoreLocation | None  # None: from Felix's settings (DatastoreType...)
     hostname: str
     config_file: str | None = None
     environ: dict[str, str] | None = None
@@ -268,6 +296,14 @@ class Agent:
             initial=STARTUP_RETRY_INITIAL_S, maximum=STARTUP_RETRY_MAX_S)
         self._health_server: HealthServer | None = None
         self._health_address: tuple[str, int, int, float] | None = None
+        self._health: HealthAggregator | None = None
+
+    @property
+    def datastore(self) -> DatastoreLocation:
+        """The datastore: --datastore, or (resolved at the start of `run`) Felix's settings."""
+        if self.options.datastore is None:
+            raise RuntimeError("the datastore is resolved at the start of run()")
+        return self.options.datastore
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -275,7 +311,7 @@ class Agent:
         self._stop.set()
 
     def load_config(self) -> Config:
-        global_layer, node_layer = datastore_felix_config(self.options.datastore,
+        global_layer, node_layer = datastore_felix_config(self.datastore,
                                                           self.options.hostname)
         return load_config(environ=self.environ, config_file=self.options.config_file,
                            datastore_global=global_layer, datastore_node=node_layer)
@@ -303,13 +339,13 @@ class Agent:
                 delay = self._startup_backoff.failed()
                 log.warning("datastore %s is not reachable (%s); waiting for it, next "
                             "attempt in %.1f s (attempt %d, %.0f s so far)",
-                            self.options.datastore, exc, delay, self._startup_backoff.failures,
+                            self.datastore, exc, delay, self._startup_backoff.failures,
                             time.monotonic() - started)
                 self._stop.wait(delay)
                 continue
             if self._startup_backoff.failures:
                 log.info("datastore %s reachable after %.1f s; starting",
-                         self.options.datastore, time.monotonic() - started)
+                         self.datastore, time.monotonic() - started)
             health.report(DATASTORE_REPORTER, live=True, ready=True)
             return config
         return None
@@ -319,7 +355,7 @@ class Agent:
         up/down/error records when EndpointReportingEnabled (its manager joins the loop)."""
         from agent.status import StatusReporter, open_status_store
 
-        store = open_status_store(self.options.datastore, ttl=config.reporting_ttl_secs)
+        store = open_status_store(self.datastore, ttl=config.reporting_ttl_secs)
         if store is None:
             return None
         reporter = StatusReporter(store, self.options.hostname, ttl=config.reporting_ttl_secs,
@@ -331,6 +367,11 @@ class Agent:
         return reporter
 
     def _on_datastore_config(self, merged: dict[str, str]) -> None:
+        """A FelixConfiguration changed: restart (exit 0) if any changed parameter needs it
+        (Felix's rule, `Config.changed_requiring_restart`), else apply the live ones here
+        (logging, health timeouts; the dataplane managers take DefaultEndpointToHostAction,
+        the failsafe ports and BPFEnforceRPF from the ConfigUpdate itself). Bad values were
+        logged, counted and skipped by load_config: the rest still applies."""
         assert self.config is not None
         new = load_config(environ=self.environ, config_file=self.options.config_file,
                           datastore_global=merged)
@@ -338,9 +379,23 @@ class Agent:
         if changed:
             self._restart_reason = f"configuration changed: {', '.join(changed)}"
             self._stop.set()
-        else:
-            logging.getLogger().setLevel(new.log_severity_screen.upper()
-                                         .replace("FATAL", "CRITICAL"))
+            return
+        self.apply_live(self.config, new)
+        self.config = new
+
+    def apply_live(self, old: Config, new: Config) -> list[str]:
+        """Apply the live parameters that changed from `old` to `new`; returns their names."""
+        from agent.logs import configure_logging
+
+        changed = old.changed(new)
+        if any(name in changed for name in LOGGING_PARAMS):
+            configure_logging(log_sinks(new))
+        if "HealthTimeoutOverrides" in changed and self._health is not None:
+            self._health.apply_timeout_overrides(dict(new.health_timeout_overrides))
+        note_not_implemented(new)
+        for name in changed:
+            log.info("configuration %s changed to %r; applied live", name, new.get(name))
+        return changed
 
     def run(self) -> int:
         """Local configuration, health served from it, the datastore awaited (see
@@ -348,8 +403,11 @@ class Agent:
         from agent.logs import configure_logging
 
         local = self.local_config()
-        configure_logging(local.log_severity_screen)
+        configure_logging(log_sinks(local))
+        if self.options.datastore is None:
+            self.options.datastore = resolve_felix_datastore(local, self.environ)
         health = HealthAggregator(timeout_overrides=dict(local.health_timeout_overrides))
+        self._health = health
         health.register(DATASTORE_REPORTER, live=False, ready=True)
         try:
             self._serve_health(health, local)
@@ -358,7 +416,8 @@ class Agent:
                 log.info("stopped while waiting for the datastore")
                 return EXIT_OK
             self.config = config
-            configure_logging(config.log_severity_screen)
+            configure_logging(log_sinks(config))
+            note_not_implemented(config)
             self._serve_health(health, config)
             return self._run(config, health)
         finally:
@@ -392,7 +451,7 @@ class Agent:
         self.dataplane_mode = mode
         reporter = self._status_reporter(config, managers)
         log.info("starting agent", extra={"fields": {
-            "hostname": self.options.hostname, "datastore": str(self.options.datastore),
+            "hostname": self.options.hostname, "datastore": str(self.datastore),
             "dataplane": mode}})
 
         # the datastore's layer may set HealthTimeoutOverrides: it counts from here on
@@ -433,7 +492,7 @@ class Agent:
             on_batch=lambda seconds, _messages: metrics.CALC_GRAPH_UPDATE_TIME.observe(seconds),
             heartbeat=calc_heartbeat, heartbeat_interval=calc_health.interval)
         tap = _SyncerTap(pipeline)
-        syncer = make_syncer(self.options.datastore, hostname=self.options.hostname)
+        syncer = make_syncer(self.datastore, hostname=self.options.hostname)
 
         dataplane.loop.start()
         if reporter is not None:
@@ -459,14 +518,16 @@ class Agent:
                              last_update_wall=tap.last_update_wall,
                              idle=_idle(pipeline, loop), dataplane=mode,
                              rounds_applied=loop.rounds_applied,
-                             failures=loop.consecutive_failures)
+                             failures=loop.consecutive_failures,
+                             not_implemented=",".join(self.config.not_implemented()
+                                                      if self.config else ()))
                 if loop.fatal.is_set():
                     log.critical("dataplane failed closed: %s; exiting", loop.fatal_reason)
                     exit_code = EXIT_FATAL
                     break
                 if _syncer_gave_up(syncer):
                     log.critical("datastore connection failed for good (%s); exiting",
-                                 self.options.datastore)
+                                 self.datastore)
                     exit_code = EXIT_FATAL
                     break
                 if not pipeline.is_alive():

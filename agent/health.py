@@ -72,6 +72,8 @@ class _Reporter:
     detail: str = ""
     last_report: float | None = None
     registered: float = 0.0
+    base_timeout: float | None = None  # the loop's own timeout, before any override
+    interval: float = MAX_REPORT_INTERVAL  # how often the loop reports (fixed at start)
 
 
 class HealthReporter:
@@ -106,7 +108,8 @@ class HealthAggregator:
                      effective, timeout)
         with self._lock:
             self._reporters[name] = _Reporter(name, live, ready, effective,
-                                              registered=self._clock())
+                                              registered=self._clock(), base_timeout=timeout,
+                                              interval=report_interval(effective))
         return HealthReporter(self, name, effective)
 
     def set_timeout_overrides(self, overrides: Mapping[str, float]) -> None:
@@ -114,6 +117,27 @@ class HealthAggregator:
         datastore's HealthTimeoutOverrides after its first reporter registered)."""
         self._overrides = {FELIX_ALIASES.get(name, name): float(seconds)
                            for name, seconds in overrides.items()}
+
+    def apply_timeout_overrides(self, overrides: Mapping[str, float]) -> dict[str, float]:
+        """HealthTimeoutOverrides changed while running (Felix applies it live): the new
+        overrides, also to the reporters already registered (a reporter no longer named
+        gets its own timeout back). A loop keeps the report interval it started with, so a
+        timeout is never set below two of its intervals (0 still means never). Returns the
+        timeouts that changed."""
+        self.set_timeout_overrides(overrides)
+        changed = {}
+        with self._lock:
+            for r in self._reporters.values():
+                base = r.timeout if r.base_timeout is None else r.base_timeout
+                wanted = self._overrides.get(r.name, base)
+                if wanted > 0 and wanted < 2 * r.interval:
+                    log.warning("HealthTimeoutOverrides: %s reports every %g s; timeout %g s "
+                                "raised to %g s until the agent restarts", r.name, r.interval,
+                                wanted, 2 * r.interval)
+                    wanted = 2 * r.interval
+                if wanted != r.timeout:
+                    r.timeout = changed[r.name] = wanted
+        return changed
 
     def unknown_overrides(self) -> list[str]:
         """Overridden names that no registered reporter has (typos, other agents' names)."""

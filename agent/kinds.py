@@ -157,6 +157,8 @@ KINDS: tuple[KindInfo, ...] = (
     _calico("BGPConfiguration", bgp=True),
     _calico("BGPPeer", bgp=True),
     _calico("FelixConfiguration"),
+    # Cluster-wide facts; its datastoreReady pauses the dataplane (agent.calc.passthru).
+    _calico("ClusterInformation"),
     # Written by Calico's IPAM (never by users); the route calculation reads it.
     _calico("BlockAffinity", cli=False, bgp=True),
 )

@@ -299,6 +299,14 @@ class VXLANTunnelEndpointRemove:
 
 
 @dataclass(frozen=True)
+class DatastoreReady:
+    """ClusterInformation `default`'s datastoreReady: False pauses every kernel write (the
+    dataplane stays as programmed) until it turns True again."""
+
+    ready: bool
+
+
+@dataclass(frozen=True)
 class ConfigUpdate:
     """Effective Felix configuration (strings, as Felix sends them) after datastore overlay."""
 
@@ -331,5 +339,6 @@ Message = (
     | VXLANTunnelEndpointUpdate
     | VXLANTunnelEndpointRemove
     | ConfigUpdate
+    | DatastoreReady
     | InSync
 )

@@ -6,7 +6,9 @@ The experiment (`RestartExperiment`, also driven by tests/privileged/restart):
     lab (one node, pods x/a and x/b; b serves TCP 80 and 9000)
     policies on b: allow TCP 80 from a, allow TCP 9000 from a     -> in sync, probes allow both
     a holds ONE connection to b:80 and exchanges a message every 20 ms (the whole time)
-    kill -9 the agent (programs, maps, iptables chains stay in the kernel)
+    kill -9 the agent (programs, maps, iptables chains stay in the kernel); or, with
+      trigger="config", change a restart parameter (RouteRefreshInterval) in the
+      FelixConfiguration: the agent exits 0 by itself, as Felix does
     delete the "allow 9000" policy while no agent runs
     restart the agent (same settings, same pin directory)         -> resync_seconds
     probes: a new connection to 80 is allowed, 9000 is now denied (stale state removed)
@@ -16,6 +18,8 @@ Agents run as the lab runs them, `nsenter --net=<node netns> pyfelix agent`
 not reach the host's bpffs and its pins would die with it (agent.bpf.loader.resolve_pin_dir).
 
 Figures:
+- `config_*`: the same figures when a FelixConfiguration change made the agent exit (the
+  supervisor's restart being the harness's).
 - `established_flow_resets`: times the held connection failed (reset, closed, or a message
   unanswered for `REPLY_TIMEOUT_S`); must be 0.
 - `resync_seconds`: from starting the new agent to its status file saying the dataplane is
@@ -83,6 +87,12 @@ SCENARIO: dict[str, Any] = {
 }
 
 
+# A FelixConfiguration change of a restart parameter (trigger="config").
+RESTART_CONFIG: dict[str, Any] = {
+    "apiVersion": "projectcalico.org/v3", "kind": "FelixConfiguration",
+    "metadata": {"name": "default"}, "spec": {"routeRefreshInterval": "45s"}}
+
+
 def _enters_network_namespace_only(proc: subprocess.Popen[bytes]) -> bool:
     args = proc.args if isinstance(proc.args, list) else []
     return bool(args) and str(args[0]) == "nsenter" and str(args[1]).startswith("--net=")
@@ -105,6 +115,10 @@ class PinKeepingAgents(AgentProcesses):
             raise RuntimeError("the lab's agent processes must keep the host's mounts "
                                "(nsenter --net): pins would not survive a restart")
         return proc
+
+    def wait_exit(self, node: str, timeout: float) -> int:
+        """The agent's own exit (a restart-requiring configuration change): its status."""
+        return self.processes[f"agent:{node}"].wait(timeout=timeout)
 
     def kill(self, node: str) -> None:
         proc = self.processes[f"agent:{node}"]
@@ -201,8 +215,12 @@ class RestartResult:
 class RestartExperiment:
     """One run of the experiment in the module docstring."""
 
-    def __init__(self, dataplane: str = "bpf", *, probe_timeout: float = 1.5) -> None:
+    def __init__(self, dataplane: str = "bpf", *, probe_timeout: float = 1.5,
+                 trigger: str = "kill") -> None:
+        if trigger not in ("kill", "config"):
+            raise ValueError(f"trigger {trigger!r}: expected kill or config")
         self.dataplane = dataplane
+        self.trigger = trigger
         self.probe_timeout = probe_timeout
         self.scenario = parse_scenario(SCENARIO, source="<restart benchmark>")
 
@@ -226,7 +244,13 @@ class RestartExperiment:
                 _wait_for(lambda: flow.echoed >= 10 or bool(flow.failures), 10.0)
                 if inspect is not None:
                     inspect(lab, agents, "before_kill")
-                agents.kill("node1")
+                if self.trigger == "config":
+                    lab.apply_resources([RESTART_CONFIG])
+                    code = agents.wait_exit("node1", timeout=30.0)
+                    if code != 0:
+                        flow.failures.append(f"agent exited with {code} on the config change")
+                else:
+                    agents.kill("node1")
                 killed_at = time.monotonic()
                 lab.delete_resources(second.delete)
                 time.sleep(DOWN_SECONDS)
@@ -261,7 +285,8 @@ def _wait_for(condition: Any, timeout: float) -> None:
         time.sleep(0.02)
 
 
-@benchmark("restart", description="kill -9 + restart of the BPF agent under a held TCP flow")
+@benchmark("restart", description="kill -9 (and a restart-parameter change) + restart of the "
+                                  "BPF agent under a held TCP flow")
 def restart_bench(ctx: BenchContext) -> Figures:
     if os.geteuid() != 0:
         raise PermissionError("the restart benchmark needs root (network namespaces, BPF)")
@@ -275,9 +300,17 @@ def restart_bench(ctx: BenchContext) -> Figures:
         "runs": float(len(results)),
     }
     figures.update(Stat.of([r.resync_seconds for r in results]).figures("resync_seconds"))
+    by_config = [RestartExperiment("bpf", trigger="config").run() for _ in range(repeats)]
+    figures["config_established_flow_resets"] = float(
+        sum(r.established_flow_resets for r in by_config))
+    figures["config_stale_policy_removed"] = float(
+        all(r.stale_policy_removed for r in by_config))
+    figures.update(Stat.of([r.resync_seconds for r in by_config])
+                   .figures("config_resync_seconds"))
     return figures
 
 
-if __name__ == "__main__":  # python -m agent.bench.restart [bpf|iptables]
-    result = RestartExperiment(sys.argv[1] if len(sys.argv) > 1 else "bpf").run()
+if __name__ == "__main__":  # python -m agent.bench.restart [bpf|iptables] [kill|config]
+    result = RestartExperiment(sys.argv[1] if len(sys.argv) > 1 else "bpf",
+                               trigger=sys.argv[2] if len(sys.argv) > 2 else "kill").run()
     print({k: v for k, v in result.__dict__.items() if k != "log_after_restart"})

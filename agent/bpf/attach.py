@@ -12,8 +12,11 @@ What "ours" means (never touch anything else):
   current one and the manager replaces it (`tc filter replace`, atomic: traffic never sees
   a missing program).
 - XDP: the program attached to the link (IFLA_XDP_PROG_ID) is ours when the kernel names it
-  `calico_xdp` (our program's name). We attach in generic (skb) mode, which every driver
-  supports.
+  `calico_xdp` (our program's name). `set_xdp` attaches in the mode asked for: "native"
+  (the driver's own hook, XDP_FLAGS_DRV_MODE: veth, most NICs) or "generic" (skb mode,
+  XDP_FLAGS_SKB_MODE, every driver); the manager picks (XDPEnabled / GenericXDPEnabled).
+  `xdp_mode` reads which one is attached (IFLA_XDP_ATTACHED) so a program is replaced, or
+  detached, in the mode it has: the kernel keeps native and generic apart.
 
 Errors: an interface that vanished raises `InterfaceGone` (the manager forgets it); other
 netlink failures raise `AttachError` naming the interface and hook.
@@ -33,6 +36,11 @@ TC_HANDLE = 1
 FILTER_NAME_PREFIX = "pyfelix:"
 XDP_PROG_NAME = "calico_xdp"
 XDP_FLAGS_SKB_MODE = 1 << 1
+XDP_FLAGS_DRV_MODE = 1 << 2
+XDP_MODE_FLAGS = {"generic": XDP_FLAGS_SKB_MODE, "native": XDP_FLAGS_DRV_MODE}
+# IFLA_XDP_ATTACHED values (XDP_ATTACHED_*), as numbers or as pyroute2 names them
+_ATTACHED_MODES: dict[object, str] = {1: "native", 2: "generic", "xdp": "native",
+                                      "xdpgeneric": "generic"}
 
 
 class AttachError(RuntimeError):
@@ -74,7 +82,9 @@ class Attacher(Protocol):
 
     def xdp_prog_id(self, ifindex: int) -> int: ...
 
-    def set_xdp(self, ifindex: int, fd: int) -> None: ...
+    def xdp_mode(self, ifindex: int) -> str: ...
+
+    def set_xdp(self, ifindex: int, fd: int, mode: str = "generic") -> None: ...
 
     def clear_xdp(self, ifindex: int) -> None: ...
 
@@ -157,16 +167,28 @@ class PyRoute2Attacher:
             return 0
         return int(xdp.get_attr("IFLA_XDP_PROG_ID") or 0)
 
-    def set_xdp(self, ifindex: int, fd: int) -> None:
-        self._set_xdp(ifindex, fd, "attaching calico_xdp")
+    def xdp_mode(self, ifindex: int) -> str:
+        """"native", "generic", or "" (nothing attached, or offloaded/several)."""
+        try:
+            links = self._ipr.get_links(ifindex)
+        except Exception as exc:
+            raise _failed("reading XDP state", ifindex, exc) from exc
+        xdp = links[0].get_attr("IFLA_XDP") if links else None
+        if xdp is None:
+            return ""
+        return _ATTACHED_MODES.get(xdp.get_attr("IFLA_XDP_ATTACHED"), "")
+
+    def set_xdp(self, ifindex: int, fd: int, mode: str = "generic") -> None:
+        self._set_xdp(ifindex, fd, XDP_MODE_FLAGS[mode], f"attaching calico_xdp ({mode})")
 
     def clear_xdp(self, ifindex: int) -> None:
-        self._set_xdp(ifindex, -1, "detaching calico_xdp")
+        mode = self.xdp_mode(ifindex) or "generic"
+        self._set_xdp(ifindex, -1, XDP_MODE_FLAGS[mode], f"detaching calico_xdp ({mode})")
 
-    def _set_xdp(self, ifindex: int, fd: int, what: str) -> None:
+    def _set_xdp(self, ifindex: int, fd: int, flags: int, what: str) -> None:
         try:
             self._ipr.link("set", index=ifindex, xdp={"attrs": [
-                ("IFLA_XDP_FD", fd), ("IFLA_XDP_FLAGS", XDP_FLAGS_SKB_MODE)]})
+                ("IFLA_XDP_FD", fd), ("IFLA_XDP_FLAGS", flags)]})
         except Exception as exc:
             raise _failed(what, ifindex, exc) from exc
 

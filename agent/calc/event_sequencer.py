@@ -82,6 +82,7 @@ class EventSequencer:
         self._pending_vteps: dict[str, proto.VXLANTunnelEndpointUpdate | None] = {}
         self._sent_vteps: dict[str, proto.VXLANTunnelEndpointUpdate] = {}
         self._pending_config: dict[str, str] | None = None
+        self._pending_ready: bool | None = None
         # in-sync
         self._datastore_in_sync = False
         self.in_sync_sent = False
@@ -191,6 +192,9 @@ class EventSequencer:
     def on_config_update(self, settings: dict[str, str]) -> None:
         self._pending_config = dict(settings)
 
+    def on_datastore_ready(self, ready: bool) -> None:
+        self._pending_ready = ready
+
     def on_datastore_in_sync(self) -> None:
         self._datastore_in_sync = True
 
@@ -235,7 +239,7 @@ class EventSequencer:
             or self._pending_endpoints or self._pending_endpoint_removes
             or self._pending_routes or self._pending_pools or self._pending_hosts
             or self._pending_vteps
-            or self._pending_config is not None
+            or self._pending_config is not None or self._pending_ready is not None
             or (self._datastore_in_sync and not self.in_sync_sent))
 
     def _emit(self, message: Any) -> None:
@@ -246,6 +250,10 @@ class EventSequencer:
         if self._pending_config is not None:
             self._emit(proto.ConfigUpdate(config=tuple(sorted(self._pending_config.items()))))
             self._pending_config = None
+        if self._pending_ready is not None:
+            # before anything else of this batch: a pause must hold it back too
+            self._emit(proto.DatastoreReady(ready=self._pending_ready))
+            self._pending_ready = None
 
     def _flush_ip_pool_updates(self) -> None:
         for pool_id in sorted(self._pending_pools):

@@ -69,6 +69,7 @@ class ExpectedDataplane:
         self.host_ips: dict[str, str] = {}
         self.vteps: dict[str, proto.VXLANTunnelEndpointUpdate] = {}
         self.config: dict[str, str] | None = None
+        self.datastore_ready = True  # ClusterInformation datastoreReady
         self.in_sync = False
         self.messages: list[Any] = []
         self.record = True
@@ -210,6 +211,9 @@ class ExpectedDataplane:
 
     def _on_ConfigUpdate(self, m: proto.ConfigUpdate) -> None:
         self.config = dict(m.config)
+
+    def _on_DatastoreReady(self, m: proto.DatastoreReady) -> None:
+        self.datastore_ready = m.ready
 
     def _on_InSync(self, m: proto.InSync) -> None:
         self._check(not self.in_sync, m, "InSync sent twice")

@@ -24,13 +24,14 @@ from typing import Protocol
 
 from agent import proto
 from agent.calc.dispatcher import (
+    KIND_CLUSTER_INFORMATION,
     KIND_FELIX_CONFIGURATION,
     KIND_IP_POOL,
     KIND_NODE,
     CalcUpdate,
     Dispatcher,
 )
-from agent.model import IPPool, Node
+from agent.model import ClusterInformation, IPPool, Node
 from agent.syncer.api import ResourceKey, SyncStatus
 
 GLOBAL_CONFIG_NAME = "default"
@@ -53,6 +54,8 @@ def host_ipv4_of(node: Node) -> str:
 class ConfigSink(Protocol):
     def on_config_update(self, settings: dict[str, str]) -> None: ...
 
+    def on_datastore_ready(self, ready: bool) -> None: ...
+
 
 class ConfigBatcher:
     def __init__(self, hostname: str, sink: ConfigSink) -> None:
@@ -60,12 +63,31 @@ class ConfigBatcher:
         self._sink = sink
         self._global: dict[str, str] = {}
         self._host: dict[str, str] = {}
+        self._cluster: dict[str, str] = {}  # ClusterInformation's ClusterGUID/Type, version
+        self._ready = True
         self._in_sync = False
         self._sent: dict[str, str] | None = None
+        self._sent_ready: bool | None = None
 
     def register_with(self, dispatcher: Dispatcher) -> None:
         dispatcher.register(KIND_FELIX_CONFIGURATION, self.on_update)
+        dispatcher.register(KIND_CLUSTER_INFORMATION, self.on_cluster_information)
         dispatcher.register_status(self.on_status)
+
+    def on_cluster_information(self, update: CalcUpdate) -> None:
+        """ClusterInformation `default`, as Felix reads it: its GUID, type and version join
+        the global configuration (below every FelixConfiguration), and datastoreReady false
+        pauses the dataplane (absent or deleted: ready)."""
+        if update.key.name != GLOBAL_CONFIG_NAME:
+            return
+        info = update.value
+        self._cluster, self._ready = {}, True
+        if isinstance(info, ClusterInformation):
+            self._cluster = {name: value for name, value in (
+                ("ClusterGUID", info.cluster_guid), ("ClusterType", info.cluster_type),
+                ("CalicoVersion", info.calico_version)) if value}
+            self._ready = info.datastore_ready is not False
+        self._maybe_send()
 
     def on_update(self, update: CalcUpdate) -> None:
         name = update.key.name
@@ -84,7 +106,7 @@ class ConfigBatcher:
             self._maybe_send()
 
     def effective(self) -> dict[str, str]:
-        return dict(sorted({**self._global, **self._host}.items()))
+        return dict(sorted({**self._cluster, **self._global, **self._host}.items()))
 
     def _maybe_send(self) -> None:
         if not self._in_sync:
@@ -93,6 +115,10 @@ class ConfigBatcher:
         if settings != self._sent:
             self._sent = settings
             self._sink.on_config_update(settings)
+        if self._ready != self._sent_ready and (self._sent_ready is not None or
+                                                not self._ready):
+            self._sink.on_datastore_ready(self._ready)
+        self._sent_ready = self._ready
 
 
 class HostIPSink(Protocol):

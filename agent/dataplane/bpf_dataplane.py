@@ -160,8 +160,9 @@ def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
     attach = BpfAttachManager(
         {"ingress": program_ref(loaded, "calico_from_wep"),
          "egress": program_ref(loaded, "calico_to_wep")},
-        program_ref(loaded, "calico_xdp"),
+        program_ref(loaded, "calico_xdp") if config.xdp_enabled else None,
         hep_program=program_ref(loaded, "calico_from_hep"),
+        xdp_modes=("native", "generic") if config.generic_xdp_enabled else ("native",),
         interface_prefixes=prefixes,
         on_all_current=sweep,
     )

@@ -79,7 +79,7 @@ from agent.dataplane.managers.hostips import HostIPsManager, InterfaceMatcher
 from agent.dataplane.managers.ipsets import IPSetsManager
 from agent.dataplane.managers.iptables import IptablesManager
 from agent.dataplane.managers.nat import NatOutgoingManager
-from agent.dataplane.managers.routes import RouteManager
+from agent.dataplane.managers.routes import ROUTE_PROTOCOL, RouteManager
 from agent.dataplane.managers.sysctls import SysctlManager
 from agent.dataplane.managers.vxlan import DEFAULT_PORT, DEFAULT_VNI, VXLANManager
 from agent.shims.nft_guard import NftGuard
@@ -92,7 +92,7 @@ class LinuxDataplaneConfig:
     endpoint_to_host_action: str = "Drop"  # DefaultEndpointToHostAction
     iptables_backend: str = "auto"  # IptablesBackend: Auto | NFT | Legacy
     max_ipset_size: int = 1048576  # MaxIpsetSize
-    resync_interval: float = 90.0  # IptablesRefreshInterval / RouteRefreshInterval
+    resync_interval: float = 180.0  # IptablesRefreshInterval (Felix: 180 s)
     interface_refresh_interval: float = 90.0  # InterfaceRefreshInterval
     fail_closed_after: float = 60.0  # DataplaneFailClosedAfter: policy failing this long: exit
     failsafe_inbound: tuple[tuple[str, int], ...] = parse_failsafe_ports(DEFAULT_FAILSAFE_IN)
@@ -101,6 +101,7 @@ class LinuxDataplaneConfig:
     vxlan_vni: int = DEFAULT_VNI  # VXLANVNI
     vxlan_port: int = DEFAULT_PORT  # VXLANPort
     vxlan_mtu: int = 0  # VXLANMTU (0: the parent interface's MTU - 50)
+    route_protocol: int = ROUTE_PROTOCOL  # RouteTableProtocol: marks the workload routes ours
     # BPFPinDir: where a BPF-mode agent pins its maps. In iptables mode, set: a
     # BpfCleanupManager removes that agent's programs and pins; None (the default here, for
     # tests and tools that build a namespace's dataplane directly): no cleanup at all.
@@ -133,6 +134,7 @@ class LinuxDataplaneConfig:
             vxlan_port=config.vxlan_port,
             vxlan_mtu=config.vxlanmtu,
             bpf_pin_dir=config.bpf_pin_dir,
+            route_protocol=config.route_table_protocol,
         )
 
 
@@ -164,7 +166,8 @@ def linux_managers(cfg: LinuxDataplaneConfig, *, netns: str | None = None,
     # NAT outgoing in both modes: in BPF mode it uses the same nat-table rules.
     managers.append(NatOutgoingManager(netns=netns, backend=cfg.iptables_backend))
     managers += [
-        RouteManager(netns=netns, interface_prefixes=cfg.interface_prefixes),
+        RouteManager(netns=netns, interface_prefixes=cfg.interface_prefixes,
+                     protocol=cfg.route_protocol),
         VXLANManager(netns=netns, vni=cfg.vxlan_vni, port=cfg.vxlan_port, mtu=cfg.vxlan_mtu),
         SysctlManager(netns=netns, interface_prefixes=cfg.interface_prefixes,
                       bpf_mode=cfg.bpf_mode),

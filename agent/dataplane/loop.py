@@ -24,6 +24,10 @@ message, so an idle loop still calls it on a timer. The agent reports the `datap
 health reporter from it (`agent.health`): an apply() stuck in a syscall stops the
 heartbeats, and liveness fails after the reporter's timeout.
 
+Pause: `DatastoreReady(ready=False)` (ClusterInformation datastoreReady false, as Felix
+honours it) stops every apply round, resyncs included; messages keep updating the managers'
+desired state, and the first round after `DatastoreReady(ready=True)` writes the result.
+
 Resync: every `resync_interval` seconds every manager is asked to re-read the kernel on its
 next apply (drift is repaired). `in_sync` is set after the first fully successful round that
 followed InSync. Time comes from an injectable clock; `run_once()` lets tests step the loop
@@ -38,10 +42,10 @@ import random
 import threading
 from collections.abc import Callable, Sequence
 
-from prometheus_client import Counter, Summary
+from prometheus_client import Counter, Gauge, Summary
 
 from agent.dataplane.manager import Manager
-from agent.proto import InSync
+from agent.proto import DatastoreReady, InSync
 from agent.shims.clock import Clock, SystemClock
 
 log = logging.getLogger(__name__)
@@ -66,6 +70,11 @@ BATCH_SIZE = Summary(
 UPDATE_ERRORS = Counter(
     "pyfelix_dataplane_update_errors",
     "Number of messages a dataplane manager's on_update could not handle (bad input).",
+)
+
+PAUSED = Gauge(
+    "pyfelix_dataplane_paused",
+    "1 while ClusterInformation datastoreReady is false: no kernel writes, state kept.",
 )
 
 _STOP = object()
@@ -112,6 +121,7 @@ class DataplaneLoop:
         self._heartbeat = heartbeat
         self._heartbeat_interval = heartbeat_interval
         self._datastore_in_sync = False
+        self.paused = False  # ClusterInformation datastoreReady false
         self._dirty = False
         self._consecutive_failures = 0
         self._next_retry_at: float | None = None
@@ -181,7 +191,7 @@ class DataplaneLoop:
                 manager.request_resync()
             self._next_resync_at = now + self._resync_interval
             self._dirty = True
-        if not self._datastore_in_sync or not self._dirty:
+        if not self._datastore_in_sync or not self._dirty or self.paused:
             return False
         if self._next_retry_at is not None and now < self._next_retry_at:
             return False
@@ -211,6 +221,14 @@ class DataplaneLoop:
         MESSAGES.labels(type(msg).__name__).inc()
         if isinstance(msg, InSync):
             self._datastore_in_sync = True
+        elif isinstance(msg, DatastoreReady):
+            if self.paused == msg.ready:
+                log.warning("ClusterInformation datastoreReady is %s: dataplane updates %s",
+                            str(msg.ready).lower(),
+                            "resume" if msg.ready else "paused (the kernel keeps what is "
+                            "programmed)")
+            self.paused = not msg.ready
+            PAUSED.set(0 if msg.ready else 1)
         for manager in self.managers:
             try:
                 manager.on_update(msg)

@@ -105,6 +105,9 @@ class AgentProcesses:
                 "FELIX_BPFPINDIR": str(bpffs_dir / name),
                 "FELIX_INTERFACEPREFIX": self.interface_prefix,
                 "FELIX_LOGSEVERITYSCREEN": "Info",
+                # the lab keeps each agent's stderr in its run directory; no felix.log/syslog
+                "FELIX_LOGFILEPATH": "none",
+                "FELIX_LOGSEVERITYSYS": "none",
                 **self.extra_env,
             }
             self.processes[f"agent:{name}"] = self._spawn(

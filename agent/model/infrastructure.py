@@ -133,6 +133,17 @@ class FelixConfiguration(Resource):
 
 
 @dataclass(frozen=True)
+class ClusterInformation(Resource):
+    """Calico's cluster-wide facts; `datastore_ready` False asks every Felix to leave the
+    dataplane as it is (datastore being upgraded or restored). None: not stated (ready)."""
+
+    datastore_ready: bool | None = None
+    cluster_guid: str = ""
+    cluster_type: str = ""
+    calico_version: str = ""
+
+
+@dataclass(frozen=True)
 class BlockAffinity(Resource):
     node: str = ""
     cidr: str = ""
@@ -462,6 +473,16 @@ def _settings(spec: Fields) -> tuple[tuple[str, str], ...]:
 
 def parse_felix_configuration(spec: Fields, key: ResourceKey, meta: Metadata) -> FelixConfiguration:
     return FelixConfiguration(key, meta, settings=_settings(spec))
+
+
+def parse_cluster_information(spec: Fields, key: ResourceKey, meta: Metadata
+                              ) -> ClusterInformation:
+    spec.only({"datastoreReady", "clusterGUID", "clusterType", "calicoVersion", "variant"})
+    ready = spec.raw("datastoreReady")
+    return ClusterInformation(
+        key, meta, datastore_ready=None if ready is None else spec.bool("datastoreReady"),
+        cluster_guid=spec.str("clusterGUID"), cluster_type=spec.str("clusterType"),
+        calico_version=spec.str("calicoVersion"))
 
 
 def parse_block_affinity(spec: Fields, key: ResourceKey, meta: Metadata) -> BlockAffinity:

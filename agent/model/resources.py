@@ -56,6 +56,7 @@ from agent.model.infrastructure import (
     parse_bgp_peer,
     parse_block_affinity,
     parse_calico_node,
+    parse_cluster_information,
     parse_felix_configuration,
     parse_ip_pool,
     parse_kubernetes_node,
@@ -451,6 +452,7 @@ _CALICO_PARSERS: dict[str, Parser] = {
     "BGPConfiguration": parse_bgp_configuration,
     "BGPPeer": parse_bgp_peer,
     "FelixConfiguration": parse_felix_configuration,
+    "ClusterInformation": parse_cluster_information,
     "BlockAffinity": parse_block_affinity,
 }
 

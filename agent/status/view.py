@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from agent.datastore import DatastoreLocation
 
 AGENT_FIELDS = ("hostname", "dataplane", "calc_in_sync", "dataplane_in_sync", "idle",
-                "rounds_applied", "failures", "endpoints", "policies", "profiles", "ipsets")
+                "rounds_applied", "failures", "endpoints", "policies", "profiles", "ipsets",
+                "not_implemented")  # Felix parameters set but not implemented (comma list)
 
 
 def _agent(status_file: str, now: float, problems: list[str]) -> dict[str, Any] | None:

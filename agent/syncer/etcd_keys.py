@@ -21,7 +21,7 @@ value decodes only if it is a JSON object whose own key (`key_of`) equals the ke
 names, so a document stored under the wrong path is an error, not a silent rename.
 
 Easy to get wrong: keys under the prefix that are not ours (other Calico v3 kinds such as
-`clusterinformations`) must be skipped quietly, while a malformed key of a kind we know is
+`ipamconfigs`) must be skipped quietly, while a malformed key of a kind we know is
 an error worth reporting.
 """
 

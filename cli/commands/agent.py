@@ -11,13 +11,15 @@ from cli.params import DATASTORE
 
 
 @click.command("agent")
-@click.option("--datastore", type=DATASTORE, envvar="PYFELIX_DATASTORE", required=True,
-              help="Directory/YAML file, etcd3://HOST:PORT[,...], kubernetes, or typha://...")
+@click.option("--datastore", type=DATASTORE, envvar="PYFELIX_DATASTORE", default=None,
+              help="Directory/YAML file, etcd3://HOST:PORT[,...], kubernetes, or typha://... "
+                   "Default: as Felix, from DatastoreType, EtcdEndpoints/EtcdAddr and "
+                   "TyphaAddr/TyphaK8sServiceName (FELIX_* environment or config file).")
 @click.option("--hostname", envvar="NODENAME", required=True,
               help="This node's name (as in WorkloadEndpoint spec.node / Pod nodeName).")
 @click.option("--config-file", type=click.Path(dir_okay=False), default=None,
               help="Felix-style config file (INI [global] section, or YAML mapping).")
-def command(datastore: DatastoreLocation, hostname: str, config_file: str | None) -> None:
+def command(datastore: DatastoreLocation | None, hostname: str, config_file: str | None) -> None:
     """Run the node agent in the current network namespace.
 
     Every other setting comes, as Felix names it, from FELIX_<NAME> environment variables,
@@ -29,6 +31,8 @@ def command(datastore: DatastoreLocation, hostname: str, config_file: str | None
     Examples:
       pyfelix agent --datastore /etc/pyfelix/resources --hostname node1
       FELIX_BPFENABLED=false pyfelix agent --datastore etcd3://127.0.0.1:2379 --hostname n1
+      FELIX_DATASTORETYPE=etcdv3 FELIX_ETCDENDPOINTS=http://10.0.0.1:2379 \
+        pyfelix agent --hostname n1
     """
     from agent.config import ConfigError
     from agent.daemon import EXIT_CONFIG, AgentOptions, DataplaneUnavailable, run_agent

@@ -32,6 +32,8 @@ class FakeInterface:
         default_factory=lambda: {"ingress": [], "egress": []})
     fds: dict[tuple[str, int, int], int] = field(default_factory=dict)  # -> prog fd
     xdp_prog_id: int = 0
+    xdp_mode: str = ""
+    xdp_modes_supported: tuple[str, ...] = ("native", "generic")  # the driver's
 
 
 class FakeAttacher:
@@ -102,9 +104,18 @@ class FakeAttacher:
         self._maybe_fail()
         return self.by_index(ifindex).xdp_prog_id
 
-    def set_xdp(self, ifindex: int, fd: int) -> None:
+    def xdp_mode(self, ifindex: int) -> str:
+        iface = self.by_index(ifindex)
+        return iface.xdp_mode if iface.xdp_prog_id else ""
+
+    def set_xdp(self, ifindex: int, fd: int, mode: str = "generic") -> None:
         self._maybe_fail()
-        self.by_index(ifindex).xdp_prog_id = self.xdp_fds[fd]
+        iface = self.by_index(ifindex)
+        if mode not in iface.xdp_modes_supported:
+            raise AttachError(f"attaching calico_xdp ({mode}) on ifindex {ifindex}: "
+                              "Operation not supported")
+        iface.xdp_prog_id = self.xdp_fds[fd]
+        iface.xdp_mode = mode
         self.mutations += 1
 
     def clear_xdp(self, ifindex: int) -> None:

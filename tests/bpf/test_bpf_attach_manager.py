@@ -4,6 +4,8 @@ host endpoints have untracked policy."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from agent import proto as p
@@ -225,3 +227,60 @@ def test_reverse_path_program_left_by_an_earlier_agent_is_removed_after_in_sync(
     m.on_update(p.InSync())
     m.apply()
     assert ours(fake, "eth0")["ingress"] == []
+
+
+# --- XDP modes (XDPEnabled / GenericXDPEnabled) ---------------------------------------------
+
+UNTRACKED_ETH0 = p.HostEndpointUpdate(p.HostEndpointID("node1-eth0"), p.HostEndpoint(
+    "eth0", untracked_tiers=(p.TierInfo("default", ingress_policies=("x",)),)))
+
+
+def test_xdp_native_where_the_driver_has_it():
+    m, fake, _ = setup()
+    m.on_update(p.InSync())
+    m.on_update(UNTRACKED_ETH0)
+    m.apply()
+    assert (fake.links["eth0"].xdp_prog_id, fake.links["eth0"].xdp_mode) == (503, "native")
+
+
+def test_xdp_generic_only_when_allowed(caplog):
+    m, fake, _ = setup(xdp_modes=("native", "generic"))
+    fake.links["eth0"].xdp_modes_supported = ("generic",)  # e.g. a bridge device
+    m.on_update(p.InSync())
+    m.on_update(UNTRACKED_ETH0)
+    m.apply()
+    assert (fake.links["eth0"].xdp_prog_id, fake.links["eth0"].xdp_mode) == (503, "generic")
+
+    m, fake, _ = setup(xdp_modes=("native",))  # GenericXDPEnabled false (Felix's default)
+    fake.links["eth0"].xdp_modes_supported = ("generic",)
+    m.on_update(p.InSync())
+    m.on_update(UNTRACKED_ETH0)
+    with caplog.at_level(logging.WARNING, logger="agent.dataplane.managers.bpf_attach"):
+        m.apply()  # not an error: iptables' raw chains enforce the untracked policy
+    assert fake.links["eth0"].xdp_prog_id == 0
+    assert "GenericXDPEnabled is false" in caplog.text
+    before = fake.mutations
+    m.apply()
+    assert fake.mutations == before  # not retried every round (a resync retries)
+
+
+def test_stale_xdp_of_ours_is_replaced_in_its_own_mode():
+    m, fake, _ = setup()
+    fake.programs[400] = "calico_xdp"  # an earlier build, attached generic (old agents did)
+    fake.links["eth0"].xdp_prog_id, fake.links["eth0"].xdp_mode = 400, "generic"
+    m.on_update(p.InSync())
+    m.on_update(UNTRACKED_ETH0)
+    m.apply()
+    assert (fake.links["eth0"].xdp_prog_id, fake.links["eth0"].xdp_mode) == (503, "generic")
+
+
+def test_xdp_disabled_attaches_none_and_removes_ours():
+    fake = FakeAttacher()
+    fake.programs = {400: "calico_xdp"}
+    fake.add_link("eth0", 2)
+    fake.links["eth0"].xdp_prog_id, fake.links["eth0"].xdp_mode = 400, "native"
+    m = BpfAttachManager({"ingress": FROM, "egress": TO}, None, attacher=fake)  # XDPEnabled off
+    m.on_update(p.InSync())
+    m.on_update(UNTRACKED_ETH0)
+    m.apply()
+    assert fake.links["eth0"].xdp_prog_id == 0

@@ -221,3 +221,29 @@ def test_heartbeats_stop_while_a_batch_hangs_and_resume_after() -> None:
     finally:
         release.set()
         pipeline.stop()
+
+
+def test_cluster_information_ready_flag_and_cluster_settings() -> None:
+    """ClusterInformation `default`: GUID/type/version join the global config (below the
+    FelixConfigurations); datastoreReady false -> DatastoreReady(False), true again ->
+    DatastoreReady(True); no message while it stays ready."""
+    def cluster_info(**spec: object) -> dict[str, object]:
+        return {"apiVersion": "projectcalico.org/v3", "kind": "ClusterInformation",
+                "metadata": {"name": "default"}, "spec": spec}
+
+    def readiness(replayer: Replayer) -> list[bool]:
+        return [m.ready for m in replayer.dataplane.messages
+                if isinstance(m, proto.DatastoreReady)]
+
+    replayer = Replayer()
+    replayer.go_to([cluster_info(datastoreReady=True, clusterGUID="abc", clusterType="k8s"),
+                    felix_config("default", clusterType="override")])
+    assert replayer.dataplane.config == {"ClusterGUID": "abc", "clusterType": "override",
+                                         "ClusterType": "k8s"}
+    assert readiness(replayer) == []
+    replayer.go_to([cluster_info(datastoreReady=False, clusterGUID="abc"),
+                    felix_config("default", clusterType="override")])
+    assert readiness(replayer) == [False]
+    replayer.go_to([cluster_info(datastoreReady=True, clusterGUID="abc"),
+                    felix_config("default", clusterType="override")])
+    assert readiness(replayer) == [False, True]

@@ -63,10 +63,10 @@ def test_bad_env_values_name_the_parameter(env, name, fragment) -> None:
 
 def test_bad_datastore_value_is_skipped_not_fatal() -> None:
     config = load_config(environ={}, datastore_global={"healthPort": "0", "logSeverityScreen":
-                                                      "Debug", "datastoreType": "etcdv3"})
+                                                      "Debug", "datastoreType": "kubernetes"})
     assert config.health_port == 9099
     assert config.log_severity_screen == "Debug"
-    assert config.datastore_type == "file"
+    assert config.datastore_type == "etcdv3"  # Felix's default; local-only
 
 
 def test_restart_required_changes() -> None:

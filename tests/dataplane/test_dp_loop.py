@@ -291,3 +291,40 @@ def test_a_failing_heartbeat_does_not_stop_the_loop() -> None:
         assert loop.in_sync.wait(5.0) and a.kernel == ["s"]
     finally:
         loop.stop()
+
+
+def test_datastore_not_ready_pauses_every_kernel_write_until_ready() -> None:
+    """ClusterInformation datastoreReady false (DatastoreReady(False)): no apply round, not
+    even a resync; the desired state still follows; ready again -> one round writes it."""
+    from agent.proto import DatastoreReady
+
+    journal: list[str] = []
+    a = RecordingManager("a", journal)
+    clock = FakeClock()
+    loop = _loop([a], clock, resync_interval=10.0)
+    loop.enqueue(IPSetRemove("s1"))
+    loop.enqueue(InSync())
+    assert loop.run_once() is True and a.kernel == ["s1"]
+    loop.enqueue(DatastoreReady(ready=False))
+    loop.enqueue(IPSetRemove("s2"))
+    assert loop.run_once() is False
+    clock.advance(30.0)  # past the resync interval
+    assert loop.run_once() is False
+    assert a.kernel == ["s1"] and a.desired == ["s1", "s2"] and loop.paused
+    assert _metric("pyfelix_dataplane_paused") == 1.0
+    loop.enqueue(DatastoreReady(ready=True))
+    assert loop.run_once() is True
+    assert a.kernel == ["s1", "s2"] and not loop.paused
+    assert _metric("pyfelix_dataplane_paused") == 0.0
+
+
+def test_paused_from_the_start_never_applies() -> None:
+    from agent.proto import DatastoreReady
+
+    journal: list[str] = []
+    a = RecordingManager("a", journal)
+    loop = _loop([a], FakeClock())
+    for msg in (DatastoreReady(ready=False), IPSetRemove("s1"), InSync()):
+        loop.enqueue(msg)
+    assert loop.run_once() is False
+    assert journal == [] and not loop.in_sync.is_set()

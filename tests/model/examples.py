@@ -221,6 +221,15 @@ spec:
   healthPort: 9099
   failsafeInboundHostPorts: [{protocol: tcp, port: 22}]
 ---
+apiVersion: projectcalico.org/v3
+kind: ClusterInformation
+metadata: {name: default}
+spec:
+  datastoreReady: true
+  clusterGUID: 0f3c0ffee
+  clusterType: k8s,bgp,kubeadm
+  calicoVersion: v3.30.0
+---
 apiVersion: v1
 kind: Namespace
 metadata:

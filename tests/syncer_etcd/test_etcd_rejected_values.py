@@ -25,7 +25,7 @@ GOOD = etcd_key(gnp_key("good")).encode()
 BAD_JSON = etcd_key(gnp_key("bad-json")).encode()
 BAD_KEY = b"/calico/resources/v3/projectcalico.org/networkpolicies/no-namespace"
 WRONG_KIND = etcd_key(gnp_key("gadget")).encode()
-NOT_OURS = b"/calico/resources/v3/projectcalico.org/clusterinformations/default"
+NOT_OURS = b"/calico/resources/v3/projectcalico.org/ipamconfigs/default"
 PUT_EVENT = 0
 
 
@@ -84,7 +84,7 @@ def _seed() -> FakeEtcd:
     fake.put(BAD_KEY, encode_value(gnp("no-namespace")))
     fake.put(WRONG_KIND, encode_value({"apiVersion": "projectcalico.org/v3", "kind": "Gadget",
                                        "metadata": {"name": "gadget"}}))
-    fake.put(NOT_OURS, b'{"kind": "ClusterInformation"}')
+    fake.put(NOT_OURS, b'{"kind": "IPAMConfig"}')
     return fake
 
 

@@ -58,7 +58,7 @@ def test_every_client_kind_has_a_layout_that_round_trips() -> None:
 
 def test_keys_that_are_not_ours_are_skipped_and_malformed_ones_rejected() -> None:
     assert parse_etcd_key("/calico/ipam/v2/assignment/x") is None
-    assert parse_etcd_key(ETCD_ROOT + "projectcalico.org/clusterinformations/default") is None
+    assert parse_etcd_key(ETCD_ROOT + "projectcalico.org/ipamconfigs/default") is None
     assert parse_etcd_key(ETCD_ROOT + "projectcalico.org") is None
     with pytest.raises(EtcdKeyError, match="<namespace>/<name>"):
         parse_etcd_key(ETCD_ROOT + "projectcalico.org/networkpolicies/just-a-name")

@@ -8,7 +8,11 @@ Role: keeps, in the agent's own network namespace,
   priority/handle (agent.bpf.attach);
 - `calico_xdp` on each host interface of a host endpoint with untracked (doNotTrack)
   policy: by name, or (name "") every interface carrying one of its expected IPs (`*`:
-  every interface that is not a workload interface or `lo`), and on no other;
+  every interface that is not a workload interface or `lo`), and on no other. Mode, as
+  Felix: native (the driver's hook) first, generic only if allowed (`xdp_modes`, from
+  GenericXDPEnabled); an interface that takes neither has none (iptables' raw chains still
+  enforce the untracked policy; logged once per interface and resync). XDPEnabled false:
+  no XDP program at all (`xdp_program` None; ours are removed);
 - `calico_from_hep` at tc ingress of every host interface of a host endpoint (resolved the
   same way, whatever its policy): the reverse-path check of Felix's BPFEnforceRPF (the mode
   is in the config map; Disabled passes everything). Removed from an interface that stops
@@ -83,6 +87,7 @@ class BpfAttachManager(ManagerBase):
         xdp_program: ProgramRef | None,
         *,
         hep_program: ProgramRef | None = None,
+        xdp_modes: tuple[str, ...] = ("native", "generic"),
         interface_prefixes: tuple[str, ...] = ("cali",),
         attacher: Attacher | None = None,
         attacher_factory: Callable[[], Attacher] | None = None,
@@ -94,6 +99,8 @@ class BpfAttachManager(ManagerBase):
             raise ValueError(f"BpfAttachManager: tc_programs must name hooks {HOOKS}")
         self._tc = tc_programs
         self._xdp = xdp_program
+        self._xdp_modes = xdp_modes
+        self._xdp_unsupported: set[int] = set()  # no allowed mode works there: iptables only
         self._hep = hep_program
         self._prefixes = interface_prefixes
         self._attacher = attacher
@@ -168,6 +175,7 @@ class BpfAttachManager(ManagerBase):
         self._current.discard(ifindex)
         self._first_seen.pop(ifindex, None)
         self._xdp_attached.pop(ifindex, None)
+        self._xdp_unsupported.discard(ifindex)
         self._hep_attached.discard(ifindex)
 
     def _is_workload(self, name: str) -> bool:
@@ -182,6 +190,7 @@ class BpfAttachManager(ManagerBase):
             self._links_listed = True
             self._current.clear()
             self._xdp_attached.clear()
+            self._xdp_unsupported.clear()
             self._hep_attached.clear()
             self._dirty = {i for n, i in self._links.items() if self._is_workload(n)}
             self._hep_dirty = True
@@ -300,8 +309,32 @@ class BpfAttachManager(ManagerBase):
         if current and attacher.prog_name(current) != XDP_PROG_NAME:
             raise AttachError(f"{name}: an XDP program that is not ours (id {current}) is "
                               f"attached; not replacing it")
-        attacher.set_xdp(ifindex, self._xdp.fd)
-        self._xdp_attached[ifindex] = self._xdp.prog_id
+        if current:
+            # a stale build of ours: replaced atomically in the mode it runs in
+            attacher.set_xdp(ifindex, self._xdp.fd, attacher.xdp_mode(ifindex) or "generic")
+            self._xdp_attached[ifindex] = self._xdp.prog_id
+            return
+        if ifindex in self._xdp_unsupported:
+            return
+        refused = []
+        for mode in self._xdp_modes:
+            try:
+                attacher.set_xdp(ifindex, self._xdp.fd, mode)
+            except InterfaceGone:
+                raise
+            except AttachError as exc:
+                refused.append(f"{mode}: {exc}")
+                continue
+            self._xdp_attached[ifindex] = self._xdp.prog_id
+            log.info("XDP: calico_xdp on %s in %s mode", name, mode)
+            return
+        # Not a failure: XDP only drops early what iptables' raw chains (untracked policy)
+        # drop anyway. Retried when the interface changes or at a resync.
+        self._xdp_unsupported.add(ifindex)
+        log.warning("XDP: %s takes no allowed XDP mode (%s)%s; its untracked deny rules are "
+                    "enforced by iptables only", name, "; ".join(refused),
+                    "" if "generic" in self._xdp_modes else
+                    " (GenericXDPEnabled is false)")
 
     def _ensure_hep_tc(self, attacher: Attacher, ifindex: int) -> None:
         assert self._hep is not None

@@ -76,11 +76,12 @@ def own_pin_dir() -> dict[str, str]:
 
 
 def start_agent(netns: str, datastore: Path, env: dict[str, str],
-                log: Path) -> subprocess.Popen[bytes]:
+                log: Path, *, config_file: Path | None = None) -> subprocess.Popen[bytes]:
+    extra = ["--config-file", str(config_file)] if config_file is not None else []
     with open(log, "wb") as out:
         return subprocess.Popen(
             ["ip", "netns", "exec", netns, sys.executable, "-m", "cli.main", "agent",
-             "--datastore", str(datastore), "--hostname", "node1"],
+             "--datastore", str(datastore), "--hostname", "node1", *extra],
             cwd=REPO, env={**os.environ, **own_pin_dir(), **env}, stdout=out,
             stderr=subprocess.STDOUT)
 

@@ -150,10 +150,61 @@ def test_xdp_follows_host_endpoints_with_untracked_policy(node: Node, first_buil
         p.TierInfo("default", ingress_policies=("untracked-deny",)),)))
     run_round(node, first_build, [policy, update])
     link = sh("ip", "-n", node.name, "link", "show", "eth0")
-    assert "xdpgeneric" in link and "prog/xdp id" in link
+    # native XDP: veth has the driver hook (GenericXDPEnabled is off, Felix's default)
+    assert " xdp " in link and "xdpgeneric" not in link and "prog/xdp id" in link
     assert "xdp" not in sh("ip", "-n", node.name, "link", "show", "cali1")
+    # a bridge device has no native XDP: with generic not allowed it gets none (iptables'
+    # raw chains enforce the untracked policy there)
+    sh("ip", "-n", node.name, "link", "add", "eth9", "type", "bridge")
+    try:
+        sh("ip", "-n", node.name, "link", "set", "eth9", "up")
+        hep9 = p.HostEndpointID("node1-eth9")
+        run_round(node, first_build, [p.HostEndpointUpdate(hep9, p.HostEndpoint(
+            "eth9", untracked_tiers=(p.TierInfo("default", ingress_policies=(
+                "untracked-deny",)),)))])
+        assert "xdp" not in sh("ip", "-n", node.name, "link", "show", "eth9")
+        run_round(node, first_build, [p.HostEndpointRemove(hep9)])
+    finally:
+        sh("ip", "-n", node.name, "link", "del", "eth9")
     run_round(node, first_build, [p.HostEndpointRemove(hep)])
     assert "xdp" not in sh("ip", "-n", node.name, "link", "show", "eth0")
+
+
+def test_generic_xdp_where_the_driver_has_no_native_hook(node: Node) -> None:
+    """GenericXDPEnabled: a build with it puts calico_xdp in generic mode on a bridge device
+    (a bridge: no native XDP) and native on a veth. Its own pin directory and an interface prefix no
+    workload has, so the module's first build keeps its programs."""
+    from agent.dataplane.managers.bpf_attach import BpfAttachManager
+
+    with own_pin_dir("dp-generic") as generic_pins:
+        _generic_xdp(node, small_maps_config(generic_pins, FELIX_GENERICXDPENABLED="true",
+                                             FELIX_INTERFACEPREFIX="zzq"), BpfAttachManager)
+
+
+def _generic_xdp(node: Node, config, attach_type) -> None:
+    managers = node.thread.call(build_bpf_managers, config)
+    attach = next(m for m in managers if isinstance(m, attach_type))
+    assert attach is not None
+    policy = p.ActivePolicyUpdate(p.PolicyID("default", "untracked-deny"), p.Policy(
+        untracked=True, inbound_rules=(p.Rule("deny", src_nets=("192.0.2.0/24",)),)))
+    tiers = (p.TierInfo("default", ingress_policies=("untracked-deny",)),)
+    sh("ip", "-n", node.name, "link", "add", "eth8", "type", "bridge")
+    try:
+        sh("ip", "-n", node.name, "link", "set", "eth8", "up")
+        heps = [p.HostEndpointUpdate(p.HostEndpointID(f"node1-{name}"),
+                                     p.HostEndpoint(name, untracked_tiers=tiers))
+                for name in ("eth8", "eth0")]
+        run_round(node, managers, [policy, *heps, p.InSync()])
+        bridge = sh("ip", "-n", node.name, "link", "show", "eth8")
+        veth = sh("ip", "-n", node.name, "link", "show", "eth0")
+        assert "xdpgeneric" in bridge and "prog/xdp id" in bridge
+        assert " xdp " in veth and "xdpgeneric" not in veth
+        run_round(node, managers, [p.HostEndpointRemove(h.id) for h in heps])
+        assert "xdp" not in sh("ip", "-n", node.name, "link", "show", "eth8")
+        assert "xdp" not in sh("ip", "-n", node.name, "link", "show", "eth0")
+    finally:
+        sh("ip", "-n", node.name, "link", "del", "eth8")
+        close_all(node, managers)
 
 
 def test_new_interface_gets_programs_through_loop_and_monitor(node: Node, first_build: list):

@@ -145,3 +145,38 @@ def test_foreign_routes_survive_and_stale_routes_of_ours_go_after_restart(make_n
         assert "10.66.0.0/24" in _routes(host)
     finally:
         _stop(loop, mon)
+
+
+def test_route_table_protocol_marks_the_routes_and_scopes_what_is_ours(make_netns) -> None:
+    """RouteTableProtocol (here 99) through the agent's own assembly
+    (LinuxDataplaneConfig.from_config -> linux_managers): workload routes carry it, a stale
+    route with it is removed after InSync, and one with the default protocol 80 is someone
+    else's."""
+    from agent.config import load_config
+    from agent.dataplane.linux import LinuxDataplaneConfig, linux_managers
+    from agent.dataplane.managers.routes import RouteManager as Routes
+
+    host, wl = make_netns(), make_netns()
+    _add_veth(host, wl, "cali3a")
+    in_ns(host, "ip", "route", "add", "10.65.0.98/32", "dev", "cali3a", "scope", "link",
+          "proto", "99")
+    in_ns(host, "ip", "route", "add", "10.65.0.97/32", "dev", "cali3a", "scope", "link",
+          "proto", str(ROUTE_PROTOCOL))
+    config = load_config(environ={"FELIX_ROUTETABLEPROTOCOL": "99"})
+    cfg = LinuxDataplaneConfig.from_config(config, bpf_mode=False)
+    assert cfg.route_protocol == 99
+    routes = [m for m in linux_managers(cfg, netns=host) if isinstance(m, Routes)]
+    assert len(routes) == 1
+    loop = DataplaneLoop([routes[0]], resync_interval=3600)
+    mon = InterfaceMonitor(loop.enqueue, netns=host, resync_interval=3600, poll_interval=0.2)
+    loop.start()
+    mon.start()
+    try:
+        loop.enqueue(WorkloadEndpointUpdate(EP, WorkloadEndpoint(
+            state="active", name="cali3a", ipv4_nets=("10.65.0.1/32",))))
+        loop.enqueue(InSync())
+        _wait(lambda: _routes(host).get("10.65.0.1/32", (0,))[0] == 99)
+        _wait(lambda: "10.65.0.98/32" not in _routes(host))  # a stale one of ours
+        assert _routes(host)["10.65.0.97/32"][0] == ROUTE_PROTOCOL  # not ours now
+    finally:
+        _stop(loop, mon)

@@ -44,9 +44,13 @@ AGENT_STOP_TIMEOUT_S = 10.0
 class EtcdAgent:
     """One `pyfelix agent` process in `netns` on etcd, and the test's views of it."""
 
-    def __init__(self, netns: str, datastore_url: str, run_dir: Path, pin_dir: Path) -> None:
+    def __init__(self, netns: str, datastore_url: str, run_dir: Path, pin_dir: Path, *,
+                 felix_env: dict[str, str] | None = None) -> None:
+        """`felix_env`: extra FELIX_* settings; with it and an empty `datastore_url` the
+        agent gets no --datastore and finds etcd from Felix's settings alone."""
         self.netns = netns
         self.datastore_url = datastore_url
+        self.felix_env = dict(felix_env or {})
         self.log_path = run_dir / "agent.log"
         self.status_path = run_dir / "agent.status.json"
         self.pin_dir = pin_dir
@@ -66,11 +70,14 @@ class EtcdAgent:
             "FELIX_PROMETHEUSMETRICSPORT": str(METRICS_PORT),
             "FELIX_STATUSFILE": str(self.status_path),
             "FELIX_LOGSEVERITYSCREEN": "Info",
+            **self.felix_env,
         }
+        env.pop("PYFELIX_DATASTORE", None)
+        datastore = ["--datastore", self.datastore_url] if self.datastore_url else []
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 ["ip", "netns", "exec", self.netns, *DIE_WITH_PARENT, sys.executable, "-m",
-                 "cli.main", "agent", "--datastore", self.datastore_url, "--hostname", NODE],
+                 "cli.main", "agent", *datastore, "--hostname", NODE],
                 cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -118,13 +118,13 @@ def test_bad_values_are_reported_and_treated_as_deletes(
     # A malformed key of a known kind, and a key of a kind pyfelix does not use.
     _put_raw(writer, "/calico/resources/v3/projectcalico.org/networkpolicies/only-a-name",
              encode_value(gnp("x")))
-    _put_raw(writer, "/calico/resources/v3/projectcalico.org/clusterinformations/default",
-             b'{"kind": "ClusterInformation"}')
+    _put_raw(writer, "/calico/resources/v3/projectcalico.org/ipamconfigs/default",
+             b'{"kind": "IPAMConfig"}')
     _settle(recorder, store, "bad")
     messages = [e.message for e in recorder.errors]
     assert any("names GlobalNetworkPolicy(misnamed)" in m for m in messages), messages
     assert any("does not follow the layout" in m for m in messages), messages
-    assert not any("clusterinformations" in e.source for e in recorder.errors)
+    assert not any("ipamconfigs" in e.source for e in recorder.errors)
     assert gnp_key("misnamed") not in recorder.state
     assert gnp_key("other-name") not in recorder.state
 

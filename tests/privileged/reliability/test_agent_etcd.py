@@ -199,12 +199,14 @@ class World:
 
 @contextlib.contextmanager
 def etcd_agent_world(documents: Sequence[dict[str, Any]], *,
-                     etcd_first: bool = True) -> Iterator[World]:
+                     etcd_first: bool = True, felix_settings_only: bool = False
+                     ) -> Iterator[World]:
     """Namespace + workload veth + etcd (inside it) holding `documents` + a running agent.
     With `etcd_first=False` the agent is started while etcd is NOT running yet (its port is
     chosen, nothing listens on it): the test starts etcd with `world.etcd.start()` and
     writes `documents` itself. Everything is undone on the way out, whatever the way out
-    is."""
+    is. With `felix_settings_only` the agent has no --datastore: FELIX_DATASTORETYPE=etcdv3
+    and FELIX_ETCDENDPOINTS name etcd, as for Felix."""
     if not Path(ETCD_BINARY).exists():
         pytest.fail(f"{ETCD_BINARY} is missing: install Debian's etcd-server (scripts/setup.sh)")
     token = uuid.uuid4().hex[:6]
@@ -235,7 +237,12 @@ def etcd_agent_world(documents: Sequence[dict[str, Any]], *,
 
         run_dir = base / "agent"
         run_dir.mkdir()
-        agent = EtcdAgent(netns, etcd.datastore_url, run_dir, pin_dir)
+        if felix_settings_only:
+            felix_env = {"FELIX_DATASTORETYPE": "etcdv3",
+                         "FELIX_ETCDENDPOINTS": f"http://{etcd.endpoint}"}
+            agent = EtcdAgent(netns, "", run_dir, pin_dir, felix_env=felix_env)
+        else:
+            agent = EtcdAgent(netns, etcd.datastore_url, run_dir, pin_dir)
         undo.callback(agent.stop)
         agent.start()
         yield World(netns, iface, etcd, store, agent)
@@ -532,3 +539,21 @@ def test_malformed_documents_in_etcd_are_counted_and_change_nothing(
         f"{len(INVALID)} validation errors counted exactly, 1 unknown-kind key ignored; "
         f"the good policy written after them programmed "
         f"{(programmed_at - written_at) * 1000:.0f} ms after the writes; agent restarts: 0"))
+
+
+# --- 4. Felix's datastore settings alone ----------------------------------------------------------
+
+@pytest.mark.timeout(120)
+def test_agent_configured_only_as_felix_syncs_from_etcd(root_guard: Any) -> None:
+    """No --datastore: FELIX_DATASTORETYPE=etcdv3 and FELIX_ETCDENDPOINTS=http://... only;
+    the agent finds etcd, programs the policy and follows a change."""
+    chain = inbound_chain("good")
+    with etcd_agent_world(base_documents(web_policy("good", 80)),
+                          felix_settings_only=True) as world:
+        assert "--datastore" not in " ".join(world.agent.process.args)  # type: ignore[union-attr]
+        _wait_ready(world, chain, 80)
+        world.store.apply([web_policy("good", 8080)])
+        _wait_programmed(world, chain, 8080, "the policy's change, through the watch")
+        assert f"etcd3://{world.etcd.endpoint}" in world.agent.log_text()
+        world.agent.assert_running()
+    root_guard.check()

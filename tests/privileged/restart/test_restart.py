@@ -72,3 +72,17 @@ def test_iptables_restart_keeps_flows_and_removes_stale_policy(root_guard: RootG
     assert result.probes_before == ["allow", "allow"]
     assert result.probes_after == ["allow", "deny"]
     root_guard.check()
+
+
+def test_bpf_restart_by_a_configuration_change_keeps_flows(root_guard: RootGuard):
+    """The same experiment, the agent exiting by itself on a FelixConfiguration change of a
+    restart parameter (RouteRefreshInterval), as Felix does; the harness restarts it."""
+    result = RestartExperiment("bpf", trigger="config").run()
+    assert result.failures == [] and result.established_flow_resets == 0
+    assert result.messages_while_down > 0 and result.messages_after_restart > 0
+    assert result.probes_before == ["allow", "allow"]
+    assert result.probes_after == ["allow", "deny"]
+    assert "configuration changed: RouteRefreshInterval; exiting" in result.log_after_restart
+    print(f"config-triggered restart: resync {result.resync_seconds:.2f} s, "
+          f"{result.messages_while_down} messages echoed while down, 0 resets")
+    root_guard.check()

@@ -2,8 +2,9 @@
 
 Topology (namespaces this test creates): `typha` runs in namespace A on 198.18.0.1 and
 serves the file datastore; agent A runs beside it, agent B runs in namespace B
-(198.18.0.2, joined to A by a veth). Both agents use `--datastore typha://198.18.0.1:PORT`
-and the iptables dataplane. Each node has one workload endpoint under a policy; the test
+(198.18.0.2, joined to A by a veth). Agent A uses `--datastore typha://198.18.0.1:PORT`,
+agent B Felix's own setting FELIX_TYPHAADDR (no --datastore); both the iptables dataplane.
+Each node has one workload endpoint under a policy; the test
 checks each agent programmed its endpoint's chain with the policy, then deletes the policy
 in the datastore and checks both agents remove it (deletes flow through Typha too).
 """
@@ -112,8 +113,11 @@ def test_agents_converge_through_typha(namespaces: tuple[str, str], tmp_path: Pa
             env = {"FELIX_BPFENABLED": "false",
                    "FELIX_BPFPINDIR": f"/sys/fs/bpf/pyfelix-test-absent-{uuid.uuid4().hex[:8]}",
                    "FELIX_STATUSFILE": str(tmp_path / f"{node}.status.json")}
-            procs.append(spawn(ns, ["agent", "--datastore", f"typha://198.18.0.1:{PORT}",
-                                    "--hostname", node], log, env))
+            if ns == ns_a:
+                where = ["--datastore", f"typha://198.18.0.1:{PORT}"]
+            else:  # configured as Felix is: FELIX_TYPHAADDR, no --datastore
+                where, env["FELIX_TYPHAADDR"] = [], f"198.18.0.1:{PORT}"
+            procs.append(spawn(ns, ["agent", *where, "--hostname", node], log, env))
         for node, ns in zip(NODES, (ns_a, ns_b), strict=True):
             iface = NODES[node][0]
             wait_for(lambda node=node: in_sync(tmp_path / f"{node}.status.json"), 60,
