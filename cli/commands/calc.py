@@ -77,7 +77,11 @@ def command(datastore: DatastoreLocation, hostname: str, output: str, timeout: f
     from agent.syncer.client import DatastoreClientError
 
     # The validator logs each rejected document; they are printed below, once, instead.
-    logging.getLogger("agent").setLevel(logging.ERROR)
+    # (The level is restored afterwards: run in-process, e.g. by a test, the command must
+    # not silence the agent's loggers for whatever runs next.)
+    agent_log = logging.getLogger("agent")
+    level = agent_log.level
+    agent_log.setLevel(logging.ERROR)
     try:
         snapshot = compute(datastore, hostname, timeout=timeout)
     except FileNotFoundError as exc:
@@ -85,6 +89,8 @@ def command(datastore: DatastoreLocation, hostname: str, output: str, timeout: f
                                    ) from exc
     except (DatastoreClientError, CalcTimeout) as exc:
         raise click.ClickException(str(exc)) from exc
+    finally:
+        agent_log.setLevel(level)
     for warning in snapshot.warnings:
         click.echo(f"warning: {warning}", err=True)
     summary = snapshot.summary
