@@ -121,7 +121,8 @@ def load(build: BuildConfig, *, before_compile: Callable[[], None] | None = None
 
 
 class SharedLoad:
-    """Reference-counted owner of a LoadedDataplane: closed when every user released it."""
+    """Reference-counted owner of a LoadedDataplane: closed when every user released it
+    (and then the drop metrics stop reading its maps)."""
 
     def __init__(self, loaded: LoadedDataplane, users: int) -> None:
         self.loaded = loaded
@@ -130,6 +131,7 @@ class SharedLoad:
     def release(self) -> None:
         self._users -= 1
         if self._users == 0:
+            bpf_metrics.DROPS.forget(self.loaded)
             self.loaded.close()
 
 
@@ -178,7 +180,7 @@ def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
     bpf_metrics.DROPS.set_sources(
         global_counters=lambda: counters_map.read_globals(global_counters),
         guard=guard.guard.counters,
-        spoofed_by_endpoint=policy.spoofed_by_endpoint)
+        spoofed_by_endpoint=policy.spoofed_by_endpoint, owner=loaded)
     managers = [policy, routes, attach, conntrack]
     shared = SharedLoad(loaded, len(managers))
     for manager in managers:

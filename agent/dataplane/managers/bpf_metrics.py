@@ -54,11 +54,20 @@ class DropCollector:
         self._globals: Callable[[], Mapping[str, int]] | None = None
         self._guard: Callable[[], Mapping[str, int]] | None = None
         self._spoofed: Callable[[], Mapping[str, int]] | None = None
+        self._owner: object = None
 
     def set_sources(self, *, global_counters: Callable[[], Mapping[str, int]] | None,
                     guard: Callable[[], Mapping[str, int]] | None,
-                    spoofed_by_endpoint: Callable[[], Mapping[str, int]] | None) -> None:
+                    spoofed_by_endpoint: Callable[[], Mapping[str, int]] | None,
+                    owner: object = None) -> None:
         self._globals, self._guard, self._spoofed = global_counters, guard, spoofed_by_endpoint
+        self._owner = owner
+
+    def forget(self, owner: object) -> None:
+        """The sources of `owner` are gone (its maps closed): stop reading them, unless a
+        newer owner has set its own meanwhile."""
+        if owner is self._owner:
+            self.set_sources(global_counters=None, guard=None, spoofed_by_endpoint=None)
 
     def describe(self) -> list[Metric]:
         return []  # values are read at collect time only
