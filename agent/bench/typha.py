@@ -13,8 +13,8 @@ Figures (one run; the run is long, so no repeats):
 - `endpoints`: keys in the server's snapshot (its `typha_snapshot_size`);
 - `fanout_p50_ms`, `fanout_p99_ms`, `fanout_max_ms`: per (client, update), from just before
   the etcd write to the client's `on_updates` callback: the whole path (etcd, its watch, the
-  server's syncer and cache, the socket, the client's decoding). Target (issue 11): p99 <=
-  1,000 ms with 500 clients, 10,000 endpoints, 100 updates/s;
+  server's syncer and cache, the socket, the client's decoding). Target (issues 11, 22): p99 <=
+  1,000 ms with 500 and with 1,000 clients, 10,000 endpoints, 100 updates/s;
 - `missing_deliveries`: (client, update) pairs never delivered (should be 0; the latency
   figures cover the delivered ones); `update_rate_achieved`: writes per second managed;
 - `server_fanout_p99_ms`: the server's own view (`typha_updates_fanout_latency`, update
@@ -22,7 +22,12 @@ Figures (one run; the run is long, so no repeats):
   the 99th percentile;
 - `server_rss_mb`, `server_peak_rss_mb`: the server process's VmRSS after the updates, and
   its VmHWM (peak);
-- `connect_seconds`: time for all clients to connect and get their snapshots;
+- `connect_seconds`: from the first client's start until every client has its server
+  hello (clients start in waves of `wave` at `connect_rate` per second, without waiting
+  for earlier snapshots; target (issue 22): 1,000 clients within 10 s);
+- `in_sync_seconds`: until every client has decoded its snapshot and is in sync (bounded
+  here by the simulated clients' decoding: 1,000 x 10,000 documents in two Python
+  processes on the server's 2 cores, work each agent does on its own node in a cluster);
 - the etcd load, from etcd's own `etcd_debugging_mvcc_watcher_total`:
   `etcd_watches_with_typha` (measured while every client is connected through Typha);
   `etcd_watches_per_direct_client` (measured: `direct_sample` agents' syncers reading etcd
@@ -30,8 +35,13 @@ Figures (one run; the run is long, so no repeats):
   figure x `clients`: what the same clients would hold reading etcd directly; running 500
   direct syncers here would measure this machine, not etcd).
 
+The benchmark runs the plan once per client count of `CLIENT_SWEEP` (250, 500, 1,000):
+the figures above are the largest run's, and `fanout_p50_ms_<C>`, `fanout_p99_ms_<C>`,
+`connect_seconds_<C>`, `in_sync_seconds_<C>`, `server_rss_mb_<C>` (...) are each run's,
+for the chart of latency against clients (`agent.bench.plots`).
+
 With `BenchSettings.quick()` (tests, `pyfelix bench --quick`) the plan shrinks to a few
-clients and endpoints; the figures then only show that the path works.
+clients (6 and 12) and endpoints; the figures then only show that the path works.
 
 The simulated clients run in `client_processes` processes (2), each with an asyncio loop
 driving the real client's protocol pieces (see `_SimulatedClients`), with the cyclic
@@ -58,7 +68,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -81,7 +91,8 @@ class TyphaBenchPlan:
     update_rate: float = 100.0  # datastore writes per second
     update_seconds: float = 10.0
     churn: int = 100  # endpoints rewritten round robin
-    wave: int = 25  # clients connected together (over all client processes)
+    wave: int = 25  # clients started together (over all client processes)
+    connect_rate: float = 250.0  # clients started per second (waves do not wait for sync)
     # processes the simulated clients are spread over: decoding 500 clients' updates takes
     # about one core of Python, more than one process can give with the server beside it
     client_processes: int = 2
@@ -94,6 +105,10 @@ class TyphaBenchPlan:
         return cls(clients=12, endpoints=300, update_rate=50.0, update_seconds=1.0, churn=20,
                    wave=12, client_processes=1, direct_sample=3, sync_timeout=60.0,
                    drain_timeout=30.0)
+
+
+CLIENT_SWEEP = (250, 500, 1000)  # `make bench`: one run per count, figures suffixed _<count>
+QUICK_CLIENT_SWEEP = (6, 12)
 
 
 def _endpoint(index: int, generation: int = 0, *, churn: bool = False) -> dict[str, Any]:
@@ -285,6 +300,21 @@ class _Registry:
     def __init__(self) -> None:
         self.cond = threading.Condition()
         self.in_sync = 0
+        self.hellos = 0
+
+    def hello(self) -> None:
+        with self.cond:
+            self.hellos += 1
+            self.cond.notify_all()
+
+    def wait_hellos(self, count: int, deadline: float) -> bool:
+        with self.cond:
+            while self.hellos < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(min(left, 1.0))
+            return True
 
     def synced(self) -> None:
         with self.cond:
@@ -454,6 +484,7 @@ class _SimulatedClients:
                     if follower is None:
                         check_server_hello(message, "felix", KNOWN_COMPRESSIONS)
                         follower = StreamFollower(state, f"127.0.0.1:{self.port}")
+                        callbacks.registry.hello()
                         continue
                     reply = follower.handle(message)
                     if reply is not None:
@@ -479,9 +510,11 @@ class _SimulatedClients:
         self._loop.close()
 
 
-def _client_worker(port: int, names: list[str], wave: int, sync_timeout: float,
+def _client_worker(port: int, names: list[str], wave: int, pause: float, sync_timeout: float,
                    conn: Connection) -> None:
-    """A client process: connect `names` in waves, report ("ready", n) or ("failed", why);
+    """A client process: start `names` in waves of `wave`, `pause` seconds apart (a wave
+    does not wait for the previous one's snapshots), report ("hello", n) once every client
+    got the server's hello and ("ready", n) once every one is in sync, or ("failed", why);
     then on ("drain", final generations, timeout) wait for them and report
     ("done", latencies, errors)."""
     # 250 clients' state in one process makes each cyclic-GC pass cost tens to hundreds of
@@ -498,11 +531,18 @@ def _client_worker(port: int, names: list[str], wave: int, sync_timeout: float,
             for name in names[first:first + wave]:
                 callbacks.append(_BenchClient(registry))
                 clients.add(name, callbacks[-1])
-            if not registry.wait_in_sync(len(callbacks), deadline):
-                conn.send(("failed", f"only {registry.in_sync} of {len(callbacks)} clients in "
-                                     f"sync after {sync_timeout} s; errors: "
-                                     f"{clients.errors[:3]}"))
-                return
+            time.sleep(pause)
+        if not registry.wait_hellos(len(callbacks), deadline):
+            conn.send(("failed", f"only {registry.hellos} of {len(callbacks)} clients got the "
+                                 f"server's hello after {sync_timeout} s; errors: "
+                                 f"{clients.errors[:3]}"))
+            return
+        conn.send(("hello", len(callbacks)))
+        if not registry.wait_in_sync(len(callbacks), deadline):
+            conn.send(("failed", f"only {registry.in_sync} of {len(callbacks)} clients in "
+                                 f"sync after {sync_timeout} s; errors: "
+                                 f"{clients.errors[:3]}"))
+            return
         conn.send(("ready", len(callbacks)))
         _, final, drain_timeout = conn.recv()
         drain_deadline = time.monotonic() + drain_timeout
@@ -529,11 +569,13 @@ class _ClientProcesses:
         self.pipes: list[Connection] = []
         count = max(1, min(plan.client_processes, plan.clients))
         wave = max(1, plan.wave // count)
+        pause = plan.wave / plan.connect_rate
         for index in range(count):
             names = [f"bench-{n}" for n in range(index, plan.clients, count)]
             parent, child = context.Pipe()
             process = context.Process(target=_client_worker, daemon=True,
-                                      args=(port, names, wave, plan.sync_timeout, child),
+                                      args=(port, names, wave, pause, plan.sync_timeout,
+                                            child),
                                       name=f"bench-typha-clients-{index}")
             process.start()
             child.close()
@@ -548,10 +590,16 @@ class _ClientProcesses:
             raise RuntimeError(f"a client process failed: {message[1]}")
         return message
 
-    def wait_ready(self, timeout: float) -> int:
+    def wait_for(self, what: str, timeout: float) -> int:
+        """Clients of every process that reported `what` ("hello" or "ready")."""
         deadline = time.monotonic() + timeout
-        return sum(self._receive(p, max(deadline - time.monotonic(), 0.1))[1]
-                   for p in self.pipes)
+        total = 0
+        for pipe in self.pipes:
+            message = self._receive(pipe, max(deadline - time.monotonic(), 0.1))
+            if message[0] != what:
+                raise RuntimeError(f"a client process said {message[0]!r}, not {what!r}")
+            total += message[1]
+        return int(total)
 
     def drain(self, final: dict[str, int], timeout: float
               ) -> tuple[list[tuple[float, float]], list[str]]:
@@ -593,8 +641,10 @@ def run_typha_bench(plan: TyphaBenchPlan) -> Figures:
                                                   plan.endpoints))
         started = time.monotonic()
         clients = _ClientProcesses(server.port, plan)
-        connected = clients.wait_ready(plan.sync_timeout + 60)
+        clients.wait_for("hello", plan.sync_timeout + 60)
         connect_seconds = time.monotonic() - started
+        connected = clients.wait_for("ready", plan.sync_timeout + 60)
+        in_sync_seconds = time.monotonic() - started
         watches_with_typha = etcd.watchers()
 
         total = round(plan.update_rate * plan.update_seconds)
@@ -627,6 +677,7 @@ def run_typha_bench(plan: TyphaBenchPlan) -> Figures:
             "server_rss_mb": rss,
             "server_peak_rss_mb": peak,
             "connect_seconds": connect_seconds,
+            "in_sync_seconds": in_sync_seconds,
             "etcd_watches_with_typha": watches_with_typha,
             "etcd_watches_per_direct_client": per_direct_client,
             "etcd_watches_without_typha": per_direct_client * connected,
@@ -647,6 +698,25 @@ def _is_quick(ctx: BenchContext) -> bool:
     return ctx.settings.min_sample_seconds < 0.01
 
 
-@benchmark("typha", description="Typha fan-out: 500 clients, 10,000 endpoints, 100 updates/s")
+SWEPT_FIGURES = ("fanout_p50_ms", "fanout_p99_ms", "connect_seconds", "in_sync_seconds",
+                 "server_rss_mb", "server_peak_rss_mb", "missing_deliveries", "client_errors")
+
+
+def run_sweep(base: TyphaBenchPlan, counts: tuple[int, ...]) -> Figures:
+    """One run per client count: the largest run's figures as they are, and the latency,
+    timing and memory figures of every run suffixed `_<clients>` (for the chart)."""
+    figures: Figures = {}
+    for count in sorted(counts):
+        run = run_typha_bench(replace(base, clients=count))
+        figures.update({f"{name}_{count}": run[name] for name in SWEPT_FIGURES})
+        if count == max(counts):
+            figures.update(run)
+    return figures
+
+
+@benchmark("typha", description="Typha fan-out: 250/500/1,000 clients, 10,000 endpoints, "
+                                "100 updates/s")
 def typha_bench(ctx: BenchContext) -> Figures:
-    return run_typha_bench(TyphaBenchPlan.quick() if _is_quick(ctx) else TyphaBenchPlan())
+    if _is_quick(ctx):
+        return run_sweep(TyphaBenchPlan.quick(), QUICK_CLIENT_SWEEP)
+    return run_sweep(TyphaBenchPlan(), CLIENT_SWEEP)

@@ -7,19 +7,32 @@ from __future__ import annotations
 import pytest
 
 from agent.bench import dataplane_compare
-from agent.bench.dataplane_compare import ComparePlan, PointResult, compare, policy_document
+from agent.bench.dataplane_compare import ComparePlan, PointResult, compare, policy_documents
 from agent.bench.registry import BenchContext, BenchSettings
+from agent.inputs.limits import LIMITS
+from agent.model import parse_resource
 
 
-def test_policy_document_has_n_never_matching_rules_then_the_client_allow():
-    doc = policy_document(10_000)
-    ingress = doc["spec"]["ingress"]
+def test_policy_documents_hold_n_never_matching_rules_then_the_client_allow():
+    docs = policy_documents(10_000)
+    assert [d["spec"]["order"] for d in docs] == [1, 2, 3, 4]  # 2,500 rules each, in order
+    assert all(d["spec"]["selector"] == "role == 'server'" for d in docs)
+    ingress = [rule for d in docs for rule in d["spec"]["ingress"]]
     assert len(ingress) == 10_001
+    assert max(len(d["spec"]["ingress"]) for d in docs) <= LIMITS.max_rules_per_policy
     nets = {rule["source"]["nets"][0] for rule in ingress[:-1]}
     assert len(nets) == 10_000  # all distinct /32s
     assert all(not net.startswith("10.65.") for net in nets)  # never a lab pod address
     assert ingress[-1] == {"action": "Allow", "source": {"selector": "role == 'client'"}}
-    assert doc["spec"]["selector"] == "role == 'server'"
+    (small,) = policy_documents(1000)
+    assert len(small["spec"]["ingress"]) == 1001
+    assert small["metadata"]["name"] == docs[0]["metadata"]["name"]  # replaced in place
+
+
+def test_policy_documents_are_accepted_by_the_model():
+    for doc in policy_documents(10_000):
+        policy = parse_resource(doc)
+        assert len(policy.ingress) == len(doc["spec"]["ingress"])
 
 
 def test_figures_ratios_and_a_failed_point(monkeypatch):
