@@ -10,7 +10,8 @@ import pytest
 
 from agent.bench import BenchSettings, known_benchmarks, run
 
-BPF_BENCHES = ("bpf-verdict", "map-sync", "policy-latency", "restart", "dataplane-compare")
+BPF_BENCHES = ("bpf-verdict", "map-sync", "policy-latency", "restart", "dataplane-compare",
+               "agent-memory")
 
 
 def test_every_bpf_benchmark_is_registered_and_importable():
@@ -98,3 +99,15 @@ def test_restart_figures(leaves_nothing):
     assert f["established_flow_resets"] == 0, f
     assert f["stale_policy_removed"] == 1 and f["new_connections_allowed"] == 1, f
     assert f["messages_while_down"] > 0 and f["resync_seconds"] > 0, f
+
+
+@pytest.mark.privileged
+def test_agent_memory_figures(leaves_nothing):
+    """The lab agent (BPF, via Typha) with 0, 200 and 500 remote endpoints: RSS sampled at
+    each step, and the per-endpoint slope computed from them."""
+    f = quick("agent-memory")
+    assert f["remote_endpoints"] == 500
+    for n in (0, 200, 500):
+        assert f[f"agent_rss_mb_{n}"] > 0
+    assert f["agent_rss_mb_per_1000_remote_endpoints"] == pytest.approx(
+        f["kib_per_remote_endpoint"] * 1000 / 1024)
