@@ -22,6 +22,8 @@ Figures (one run; the run is long, so no repeats):
   the 99th percentile;
 - `server_rss_mb`, `server_peak_rss_mb`: the server process's VmRSS after the updates, and
   its VmHWM (peak);
+- `handshake_retries`: connections the server closed before their hello (it bounds how
+  many wait for theirs), tried again by the client after a backoff;
 - `connect_seconds`: from the first client's start until every client has its server
   hello (clients start in waves of `wave` at `connect_rate` per second, without waiting
   for earlier snapshots; target (issue 22): 1,000 clients within 10 s);
@@ -54,9 +56,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import math
 import multiprocessing
 import os
+import random
 import re
 import shutil
 import signal
@@ -81,6 +85,7 @@ ETCD_BINARY = "/usr/bin/etcd"
 WRITTEN_AT = "bench.pyfelix.org/written-at"
 CHURN_PREFIX = "churn-"
 LOAD_CHUNK = 500
+HANDSHAKE_RETRIES = 20
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -437,12 +442,15 @@ class _SimulatedClients:
     `TyphaSyncer`); only the transport differs: a coroutine per connection instead of a
     thread, because 500 threads in one Python process spend their time fighting over the
     GIL (in a cluster each agent is its own process). A dropped connection is not
-    reconnected: it ends that client (`errors`), and shows in the figures.
+    reconnected: it ends that client (`errors`), and shows in the figures; only a connection
+    closed before the server's hello (the server bounds how many wait for theirs) is tried
+    again, after a jittered backoff, up to `HANDSHAKE_RETRIES` times (`retries`).
     """
 
     def __init__(self, port: int) -> None:
         self.port = port
         self.errors: list[str] = []
+        self.retries = 0  # connections refused before their hello, and tried again
         self._loop = asyncio.new_event_loop()
         self._tasks: list[asyncio.Task[None]] = []
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
@@ -466,36 +474,47 @@ class _SimulatedClients:
             encode_message,
         )
 
-        writer = None
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
-            writer.write(encode_message(client_hello(
-                hostname=hostname, syncer_type="felix", compression=KNOWN_COMPRESSIONS)))
-            frames = FrameReader()
-            decoder = MessageDecoder(SERVER_MESSAGE_TYPES)
+        for attempt in itertools.count():
+            writer = None
             follower: StreamFollower | None = None
-            state = ClientState(callbacks)
-            while True:
-                data = await reader.read(256 * 1024)
-                if not data:
-                    raise ConnectionError("the server closed the connection")
-                for payload in frames.feed(data):
-                    message = decoder.decode(payload)
-                    if follower is None:
-                        check_server_hello(message, "felix", KNOWN_COMPRESSIONS)
-                        follower = StreamFollower(state, f"127.0.0.1:{self.port}")
-                        callbacks.registry.hello()
-                        continue
-                    reply = follower.handle(message)
-                    if reply is not None:
-                        writer.write(encode_message(reply))
-        except asyncio.CancelledError:
-            pass
-        except Exception as exc:
-            self.errors.append(f"{hostname}: {type(exc).__name__}: {exc}")
-        finally:
-            if writer is not None:
-                writer.close()
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                writer.write(encode_message(client_hello(
+                    hostname=hostname, syncer_type="felix", compression=KNOWN_COMPRESSIONS)))
+                frames = FrameReader()
+                decoder = MessageDecoder(SERVER_MESSAGE_TYPES)
+                state = ClientState(callbacks)
+                while True:
+                    data = await reader.read(256 * 1024)
+                    if not data:
+                        raise ConnectionError("the server closed the connection")
+                    for payload in frames.feed(data):
+                        message = decoder.decode(payload)
+                        if follower is None:
+                            check_server_hello(message, "felix", KNOWN_COMPRESSIONS)
+                            follower = StreamFollower(state, f"127.0.0.1:{self.port}")
+                            callbacks.registry.hello()
+                            continue
+                        reply = follower.handle(message)
+                        if reply is not None:
+                            writer.write(encode_message(reply))
+            except asyncio.CancelledError:
+                return
+            except (ConnectionError, OSError) as exc:
+                if follower is None and attempt < HANDSHAKE_RETRIES:
+                    # refused before its hello (the server bounds connections waiting for
+                    # theirs): back off and try again, as an agent's client does
+                    self.retries += 1
+                    await asyncio.sleep(random.uniform(0.2, 1.0) * min(2 ** attempt, 8))
+                    continue
+                self.errors.append(f"{hostname}: {type(exc).__name__}: {exc}")
+                return
+            except Exception as exc:
+                self.errors.append(f"{hostname}: {type(exc).__name__}: {exc}")
+                return
+            finally:
+                if writer is not None:
+                    writer.close()
 
     def stop(self) -> None:
         async def cancel_all() -> None:
@@ -550,7 +569,8 @@ def _client_worker(port: int, names: list[str], wave: int, pause: float, sync_ti
             if all(c.generations.get(k) == g for c in callbacks for k, g in final.items()):
                 break
             time.sleep(0.1)
-        conn.send(("done", [v for c in callbacks for v in c.latencies], clients.errors))
+        conn.send(("done", [v for c in callbacks for v in c.latencies], clients.errors,
+                   clients.retries))
         try:
             conn.recv()  # stay connected until the parent has read the server's metrics
         except EOFError:
@@ -602,17 +622,20 @@ class _ClientProcesses:
         return int(total)
 
     def drain(self, final: dict[str, int], timeout: float
-              ) -> tuple[list[tuple[float, float]], list[str]]:
-        """(written at, latency) of every delivery, and the clients' errors."""
+              ) -> tuple[list[tuple[float, float]], list[str], int]:
+        """(written at, latency) of every delivery, the clients' errors, and how many
+        connections were refused before their hello and tried again."""
         for pipe in self.pipes:
             pipe.send(("drain", final, timeout))
         latencies: list[tuple[float, float]] = []
         errors: list[str] = []
+        retries = 0
         for pipe in self.pipes:
-            _, got, failures = self._receive(pipe, timeout + 30)
+            _, got, failures, refused = self._receive(pipe, timeout + 30)
             latencies += got
             errors += failures
-        return latencies, errors
+            retries += refused
+        return latencies, errors, retries
 
     def stop(self) -> None:
         for pipe in self.pipes:
@@ -650,7 +673,7 @@ def run_typha_bench(plan: TyphaBenchPlan) -> Figures:
         total = round(plan.update_rate * plan.update_seconds)
         achieved_rate = _churn_in_child(etcd.endpoint, total, plan)
         final = {f"{CHURN_PREFIX}{i % plan.churn}": i + 1 for i in range(total)}
-        deliveries, errors = clients.drain(final, plan.drain_timeout)
+        deliveries, errors, retries = clients.drain(final, plan.drain_timeout)
         latencies = [latency for _, latency in deliveries]
 
         metrics = server.metrics()
@@ -672,6 +695,7 @@ def run_typha_bench(plan: TyphaBenchPlan) -> Figures:
             "fanout_max_ms": max(latencies) * 1000,
             "missing_deliveries": float(total * connected - len(latencies)),
             "client_errors": float(len(errors)),
+            "handshake_retries": float(retries),
             "server_fanout_p99_ms": _histogram_p99(metrics, "typha_updates_fanout_latency")
             * 1000,
             "server_rss_mb": rss,
@@ -699,7 +723,8 @@ def _is_quick(ctx: BenchContext) -> bool:
 
 
 SWEPT_FIGURES = ("fanout_p50_ms", "fanout_p99_ms", "connect_seconds", "in_sync_seconds",
-                 "server_rss_mb", "server_peak_rss_mb", "missing_deliveries", "client_errors")
+                 "server_rss_mb", "server_peak_rss_mb", "missing_deliveries", "client_errors",
+                 "handshake_retries")
 
 
 def run_sweep(base: TyphaBenchPlan, counts: tuple[int, ...]) -> Figures:

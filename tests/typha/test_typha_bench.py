@@ -15,11 +15,13 @@ FIGURES = {
     "clients", "client_processes", "clients_connected_at_end", "endpoints", "updates",
     "update_rate_achieved", "fanout_p50_ms", "fanout_p99_ms", "fanout_max_ms",
     "missing_deliveries", "client_errors", "server_fanout_p99_ms", "server_rss_mb",
-    "server_peak_rss_mb", "connect_seconds", "in_sync_seconds", "etcd_watches_with_typha",
+    "server_peak_rss_mb", "connect_seconds", "in_sync_seconds", "handshake_retries",
+    "etcd_watches_with_typha",
     "etcd_watches_per_direct_client", "etcd_watches_without_typha",
 }
 SWEPT = {"fanout_p50_ms", "fanout_p99_ms", "connect_seconds", "in_sync_seconds",
-         "server_rss_mb", "server_peak_rss_mb", "missing_deliveries", "client_errors"}
+         "server_rss_mb", "server_peak_rss_mb", "missing_deliveries", "client_errors",
+         "handshake_retries"}
 
 
 def test_quick_typha_bench_reports_every_figure() -> None:
