@@ -545,22 +545,32 @@ def _client_worker(port: int, names: list[str], wave: int, pause: float, sync_ti
     callbacks: list[_BenchClient] = []
     clients = _SimulatedClients(port)
     try:
-        deadline = time.monotonic() + sync_timeout
+        started = time.monotonic()
+        deadline = started + sync_timeout
         for first in range(0, len(names), wave):
             for name in names[first:first + wave]:
                 callbacks.append(_BenchClient(registry))
                 clients.add(name, callbacks[-1])
             time.sleep(pause)
-        if not registry.wait_hellos(len(callbacks), deadline):
-            conn.send(("failed", f"only {registry.hellos} of {len(callbacks)} clients got the "
-                                 f"server's hello after {sync_timeout} s; errors: "
-                                 f"{clients.errors[:3]}"))
+        def wait(what: str, done: Callable[[float], bool], count: Callable[[], int]) -> bool:
+            """Until `done`; False (after telling the parent) at the deadline or as soon as
+            a client has failed for good (a dropped client never comes back)."""
+            while not done(min(deadline, time.monotonic() + 1.0)):
+                if clients.errors or time.monotonic() >= deadline:
+                    conn.send(("failed", f"{count()} of {len(callbacks)} clients {what} after "
+                                         f"{time.monotonic() - started:.0f} s; "
+                                         f"{len(clients.errors)} client(s) failed, e.g. "
+                                         f"{clients.errors[:2]}"))
+                    return False
+            return True
+
+        if not wait("had the server's hello",
+                    lambda until: registry.wait_hellos(len(callbacks), until),
+                    lambda: registry.hellos):
             return
         conn.send(("hello", len(callbacks)))
-        if not registry.wait_in_sync(len(callbacks), deadline):
-            conn.send(("failed", f"only {registry.in_sync} of {len(callbacks)} clients in "
-                                 f"sync after {sync_timeout} s; errors: "
-                                 f"{clients.errors[:3]}"))
+        if not wait("were in sync", lambda until: registry.wait_in_sync(len(callbacks), until),
+                    lambda: registry.in_sync):
             return
         conn.send(("ready", len(callbacks)))
         _, final, drain_timeout = conn.recv()
@@ -727,15 +737,24 @@ SWEPT_FIGURES = ("fanout_p50_ms", "fanout_p99_ms", "connect_seconds", "in_sync_s
                  "handshake_retries")
 
 
-def run_sweep(base: TyphaBenchPlan, counts: tuple[int, ...]) -> Figures:
-    """One run per client count: the largest run's figures as they are, and the latency,
-    timing and memory figures of every run suffixed `_<clients>` (for the chart)."""
+def run_sweep(base: TyphaBenchPlan, counts: tuple[int, ...],
+              ctx: BenchContext | None = None) -> Figures:
+    """One run per client count: the largest completed run's figures as they are, and the
+    latency, timing and memory figures of every run suffixed `_<clients>` (for the chart).
+    A count that fails gets a note `clients_<count>` with the reason, and no figures."""
     figures: Figures = {}
     for count in sorted(counts):
-        run = run_typha_bench(replace(base, clients=count))
+        try:
+            run = run_typha_bench(replace(base, clients=count))
+        except RuntimeError as exc:
+            if ctx is None:
+                raise
+            ctx.note(f"clients_{count}", f"FAILED: {exc}")
+            continue
         figures.update({f"{name}_{count}": run[name] for name in SWEPT_FIGURES})
-        if count == max(counts):
-            figures.update(run)
+        figures.update(run)  # the largest run that completed
+    if not figures:
+        raise RuntimeError(f"no client count completed: {ctx.notes if ctx else ''}")
     return figures
 
 
@@ -743,5 +762,5 @@ def run_sweep(base: TyphaBenchPlan, counts: tuple[int, ...]) -> Figures:
                                 "100 updates/s")
 def typha_bench(ctx: BenchContext) -> Figures:
     if _is_quick(ctx):
-        return run_sweep(TyphaBenchPlan.quick(), QUICK_CLIENT_SWEEP)
-    return run_sweep(TyphaBenchPlan(), CLIENT_SWEEP)
+        return run_sweep(TyphaBenchPlan.quick(), QUICK_CLIENT_SWEEP, ctx)
+    return run_sweep(TyphaBenchPlan(), CLIENT_SWEEP, ctx)
