@@ -12,7 +12,8 @@ with its note, never given a value):
   `<dp>_<N>`) is drawn as a cross on the axis, labelled "failed".
 - `typha_latency.png` (bench `typha`): update fan-out p50/p99 against connected clients
   (`fanout_p50_ms_<C>` / `fanout_p99_ms_<C>` for a sweep, else the run's `clients` with
-  `fanout_p50_ms` / `fanout_p99_ms`), with the 1 s target line.
+  `fanout_p50_ms` / `fanout_p99_ms`), with the 1 s target line; a count that failed (note
+  `clients_<C>`) is a cross on the axis.
 
 Inputs: the results mapping and its notes (`agent.bench.report.load_document`).
 Outputs: PNG files in a directory; `series` helpers are pure (unit-tested without drawing).
@@ -184,15 +185,30 @@ def draw_new_conn(results: Results, notes: Notes, path: Path) -> bool:
     return True
 
 
-def draw_typha(results: Results, path: Path) -> bool:
+def typha_failed(notes: Notes) -> dict[int, str]:
+    """Client counts the typha sweep could not complete (notes `clients_<N>`)."""
+    out = {}
+    for name, text in notes.get("typha", {}).items():
+        match = re.fullmatch(r"clients_(\d+)", name)
+        if match:
+            out[int(match.group(1))] = text
+    return out
+
+
+def draw_typha(results: Results, path: Path, notes: Notes | None = None) -> bool:
     series = typha_series(results)
-    if not series:
+    failed = typha_failed(notes or {})
+    if not series and not failed:
         return False
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for line in series:
         xs = sorted(line.points)
         ax.plot(xs, [line.points[x] for x in xs], marker="o", label=line.label)
+    for clients in sorted(failed):
+        ax.plot([clients], [0], marker="x", markersize=10, color="red")
+        ax.annotate(f"{clients:,} clients: failed", (clients, 0), textcoords="offset points",
+                    xytext=(0, 12), ha="center", fontsize="small", color="red")
     ax.axhline(TYPHA_TARGET_MS, linestyle="--", color="grey", label="target p99 (1 s)")
     ax.set_ylim(bottom=0)
     ax.set_xlabel("Typha clients")
@@ -214,6 +230,6 @@ def draw_all(results: Results, notes: Notes, directory: Path) -> list[str]:
         written.append(PER_PACKET_PNG)
     if draw_new_conn(results, notes, directory / NEW_CONN_PNG):
         written.append(NEW_CONN_PNG)
-    if draw_typha(results, directory / TYPHA_PNG):
+    if draw_typha(results, directory / TYPHA_PNG, notes):
         written.append(TYPHA_PNG)
     return written

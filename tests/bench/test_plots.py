@@ -47,6 +47,11 @@ def test_typha_series_sweep_or_single_run():
     assert only.points == {250: 100.0, 1000: 700.0}
 
 
+def test_typha_failed_counts_come_from_notes():
+    notes = {"typha": {"clients_1000": "FAILED: dropped"}, "other": {"clients_5": "x"}}
+    assert plots.typha_failed(notes) == {1000: "FAILED: dropped"}
+
+
 def test_draw_all_writes_pngs_for_present_figures_only(tmp_path: Path):
     pytest.importorskip("matplotlib")
     written = plots.draw_all(RESULTS, NOTES, tmp_path)
