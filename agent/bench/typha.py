@@ -86,6 +86,9 @@ WRITTEN_AT = "bench.pyfelix.org/written-at"
 CHURN_PREFIX = "churn-"
 LOAD_CHUNK = 500
 HANDSHAKE_RETRIES = 20
+# refusals a client tries again after: the server has too many connections waiting for their
+# hello ("try again later"), or did not get to this one's hello in time
+RETRYABLE_REFUSALS = ("server-full", "bad-hello")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -444,7 +447,8 @@ class _SimulatedClients:
     GIL (in a cluster each agent is its own process). A dropped connection is not
     reconnected: it ends that client (`errors`), and shows in the figures; only a connection
     closed before the server's hello (the server bounds how many wait for theirs) is tried
-    again, after a jittered backoff, up to `HANDSHAKE_RETRIES` times (`retries`).
+    again (also when the server refused it as full or too late for its hello), after a
+    jittered backoff, up to `HANDSHAKE_RETRIES` times (`retries`).
     """
 
     def __init__(self, port: int) -> None:
@@ -464,7 +468,12 @@ class _SimulatedClients:
         self._loop.call_soon_threadsafe(create)
 
     async def _client(self, hostname: str, callbacks: _BenchClient) -> None:
-        from agent.typha.client import ClientState, StreamFollower, check_server_hello
+        from agent.typha.client import (
+            ClientState,
+            HelloRefused,
+            StreamFollower,
+            check_server_hello,
+        )
         from agent.typha.protocol import (
             KNOWN_COMPRESSIONS,
             SERVER_MESSAGE_TYPES,
@@ -500,8 +509,9 @@ class _SimulatedClients:
                             writer.write(encode_message(reply))
             except asyncio.CancelledError:
                 return
-            except (ConnectionError, OSError) as exc:
-                if follower is None and attempt < HANDSHAKE_RETRIES:
+            except (ConnectionError, OSError, HelloRefused) as exc:
+                retryable = not isinstance(exc, HelloRefused) or exc.code in RETRYABLE_REFUSALS
+                if follower is None and retryable and attempt < HANDSHAKE_RETRIES:
                     # refused before its hello (the server bounds connections waiting for
                     # theirs): back off and try again, as an agent's client does
                     self.retries += 1
