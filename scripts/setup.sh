@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(python3-bpfcc bpfcc-tools python3-venv python3-dev linux-headers-amd64
   iptables ipset nftables bird2 etcd-server etcd-client iproute2 procps kmod
-  ruby) # ruby: `ruby -c` checks the Vagrantfile in tests
+  ruby # ruby: `ruby -c` checks the Vagrantfile in tests
+  nginx wrk sockperf iperf3 # real traffic between lab pods (pyfelix bench dataplane-compare)
+  python3-matplotlib) # bench charts (make bench), seen through the venv's system site-packages
 
 log() { printf '[setup] %s\n' "$*"; }
 
@@ -18,11 +20,22 @@ done
 if ((${#need_apt[@]})); then
   log "installing apt packages: ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
+  # The Debian packages start services (bird, etcd, nginx) we do not want running in the
+  # root namespace: while installing, a policy-rc.d (if the machine has none) forbids it.
+  own_policy=
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    own_policy=/usr/sbin/policy-rc.d
+    printf '#!/bin/sh\nexit 101\n' >"$own_policy"
+    chmod 755 "$own_policy"
+    trap 'rm -f "$own_policy"' EXIT
+  fi
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
-  # The Debian packages start services we do not want running in the root namespace.
-  for svc in bird etcd; do
+  [[ -z $own_policy ]] || { rm -f "$own_policy"; trap - EXIT; }
+  for svc in bird etcd nginx; do
     systemctl disable --now "$svc" >/dev/null 2>&1 || true
+  done
+  for svc in bird etcd; do
     pkill -x "$svc" >/dev/null 2>&1 || true
   done
 fi

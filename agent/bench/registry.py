@@ -23,6 +23,8 @@ module after the benchmark it registers.
 
 Invariants: benchmark names are unique (a second registration under a name is an error);
 running never raises for a failing benchmark: failures are collected in `BenchResults`.
+Notes (`ctx.note(name, text)`) carry what is not a number, e.g. why one point of a sweep
+failed; figures stay numbers only, and a failed point has no figure (never a made-up one).
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 BENCH_PACKAGE = "agent.bench"
-FRAMEWORK_MODULES = frozenset({"registry", "report", "__main__"})
+FRAMEWORK_MODULES = frozenset({"registry", "report", "plots", "__main__"})
+NOTES_KEY = "notes"  # top-level key of the notes in `pyfelix bench -o json`
 
 Figures = dict[str, float]
 BenchFunction = Callable[["BenchContext"], Mapping[str, float]]
@@ -72,6 +75,8 @@ class BenchResults:
 
     figures: dict[str, Figures] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    # per benchmark, text notes (e.g. why one point of a sweep has no figure)
+    notes: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 class UnknownBenchmarkError(LookupError):
@@ -95,6 +100,9 @@ _discovered_packages: set[str] = set()
 
 def benchmark(name: str, *, description: str = "") -> Callable[[BenchFunction], BenchFunction]:
     """Decorator registering `function(ctx) -> {figure: number}` as benchmark `name`."""
+
+    if name == NOTES_KEY:
+        raise BenchmarkRegistrationError(f"{NOTES_KEY!r} is reserved for the notes in JSON")
 
     def register(function: BenchFunction) -> BenchFunction:
         existing = _registered.get(name)
@@ -160,14 +168,17 @@ def run(names: Iterable[str] | None = None, settings: BenchSettings | None = Non
         if bench.function is None:
             results.errors[bench.name] = bench.unavailable or "no function"
             continue
+        ctx = BenchContext(settings)
         try:
-            figures = bench.function(BenchContext(settings))
+            figures = bench.function(ctx)
             results.figures[bench.name] = _checked_figures(bench.name, figures)
         except Exception as exc:
             last = traceback.extract_tb(exc.__traceback__)[-1]
             results.errors[bench.name] = (
                 f"{type(exc).__name__}: {exc} ({last.filename}:{last.lineno})"
             )
+        if ctx.notes:
+            results.notes[bench.name] = dict(ctx.notes)
     return results
 
 
@@ -206,6 +217,11 @@ class BenchContext:
     def __init__(self, settings: BenchSettings, clock: Callable[[], float] | None = None) -> None:
         self.settings = settings
         self._clock = clock or time.perf_counter
+        self.notes: dict[str, str] = {}
+
+    def note(self, name: str, text: str) -> None:
+        """Record a text note, e.g. why a point of a sweep has no figure (`bpf_10000`)."""
+        self.notes[name] = text
 
     def rate(self, name: str, function: Callable[[], object], *, ops_per_call: int) -> Figures:
         """Operations per second of `function` (each call does `ops_per_call` operations)."""

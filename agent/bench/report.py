@@ -4,7 +4,12 @@ Input: `{"<bench>": {"<figure>": number}}` (what `pyfelix bench -o json` prints)
 `F` with `F_min` and `F_max` beside it is one measured quantity and becomes ONE row with
 median, min, max and spread (`(max - min) / median`); any other figure is a row of its own.
 
-Usage: `python -m agent.bench.report results.json > results.md` (the Makefile's `bench`).
+A results file may also hold `"notes": {"<bench>": {"<name>": "text"}}` (see
+`agent.bench.registry`): markdown lists them under the table.
+
+Usage: `python -m agent.bench.report results.json [--plots DIR] > DIR/results.md` (the
+Makefile's `bench`); with `--plots` the charts of `agent.bench.plots` are written to DIR
+and the markdown shows them (links relative to DIR, where results.md goes).
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import json
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from agent.bench.registry import NOTES_KEY
 
 HEADERS = ("bench", "figure", "median", "min", "max", "spread")
 
@@ -90,31 +97,61 @@ def markdown_table(results: Mapping[str, Mapping[str, float]]) -> str:
 
 
 def load(path: str) -> dict[str, dict[str, float]]:
-    """Read and check a results file: an object of objects of numbers."""
+    """Read and check a results file: an object of objects of numbers (notes left out)."""
+    return load_document(path)[0]
+
+
+def load_document(path: str) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, str]]]:
+    """Read and check a results file: (figures per bench, notes per bench)."""
     with open(path, encoding="utf-8") as handle:
         data = json.load(handle)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object of benchmarks, got {type(data).__name__}")
+    notes = data.pop(NOTES_KEY, {})
+    if not isinstance(notes, dict) or not all(
+            isinstance(v, dict) and all(isinstance(t, str) for t in v.values())
+            for v in notes.values()):
+        raise ValueError(f"{path}: {NOTES_KEY}: expected an object of objects of strings")
     for bench, figures in data.items():
         if not isinstance(figures, dict):
             raise ValueError(f"{path}: benchmark {bench!r}: expected an object of figures")
         for figure, value in figures.items():
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ValueError(f"{path}: {bench}.{figure}: expected a number, got {value!r}")
-    return data
+    return data, notes
+
+
+def notes_markdown(notes: Mapping[str, Mapping[str, str]]) -> str:
+    """The notes as a markdown list ("" when there are none)."""
+    lines = [f"- {bench} `{name}`: {text}" for bench in sorted(notes)
+             for name, text in sorted(notes[bench].items())]
+    return "\n".join(["", "Notes:", "", *lines]) if lines else ""
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+    args = list(sys.argv[1:] if argv is None else argv)
+    plots_dir = None
+    if len(args) == 3 and args[1] == "--plots":
+        plots_dir = args.pop(2)
+        args.pop(1)
     if len(args) != 1:
-        print("usage: python -m agent.bench.report RESULTS.json", file=sys.stderr)
+        print("usage: python -m agent.bench.report RESULTS.json [--plots DIR]", file=sys.stderr)
         return 2
     try:
-        results = load(args[0])
+        results, notes = load_document(args[0])
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(markdown_table(results))
+    if notes:
+        print(notes_markdown(notes))
+    if plots_dir is not None:
+        from pathlib import Path
+
+        from agent.bench.plots import draw_all
+
+        for name in draw_all(results, notes, Path(plots_dir)):
+            print(f"\n![{name.removesuffix('.png').replace('_', ' ')}]({name})")
     return 0
 
 

@@ -13,8 +13,8 @@ Figures (one run; the run is long, so no repeats):
 - `endpoints`: keys in the server's snapshot (its `typha_snapshot_size`);
 - `fanout_p50_ms`, `fanout_p99_ms`, `fanout_max_ms`: per (client, update), from just before
   the etcd write to the client's `on_updates` callback: the whole path (etcd, its watch, the
-  server's syncer and cache, the socket, the client's decoding). Target (issue 11): p99 <=
-  1,000 ms with 500 clients, 10,000 endpoints, 100 updates/s;
+  server's syncer and cache, the socket, the client's decoding). Target (issues 11, 22): p99 <=
+  1,000 ms with 500 and with 1,000 clients, 10,000 endpoints, 100 updates/s;
 - `missing_deliveries`: (client, update) pairs never delivered (should be 0; the latency
   figures cover the delivered ones); `update_rate_achieved`: writes per second managed;
 - `server_fanout_p99_ms`: the server's own view (`typha_updates_fanout_latency`, update
@@ -22,7 +22,14 @@ Figures (one run; the run is long, so no repeats):
   the 99th percentile;
 - `server_rss_mb`, `server_peak_rss_mb`: the server process's VmRSS after the updates, and
   its VmHWM (peak);
-- `connect_seconds`: time for all clients to connect and get their snapshots;
+- `handshake_retries`: connections the server closed before their hello (it bounds how
+  many wait for theirs), tried again by the client after a backoff;
+- `connect_seconds`: from the first client's start until every client has its server
+  hello (clients start in waves of `wave` at `connect_rate` per second, without waiting
+  for earlier snapshots; target (issue 22): 1,000 clients within 10 s);
+- `in_sync_seconds`: until every client has decoded its snapshot and is in sync (bounded
+  here by the simulated clients' decoding: 1,000 x 10,000 documents in two Python
+  processes on the server's 2 cores, work each agent does on its own node in a cluster);
 - the etcd load, from etcd's own `etcd_debugging_mvcc_watcher_total`:
   `etcd_watches_with_typha` (measured while every client is connected through Typha);
   `etcd_watches_per_direct_client` (measured: `direct_sample` agents' syncers reading etcd
@@ -30,8 +37,13 @@ Figures (one run; the run is long, so no repeats):
   figure x `clients`: what the same clients would hold reading etcd directly; running 500
   direct syncers here would measure this machine, not etcd).
 
+The benchmark runs the plan once per client count of `CLIENT_SWEEP` (250, 500, 1,000):
+the figures above are the largest run's, and `fanout_p50_ms_<C>`, `fanout_p99_ms_<C>`,
+`connect_seconds_<C>`, `in_sync_seconds_<C>`, `server_rss_mb_<C>` (...) are each run's,
+for the chart of latency against clients (`agent.bench.plots`).
+
 With `BenchSettings.quick()` (tests, `pyfelix bench --quick`) the plan shrinks to a few
-clients and endpoints; the figures then only show that the path works.
+clients (6 and 12) and endpoints; the figures then only show that the path works.
 
 The simulated clients run in `client_processes` processes (2), each with an asyncio loop
 driving the real client's protocol pieces (see `_SimulatedClients`), with the cyclic
@@ -44,9 +56,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import math
 import multiprocessing
 import os
+import random
 import re
 import shutil
 import signal
@@ -58,7 +72,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -71,6 +85,10 @@ ETCD_BINARY = "/usr/bin/etcd"
 WRITTEN_AT = "bench.pyfelix.org/written-at"
 CHURN_PREFIX = "churn-"
 LOAD_CHUNK = 500
+HANDSHAKE_RETRIES = 20
+# refusals a client tries again after: the server has too many connections waiting for their
+# hello ("try again later"), or did not get to this one's hello in time
+RETRYABLE_REFUSALS = ("server-full", "bad-hello")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -81,7 +99,8 @@ class TyphaBenchPlan:
     update_rate: float = 100.0  # datastore writes per second
     update_seconds: float = 10.0
     churn: int = 100  # endpoints rewritten round robin
-    wave: int = 25  # clients connected together (over all client processes)
+    wave: int = 25  # clients started together (over all client processes)
+    connect_rate: float = 250.0  # clients started per second (waves do not wait for sync)
     # processes the simulated clients are spread over: decoding 500 clients' updates takes
     # about one core of Python, more than one process can give with the server beside it
     client_processes: int = 2
@@ -94,6 +113,10 @@ class TyphaBenchPlan:
         return cls(clients=12, endpoints=300, update_rate=50.0, update_seconds=1.0, churn=20,
                    wave=12, client_processes=1, direct_sample=3, sync_timeout=60.0,
                    drain_timeout=30.0)
+
+
+CLIENT_SWEEP = (250, 500, 1000)  # `make bench`: one run per count, figures suffixed _<count>
+QUICK_CLIENT_SWEEP = (6, 12)
 
 
 def _endpoint(index: int, generation: int = 0, *, churn: bool = False) -> dict[str, Any]:
@@ -285,6 +308,21 @@ class _Registry:
     def __init__(self) -> None:
         self.cond = threading.Condition()
         self.in_sync = 0
+        self.hellos = 0
+
+    def hello(self) -> None:
+        with self.cond:
+            self.hellos += 1
+            self.cond.notify_all()
+
+    def wait_hellos(self, count: int, deadline: float) -> bool:
+        with self.cond:
+            while self.hellos < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(min(left, 1.0))
+            return True
 
     def synced(self) -> None:
         with self.cond:
@@ -407,12 +445,16 @@ class _SimulatedClients:
     `TyphaSyncer`); only the transport differs: a coroutine per connection instead of a
     thread, because 500 threads in one Python process spend their time fighting over the
     GIL (in a cluster each agent is its own process). A dropped connection is not
-    reconnected: it ends that client (`errors`), and shows in the figures.
+    reconnected: it ends that client (`errors`), and shows in the figures; only a connection
+    closed before the server's hello (the server bounds how many wait for theirs) is tried
+    again (also when the server refused it as full or too late for its hello), after a
+    jittered backoff, up to `HANDSHAKE_RETRIES` times (`retries`).
     """
 
     def __init__(self, port: int) -> None:
         self.port = port
         self.errors: list[str] = []
+        self.retries = 0  # connections refused before their hello, and tried again
         self._loop = asyncio.new_event_loop()
         self._tasks: list[asyncio.Task[None]] = []
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
@@ -426,7 +468,12 @@ class _SimulatedClients:
         self._loop.call_soon_threadsafe(create)
 
     async def _client(self, hostname: str, callbacks: _BenchClient) -> None:
-        from agent.typha.client import ClientState, StreamFollower, check_server_hello
+        from agent.typha.client import (
+            ClientState,
+            HelloRefused,
+            StreamFollower,
+            check_server_hello,
+        )
         from agent.typha.protocol import (
             KNOWN_COMPRESSIONS,
             SERVER_MESSAGE_TYPES,
@@ -436,35 +483,48 @@ class _SimulatedClients:
             encode_message,
         )
 
-        writer = None
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
-            writer.write(encode_message(client_hello(
-                hostname=hostname, syncer_type="felix", compression=KNOWN_COMPRESSIONS)))
-            frames = FrameReader()
-            decoder = MessageDecoder(SERVER_MESSAGE_TYPES)
+        for attempt in itertools.count():
+            writer = None
             follower: StreamFollower | None = None
-            state = ClientState(callbacks)
-            while True:
-                data = await reader.read(256 * 1024)
-                if not data:
-                    raise ConnectionError("the server closed the connection")
-                for payload in frames.feed(data):
-                    message = decoder.decode(payload)
-                    if follower is None:
-                        check_server_hello(message, "felix", KNOWN_COMPRESSIONS)
-                        follower = StreamFollower(state, f"127.0.0.1:{self.port}")
-                        continue
-                    reply = follower.handle(message)
-                    if reply is not None:
-                        writer.write(encode_message(reply))
-        except asyncio.CancelledError:
-            pass
-        except Exception as exc:
-            self.errors.append(f"{hostname}: {type(exc).__name__}: {exc}")
-        finally:
-            if writer is not None:
-                writer.close()
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                writer.write(encode_message(client_hello(
+                    hostname=hostname, syncer_type="felix", compression=KNOWN_COMPRESSIONS)))
+                frames = FrameReader()
+                decoder = MessageDecoder(SERVER_MESSAGE_TYPES)
+                state = ClientState(callbacks)
+                while True:
+                    data = await reader.read(256 * 1024)
+                    if not data:
+                        raise ConnectionError("the server closed the connection")
+                    for payload in frames.feed(data):
+                        message = decoder.decode(payload)
+                        if follower is None:
+                            check_server_hello(message, "felix", KNOWN_COMPRESSIONS)
+                            follower = StreamFollower(state, f"127.0.0.1:{self.port}")
+                            callbacks.registry.hello()
+                            continue
+                        reply = follower.handle(message)
+                        if reply is not None:
+                            writer.write(encode_message(reply))
+            except asyncio.CancelledError:
+                return
+            except (ConnectionError, OSError, HelloRefused) as exc:
+                retryable = not isinstance(exc, HelloRefused) or exc.code in RETRYABLE_REFUSALS
+                if follower is None and retryable and attempt < HANDSHAKE_RETRIES:
+                    # refused before its hello (the server bounds connections waiting for
+                    # theirs): back off and try again, as an agent's client does
+                    self.retries += 1
+                    await asyncio.sleep(random.uniform(0.2, 1.0) * min(2 ** attempt, 8))
+                    continue
+                self.errors.append(f"{hostname}: {type(exc).__name__}: {exc}")
+                return
+            except Exception as exc:
+                self.errors.append(f"{hostname}: {type(exc).__name__}: {exc}")
+                return
+            finally:
+                if writer is not None:
+                    writer.close()
 
     def stop(self) -> None:
         async def cancel_all() -> None:
@@ -479,9 +539,11 @@ class _SimulatedClients:
         self._loop.close()
 
 
-def _client_worker(port: int, names: list[str], wave: int, sync_timeout: float,
+def _client_worker(port: int, names: list[str], wave: int, pause: float, sync_timeout: float,
                    conn: Connection) -> None:
-    """A client process: connect `names` in waves, report ("ready", n) or ("failed", why);
+    """A client process: start `names` in waves of `wave`, `pause` seconds apart (a wave
+    does not wait for the previous one's snapshots), report ("hello", n) once every client
+    got the server's hello and ("ready", n) once every one is in sync, or ("failed", why);
     then on ("drain", final generations, timeout) wait for them and report
     ("done", latencies, errors)."""
     # 250 clients' state in one process makes each cyclic-GC pass cost tens to hundreds of
@@ -493,16 +555,33 @@ def _client_worker(port: int, names: list[str], wave: int, sync_timeout: float,
     callbacks: list[_BenchClient] = []
     clients = _SimulatedClients(port)
     try:
-        deadline = time.monotonic() + sync_timeout
+        started = time.monotonic()
+        deadline = started + sync_timeout
         for first in range(0, len(names), wave):
             for name in names[first:first + wave]:
                 callbacks.append(_BenchClient(registry))
                 clients.add(name, callbacks[-1])
-            if not registry.wait_in_sync(len(callbacks), deadline):
-                conn.send(("failed", f"only {registry.in_sync} of {len(callbacks)} clients in "
-                                     f"sync after {sync_timeout} s; errors: "
-                                     f"{clients.errors[:3]}"))
-                return
+            time.sleep(pause)
+        def wait(what: str, done: Callable[[float], bool], count: Callable[[], int]) -> bool:
+            """Until `done`; False (after telling the parent) at the deadline or as soon as
+            a client has failed for good (a dropped client never comes back)."""
+            while not done(min(deadline, time.monotonic() + 1.0)):
+                if clients.errors or time.monotonic() >= deadline:
+                    conn.send(("failed", f"{count()} of {len(callbacks)} clients {what} after "
+                                         f"{time.monotonic() - started:.0f} s; "
+                                         f"{len(clients.errors)} client(s) failed, e.g. "
+                                         f"{clients.errors[:2]}"))
+                    return False
+            return True
+
+        if not wait("had the server's hello",
+                    lambda until: registry.wait_hellos(len(callbacks), until),
+                    lambda: registry.hellos):
+            return
+        conn.send(("hello", len(callbacks)))
+        if not wait("were in sync", lambda until: registry.wait_in_sync(len(callbacks), until),
+                    lambda: registry.in_sync):
+            return
         conn.send(("ready", len(callbacks)))
         _, final, drain_timeout = conn.recv()
         drain_deadline = time.monotonic() + drain_timeout
@@ -510,7 +589,8 @@ def _client_worker(port: int, names: list[str], wave: int, sync_timeout: float,
             if all(c.generations.get(k) == g for c in callbacks for k, g in final.items()):
                 break
             time.sleep(0.1)
-        conn.send(("done", [v for c in callbacks for v in c.latencies], clients.errors))
+        conn.send(("done", [v for c in callbacks for v in c.latencies], clients.errors,
+                   clients.retries))
         try:
             conn.recv()  # stay connected until the parent has read the server's metrics
         except EOFError:
@@ -529,11 +609,13 @@ class _ClientProcesses:
         self.pipes: list[Connection] = []
         count = max(1, min(plan.client_processes, plan.clients))
         wave = max(1, plan.wave // count)
+        pause = plan.wave / plan.connect_rate
         for index in range(count):
             names = [f"bench-{n}" for n in range(index, plan.clients, count)]
             parent, child = context.Pipe()
             process = context.Process(target=_client_worker, daemon=True,
-                                      args=(port, names, wave, plan.sync_timeout, child),
+                                      args=(port, names, wave, pause, plan.sync_timeout,
+                                            child),
                                       name=f"bench-typha-clients-{index}")
             process.start()
             child.close()
@@ -548,23 +630,32 @@ class _ClientProcesses:
             raise RuntimeError(f"a client process failed: {message[1]}")
         return message
 
-    def wait_ready(self, timeout: float) -> int:
+    def wait_for(self, what: str, timeout: float) -> int:
+        """Clients of every process that reported `what` ("hello" or "ready")."""
         deadline = time.monotonic() + timeout
-        return sum(self._receive(p, max(deadline - time.monotonic(), 0.1))[1]
-                   for p in self.pipes)
+        total = 0
+        for pipe in self.pipes:
+            message = self._receive(pipe, max(deadline - time.monotonic(), 0.1))
+            if message[0] != what:
+                raise RuntimeError(f"a client process said {message[0]!r}, not {what!r}")
+            total += message[1]
+        return int(total)
 
     def drain(self, final: dict[str, int], timeout: float
-              ) -> tuple[list[tuple[float, float]], list[str]]:
-        """(written at, latency) of every delivery, and the clients' errors."""
+              ) -> tuple[list[tuple[float, float]], list[str], int]:
+        """(written at, latency) of every delivery, the clients' errors, and how many
+        connections were refused before their hello and tried again."""
         for pipe in self.pipes:
             pipe.send(("drain", final, timeout))
         latencies: list[tuple[float, float]] = []
         errors: list[str] = []
+        retries = 0
         for pipe in self.pipes:
-            _, got, failures = self._receive(pipe, timeout + 30)
+            _, got, failures, refused = self._receive(pipe, timeout + 30)
             latencies += got
             errors += failures
-        return latencies, errors
+            retries += refused
+        return latencies, errors, retries
 
     def stop(self) -> None:
         for pipe in self.pipes:
@@ -593,14 +684,16 @@ def run_typha_bench(plan: TyphaBenchPlan) -> Figures:
                                                   plan.endpoints))
         started = time.monotonic()
         clients = _ClientProcesses(server.port, plan)
-        connected = clients.wait_ready(plan.sync_timeout + 60)
+        clients.wait_for("hello", plan.sync_timeout + 60)
         connect_seconds = time.monotonic() - started
+        connected = clients.wait_for("ready", plan.sync_timeout + 60)
+        in_sync_seconds = time.monotonic() - started
         watches_with_typha = etcd.watchers()
 
         total = round(plan.update_rate * plan.update_seconds)
         achieved_rate = _churn_in_child(etcd.endpoint, total, plan)
         final = {f"{CHURN_PREFIX}{i % plan.churn}": i + 1 for i in range(total)}
-        deliveries, errors = clients.drain(final, plan.drain_timeout)
+        deliveries, errors, retries = clients.drain(final, plan.drain_timeout)
         latencies = [latency for _, latency in deliveries]
 
         metrics = server.metrics()
@@ -622,11 +715,13 @@ def run_typha_bench(plan: TyphaBenchPlan) -> Figures:
             "fanout_max_ms": max(latencies) * 1000,
             "missing_deliveries": float(total * connected - len(latencies)),
             "client_errors": float(len(errors)),
+            "handshake_retries": float(retries),
             "server_fanout_p99_ms": _histogram_p99(metrics, "typha_updates_fanout_latency")
             * 1000,
             "server_rss_mb": rss,
             "server_peak_rss_mb": peak,
             "connect_seconds": connect_seconds,
+            "in_sync_seconds": in_sync_seconds,
             "etcd_watches_with_typha": watches_with_typha,
             "etcd_watches_per_direct_client": per_direct_client,
             "etcd_watches_without_typha": per_direct_client * connected,
@@ -647,6 +742,35 @@ def _is_quick(ctx: BenchContext) -> bool:
     return ctx.settings.min_sample_seconds < 0.01
 
 
-@benchmark("typha", description="Typha fan-out: 500 clients, 10,000 endpoints, 100 updates/s")
+SWEPT_FIGURES = ("fanout_p50_ms", "fanout_p99_ms", "connect_seconds", "in_sync_seconds",
+                 "server_rss_mb", "server_peak_rss_mb", "missing_deliveries", "client_errors",
+                 "handshake_retries")
+
+
+def run_sweep(base: TyphaBenchPlan, counts: tuple[int, ...],
+              ctx: BenchContext | None = None) -> Figures:
+    """One run per client count: the largest completed run's figures as they are, and the
+    latency, timing and memory figures of every run suffixed `_<clients>` (for the chart).
+    A count that fails gets a note `clients_<count>` with the reason, and no figures."""
+    figures: Figures = {}
+    for count in sorted(counts):
+        try:
+            run = run_typha_bench(replace(base, clients=count))
+        except RuntimeError as exc:
+            if ctx is None:
+                raise
+            ctx.note(f"clients_{count}", f"FAILED: {exc}")
+            continue
+        figures.update({f"{name}_{count}": run[name] for name in SWEPT_FIGURES})
+        figures.update(run)  # the largest run that completed
+    if not figures:
+        raise RuntimeError(f"no client count completed: {ctx.notes if ctx else ''}")
+    return figures
+
+
+@benchmark("typha", description="Typha fan-out: 250/500/1,000 clients, 10,000 endpoints, "
+                                "100 updates/s")
 def typha_bench(ctx: BenchContext) -> Figures:
-    return run_typha_bench(TyphaBenchPlan.quick() if _is_quick(ctx) else TyphaBenchPlan())
+    if _is_quick(ctx):
+        return run_sweep(TyphaBenchPlan.quick(), QUICK_CLIENT_SWEEP, ctx)
+    return run_sweep(TyphaBenchPlan(), CLIENT_SWEEP, ctx)

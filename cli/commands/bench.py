@@ -1,7 +1,9 @@
 """`pyfelix bench [NAME ...] [-o table|json]`: run registered benchmarks, print their figures.
 
 Adds no logic: `agent.bench.run` measures, `agent.bench.report` formats. JSON output is
-`{"<bench>": {"<figure>": n}}` (contract in docs/ARCHITECTURE.md section 11). Exit status:
+`{"<bench>": {"<figure>": n}}` (contract in docs/ARCHITECTURE.md section 11), plus
+`"notes": {"<bench>": {"<name>": "text"}}` when a benchmark left notes (e.g. why one point
+of a sweep has no figure). Exit status:
 0 when every requested benchmark ran; 1 when one failed (the others' figures are still
 printed, the failures go to stderr); 2 for unknown names (the message lists the known ones).
 """
@@ -13,6 +15,7 @@ import json
 import click
 
 from agent.bench import BenchSettings, UnknownBenchmarkError, known_benchmarks, run
+from agent.bench.registry import NOTES_KEY
 from agent.bench.report import text_table
 
 
@@ -67,9 +70,16 @@ def command(
     except UnknownBenchmarkError as exc:
         raise click.UsageError(str(exc)) from exc
     if output == "json":
-        click.echo(json.dumps(results.figures, indent=2, sort_keys=True))
+        document: dict[str, object] = dict(results.figures)
+        if results.notes:
+            document[NOTES_KEY] = results.notes
+        click.echo(json.dumps(document, indent=2, sort_keys=True))
     elif results.figures:
         click.echo(text_table(results.figures))
+    if output != "json":
+        for bench_name, notes in sorted(results.notes.items()):
+            for name, text in sorted(notes.items()):
+                click.echo(f"note: {bench_name} {name}: {text}")
     for name, error in sorted(results.errors.items()):
         click.echo(f"Error: benchmark {name} failed: {error}", err=True)
     if results.errors:

@@ -280,3 +280,24 @@ def test_cli_bench_failure_exits_1_after_printing_the_rest(empty_registry: None)
     assert result.exit_code == 1
     assert json.loads(result.stdout) == {"fine": {"x": 1}}
     assert "benchmark broken failed: OSError: no bpffs" in result.stderr
+
+
+def test_notes_are_collected_and_printed_in_json(empty_registry: None) -> None:
+    @benchmark("sweep")
+    def sweep(ctx: BenchContext) -> dict[str, float]:
+        ctx.note("point_3", "FAILED: did not fit")
+        return {"point_1": 1.0}
+
+    results = run(["sweep"], BenchSettings.quick())
+    assert results.notes == {"sweep": {"point_3": "FAILED: did not fit"}}
+    out = CliRunner().invoke(cli, ["bench", "-o", "json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout) == {"sweep": {"point_1": 1.0},
+                                      "notes": {"sweep": {"point_3": "FAILED: did not fit"}}}
+    table = CliRunner().invoke(cli, ["bench"])
+    assert "note: sweep point_3: FAILED: did not fit" in table.stdout
+
+
+def test_notes_is_not_a_benchmark_name(empty_registry: None) -> None:
+    with pytest.raises(BenchmarkRegistrationError, match="reserved"):
+        benchmark("notes")

@@ -11,7 +11,7 @@ import pytest
 from agent.bench import BenchSettings, known_benchmarks, run
 
 BPF_BENCHES = ("bpf-verdict", "map-sync", "policy-latency", "restart", "dataplane-compare",
-               "policy-programming")
+               "policy-programming", "agent-memory")
 
 
 def test_every_bpf_benchmark_is_registered_and_importable():
@@ -77,13 +77,23 @@ def test_policy_latency_figures(leaves_nothing):
 
 @pytest.mark.privileged
 def test_dataplane_compare_figures(leaves_nothing):
-    f = quick("dataplane-compare")
-    assert f["rules"] == 1000
-    for dp in ("bpf", "iptables"):
-        assert f[f"{dp}_new_conn_per_s"] > 0
-        assert 0 < f[f"{dp}_rr_latency_us"] <= f[f"{dp}_rr_latency_p99_us"]
-    assert f["bpf_over_iptables_new_conn_rate"] == pytest.approx(
-        f["bpf_new_conn_per_s"] / f["iptables_new_conn_per_s"])
+    """The C-tool path end to end at tiny scale (no policy and 100 rules, one 1 s sample of
+    wrk, sockperf and iperf3 per point, both dataplanes): every figure is there, measured."""
+    results = run(["dataplane-compare"], BenchSettings.quick())
+    assert not results.errors, results.errors
+    assert "dataplane-compare" not in results.notes, results.notes  # no point failed
+    f = results.figures["dataplane-compare"]
+    for rules in (0, 100):
+        assert f[f"rules_{rules}"] == rules
+        for dp in ("bpf", "iptables"):
+            assert f[f"{dp}_new_conn_per_s_{rules}"] > 0
+            assert f[f"{dp}_new_conn_errors_{rules}"] == 0
+            assert 0 < f[f"{dp}_latency_p50_us_{rules}"] <= f[f"{dp}_latency_p99_us_{rules}"]
+            assert f[f"{dp}_throughput_gbit_s_{rules}"] > 0
+        assert f[f"bpf_over_iptables_new_conn_rate_{rules}"] == pytest.approx(
+            f[f"bpf_new_conn_per_s_{rules}"] / f[f"iptables_new_conn_per_s_{rules}"])
+    assert f["bpf_throughput_100_over_0"] == pytest.approx(
+        f["bpf_throughput_gbit_s_100"] / f["bpf_throughput_gbit_s_0"])
 
 
 @pytest.mark.privileged
@@ -102,3 +112,15 @@ def test_policy_programming_figures(leaves_nothing):
     assert 0 < f["replace_seconds_min"] <= f["replace_seconds"] <= f["replace_seconds_max"]
     for kind in ("array_batch", "hash_batch", "lpm"):
         assert f[f"writes_per_second_{kind}"] > 0
+
+
+@pytest.mark.privileged
+def test_agent_memory_figures(leaves_nothing):
+    """The lab agent (BPF, via Typha) with 0, 200 and 500 remote endpoints: RSS sampled at
+    each step, and the per-endpoint slope computed from them."""
+    f = quick("agent-memory")
+    assert f["remote_endpoints"] == 500
+    for n in (0, 200, 500):
+        assert f[f"agent_rss_mb_{n}"] > 0
+    assert f["agent_rss_mb_per_1000_remote_endpoints"] == pytest.approx(
+        f["kib_per_remote_endpoint"] * 1000 / 1024)

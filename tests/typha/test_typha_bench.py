@@ -15,17 +15,27 @@ FIGURES = {
     "clients", "client_processes", "clients_connected_at_end", "endpoints", "updates",
     "update_rate_achieved", "fanout_p50_ms", "fanout_p99_ms", "fanout_max_ms",
     "missing_deliveries", "client_errors", "server_fanout_p99_ms", "server_rss_mb",
-    "server_peak_rss_mb", "connect_seconds", "etcd_watches_with_typha",
+    "server_peak_rss_mb", "connect_seconds", "in_sync_seconds", "handshake_retries",
+    "etcd_watches_with_typha",
     "etcd_watches_per_direct_client", "etcd_watches_without_typha",
 }
+SWEPT = {"fanout_p50_ms", "fanout_p99_ms", "connect_seconds", "in_sync_seconds",
+         "server_rss_mb", "server_peak_rss_mb", "missing_deliveries", "client_errors",
+         "handshake_retries"}
 
 
 def test_quick_typha_bench_reports_every_figure() -> None:
     results = run(["typha"], BenchSettings.quick())
     assert results.errors == {}
     figures = results.figures["typha"]
-    assert set(figures) == FIGURES
+    # the largest run's figures, and each run's swept figures suffixed with its clients
+    assert set(figures) == FIGURES | {f"{name}_{count}" for name in SWEPT for count in (6, 12)}
     assert figures["clients"] == figures["clients_connected_at_end"] == 12
+    for count in (6, 12):
+        assert 0 < figures[f"connect_seconds_{count}"] <= figures[f"in_sync_seconds_{count}"]
+        assert figures[f"missing_deliveries_{count}"] == 0
+        assert 0 < figures[f"fanout_p50_ms_{count}"] <= figures[f"fanout_p99_ms_{count}"]
+    assert figures["fanout_p99_ms_12"] == figures["fanout_p99_ms"]
     assert figures["endpoints"] == 300
     assert figures["missing_deliveries"] == 0
     assert figures["client_errors"] == 0
