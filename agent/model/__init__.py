@@ -55,6 +55,13 @@ from agent.model.resources import (
     parse_resource,
 )
 from agent.model.rules import EntityRule, ICMPMatch, Port, Rule, ServiceAccountMatch
+from agent.model.services import (
+    EndpointSlice,
+    Service,
+    ServicePort,
+    SliceEndpoint,
+    SlicePort,
+)
 
 __all__ = [
     "IPNAT",
@@ -66,6 +73,7 @@ __all__ = [
     "Community",
     "ContainerPort",
     "EndpointPort",
+    "EndpointSlice",
     "EntityRule",
     "FelixConfiguration",
     "HostEndpoint",
@@ -90,8 +98,12 @@ __all__ = [
     "Profile",
     "Resource",
     "Rule",
+    "Service",
     "ServiceAccount",
     "ServiceAccountMatch",
+    "ServicePort",
+    "SliceEndpoint",
+    "SlicePort",
     "Tier",
     "ValidationError",
     "WorkloadEndpoint",

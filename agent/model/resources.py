@@ -84,12 +84,15 @@ from agent.model.rules import (
     parse_selector,
     protocol_number,
 )
+from agent.model.services import parse_endpoint_slice, parse_service
 from agent.syncer.api import K8S_NETWORKING_API, KIND_K8S_NETWORK_POLICY, ResourceKey, key_of
 
 CALICO_API = "projectcalico.org/v3"
 K8S_API_BY_KIND = {"Pod": "v1", "Namespace": "v1", "ServiceAccount": "v1", "Node": "v1",
-                   KIND_K8S_NETWORK_POLICY: K8S_NETWORKING_API}
-K8S_KINDS = frozenset({"Pod", "Namespace", "ServiceAccount", KIND_K8S_NETWORK_POLICY})
+                   KIND_K8S_NETWORK_POLICY: K8S_NETWORKING_API, "Service": "v1",
+                   "EndpointSlice": "discovery.k8s.io/v1"}
+K8S_KINDS = frozenset({"Pod", "Namespace", "ServiceAccount", KIND_K8S_NETWORK_POLICY,
+                       "Service", "EndpointSlice"})
 _MAC_RE = re.compile(r"[0-9a-fA-F]{2}([:-][0-9a-fA-F]{2}){5}")  # fullmatch only
 
 
@@ -459,6 +462,8 @@ _K8S_PARSERS: dict[str, Parser] = {
     "ServiceAccount": parse_service_account,
     KIND_K8S_NETWORK_POLICY: parse_kubernetes_network_policy,
     "Node": parse_kubernetes_node,
+    "Service": parse_service,
+    "EndpointSlice": parse_endpoint_slice,
 }
 
 

@@ -32,7 +32,7 @@ K8S_NETWORKING_API = "networking.k8s.io/v1"
 # as calicoctl and kubectl place it.
 NAMESPACED_KINDS = frozenset(
     {"NetworkPolicy", "NetworkSet", "WorkloadEndpoint", "Pod", "ServiceAccount",
-     KIND_K8S_NETWORK_POLICY}
+     KIND_K8S_NETWORK_POLICY, "Service", "EndpointSlice"}
 )
 
 

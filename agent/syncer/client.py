@@ -107,6 +107,8 @@ KINDS: tuple[KindInfo, ...] = (
     KindInfo("ServiceAccount", K8S_CORE_API, "ServiceAccount", "serviceaccounts", True),
     KindInfo(KIND_K8S_NETWORK_POLICY, K8S_NETWORKING_API, "NetworkPolicy",
              "kubernetesnetworkpolicies", True),
+    KindInfo("Service", K8S_CORE_API, "Service", "services", True),
+    KindInfo("EndpointSlice", "discovery.k8s.io/v1", "EndpointSlice", "endpointslices", True),
 )
 
 _KIND_BY_NAME: dict[str, KindInfo] = {}
