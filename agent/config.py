@@ -218,6 +218,12 @@ PARAMS: tuple[Param, ...] = (
     Param("BPFMapSizeRules", 65536, parse_int, restart=True),
     Param("BPFMapSizeRoutes", 262144, parse_int, restart=True),
     Param("BPFMapSizeEndpoints", 16384, parse_int, restart=True),
+    Param("BPFMapSizeNATFrontend", 65536, parse_int, restart=True,
+          help="Service frontends (VIP, port, protocol) the BPF NAT can hold."),
+    Param("BPFMapSizeNATBackend", 262144, parse_int, restart=True,
+          help="Service backends (all frontends together) the BPF NAT can hold."),
+    Param("BPFMapSizeNATAffinity", 65536, parse_int, restart=True,
+          help="ClientIP session affinity entries (service, client) the BPF NAT can hold."),
     Param("BPFConntrackCleanupInterval", 10.0, parse_seconds),
     Param("BPFEnforceRPF", "Strict", enum_of("Disabled", "Strict", "Loose"),
           help="Reverse-path check of packets arriving on host endpoint interfaces (BPF "

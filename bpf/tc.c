@@ -10,7 +10,9 @@
  * else drops (fail closed); malformed drops -> endpoint by ifindex
  * (lookup_endpoint: the ep_by_ifindex array slot, else the endpoints hash)
  * (none: drop) -> admin-down drops -> from the pod: a source it may not use drops (RPF,
- * sources.h) -> conntrack hit or related ICMP error: allow ->
+ * sources.h) -> from the pod: service NAT (nat.h: DNAT to a backend, or reject) ->
+ * conntrack hit or related ICMP error: allow (to the pod: a service reply's source goes
+ * back to the VIP) ->
  * otherwise walk the endpoint's chain for this direction (policy.h); on allow create a
  * conntrack entry, and for a flow from the pod to this host apply endpoint_to_host_action.
  * Counters: counters.h. Verdicts are TC_ACT_OK / TC_ACT_SHOT.
@@ -25,6 +27,7 @@
 #include "config.h"
 #include "ids.h"
 #include "sources.h"
+#include "nat.h"
 
 /* Enough linear bytes for Ethernet + IPv4 with options + an ICMP error's inner headers. */
 #define PF_PULL_LEN 128
@@ -172,10 +175,15 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 	}
 
 	__u64 now = ct_now_ns();
+	if (hook == HOOK_FROM_WEP) { /* service NAT before conntrack and policy (nat.h) */
+		int nat = nat_from_wep(skb, &pkt, ifindex, now);
+		if (nat != NAT_CONTINUE)
+			return nat;
+	}
 	if (ct_lookup_update(&pkt, ifindex, hook, now)) {
 		count_global(GCNT_CT_HIT);
 		count_endpoint(endpoint_id, hook, 1, pkt.len);
-		return TC_ACT_OK;
+		return hook == HOOK_TO_WEP ? nat_rev_to_wep(skb, &pkt, now) : TC_ACT_OK;
 	}
 	if (ct_is_related(&pkt, ifindex, now)) {
 		count_global(GCNT_CT_RELATED);

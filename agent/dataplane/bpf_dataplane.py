@@ -12,6 +12,8 @@ sysctl managers. Steps:
 4. managers, in apply order:
    - `BpfPolicyManager`: the policy maps by difference (managers/bpf_policy.py);
    - `BpfRouteManager`: the routes trie by difference (managers/bpf_routes.py);
+   - `BpfNatManager`: the service maps (frontends, backends, affinity) by difference
+     (managers/bpf_nat.py);
    - `BpfAttachManager`: tc programs on workload interfaces, XDP for untracked host
      endpoint rules (managers/bpf_attach.py); after the first complete round it sweeps the
      previous builds' private pins;
@@ -60,6 +62,7 @@ from agent.dataplane.managers import bpf_metrics
 from agent.dataplane.managers.bpf_attach import BpfAttachManager, ProgramRef
 from agent.dataplane.managers.bpf_conntrack import BpfConntrackManager
 from agent.dataplane.managers.bpf_guard import BpfGuardManager
+from agent.dataplane.managers.bpf_nat import BpfNatManager
 from agent.dataplane.managers.bpf_policy import BpfPolicyManager
 from agent.dataplane.managers.bpf_routes import BpfRouteManager
 from agent.shims.netlink import netlink_lister
@@ -74,6 +77,9 @@ MAP_SIZE_PARAMS = {
     "BPFMapSizeRules": "rules",
     "BPFMapSizeRoutes": "routes",
     "BPFMapSizeEndpoints": "endpoints",
+    "BPFMapSizeNATFrontend": "nat_frontend",
+    "BPFMapSizeNATBackend": "nat_backend",
+    "BPFMapSizeNATAffinity": "nat_affinity",
 }
 
 
@@ -169,17 +175,19 @@ def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
     )
     routes = BpfRouteManager(loaded.maps["routes"], interface_prefixes=prefixes,
                              list_interfaces=netlink_lister())
+    nat = BpfNatManager(loaded.maps["nat_frontend"], loaded.maps["nat_backend"],
+                        loaded.maps["nat_affinity"])
     guard = BpfGuardManager(attach, interface_prefixes=prefixes)
     global_counters = loaded.maps["global_counters"]
     bpf_metrics.DROPS.set_sources(
         global_counters=lambda: counters_map.read_globals(global_counters),
         guard=guard.guard.counters,
         spoofed_by_endpoint=policy.spoofed_by_endpoint)
-    managers = [policy, routes, attach, conntrack]
+    managers = [policy, routes, nat, attach, conntrack]
     shared = SharedLoad(loaded, len(managers))
     for manager in managers:
         manager.on_close = shared.release
-    return [policy, routes, attach, guard, conntrack]
+    return [policy, routes, nat, attach, guard, conntrack]
 
 
 def interface_prefixes(config: Config) -> tuple[str, ...]:

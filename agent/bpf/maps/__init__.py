@@ -13,6 +13,11 @@ from agent.bpf.maps import (
     ep_by_ifindex,
     ids,
     ipsets,
+    nat_affinity,
+    nat_backend,
+    nat_counters,
+    nat_ct,
+    nat_frontend,
     routes,
     rules,
     untracked,
@@ -35,6 +40,11 @@ ALL_MAPS: tuple[MapParams, ...] = (
     config.PARAMS,
     untracked.PARAMS,
     wep_sources.PARAMS,
+    nat_frontend.PARAMS,
+    nat_backend.PARAMS,
+    nat_affinity.PARAMS,
+    nat_ct.PARAMS,
+    nat_counters.PARAMS,
 )
 
 BY_NAME: dict[str, MapParams] = {p.name: p for p in ALL_MAPS}
@@ -48,6 +58,8 @@ _DUMPERS = {
     "ep_spoofed": counters.dump_spoofed, "global_counters": counters.dump_globals,
     "routes": routes.dump, "config": config.dump, "untracked": untracked.dump,
     "wep_sources": wep_sources.dump,
+    "nat_frontend": nat_frontend.dump, "nat_backend": nat_backend.dump,
+    "nat_affinity": nat_affinity.dump, "nat_ct": nat_ct.dump, "nat_counters": nat_counters.dump,
 }
 
 

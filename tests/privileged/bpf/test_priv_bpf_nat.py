@@ -1,0 +1,186 @@
+"""Service NAT in the real tc programs (BPF_PROG_TEST_RUN on crafted packets), with the
+maps written by BpfNatManager: DNAT before policy at calico_from_wep, replies translated
+back at calico_to_wep, rejects for Services without backends, balancing and affinity.
+
+Pod A is 10.65.0.1 behind d1, pod B 10.65.0.2 behind d2; the Service VIP is 10.96.0.10.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import struct
+from collections import Counter
+
+import pytest
+
+from agent import proto as p
+from agent.bpf import packets as pk
+from agent.bpf.maps import nat_counters
+from agent.bpf.testrun import TC_ACT_OK, run_tc
+from agent.dataplane.managers.bpf_nat import BpfNatManager
+from tests.privileged.bpf.bpf_harness import HOOK_PROGRAMS, Harness
+
+pytestmark = pytest.mark.privileged
+
+A, B, C, VIP = "10.65.0.1", "10.65.0.2", "10.65.0.3", "10.96.0.10"
+TC_ACT_REDIRECT = 7
+
+
+def tcp_ok(src: str, dst: str, sport: int, dport: int, flags: str = "S") -> bytes:
+    """A TCP frame with a correct checksum (the programs must keep it correct)."""
+    seg = pk.tcp_segment(sport, dport, flags)
+    pseudo = (ipaddress.IPv4Address(src).packed + ipaddress.IPv4Address(dst).packed
+              + struct.pack("!BBH", 0, 6, len(seg)))
+    csum = pk.checksum(pseudo + seg)
+    return pk.ipv4(src, dst, 6, seg[:16] + struct.pack("!H", csum) + seg[18:])
+
+
+def parse(frame: bytes) -> dict:
+    ip = frame[14:]
+    ihl = (ip[0] & 0x0F) * 4
+    total = struct.unpack("!H", ip[2:4])[0]
+    l4 = ip[ihl:total]
+    out = {"src": str(ipaddress.IPv4Address(ip[12:16])),
+           "dst": str(ipaddress.IPv4Address(ip[16:20])), "proto": ip[9],
+           "ip_csum_ok": pk.checksum(ip[:ihl]) == 0}
+    if ip[9] in (6, 17):
+        out["sport"], out["dport"] = struct.unpack("!HH", l4[:4])
+        pseudo = ip[12:20] + struct.pack("!BBH", 0, ip[9], len(l4))
+        out["l4_csum_ok"] = pk.checksum(pseudo + l4) == 0
+    if ip[9] == 1:
+        out["icmp"] = (l4[0], l4[1])
+        out["icmp_csum_ok"] = pk.checksum(l4) == 0
+        out["quoted_dst"] = str(ipaddress.IPv4Address(l4[8 + 16:8 + 20]))
+    return out
+
+
+def run(h: Harness, hook: str, frame: bytes, iface: str) -> tuple[int, bytes]:
+    fd = h.dp.prog_fd(HOOK_PROGRAMS[hook])
+    out = h.ns.call(run_tc, fd, frame, ifindex=h.ifindexes[iface])
+    return out.retval, out.data_out
+
+
+def program(h: Harness, egress: tuple[p.Rule, ...] | None = None, *,
+            frontends: tuple[p.ServiceFrontendUpdate, ...] = ()) -> BpfNatManager:
+    """Pods A (d1) and B (d2) allowing everything, A's egress policy `egress` if given, and
+    the service frontends written by a BpfNatManager."""
+    allow = p.ActiveProfileUpdate("allow-all", p.Profile(
+        inbound_rules=(p.Rule("allow"),), outbound_rules=(p.Rule("allow"),)))
+    msgs: list = [allow]
+    tiers: tuple[p.TierInfo, ...] = ()
+    if egress is not None:
+        msgs.append(p.ActivePolicyUpdate(p.PolicyID("default", "a-egress"),
+                                         p.Policy(outbound_rules=egress)))
+        tiers = (p.TierInfo("default", egress_policies=("a-egress",)),)
+    msgs += [h.endpoint("a", "d1", profiles=("allow-all",), tiers=tiers),
+             h.endpoint("b", "d2", profiles=("allow-all",))]
+    h.apply(*msgs)
+    nat = BpfNatManager(h.dp.maps["nat_frontend"], h.dp.maps["nat_backend"],
+                        h.dp.maps["nat_affinity"])
+    for msg in (*frontends, p.InSync()):
+        nat.on_update(msg)
+    nat.apply()
+    return nat
+
+
+def web(*backends: str, port: int = 8080, affinity: int = 0,
+        protocol: int = 6) -> p.ServiceFrontendUpdate:
+    return p.ServiceFrontendUpdate(
+        id=f"{VIP}:80/{protocol}", service="default/web", port_name="", vip=VIP, port=80,
+        protocol=protocol, backends=tuple(p.ServiceBackend(b, port) for b in backends),
+        affinity_timeout=affinity)
+
+
+def test_dnat_before_policy_and_replies_translated_back(harness: Harness) -> None:
+    h = harness
+    program(h, frontends=(web(B),))
+    rv, out = run(h, "from", tcp_ok(A, VIP, 40000, 80), "d1")
+    seen = parse(out)
+    assert rv == TC_ACT_OK
+    assert (seen["src"], seen["dst"], seen["sport"], seen["dport"]) == (A, B, 40000, 8080)
+    assert seen["ip_csum_ok"] and seen["l4_csum_ok"]
+    # the backend's reply, at A's to_wep: allowed by conntrack, source back to the VIP
+    rv, out = run(h, "to", tcp_ok(B, A, 8080, 40000, "SA"), "d1")
+    seen = parse(out)
+    assert rv == TC_ACT_OK
+    assert (seen["src"], seen["dst"], seen["sport"], seen["dport"]) == (VIP, A, 80, 40000)
+    assert seen["ip_csum_ok"] and seen["l4_csum_ok"]
+    # later packets of the flow reuse the translation
+    rv, out = run(h, "from", tcp_ok(A, VIP, 40000, 80, "A"), "d1")
+    assert rv == TC_ACT_OK and parse(out)["dst"] == B
+    counts = nat_counters.read(h.dp.maps["nat_counters"])
+    assert (counts["new_flows"], counts["ct_hit"], counts["replies"]) == (1, 1, 1)
+    # UDP too, with its checksum kept
+    program(h, frontends=(web(B, port=5353, protocol=17),))
+    rv, out = run(h, "from", pk.udp(A, VIP, 40001, 80), "d1")
+    seen = parse(out)
+    assert rv == TC_ACT_OK and (seen["dst"], seen["dport"]) == (B, 5353)
+
+
+def test_egress_policy_sees_the_backend(harness: Harness) -> None:
+    h = harness
+    program(h, (p.Rule("allow", dst_nets=(B + "/32",)),), frontends=(web(B),))
+    rv, _ = run(h, "from", tcp_ok(A, VIP, 40000, 80), "d1")
+    assert rv == TC_ACT_OK  # allowed: the backend is B
+    h.dp.maps["conntrack"].clear()
+    h.dp.maps["nat_ct"].clear()
+    program(h, (p.Rule("allow", dst_nets=(C + "/32",)),), frontends=(web(B),))
+    rv, _ = run(h, "from", tcp_ok(A, VIP, 40002, 80), "d1")
+    assert rv != TC_ACT_OK  # only C allowed: the service's backend B is denied
+    # the policy never sees the VIP: allowing the VIP alone does not allow the service
+    h.dp.maps["nat_ct"].clear()
+    program(h, (p.Rule("allow", dst_nets=(VIP + "/32",)),), frontends=(web(B),))
+    rv, _ = run(h, "from", tcp_ok(A, VIP, 40003, 80), "d1")
+    assert rv != TC_ACT_OK
+
+
+def test_service_without_backends_is_rejected_with_port_unreachable(harness: Harness) -> None:
+    h = harness
+    program(h, frontends=(web(),))
+    syn = tcp_ok(A, VIP, 40000, 80)
+    rv, out = run(h, "from", syn, "d1")
+    assert rv == TC_ACT_REDIRECT  # back out of d1, towards pod A
+    seen = parse(out)
+    assert (seen["src"], seen["dst"], seen["proto"], seen["icmp"]) == (VIP, A, 1, (3, 3))
+    assert seen["ip_csum_ok"] and seen["icmp_csum_ok"] and seen["quoted_dst"] == VIP
+    assert out[0:6] == syn[6:12] and out[6:12] == syn[0:6]  # MACs swapped
+    # the error passes A's ingress hook as related to the rejected tuple
+    rv, _ = run(h, "to", out, "d1")
+    assert rv == TC_ACT_OK
+    assert nat_counters.read(h.dp.maps["nat_counters"])["rejected"] == 1
+    # UDP is rejected the same way (a short datagram grows to carry the quote)
+    program(h, frontends=(web(protocol=17),))
+    rv, out = run(h, "from", pk.udp(A, VIP, 40001, 80, payload=b""), "d1")
+    seen = parse(out)
+    assert rv == TC_ACT_REDIRECT and seen["icmp"] == (3, 3) and seen["icmp_csum_ok"]
+
+
+def test_balancing_and_client_ip_affinity(harness: Harness) -> None:
+    h = harness
+    program(h, frontends=(web(B, C),))
+    chosen = Counter(parse(run(h, "from", tcp_ok(A, VIP, 41000 + i, 80), "d1")[1])["dst"]
+                     for i in range(60))
+    assert set(chosen) == {B, C} and min(chosen.values()) >= 10, chosen
+    h.dp.maps["nat_ct"].clear()
+    program(h, frontends=(web(B, C, affinity=30),))
+    chosen = Counter(parse(run(h, "from", tcp_ok(A, VIP, 42000 + i, 80), "d1")[1])["dst"]
+                     for i in range(30))
+    assert len(chosen) == 1, chosen
+    assert nat_counters.read(h.dp.maps["nat_counters"])["affinity_hit"] >= 29
+
+
+def test_backend_change_keeps_established_flows_to_backends_that_stay(harness: Harness) -> None:
+    h = harness
+    nat = program(h, frontends=(web(B, C),))
+    flows: dict[int, str] = {}
+    for sport in range(43000, 43040):
+        flows[sport] = parse(run(h, "from", tcp_ok(A, VIP, sport, 80), "d1")[1])["dst"]
+    nat.on_update(web(B))  # C goes
+    nat.apply()
+    for sport, backend in flows.items():
+        rv, out = run(h, "from", tcp_ok(A, VIP, sport, 80, "A"), "d1")
+        if backend == B:
+            assert rv == TC_ACT_OK and parse(out)["dst"] == B  # undisturbed
+    fresh = {parse(run(h, "from", tcp_ok(A, VIP, 44000 + i, 80), "d1")[1])["dst"]
+             for i in range(20)}
+    assert fresh == {B}  # new connections avoid the removed backend
