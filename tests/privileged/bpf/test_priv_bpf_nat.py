@@ -184,3 +184,33 @@ def test_backend_change_keeps_established_flows_to_backends_that_stay(harness: H
     fresh = {parse(run(h, "from", tcp_ok(A, VIP, 44000 + i, 80), "d1")[1])["dst"]
              for i in range(20)}
     assert fresh == {B}  # new connections avoid the removed backend
+
+
+def test_cli_nat_dump_and_summary(harness: Harness) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    h = harness
+    program(h, frontends=(web(B, C, affinity=30),
+                          p.ServiceFrontendUpdate(id="10.96.0.11:80/6", service="default/empty",
+                                                  port_name="", vip="10.96.0.11", port=80,
+                                                  protocol=6)))
+    run(h, "from", tcp_ok(A, VIP, 45000, 80), "d1")
+    pin_dir = h.dp.config.pin_dir
+    done = CliRunner().invoke(cli, ["bpf", "nat", "dump", "-o", "json", "--pin-dir", pin_dir])
+    assert done.exit_code == 0, done.output
+    view = json.loads(done.stdout)
+    fronts = {f["frontend"]: f for f in view["frontends"]}
+    assert fronts[f"{VIP}:80/tcp"]["backends"] == [f"{B}:8080", f"{C}:8080"]
+    assert fronts[f"{VIP}:80/tcp"]["flags"] == ["affinity"]
+    assert [a["client"] for a in fronts[f"{VIP}:80/tcp"]["affinity"]] == [A]
+    assert fronts["10.96.0.11:80/tcp"]["backends"] == []
+    assert view["counters"]["new_flows"] == 1
+    done = CliRunner().invoke(cli, ["bpf", "nat", "dump", "--pin-dir", pin_dir])
+    assert done.exit_code == 0 and f"{B}:8080" in done.stdout
+    done = CliRunner().invoke(cli, ["bpf", "summary", "--pin-dir", pin_dir])
+    assert ("services: 2 frontends (1 without backends: rejected), 2 backends, 1 NAT flows"
+            in done.stdout), done.stdout
