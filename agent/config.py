@@ -26,6 +26,7 @@ import configparser
 import json
 import logging
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,9 +187,34 @@ def parse_proto_ports(text: str) -> tuple[tuple[str, int], ...]:
 
 def parse_iface_prefixes(text: str) -> str:
     prefix = text.strip()
-    if not prefix or not all(c.isalnum() or c in "-_,." for c in prefix):
-        raise ValueError(f"{text!r} is not an interface prefix")
+    if (not prefix or not all(c.isalnum() or c in "-_,." for c in prefix)
+            or not all(prefix.split(","))):
+        raise ValueError(f"{text!r} is not an interface prefix (or a comma-separated list)")
     return prefix
+
+
+def parse_interface_names(text: str) -> str:
+    """InterfaceExclude: interface names or /regex/ entries, comma-separated; every regex
+    must compile (the dataplane matches with it)."""
+    for entry in (part.strip() for part in text.split(",")):
+        if len(entry) > 1 and entry.startswith("/") and entry.endswith("/"):
+            try:
+                re.compile(entry[1:-1])
+            except re.error as exc:
+                raise ValueError(f"{entry!r} is not a valid regular expression: {exc}") \
+                    from None
+    return text.strip()
+
+
+def int_in(low: int, high: int, *, also: tuple[int, ...] = ()) -> Callable[[str], int]:
+    """An integer in low..high (or one of `also`, e.g. 0 for "automatic")."""
+    def parse(text: str) -> int:
+        value = parse_int(text)
+        if value not in also and not low <= value <= high:
+            allowed = " or ".join([*(str(v) for v in also), f"{low}..{high}"])
+            raise ValueError(f"{value} is not {allowed}")
+        return value
+    return parse
 
 
 @dataclass(frozen=True)
@@ -262,11 +288,11 @@ PARAMS: tuple[Param, ...] = (
     Param("FailsafeInboundHostPorts", parse_proto_ports(DEFAULT_FAILSAFE_IN), parse_proto_ports),
     Param("FailsafeOutboundHostPorts", parse_proto_ports(DEFAULT_FAILSAFE_OUT),
           parse_proto_ports),
-    Param("InterfaceExclude", "kube-ipvs0", parse_str, restart=True,
+    Param("InterfaceExclude", "kube-ipvs0", parse_interface_names, restart=True,
           help="Interfaces (names or /regex/, comma-separated) never treated as host IPs."),
-    Param("VXLANVNI", 4096, parse_int, restart=True),
+    Param("VXLANVNI", 4096, int_in(1, (1 << 24) - 1), restart=True),
     Param("VXLANPort", 4789, parse_port, restart=True),
-    Param("VXLANMTU", 0, parse_int, restart=True),
+    Param("VXLANMTU", 0, int_in(68, 65535, also=(0,)), restart=True),
     Param("EndpointReportingEnabled", False, parse_bool),
     Param("ReportingTTLSecs", 90.0, parse_seconds),
     Param("DataplaneFailClosedAfter", 60.0, parse_seconds,

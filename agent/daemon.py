@@ -3,9 +3,10 @@
 Wiring (each box is a thread; arrows are queues)::
 
     syncer ──updates/status──> CalcPipeline ──proto messages──> _Forwarder ──> DataplaneLoop
-    (make_syncer(url))         (validator, graph,              (metrics, config   (managers:
+    (make_syncer(location))    (validator, graph,              (metrics, config   (managers:
                                 event sequencer)                 restart check)     apply())
     InterfaceMonitor ──InterfaceUpdate/InterfaceAddrsUpdate───────────────────────────┘
+    (the loop and the monitor are one `agent.dataplane.linux.LinuxDataplane`)
     main thread: status file + GC policy (agent.gc_policy) ticks; exits on SIGTERM/SIGINT,
     a fatal dataplane failure (fail closed), or a FelixConfiguration change that needs a
     restart.
@@ -54,6 +55,7 @@ from agent.config import Config, load_config
 from agent.dataplane.errors import DataplaneUnavailable
 from agent.dataplane.loop import DataplaneLoop
 from agent.dataplane.manager import Manager
+from agent.datastore import DatastoreLocation
 from agent.gc_policy import GcPolicy
 from agent.health import HealthAggregator, HealthServer
 from agent.proto import (
@@ -95,42 +97,22 @@ _RESYNC_STATE_VALUES = {SyncStatus.WAIT_FOR_DATASTORE: 1, SyncStatus.RESYNC: 2,
 ManagersFactory = Callable[[Config], list[Manager]]
 
 
-def linux_config(config: Config, *, bpf_mode: bool) -> Any:
-    from agent.dataplane.linux import LinuxDataplaneConfig
-
-    return LinuxDataplaneConfig(
-        interface_prefixes=tuple(p for p in config.interface_prefix.split(",") if p),
-        bpf_mode=bpf_mode,
-        endpoint_to_host_action=config.default_endpoint_to_host_action,
-        iptables_backend=config.iptables_backend.lower(),
-        max_ipset_size=config.bpf_map_size_ip_sets,
-        resync_interval=config.iptables_refresh_interval,
-        fail_closed_after=config.dataplane_fail_closed_after,
-        failsafe_inbound=config.failsafe_inbound_host_ports,
-        failsafe_outbound=config.failsafe_outbound_host_ports,
-        interface_exclude=config.interface_exclude,
-        vxlan_vni=config.vxlanvni,
-        vxlan_port=config.vxlan_port,
-        vxlan_mtu=config.vxlanmtu,
-        bpf_pin_dir=config.bpf_pin_dir,
-    )
-
-
 def build_iptables_managers(config: Config) -> list[Manager]:
-    from agent.dataplane.linux import linux_managers
+    from agent.dataplane.linux import LinuxDataplaneConfig, linux_managers
 
-    return linux_managers(linux_config(config, bpf_mode=False))
+    return linux_managers(LinuxDataplaneConfig.from_config(config, bpf_mode=False))
 
 
 def build_bpf_managers(config: Config) -> list[Manager]:
     """The BPF maps/programs managers first, then routes and sysctls (rp_filter 0)."""
-    from agent.dataplane.linux import linux_managers
+    from agent.dataplane.linux import LinuxDataplaneConfig, linux_managers
 
     try:
         from agent.dataplane.bpf_dataplane import build_bpf_managers as build
     except ImportError as exc:
         raise DataplaneUnavailable(f"the BPF dataplane cannot be loaded: {exc}") from exc
-    return linux_managers(linux_config(config, bpf_mode=True), extra_managers=build(config))
+    return linux_managers(LinuxDataplaneConfig.from_config(config, bpf_mode=True),
+                          extra_managers=build(config))
 
 
 def select_managers(config: Config) -> tuple[str, list[Manager]]:
@@ -224,15 +206,16 @@ class _SyncerTap:
         self.last_update_wall = time.time()
 
 
-def datastore_felix_config(datastore: str, hostname: str) -> tuple[dict[str, str], dict[str, str]]:
+def datastore_felix_config(datastore: DatastoreLocation,
+                           hostname: str) -> tuple[dict[str, str], dict[str, str]]:
     """FelixConfiguration `default` and `node.<hostname>` as read at start-up.
 
     Raises `DatastoreUnavailable` when the datastore cannot be reached (the agent waits and
     retries), another `DatastoreClientError` when it refuses (the agent exits 2)."""
-    from agent.datastore import open_datastore, parse_datastore_url
+    from agent.datastore import open_datastore
     from agent.model import FelixConfiguration, ValidationError, parse_resource
 
-    if parse_datastore_url(datastore).backend == "typha":
+    if datastore.backend == "typha":
         # Typha is read-only: take the effective (global, then per-node) settings from one
         # pass of its stream through the calc graph, as the running agent will see them.
         from agent.calc.snapshot import CalcTimeout, compute
@@ -262,7 +245,7 @@ def datastore_felix_config(datastore: str, hostname: str) -> tuple[dict[str, str
 
 @dataclass
 class AgentOptions:
-    datastore: str
+    datastore: DatastoreLocation
     hostname: str
     config_file: str | None = None
     environ: dict[str, str] | None = None
@@ -402,13 +385,14 @@ class Agent:
             self._health_server, self._health_address = server, wanted
 
     def _run(self, config: Config, health: HealthAggregator) -> int:
+        from agent.dataplane.linux import LinuxDataplane, LinuxDataplaneConfig
         from agent.datastore import make_syncer
 
         mode, managers = self._managers_factory(config)
         self.dataplane_mode = mode
         reporter = self._status_reporter(config, managers)
         log.info("starting agent", extra={"fields": {
-            "hostname": self.options.hostname, "datastore": self.options.datastore,
+            "hostname": self.options.hostname, "datastore": str(self.options.datastore),
             "dataplane": mode}})
 
         # the datastore's layer may set HealthTimeoutOverrides: it counts from here on
@@ -434,10 +418,15 @@ class Agent:
         def calc_heartbeat() -> None:  # on the calc pipeline's thread
             calc_health.report(live=True, ready=pipeline.in_sync.is_set())
 
-        loop = DataplaneLoop(managers, resync_interval=config.route_refresh_interval,
-                             fail_closed_after=config.dataplane_fail_closed_after,
-                             heartbeat=dataplane_heartbeat,
-                             heartbeat_interval=dp_health.interval)
+        dataplane = LinuxDataplane(
+            managers=managers, resync_interval=config.route_refresh_interval,
+            interface_refresh_interval=config.route_refresh_interval,
+            config=LinuxDataplaneConfig.from_config(config, bpf_mode=mode == "bpf"),
+            heartbeat=dataplane_heartbeat, heartbeat_interval=dp_health.interval,
+            monitor_interfaces=monitor_health is not None,
+            monitor_heartbeat=(None if monitor_health is None
+                               else lambda: monitor_health.report(ready=False)))
+        loop = dataplane.loop
         forwarder = _Forwarder(loop, self._on_datastore_config)
         pipeline = CalcPipeline(
             self.options.hostname, forwarder,
@@ -445,20 +434,14 @@ class Agent:
             heartbeat=calc_heartbeat, heartbeat_interval=calc_health.interval)
         tap = _SyncerTap(pipeline)
         syncer = make_syncer(self.options.datastore, hostname=self.options.hostname)
-        monitor = None
-        if monitor_health is not None:
-            from agent.dataplane.ifacemonitor import InterfaceMonitor
 
-            monitor = InterfaceMonitor(loop.enqueue, resync_interval=config.route_refresh_interval,
-                                       heartbeat=lambda: monitor_health.report(ready=False))
-
-        loop.start()
+        dataplane.loop.start()
         if reporter is not None:
             reporter.start()
         pipeline.start()
         syncer.start(tap)
-        if monitor is not None:
-            monitor.start()
+        if dataplane.monitor is not None:  # interface state after the first datastore data
+            dataplane.monitor.start()
         status = StatusWriter(config.status_file, self.options.hostname)
         gc_policy = GcPolicy()
         exit_code = EXIT_OK
@@ -495,16 +478,10 @@ class Agent:
         finally:
             log.info("stopping; the programmed dataplane stays in place")
             syncer.stop()
-            if monitor is not None:
-                monitor.stop()
             pipeline.stop()
-            loop.stop()
+            dataplane.stop()  # monitor, loop, then every manager's close()
             if reporter is not None:
                 reporter.stop(clean=True)
-            for manager in managers:
-                close = getattr(manager, "close", None)
-                if close is not None:
-                    close()
             if metrics_server is not None:
                 metrics_server.stop()
         return exit_code

@@ -34,9 +34,26 @@ from agent.syncer.client import (
 
 @dataclass(frozen=True)
 class DatastoreLocation:
+    """Where a datastore is: parsed once at the edge (the CLI's --datastore option, a test,
+    a tool that made the datastore) and passed down; nothing below parses a URL again."""
+
     backend: str  # "file", "etcd3", "kubernetes" or "typha"
     path: str = ""  # file backend
     endpoints: tuple[str, ...] = ()  # etcd3 / typha: "host:port"
+
+    def __str__(self) -> str:
+        """The --datastore value that names this location (for messages, logs and the
+        command lines of processes started with it)."""
+        if self.backend == "file":
+            return self.path
+        if self.backend == "kubernetes":
+            return "kubernetes"
+        return f"{self.backend}://{','.join(self.endpoints)}"
+
+    @classmethod
+    def file(cls, path: str | os.PathLike[str]) -> DatastoreLocation:
+        """The file datastore at `path` (a tool or test that made the directory itself)."""
+        return cls("file", path=os.fspath(path))
 
 
 _URL_FORMS = ("a directory, a YAML file, etcd3://HOST:PORT[,HOST:PORT...], kubernetes, "
@@ -85,9 +102,9 @@ def _not_implemented(location: DatastoreLocation) -> BackendNotImplemented:
         "file datastore (--datastore ./resources)")
 
 
-def open_datastore(url: str, *, validate: Validator | None = None) -> Datastore:
-    """A client for the datastore a --datastore value names."""
-    location = parse_datastore_url(url)
+def open_datastore(location: DatastoreLocation, *,
+                   validate: Validator | None = None) -> Datastore:
+    """A client for the datastore at `location`."""
     if location.backend == "file":
         from agent.syncer.file_store import FileDatastore
 
@@ -102,20 +119,19 @@ def open_datastore(url: str, *, validate: Validator | None = None) -> Datastore:
         return open_kube_datastore(validate=validate or minimal_validate)
     if location.backend == "typha":
         raise DatastoreURLError(
-            f"--datastore {url!r}: Typha only fans out the datastore's watch (read-only); "
-            "apply, delete and get need the datastore itself")
+            f"--datastore {str(location)!r}: Typha only fans out the datastore's watch "
+            "(read-only); apply, delete and get need the datastore itself")
     raise _not_implemented(location)
 
 
-def make_syncer(url: str, *, syncer_type: str = "felix", hostname: str = "",
-                **options: Any) -> Syncer:
-    """The syncer for a --datastore value; `options` go to the backend's constructor
+def make_syncer(location: DatastoreLocation, *, syncer_type: str = "felix",
+                hostname: str = "", **options: Any) -> Syncer:
+    """The syncer for the datastore at `location`; `options` go to the backend's constructor
     (file backend: poll_interval, debounce, use_inotify, rescan_interval...).
 
     `syncer_type` ("felix": every kind; "bgp": what confd needs) and `hostname` matter only
     to Typha, which serves one filtered stream per syncer type; a direct datastore syncer
     carries every kind and its consumer picks what it needs."""
-    location = parse_datastore_url(url)
     if location.backend == "typha":
         from agent.typha.client import TyphaConfigError, make_typha_syncer
 

@@ -15,13 +15,17 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agent.datastore import DatastoreLocation
 
 
 class ConfdStartError(RuntimeError):
     """confd could not start (the message says why)."""
 
 
-def run(datastore: str, hostname: str, *, interface_prefix: str, bird_socket: str,
+def run(datastore: DatastoreLocation, hostname: str, *, interface_prefix: str, bird_socket: str,
         config_file: str, prometheus_port: int = 0) -> None:
     """Watch `datastore` and keep BIRD's config for `hostname` current until a signal."""
     from agent import metrics

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 
-from agent.datastore import make_syncer, parse_datastore_url
+from agent.datastore import DatastoreLocation, make_syncer
 from agent.syncer.api import DatastoreError, RawUpdate, Syncer, SyncStatus
 from agent.syncer.client import DatastoreClientError
 
@@ -24,9 +24,9 @@ class DatastoreUnavailable(RuntimeError):
     """The datastore could not be opened or listed; the message names it."""
 
 
-def open_syncer(url: str) -> Syncer:
+def open_syncer(location: DatastoreLocation) -> Syncer:
     try:
-        return make_syncer(url, syncer_type="bgp")
+        return make_syncer(location, syncer_type="bgp")
     except DatastoreClientError as exc:
         raise DatastoreUnavailable(str(exc)) from exc
 
@@ -54,25 +54,22 @@ class _Collector:
         self.errors.append(error)
 
 
-def read_once(url: str, *, timeout: float = 30.0) -> tuple[list[RawUpdate], list[DatastoreError]]:
+def read_once(location: DatastoreLocation, *,
+              timeout: float = 30.0) -> tuple[list[RawUpdate], list[DatastoreError]]:
     """The datastore's current resources (sorted by key) and the errors met listing them."""
-    try:
-        location = parse_datastore_url(url)
-    except DatastoreClientError as exc:
-        raise DatastoreUnavailable(str(exc)) from exc
     if location.backend == "file":
         from agent.syncer.file import load_path
 
         try:
             return load_path(location.path)
         except FileNotFoundError as exc:
-            raise DatastoreUnavailable(f"--datastore {url}: {exc.strerror}") from exc
-    syncer = open_syncer(url)
+            raise DatastoreUnavailable(f"--datastore {location}: {exc.strerror}") from exc
+    syncer = open_syncer(location)
     collector = _Collector()
     syncer.start(collector)
     try:
         if not collector.in_sync.wait(timeout):
-            raise DatastoreUnavailable(f"--datastore {url}: not in sync after {timeout} s")
+            raise DatastoreUnavailable(f"--datastore {location}: not in sync after {timeout} s")
     finally:
         syncer.stop()
     updates = [collector.current[k] for k in sorted(collector.current)]  # type: ignore[type-var]

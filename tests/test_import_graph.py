@@ -10,6 +10,8 @@ from pathlib import Path
 
 import grimp
 
+from agent.kinds import KIND_BY_NAME, KINDS
+
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = [p for top in ("agent", "cli", "confd") for p in (REPO / top).rglob("*.py")]
 
@@ -96,4 +98,18 @@ def test_one_datastore_parser_and_one_kind_catalogue() -> None:
     assert _defining(r"^class DatastoreLocation\b") == ["agent/datastore.py"]
     # only that parser takes a URL apart at its scheme
     assert _defining(r"""["']://["']""") == ["agent/datastore.py"]
-    assert _defining(r"^class KindInfo\b") == ["agent/syncer/client.py"]
+    # the parser is called only at the edge (the CLI's --datastore option type)
+    assert _defining(r"parse_datastore_url\(") == ["agent/datastore.py", "cli/params.py"]
+    # one kind catalogue: KindInfo and every API resource are declared in agent/kinds.py,
+    # and no other module spells a Calico kind's plural as a string (the etcd, Kubernetes and
+    # CLI tables are views of the catalogue, which derives them)
+    assert _defining(r"^class KindInfo\b") == ["agent/kinds.py"]
+    assert _defining(r"\bResourceType\(") == ["agent/kinds.py"]
+    plurals = "|".join(info.plural for info in KINDS if info.kube and info.kube.is_crd)
+    assert _defining(rf"[\"']({plurals})[\"']") == ["agent/kinds.py"]
+
+
+def test_the_model_parses_exactly_the_catalogue_kinds() -> None:
+    from agent.model import KNOWN_KINDS
+
+    assert frozenset(KIND_BY_NAME) == KNOWN_KINDS

@@ -111,7 +111,7 @@ class Pipeline:
         from agent.conversion.k8s import workload_interface_name
         from agent.dataplane.loop import DataplaneLoop
         from agent.dataplane.managers.bpf_policy import BpfPolicyManager
-        from agent.datastore import make_syncer
+        from agent.datastore import DatastoreLocation, make_syncer
 
         self.ifindex = {workload_interface_name(NAMESPACE, pod_name(i)): 100 + i
                         for i in range(ENDPOINTS)}
@@ -129,7 +129,7 @@ class Pipeline:
         self.manager.apply = timed_apply  # type: ignore[method-assign]
         self.loop = DataplaneLoop([self.manager], resync_interval=3600)
         self.pipeline = CalcPipeline(NODE, self.loop.enqueue)
-        self.syncer = make_syncer(str(datastore))
+        self.syncer = make_syncer(DatastoreLocation.file(datastore))
 
     def start(self, timeout: float = 60.0) -> None:
         self.loop.start()

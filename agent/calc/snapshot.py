@@ -17,11 +17,14 @@ happen, any breach of the message-ordering contract the dataplane model detected
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.calc.expected_dataplane import ExpectedDataplane
 from agent.calc.pipeline import CalcPipeline
 from agent.syncer.api import SyncStatus
+
+if TYPE_CHECKING:
+    from agent.datastore import DatastoreLocation
 
 
 class CalcTimeout(RuntimeError):
@@ -39,22 +42,22 @@ class Snapshot:
         return self.state.summary()
 
 
-def compute(datastore: str, hostname: str, *, timeout: float = 30.0) -> Snapshot:
+def compute(datastore: DatastoreLocation, hostname: str, *,
+            timeout: float = 30.0) -> Snapshot:
     """Run the pipeline for `hostname` over `datastore` to in-sync and return the result.
 
-    Raises `agent.syncer.client.DatastoreClientError` for a bad --datastore value,
+    Raises `agent.syncer.client.DatastoreClientError` if the datastore refuses,
     FileNotFoundError for a missing path, `CalcTimeout` if in-sync is not reached.
     """
-    from agent.datastore import make_syncer, parse_datastore_url
+    from agent.datastore import make_syncer
 
     state = ExpectedDataplane(strict=False)
     state.record = False
     pipeline = CalcPipeline(hostname, state)
-    location = parse_datastore_url(datastore)
-    if location.backend == "file":
+    if datastore.backend == "file":
         from agent.syncer.file import load_path
 
-        updates, errors = load_path(location.path)
+        updates, errors = load_path(datastore.path)
         for error in errors:
             pipeline.on_error(error)
         pipeline.feed(updates, SyncStatus.IN_SYNC)

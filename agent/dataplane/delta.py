@@ -1,8 +1,9 @@
 """DeltaTracker: desired state vs. what the dataplane holds, and the difference between them.
 
 Role: the one reusable bookkeeping structure behind every dataplane manager (Felix's
-`deltatracker`). Routes, IP sets, iptables chains and, later, BPF map entries all keep a
-`DeltaTracker[K, V]`:
+`deltatracker`). Routes, IP sets, iptables chains, sysctls and the BPF maps' entries
+(`agent.dataplane.managers.bpf_mirror.MapMirror`, a `DeltaTracker[bytes, bytes]` that
+also writes its map) all keep one:
 
 - the *desired* map (what the calc graph asked for; written by `on_update`),
 - a cache of the *dataplane* map (what the kernel holds; refreshed by a resync that reads the
@@ -10,7 +11,9 @@ Role: the one reusable bookkeeping structure behind every dataplane manager (Fel
 - the pending work derived from the two: keys to write (missing or different in the
   dataplane) and keys to delete (in the dataplane but not desired).
 
-Inputs: `set_desired` / `delete_desired` from managers' `on_update`; `replace_all_dataplane`
+Inputs: `set_desired` / `delete_desired` from managers' `on_update` (or
+`replace_all_desired` where a compiler produces the whole desired map at once);
+`replace_all_dataplane`
 after reading the kernel; `set_dataplane` / `delete_dataplane` after each write succeeded.
 Outputs: `pending_updates()` / `pending_deletions()`.
 
@@ -57,6 +60,17 @@ class DeltaTracker(Generic[K, V]):
         self._desired.pop(key, None)
         self._recompute(key)
 
+    def replace_all_desired(self, desired: Mapping[K, V]) -> None:
+        """Make `desired` the whole desired state (a compiler's full output, each apply):
+        one pass over it, and only the keys whose desired value changed are recomputed."""
+        old = self._desired
+        self._desired = dict(desired)
+        for key, value in self._desired.items():
+            if key not in old or not self._values_equal(old[key], value):
+                self._recompute(key)
+        for key in old.keys() - self._desired.keys():
+            self._recompute(key)
+
     def delete_all_desired(self) -> None:
         for key in list(self._desired):
             self.delete_desired(key)
@@ -89,6 +103,10 @@ class DeltaTracker(Generic[K, V]):
         """Record that the kernel no longer holds `key` (after a delete, or it vanished)."""
         self._dataplane.pop(key, None)
         self._recompute(key)
+
+    def dataplane(self) -> Mapping[K, V]:
+        """The dataplane cache itself (read-only use: counting, lookups)."""
+        return self._dataplane
 
     def get_dataplane(self, key: K) -> V | None:
         return self._dataplane.get(key)

@@ -59,16 +59,16 @@ Known BPF-mode limit: kube-proxy IPVS awareness (the iptables mode's rules that 
 IPVS-forwarded pod traffic out of host endpoint egress policy) is not rendered, since it
 rests on the workload chains' marks.
 
-Settings keep Felix's names (`FelixConfiguration` / `FELIX_*`); `LinuxDataplaneConfig.from_felix`
-reads them from a mapping of strings and names the offending key on bad values.
+Settings: `agent.config` parses Felix's names (`FelixConfiguration` / `FELIX_*`) once and
+names a bad value there; `LinuxDataplaneConfig.from_config` takes the parsed result.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from agent.config import DEFAULT_FAILSAFE_IN, DEFAULT_FAILSAFE_OUT
+from agent.config import DEFAULT_FAILSAFE_IN, DEFAULT_FAILSAFE_OUT, Config
 from agent.dataplane.ifacemonitor import InterfaceMonitor
 from agent.dataplane.iptables.hostendpoints import Failsafes, parse_failsafe_ports
 from agent.dataplane.loop import DataplaneLoop
@@ -85,19 +85,6 @@ from agent.dataplane.managers.vxlan import DEFAULT_PORT, DEFAULT_VNI, VXLANManag
 from agent.shims.nft_guard import NftGuard
 
 
-def _parse_seconds(config: Mapping[str, str], key: str, default: float) -> float:
-    raw = config.get(key)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw.rstrip("s"))
-    except ValueError as exc:
-        raise ValueError(f"{key}: {raw!r} is not a number of seconds") from exc
-    if value <= 0:
-        raise ValueError(f"{key}: must be > 0, got {raw!r}")
-    return value
-
-
 @dataclass(frozen=True)
 class LinuxDataplaneConfig:
     interface_prefixes: tuple[str, ...] = ("cali",)  # InterfacePrefix (comma-separated)
@@ -107,7 +94,7 @@ class LinuxDataplaneConfig:
     max_ipset_size: int = 1048576  # MaxIpsetSize
     resync_interval: float = 90.0  # IptablesRefreshInterval / RouteRefreshInterval
     interface_refresh_interval: float = 90.0  # InterfaceRefreshInterval
-    fail_closed_after: float = 300.0  # how long policy may fail to program before exiting
+    fail_closed_after: float = 60.0  # DataplaneFailClosedAfter: policy failing this long: exit
     failsafe_inbound: tuple[tuple[str, int], ...] = parse_failsafe_ports(DEFAULT_FAILSAFE_IN)
     failsafe_outbound: tuple[tuple[str, int], ...] = parse_failsafe_ports(DEFAULT_FAILSAFE_OUT)
     interface_exclude: str = "kube-ipvs0"  # InterfaceExclude: names or /regex/, comma-separated
@@ -128,50 +115,24 @@ class LinuxDataplaneConfig:
             raise ValueError(f"VXLANMTU: {self.vxlan_mtu} is not 0 (auto) or 68..65535")
 
     @classmethod
-    def from_felix(cls, config: Mapping[str, str]) -> LinuxDataplaneConfig:
-        prefixes = tuple(p.strip() for p in config.get("InterfacePrefix", "cali").split(",")
-                         if p.strip())
-        if not prefixes:
-            raise ValueError("InterfacePrefix: empty")
-        bpf = config.get("BPFEnabled", "false").lower()
-        if bpf not in ("true", "false"):
-            raise ValueError(f"BPFEnabled: {bpf!r} is not true or false")
-        try:
-            max_size = int(config.get("MaxIpsetSize", "1048576"))
-        except ValueError as exc:
-            raise ValueError(f"MaxIpsetSize: {config['MaxIpsetSize']!r} is not an integer") \
-                from exc
-        failsafes = {}
-        for key, default in (("FailsafeInboundHostPorts", DEFAULT_FAILSAFE_IN),
-                             ("FailsafeOutboundHostPorts", DEFAULT_FAILSAFE_OUT)):
-            try:
-                failsafes[key] = parse_failsafe_ports(config.get(key, default))
-            except ValueError as exc:
-                raise ValueError(f"{key}: {exc}") from exc
-        exclude = config.get("InterfaceExclude", "kube-ipvs0")
-        InterfaceMatcher.parse(exclude)  # raises naming InterfaceExclude
-        vxlan = {}
-        for key, default in (("VXLANVNI", DEFAULT_VNI), ("VXLANPort", DEFAULT_PORT),
-                             ("VXLANMTU", 0)):
-            try:
-                vxlan[key] = int(config.get(key, str(default)))
-            except ValueError as exc:
-                raise ValueError(f"{key}: {config[key]!r} is not an integer") from exc
+    def from_config(cls, config: Config, *, bpf_mode: bool) -> LinuxDataplaneConfig:
+        """The agent's validated settings (`agent.config`: Felix's names, parsed once, each
+        bad value named there) in the form the managers take."""
         return cls(
-            bpf_pin_dir=config.get("BPFPinDir") or None,
-            vxlan_vni=vxlan["VXLANVNI"],
-            vxlan_port=vxlan["VXLANPort"],
-            vxlan_mtu=vxlan["VXLANMTU"],
-            failsafe_inbound=failsafes["FailsafeInboundHostPorts"],
-            failsafe_outbound=failsafes["FailsafeOutboundHostPorts"],
-            interface_exclude=exclude,
-            interface_prefixes=prefixes,
-            bpf_mode=bpf == "true",
-            endpoint_to_host_action=config.get("DefaultEndpointToHostAction", "Drop"),
-            iptables_backend=config.get("IptablesBackend", "auto"),
-            max_ipset_size=max_size,
-            resync_interval=_parse_seconds(config, "IptablesRefreshInterval", 90.0),
-            interface_refresh_interval=_parse_seconds(config, "InterfaceRefreshInterval", 90.0),
+            interface_prefixes=tuple(p for p in config.interface_prefix.split(",") if p),
+            bpf_mode=bpf_mode,
+            endpoint_to_host_action=config.default_endpoint_to_host_action,
+            iptables_backend=config.iptables_backend.lower(),
+            max_ipset_size=config.bpf_map_size_ip_sets,
+            resync_interval=config.iptables_refresh_interval,
+            fail_closed_after=config.dataplane_fail_closed_after,
+            failsafe_inbound=config.failsafe_inbound_host_ports,
+            failsafe_outbound=config.failsafe_outbound_host_ports,
+            interface_exclude=config.interface_exclude,
+            vxlan_vni=config.vxlanvni,
+            vxlan_port=config.vxlan_port,
+            vxlan_mtu=config.vxlanmtu,
+            bpf_pin_dir=config.bpf_pin_dir,
         )
 
 
@@ -219,24 +180,48 @@ def linux_managers(cfg: LinuxDataplaneConfig, *, netns: str | None = None,
 
 
 class LinuxDataplane:
-    """Managers + driver loop + interface monitor for one namespace (None: our own)."""
+    """Managers + driver loop + interface monitor for one namespace (None: our own): the
+    one assembly the agent (`agent.daemon`) and the tests run.
+
+    `managers`: the managers in round order (the agent's mode selection builds them, BPF
+    managers first); by default `linux_managers(config, ...)` builds them from `config`.
+    `heartbeat`/`monitor_heartbeat` are called from the loop's and the monitor's own
+    threads (the agent's liveness reporters); `monitor_interfaces=False` runs without an
+    interface monitor (a tool or test that feeds interface messages itself)."""
 
     def __init__(
         self,
         *,
         netns: str | None = None,
         config: LinuxDataplaneConfig | None = None,
+        managers: Sequence[Manager] | None = None,
         extra_managers: Sequence[Manager] = (),
         on_fatal: Callable[[str], None] | None = None,
         endpoint_status: Report | None = None,
+        resync_interval: float | None = None,
+        interface_refresh_interval: float | None = None,
+        monitor_interfaces: bool = True,
+        heartbeat: Callable[[], None] | None = None,
+        heartbeat_interval: float = 10.0,
+        monitor_heartbeat: Callable[[], None] | None = None,
     ) -> None:
         cfg = config or LinuxDataplaneConfig()
-        managers = linux_managers(cfg, netns=netns, extra_managers=extra_managers,
-                                  endpoint_status=endpoint_status)
-        self.loop = DataplaneLoop(managers, resync_interval=cfg.resync_interval,
-                                  fail_closed_after=cfg.fail_closed_after, on_fatal=on_fatal)
-        self.monitor = InterfaceMonitor(self.loop.enqueue, netns=netns,
-                                        resync_interval=cfg.interface_refresh_interval)
+        if managers is None:
+            managers = linux_managers(cfg, netns=netns, extra_managers=extra_managers,
+                                      endpoint_status=endpoint_status)
+        self.managers: list[Manager] = list(managers)
+        self.loop = DataplaneLoop(
+            self.managers,
+            resync_interval=cfg.resync_interval if resync_interval is None else resync_interval,
+            fail_closed_after=cfg.fail_closed_after, on_fatal=on_fatal,
+            heartbeat=heartbeat, heartbeat_interval=heartbeat_interval)
+        self.monitor: InterfaceMonitor | None = None
+        if monitor_interfaces:
+            self.monitor = InterfaceMonitor(
+                self.loop.enqueue, netns=netns, heartbeat=monitor_heartbeat,
+                resync_interval=(cfg.interface_refresh_interval
+                                 if interface_refresh_interval is None
+                                 else interface_refresh_interval))
         self.in_sync = self.loop.in_sync
         self.fatal = self.loop.fatal
 
@@ -245,11 +230,13 @@ class LinuxDataplane:
 
     def start(self) -> None:
         self.loop.start()
-        self.monitor.start()
+        if self.monitor is not None:
+            self.monitor.start()
 
     def stop(self) -> None:
         """Stop the threads and release kernel handles; programmed state stays in place."""
-        self.monitor.stop()
+        if self.monitor is not None:
+            self.monitor.stop()
         self.loop.stop()
-        for manager in self.loop.managers:
+        for manager in self.managers:
             manager.close()

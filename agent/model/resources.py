@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from agent.kinds import CALICO_API, KIND_BY_NAME, KIND_K8S_NETWORK_POLICY, KINDS
 from agent.model.base import (
     Metadata,
     Resource,
@@ -85,14 +86,14 @@ from agent.model.rules import (
     protocol_number,
 )
 from agent.model.services import parse_endpoint_slice, parse_service
-from agent.syncer.api import K8S_NETWORKING_API, KIND_K8S_NETWORK_POLICY, ResourceKey, key_of
+from agent.syncer.api import ResourceKey, key_of
 
-CALICO_API = "projectcalico.org/v3"
-K8S_API_BY_KIND = {"Pod": "v1", "Namespace": "v1", "ServiceAccount": "v1", "Node": "v1",
-                   KIND_K8S_NETWORK_POLICY: K8S_NETWORKING_API, "Service": "v1",
-                   "EndpointSlice": "discovery.k8s.io/v1"}
-K8S_KINDS = frozenset({"Pod", "Namespace", "ServiceAccount", KIND_K8S_NETWORK_POLICY,
-                       "Service", "EndpointSlice"})
+# The Kubernetes form of each kind that has one (the kind catalogue's non-CRD resources: v1
+# Pod, Namespace, ServiceAccount, Node and networking.k8s.io/v1 NetworkPolicy).
+K8S_API_BY_KIND = {info.kind: info.kube.group_version for info in KINDS
+                   if info.kube is not None and not info.kube.is_crd}
+K8S_KINDS = frozenset(kind for kind, info in KIND_BY_NAME.items()
+                      if info.api_version != CALICO_API)
 _MAC_RE = re.compile(r"[0-9a-fA-F]{2}([:-][0-9a-fA-F]{2}){5}")  # fullmatch only
 
 
@@ -471,6 +472,10 @@ _CALICO_TOP_FIELDS = frozenset({"apiVersion", "kind", "metadata", "spec"})
 
 
 KNOWN_KINDS = frozenset(_CALICO_PARSERS) | frozenset(_K8S_PARSERS)
+# One parser (per document form) for every kind of the catalogue, and none beside it.
+if frozenset(KIND_BY_NAME) != KNOWN_KINDS:
+    raise RuntimeError("the kind catalogue (agent.kinds) and the model's parsers disagree: "
+                       f"{sorted(KNOWN_KINDS ^ frozenset(KIND_BY_NAME))}")
 
 
 def parse_resource(doc: Any) -> Resource:

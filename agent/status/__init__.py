@@ -1,7 +1,7 @@
 """Status reporting: the agent's node and endpoint status records in the datastore.
 
 `records` (NodeStatus, EndpointStatus, StatusSnapshot), `stores` (file and etcd stores,
-`open_status_store(url)`), `reporter` (the StatusReporter thread). See each module.
+`open_status_store(location)`), `reporter` (the StatusReporter thread). See each module.
 """
 
 from agent.status.records import EndpointStatus, NodeStatus, StatusSnapshot

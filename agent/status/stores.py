@@ -1,8 +1,8 @@
 """Status stores: where status records live, per datastore backend.
 
 Role: write an agent's `NodeStatus` / `EndpointStatus` records beside the resources of its
-datastore, and read everyone's back (`read()` -> `StatusSnapshot`). `open_status_store(url)`
-picks the store for a `--datastore` value:
+datastore, and read everyone's back (`read()` -> `StatusSnapshot`). `open_status_store(location)`
+picks the store for a datastore location:
 
 - file datastore (a directory D, or a YAML file F): a hidden directory `D/.status/` (for a
   file: `.F.status/` beside it). The file syncer ignores hidden names, so status writes never
@@ -28,8 +28,9 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 from urllib.parse import quote
 
 from agent.status.records import (
@@ -40,7 +41,12 @@ from agent.status.records import (
     StatusSnapshot,
 )
 
+if TYPE_CHECKING:
+    from agent.datastore import DatastoreLocation
+    from agent.syncer.etcd_conn import EtcdConfig, EtcdConnection
+
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 ETCD_STATUS_ROOT = "/calico/felix/v2/no-region/host/"
 
@@ -163,59 +169,41 @@ def etcd_endpoint_key(hostname: str, kind: str, endpoint: str) -> str:
 
 
 class EtcdStatusStore:
-    """Status keys in etcd, attached to one lease per agent (see the module docstring)."""
+    """Status keys in etcd, attached to one lease per agent (see the module docstring).
 
-    def __init__(self, config: Any, *, ttl: float = 90.0) -> None:
-        import grpc
-        from pyetcd import etcdrpc
+    Talks to etcd through the syncer's own connection class (`EtcdConnection`, TLS and
+    message limits included), one endpoint at a time: a failed call closes the connection
+    and the next call tries the next endpoint."""
 
-        from agent.syncer.etcd_conn import EtcdConfig
+    def __init__(self, config: EtcdConfig, *, ttl: float = 90.0) -> None:
+        # imported here: gRPC is loaded only by an agent that reports status into etcd
+        from agent.syncer.etcd_conn import EndpointRotation, EtcdError
 
-        assert isinstance(config, EtcdConfig)
-        self._rpc = etcdrpc
-        self._grpc = grpc
-        self._config = config
+        self._failure = EtcdError
+        self._endpoints = EndpointRotation(config)
         self._ttl = max(1, round(ttl))
-        self._timeout = config.request_timeout
-        self._endpoint_index = 0
-        self._channel: Any = None
+        self._connection: EtcdConnection | None = None
         self._lease_id = 0
         self._written: dict[str, bytes] = {}  # our keys -> values (re-put on a new lease)
         self.description = config.description
 
     # --- plumbing ------------------------------------------------------------------------
 
-    def _connect(self) -> None:
-        if self._channel is not None:
-            return
-        endpoint = self._config.endpoints[self._endpoint_index % len(self._config.endpoints)]
-        if self._config.tls is not None:
-            self._channel = self._grpc.secure_channel(endpoint, self._config.tls.credentials())
-        else:
-            self._channel = self._grpc.insecure_channel(endpoint)
-        self._kv = self._rpc.KVStub(self._channel)
-        self._lease = self._rpc.LeaseStub(self._channel)
-
-    def _call(self, what: str, service: str, method: str, request: Any) -> Any:
-        """One unary call: `service` is "kv" or "lease", `method` the RPC's name."""
-        self._connect()
-        fn = getattr(self._kv if service == "kv" else self._lease, method)
+    def _call(self, operation: Callable[[EtcdConnection], T]) -> T:
+        """Run one operation on the current endpoint; on failure move to the next one and
+        raise StatusStoreError (the reporter logs it and retries on its next tick)."""
+        if self._connection is None:
+            self._connection = self._endpoints.connect()
         try:
-            return fn(request, timeout=self._timeout)
-        except self._grpc.RpcError as exc:
-            self._reset()
-            raise StatusStoreError(f"etcd {what}: {exc.code().name}: {exc.details()}") from exc
-
-    def _reset(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
-        self._channel = None
-        self._endpoint_index += 1
+            return operation(self._connection)
+        except self._failure as exc:
+            self._connection.close()
+            self._connection = None
+            self._endpoints.advance()
+            raise StatusStoreError(str(exc)) from exc
 
     def _grant(self) -> None:
-        response = self._call("lease grant", "lease", "LeaseGrant",
-                              self._rpc.LeaseGrantRequest(TTL=self._ttl))
-        self._lease_id = int(response.ID)
+        self._lease_id = self._call(lambda conn: conn.lease_grant(self._ttl))
         for key, value in self._written.items():  # a new lease: put every record again
             self._put(key, value)
 
@@ -224,30 +212,19 @@ class EtcdStatusStore:
         if not self._lease_id:
             self._grant()
             return
-        response = self._call("lease time-to-live", "lease", "LeaseTimeToLive",
-                              self._rpc.LeaseTimeToLiveRequest(ID=self._lease_id))
-        if int(response.TTL) <= 0:
-            log.warning("status lease %x expired; granting a new one", self._lease_id)
+        lease = self._lease_id
+        if self._call(lambda conn: conn.lease_time_to_live(lease)) <= 0:
+            log.warning("status lease %x expired; granting a new one", lease)
             self._lease_id = 0
             self._grant()
             return
-        self._connect()
-        call = self._lease.LeaseKeepAlive(
-            iter([self._rpc.LeaseKeepAliveRequest(ID=self._lease_id)]), timeout=self._timeout)
-        try:
-            reply = next(call)
-        except (self._grpc.RpcError, StopIteration) as exc:
-            self._reset()
-            raise StatusStoreError(f"etcd lease keep-alive: {exc}") from exc
-        finally:
-            call.cancel()  # one refresh per call: do not leave the stream open
-        if int(reply.TTL) <= 0:
+        if self._call(lambda conn: conn.lease_keep_alive(lease)) <= 0:
             self._lease_id = 0
             self._grant()
 
     def _put(self, key: str, value: bytes) -> None:
-        self._call("put", "kv", "Put",
-                   self._rpc.PutRequest(key=key.encode(), value=value, lease=self._lease_id))
+        lease = self._lease_id
+        self._call(lambda conn: conn.put(key.encode(), value, lease=lease))
 
     # --- the StatusStore protocol ----------------------------------------------------------
 
@@ -266,34 +243,28 @@ class EtcdStatusStore:
         self._written[key] = value
 
     def delete_endpoint(self, hostname: str, kind: str, endpoint: str) -> None:
-        key = etcd_endpoint_key(hostname, kind, endpoint)
-        self._call("delete", "kv", "DeleteRange", self._rpc.DeleteRangeRequest(key=key.encode()))
-        self._written.pop(key, None)
+        key = etcd_endpoint_key(hostname, kind, endpoint).encode()
+        self._call(lambda conn: conn.delete(key))
+        self._written.pop(key.decode(), None)
 
     def remove_host(self, hostname: str) -> None:
         """Revoke our lease (etcd deletes every key on it), then delete what is left."""
         if self._lease_id:
+            lease = self._lease_id
             try:
-                self._call("lease revoke", "lease", "LeaseRevoke",
-                           self._rpc.LeaseRevokeRequest(ID=self._lease_id))
+                self._call(lambda conn: conn.lease_revoke(lease))
             except StatusStoreError as exc:
                 log.warning("revoking the status lease: %s", exc)
             self._lease_id = 0
-        from agent.syncer.etcd_conn import prefix_end
-
         prefix = f"{ETCD_STATUS_ROOT}{_escape(hostname)}/".encode()
-        self._call("delete", "kv", "DeleteRange",
-                   self._rpc.DeleteRangeRequest(key=prefix, range_end=prefix_end(prefix)))
+        self._call(lambda conn: conn.delete_prefix(prefix))
         self._written.clear()
 
     def read(self) -> StatusSnapshot:
-        from agent.syncer.etcd_conn import prefix_end
-
         prefix = ETCD_STATUS_ROOT.encode()
-        response = self._call("range", "kv", "Range",
-                              self._rpc.RangeRequest(key=prefix, range_end=prefix_end(prefix)))
+        pages = self._call(lambda conn: [kvs for _, kvs in conn.range_pages(prefix)])
         snapshot = StatusSnapshot([], [], [])
-        for kv in response.kvs:
+        for kv in (kv for page in pages for kv in page):
             key = kv.key.decode(errors="replace")
             try:
                 if key.endswith("/status"):
@@ -305,16 +276,15 @@ class EtcdStatusStore:
         return snapshot
 
     def close(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
 
 
-def open_status_store(datastore: str, *, ttl: float = 90.0) -> StatusStore | None:
-    """The status store for a --datastore value (None where status is not reported)."""
-    from agent.datastore import parse_datastore_url
-
-    location = parse_datastore_url(datastore)
+def open_status_store(location: DatastoreLocation, *,
+                      ttl: float = 90.0) -> StatusStore | None:
+    """The status store beside the datastore at `location` (None where status is not
+    reported)."""
     if location.backend == "file":
         return FileStatusStore(location.path)
     if location.backend == "etcd3":

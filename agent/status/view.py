@@ -13,9 +13,12 @@ import json
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.status.stores import StatusStoreError, open_status_store
+
+if TYPE_CHECKING:
+    from agent.datastore import DatastoreLocation
 
 AGENT_FIELDS = ("hostname", "dataplane", "calc_in_sync", "dataplane_in_sync", "idle",
                 "rounds_applied", "failures", "endpoints", "policies", "profiles", "ipsets")
@@ -38,7 +41,7 @@ def _agent(status_file: str, now: float, problems: list[str]) -> dict[str, Any] 
     return out
 
 
-def collect(*, datastore: str | None = None, status_file: str | None = None,
+def collect(*, datastore: DatastoreLocation | None = None, status_file: str | None = None,
             hostname: str | None = None, bgp: Iterable[Any] | None = None,
             now: float | None = None) -> dict[str, Any]:
     now = time.time() if now is None else now

@@ -22,18 +22,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-# Kubernetes' own NetworkPolicy shares its kind name with Calico's; inside pyfelix it is keyed
-# as Calico's libcalico-go keys it.
-KIND_K8S_NETWORK_POLICY = "KubernetesNetworkPolicy"
-K8S_NETWORKING_API = "networking.k8s.io/v1"
-
-
-# Kinds that live in a namespace; a document of these kinds without one is in "default",
-# as calicoctl and kubectl place it.
-NAMESPACED_KINDS = frozenset(
-    {"NetworkPolicy", "NetworkSet", "WorkloadEndpoint", "Pod", "ServiceAccount",
-     KIND_K8S_NETWORK_POLICY, "Service", "EndpointSlice"}
-)
+from agent.kinds import KIND_K8S_NETWORK_POLICY, NAMESPACED_KINDS
 
 
 class SyncStatus(enum.Enum):
@@ -109,5 +98,7 @@ def key_of(doc: Any) -> ResourceKey:
     if (kind == "NetworkPolicy" and isinstance(api_version, str)
             and api_version.startswith("networking.k8s.io")):
         kind = KIND_K8S_NETWORK_POLICY
+    # a namespaced kind's document without a namespace is in "default", as calicoctl and
+    # kubectl place it
     namespace = (namespace or "default") if kind in NAMESPACED_KINDS else ""
     return ResourceKey(kind, namespace, name)

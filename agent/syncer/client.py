@@ -1,4 +1,4 @@
-"""The datastore clients' vocabulary: errors, the kind catalogue, the `Datastore` protocol.
+"""The datastore clients' vocabulary: errors, kind names, the `Datastore` protocol.
 
 Role: one small read/write interface (`Datastore`) that every backend implements
 (file_store, etcd_store, kube_store), so the CLI commands hold no backend logic; the
@@ -26,17 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent.syncer.api import (
-    K8S_NETWORKING_API,
-    KIND_K8S_NETWORK_POLICY,
-    DatastoreError,
-    ResourceKey,
-    key_of,
-)
-
-CALICO_API = "projectcalico.org/v3"
-K8S_CORE_API = "v1"
-
+from agent.kinds import CLI_KINDS, KindInfo, kind_named
+from agent.syncer.api import DatastoreError, ResourceKey, key_of
 
 # --------------------------------------------------------------------------------------------
 # Errors
@@ -75,54 +66,16 @@ class ResourceNotFound(DatastoreClientError, LookupError):
 
 
 # --------------------------------------------------------------------------------------------
-# Kinds
+# Kinds (the catalogue itself is agent.kinds)
 
-
-@dataclass(frozen=True)
-class KindInfo:
-    kind: str  # the kind as keyed inside pyfelix (ResourceKey.kind)
-    api_version: str
-    document_kind: str  # the `kind:` written in documents
-    plural: str
-    namespaced: bool
-
-
-_CALICO_KINDS = (
-    ("GlobalNetworkPolicy", False), ("NetworkPolicy", True), ("GlobalNetworkSet", False),
-    ("NetworkSet", True), ("WorkloadEndpoint", True), ("HostEndpoint", False),
-    ("Profile", False), ("Tier", False), ("IPPool", False), ("Node", False),
-    ("BGPConfiguration", False), ("BGPPeer", False), ("FelixConfiguration", False),
-)
-
-def _plural(kind: str) -> str:
-    lower = kind.lower()
-    return lower[:-1] + "ies" if lower.endswith("y") else lower + "s"
-
-
-KINDS: tuple[KindInfo, ...] = (
-    *(KindInfo(kind, CALICO_API, kind, _plural(kind), namespaced)
-      for kind, namespaced in _CALICO_KINDS),
-    KindInfo("Pod", K8S_CORE_API, "Pod", "pods", True),
-    KindInfo("Namespace", K8S_CORE_API, "Namespace", "namespaces", False),
-    KindInfo("ServiceAccount", K8S_CORE_API, "ServiceAccount", "serviceaccounts", True),
-    KindInfo(KIND_K8S_NETWORK_POLICY, K8S_NETWORKING_API, "NetworkPolicy",
-             "kubernetesnetworkpolicies", True),
-    KindInfo("Service", K8S_CORE_API, "Service", "services", True),
-    KindInfo("EndpointSlice", "discovery.k8s.io/v1", "EndpointSlice", "endpointslices", True),
-)
-
-_KIND_BY_NAME: dict[str, KindInfo] = {}
-for _info in KINDS:
-    _KIND_BY_NAME[_info.kind.lower()] = _info
-    _KIND_BY_NAME[_info.plural] = _info
-_KNOWN_DOCUMENT_KINDS = {(info.api_version, info.document_kind) for info in KINDS}
+_KNOWN_DOCUMENT_FORMS = {(info.api_version, info.document_kind) for info in CLI_KINDS}
 
 
 def resolve_kind(text: str) -> KindInfo:
     """A kind from its name or plural, any case; raises DatastoreClientError if unknown."""
-    info = _KIND_BY_NAME.get(text.strip().lower())
+    info = kind_named(text)
     if info is None:
-        known = ", ".join(sorted(i.kind for i in KINDS))
+        known = ", ".join(sorted(i.kind for i in CLI_KINDS))
         raise DatastoreClientError(f"unknown resource kind {text!r}; known kinds: {known} "
                                    "(singular or plural, any case)")
     return info
@@ -136,9 +89,9 @@ def minimal_validate(doc: Mapping[str, Any]) -> None:
     key = key_of(doc)
     api_version = doc.get("apiVersion")
     kind = doc.get("kind")
-    if (api_version, kind) in _KNOWN_DOCUMENT_KINDS:
+    if (api_version, kind) in _KNOWN_DOCUMENT_FORMS:
         return
-    expected = sorted(info.api_version for info in KINDS if info.document_kind == kind)
+    expected = sorted(info.api_version for info in CLI_KINDS if info.document_kind == kind)
     if expected:
         raise ValueError(f"{key}: field 'apiVersion' is {api_version!r}; expected "
                          f"{' or '.join(expected)} for kind {kind}")

@@ -243,6 +243,7 @@ class EtcdConnection:
             self._channel = grpc.insecure_channel(endpoint, options=_GRPC_OPTIONS)
         self._kv = etcdrpc.KVStub(self._channel)
         self._watch = etcdrpc.WatchStub(self._channel)
+        self._lease = etcdrpc.LeaseStub(self._channel)
 
     def close(self) -> None:
         self._channel.close()
@@ -275,9 +276,52 @@ class EtcdConnection:
         response = self._unary("get", self._kv.Range, etcdrpc.RangeRequest(key=key))
         return response.kvs[0] if response.kvs else None
 
-    def put(self, key: bytes, value: bytes) -> int:
-        response = self._unary("put", self._kv.Put, etcdrpc.PutRequest(key=key, value=value))
+    def put(self, key: bytes, value: bytes, *, lease: int = 0) -> int:
+        """Put one key (attached to `lease` when not 0); returns the new revision."""
+        response = self._unary("put", self._kv.Put,
+                               etcdrpc.PutRequest(key=key, value=value, lease=lease))
         return int(response.header.revision)
+
+    def delete_prefix(self, prefix: bytes) -> int:
+        """Delete every key under `prefix`; returns how many were deleted."""
+        response = self._unary("delete", self._kv.DeleteRange,
+                               etcdrpc.DeleteRangeRequest(key=prefix,
+                                                          range_end=prefix_end(prefix)))
+        return int(response.deleted)
+
+    # --- leases (the status store's keys live on one) -------------------------------------
+
+    def lease_grant(self, ttl: int) -> int:
+        """A new lease of `ttl` seconds; returns its id."""
+        response = self._unary("lease grant", self._lease.LeaseGrant,
+                               etcdrpc.LeaseGrantRequest(TTL=ttl))
+        return int(response.ID)
+
+    def lease_time_to_live(self, lease: int) -> int:
+        """Seconds left on `lease` (<= 0 once it has expired)."""
+        response = self._unary("lease time-to-live", self._lease.LeaseTimeToLive,
+                               etcdrpc.LeaseTimeToLiveRequest(ID=lease))
+        return int(response.TTL)
+
+    def lease_keep_alive(self, lease: int) -> int:
+        """Refresh `lease` once (one request on a keep-alive stream, then the stream is
+        cancelled); returns its new TTL (<= 0 if it had expired)."""
+        call = self._lease.LeaseKeepAlive(iter([etcdrpc.LeaseKeepAliveRequest(ID=lease)]),
+                                          timeout=self.timeout)
+        try:
+            return int(next(call).TTL)
+        except grpc.RpcError as exc:
+            raise _translate(self.endpoint, "lease keep-alive", exc) from None
+        except StopIteration:
+            raise EtcdUnavailable(f"etcd {self.endpoint}: lease keep-alive: the stream "
+                                  "ended without an answer") from None
+        finally:
+            call.cancel()
+
+    def lease_revoke(self, lease: int) -> None:
+        """Revoke `lease`: etcd deletes every key attached to it."""
+        self._unary("lease revoke", self._lease.LeaseRevoke,
+                    etcdrpc.LeaseRevokeRequest(ID=lease))
 
     def delete(self, key: bytes) -> int:
         """Delete one key; returns how many keys were deleted (0 or 1)."""

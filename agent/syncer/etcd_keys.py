@@ -12,9 +12,9 @@ Layout (every value is the whole resource document as JSON, exactly as applied):
   `/calico/resources/v3/kubernetes/<plural>/[<namespace>/]<name>`, e.g.
   `/calico/resources/v3/kubernetes/pods/shop/web-1`; Kubernetes NetworkPolicies use the
   plural `kubernetesnetworkpolicies` (their pyfelix kind, so they never meet Calico's).
-Plurals and namespacing come from `agent.syncer.client.KINDS` (plus BlockAffinity, which
-Calico's IPAM writes and the route calculation reads), so the client and the syncer cannot
-disagree. One watch on `/calico/resources/v3/` therefore sees everything.
+Plurals, directories and namespacing come from the kind catalogue (`agent.kinds`), so the
+client and the syncer cannot disagree. One watch on `/calico/resources/v3/` therefore
+sees everything.
 
 Invariants: `etcd_key(parse_etcd_key(k)) == k` for every key `parse_etcd_key` accepts; a
 value decodes only if it is a JSON object whose own key (`key_of`) equals the key its path
@@ -28,52 +28,21 @@ an error worth reporting.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 from agent.inputs import InputError, decode_json_document
+from agent.kinds import ETCD_ROOT, KINDS, KindInfo
 from agent.syncer.api import ResourceKey, key_of
-from agent.syncer.client import CALICO_API, KINDS
 
-ETCD_ROOT = "/calico/resources/v3/"
-CALICO_DIRECTORY = "projectcalico.org"
-KUBERNETES_DIRECTORY = "kubernetes"
-
-
-@dataclass(frozen=True)
-class KindLayout:
-    kind: str  # ResourceKey.kind
-    directory: str  # CALICO_DIRECTORY or KUBERNETES_DIRECTORY
-    plural: str
-    namespaced: bool
-
-    @property
-    def prefix(self) -> str:
-        return f"{ETCD_ROOT}{self.directory}/{self.plural}/"
-
-
-def _layouts() -> tuple[KindLayout, ...]:
-    layouts = [
-        KindLayout(info.kind,
-                   CALICO_DIRECTORY if info.api_version == CALICO_API else KUBERNETES_DIRECTORY,
-                   info.plural, info.namespaced)
-        for info in KINDS
-    ]
-    if not any(layout.kind == "BlockAffinity" for layout in layouts):
-        layouts.append(KindLayout("BlockAffinity", CALICO_DIRECTORY, "blockaffinities", False))
-    return tuple(layouts)
-
-
-LAYOUTS: tuple[KindLayout, ...] = _layouts()
-_BY_KIND = {layout.kind: layout for layout in LAYOUTS}
-_BY_DIRECTORY_PLURAL = {(layout.directory, layout.plural): layout for layout in LAYOUTS}
+_BY_KIND = {info.kind: info for info in KINDS}
+_BY_DIRECTORY_PLURAL = {(info.etcd_directory, info.plural): info for info in KINDS}
 
 
 class EtcdKeyError(ValueError):
     """A key under our prefix, of a kind we know, that does not follow the layout."""
 
 
-def layout_of(kind: str) -> KindLayout:
+def layout_of(kind: str) -> KindInfo:
     layout = _BY_KIND.get(kind)
     if layout is None:
         raise EtcdKeyError(f"kind {kind!r} has no etcd layout")
@@ -92,16 +61,16 @@ def etcd_key(key: ResourceKey) -> str:
     _check_segment("metadata.name", key.name, key)
     if layout.namespaced:
         _check_segment("metadata.namespace", key.namespace, key)
-        return f"{layout.prefix}{key.namespace}/{key.name}"
-    return f"{layout.prefix}{key.name}"
+        return f"{layout.etcd_prefix}{key.namespace}/{key.name}"
+    return f"{layout.etcd_prefix}{key.name}"
 
 
 def kind_prefix(kind: str, namespace: str | None = None) -> str:
     """The etcd prefix holding every resource of a kind (or one namespace of it)."""
     layout = layout_of(kind)
     if namespace is not None and layout.namespaced:
-        return f"{layout.prefix}{namespace}/"
-    return layout.prefix
+        return f"{layout.etcd_prefix}{namespace}/"
+    return layout.etcd_prefix
 
 
 def parse_etcd_key(path: str) -> ResourceKey | None:
@@ -122,7 +91,7 @@ def parse_etcd_key(path: str) -> ResourceKey | None:
     if len(rest) != expected or not all(rest):
         shape = "<namespace>/<name>" if layout.namespaced else "<name>"
         raise EtcdKeyError(f"etcd key {path!r} does not follow the layout "
-                           f"{layout.prefix}{shape}")
+                           f"{layout.etcd_prefix}{shape}")
     if layout.namespaced:
         return ResourceKey(layout.kind, rest[0], rest[1])
     return ResourceKey(layout.kind, "", rest[0])

@@ -58,6 +58,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from agent.inputs import InputError, check_document
+from agent.kinds import ResourceType
 from agent.syncer.api import (
     DatastoreError,
     RawUpdate,
@@ -76,7 +77,7 @@ from agent.syncer.kube_api import (
     KubeNotFound,
     WatchStream,
 )
-from agent.syncer.kube_resources import RESOURCE_TYPES, ResourceType, to_document
+from agent.syncer.kube_resources import RESOURCE_TYPES, to_document
 from agent.syncer.metrics import (
     DATASTORE_PARSE_ERRORS,
     DATASTORE_RESYNCS,

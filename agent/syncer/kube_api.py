@@ -36,7 +36,7 @@ import kubernetes
 import urllib3
 
 from agent.inputs import decode_json
-from agent.syncer.kube_resources import ResourceType
+from agent.kinds import ResourceType
 
 WATCH_READ_MARGIN = 30.0
 # Levels around the objects: {"object": obj}; {"items": [obj, ...]}.

@@ -6,15 +6,18 @@ import sys
 
 import click
 
+from agent.datastore import DatastoreLocation
+from cli.params import DATASTORE
+
 
 @click.command("agent")
-@click.option("--datastore", envvar="PYFELIX_DATASTORE", required=True,
+@click.option("--datastore", type=DATASTORE, envvar="PYFELIX_DATASTORE", required=True,
               help="Directory/YAML file, etcd3://HOST:PORT[,...], kubernetes, or typha://...")
 @click.option("--hostname", envvar="NODENAME", required=True,
               help="This node's name (as in WorkloadEndpoint spec.node / Pod nodeName).")
 @click.option("--config-file", type=click.Path(dir_okay=False), default=None,
               help="Felix-style config file (INI [global] section, or YAML mapping).")
-def command(datastore: str, hostname: str, config_file: str | None) -> None:
+def command(datastore: DatastoreLocation, hostname: str, config_file: str | None) -> None:
     """Run the node agent in the current network namespace.
 
     Every other setting comes, as Felix names it, from FELIX_<NAME> environment variables,

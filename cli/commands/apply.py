@@ -12,10 +12,11 @@ import sys
 
 import click
 
-from agent.datastore import open_datastore
+from agent.datastore import DatastoreLocation, open_datastore
 from agent.syncer.api import RawUpdate
 from agent.syncer.client import DatastoreClientError
 from agent.syncer.file import load_path, load_text
+from cli.params import DATASTORE, DATASTORE_HELP
 
 
 def read_input(filename: str, *, not_done: str, empty: str) -> list[RawUpdate]:
@@ -50,10 +51,9 @@ def _validate(doc: object) -> None:
 @click.option("-f", "--filename", "filename", required=True, metavar="FILE|DIR|-",
               help="Resources to apply: a YAML/JSON file, a directory (recursive), or - for "
                    "stdin.")
-@click.option("--datastore", required=True, envvar="PYFELIX_DATASTORE", metavar="URL",
-              help="A directory or YAML file (file datastore), etcd3://HOST:PORT, kubernetes, "
-                   "or typha://HOST:PORT. Env: PYFELIX_DATASTORE.")
-def command(filename: str, datastore: str) -> None:
+@click.option("--datastore", required=True, type=DATASTORE, envvar="PYFELIX_DATASTORE",
+              help=DATASTORE_HELP)
+def command(filename: str, datastore: DatastoreLocation) -> None:
     """Create or update resources in a datastore (like calicoctl apply).
 
     \b

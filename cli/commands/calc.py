@@ -14,6 +14,9 @@ from typing import Any
 
 import click
 
+from agent.datastore import DatastoreLocation
+from cli.params import DATASTORE, DATASTORE_HELP
+
 _MEMBERS_SHOWN = 4
 
 
@@ -51,16 +54,15 @@ def render_tables(summary: dict[str, Any]) -> str:
 
 
 @click.command("calc")
-@click.option("--datastore", required=True, envvar="PYFELIX_DATASTORE", metavar="URL",
-              help="A directory or YAML file (file datastore), etcd3://HOST:PORT, kubernetes, "
-                   "or typha://HOST:PORT. Env: PYFELIX_DATASTORE.")
+@click.option("--datastore", required=True, type=DATASTORE, envvar="PYFELIX_DATASTORE",
+              help=DATASTORE_HELP)
 @click.option("--hostname", required=True, envvar="FELIX_FELIXHOSTNAME", metavar="NODE",
               help="The node to compute for (its endpoints are the local ones).")
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table",
               show_default=True)
 @click.option("--timeout", type=float, default=30.0, show_default=True,
               help="Seconds to wait for a watched datastore to be in sync.")
-def command(datastore: str, hostname: str, output: str, timeout: float) -> None:
+def command(datastore: DatastoreLocation, hostname: str, output: str, timeout: float) -> None:
     """Compute, without touching the kernel, what NODE's dataplane would hold.
 
     Endpoints of NODE with their ingress/egress policies (in evaluation order: tiers, then

@@ -11,8 +11,9 @@ from typing import Any
 
 import click
 
-DATASTORE_HELP = ("A directory or YAML file (file datastore), etcd3://HOST:PORT, kubernetes, or "
-                  "typha://HOST:PORT. Env: PYFELIX_DATASTORE.")
+from agent.datastore import DatastoreLocation
+from cli.params import DATASTORE, DATASTORE_HELP
+
 HOSTNAME_HELP = "This node's name (its Node resource). Env: NODENAME."
 
 
@@ -21,7 +22,7 @@ def _common_options(fn: Any) -> Any:
                       envvar="FELIX_INTERFACEPREFIX",
                       help="Workload interface prefix, excluded from BIRD's direct protocol.")(fn)
     fn = click.option("--hostname", envvar="NODENAME", metavar="NODE", help=HOSTNAME_HELP)(fn)
-    fn = click.option("--datastore", envvar="PYFELIX_DATASTORE", metavar="URL",
+    fn = click.option("--datastore", type=DATASTORE, envvar="PYFELIX_DATASTORE",
                       help=DATASTORE_HELP)(fn)
     return fn
 
@@ -36,7 +37,8 @@ def _run_options(fn: Any) -> Any:
     return _common_options(fn)
 
 
-def _require(datastore: str | None, hostname: str | None) -> tuple[str, str]:
+def _require(datastore: DatastoreLocation | None,
+             hostname: str | None) -> tuple[DatastoreLocation, str]:
     if not datastore:
         raise click.UsageError("--datastore is required (or PYFELIX_DATASTORE)")
     if not hostname:
@@ -44,7 +46,7 @@ def _require(datastore: str | None, hostname: str | None) -> tuple[str, str]:
     return datastore, hostname
 
 
-def _run_loop(datastore: str | None, hostname: str | None, interface_prefix: str,
+def _run_loop(datastore: DatastoreLocation | None, hostname: str | None, interface_prefix: str,
               bird_socket: str, config_file: str, prometheus_port: int) -> None:
     from confd.daemon import ConfdStartError, run
 
@@ -59,7 +61,7 @@ def _run_loop(datastore: str | None, hostname: str | None, interface_prefix: str
 @click.group("confd", invoke_without_command=True)
 @_run_options
 @click.pass_context
-def command(ctx: click.Context, datastore: str | None, hostname: str | None,
+def command(ctx: click.Context, datastore: DatastoreLocation | None, hostname: str | None,
             interface_prefix: str, bird_socket: str, config_file: str,
             prometheus_port: int) -> None:
     """Render BIRD config from the datastore and keep BIRD reloaded.
@@ -83,7 +85,7 @@ def command(ctx: click.Context, datastore: str | None, hostname: str | None,
 
 @command.command("run")
 @_run_options
-def run_command(datastore: str | None, hostname: str | None, interface_prefix: str,
+def run_command(datastore: DatastoreLocation | None, hostname: str | None, interface_prefix: str,
                 bird_socket: str, config_file: str, prometheus_port: int) -> None:
     """Run the watch-render-check-reload loop until SIGTERM or Ctrl-C.
 
@@ -99,7 +101,7 @@ def run_command(datastore: str | None, hostname: str | None, interface_prefix: s
 @_common_options
 @click.option("--check/--no-check", default=False, show_default=True,
               help="Also parse the result with `bird -p` and fail if BIRD rejects it.")
-def render_command(datastore: str | None, hostname: str | None, interface_prefix: str,
+def render_command(datastore: DatastoreLocation | None, hostname: str | None, interface_prefix: str,
                    check: bool) -> None:
     """Print this node's bird.conf, computed from the datastore.
 

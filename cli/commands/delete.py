@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import click
 
-from agent.datastore import open_datastore
+from agent.datastore import DatastoreLocation, open_datastore
 from agent.syncer.api import ResourceKey
 from agent.syncer.client import DatastoreClientError, resolve_kind
 from cli.commands.apply import read_input
+from cli.params import DATASTORE, DATASTORE_HELP
 
 
 def _keys_from_file(filename: str) -> list[ResourceKey]:
@@ -37,11 +38,10 @@ def _key_from_arguments(kind: str, name: str, namespace: str | None) -> Resource
 @click.option("-n", "--namespace", help="Namespace of a namespaced KIND (default: default).")
 @click.option("--skip-not-exists", is_flag=True,
               help="Skip resources that do not exist instead of failing.")
-@click.option("--datastore", required=True, envvar="PYFELIX_DATASTORE", metavar="URL",
-              help="A directory or YAML file (file datastore), etcd3://HOST:PORT, kubernetes, "
-                   "or typha://HOST:PORT. Env: PYFELIX_DATASTORE.")
+@click.option("--datastore", required=True, type=DATASTORE, envvar="PYFELIX_DATASTORE",
+              help=DATASTORE_HELP)
 def command(kind: str | None, name: str | None, filename: str | None, namespace: str | None,
-            skip_not_exists: bool, datastore: str) -> None:
+            skip_not_exists: bool, datastore: DatastoreLocation) -> None:
     """Delete resources from a datastore (like calicoctl delete).
 
     \b

@@ -14,8 +14,9 @@ from typing import Any
 import click
 import yaml
 
-from agent.datastore import open_datastore
+from agent.datastore import DatastoreLocation, open_datastore
 from agent.syncer.client import DatastoreClientError, KindInfo, resolve_kind
+from cli.params import DATASTORE, DATASTORE_HELP
 
 
 def _as_list(info: KindInfo, docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -36,7 +37,7 @@ def _table(info: KindInfo, docs: list[dict[str, Any]]) -> str:
                      for row in rows)
 
 
-def _print_status(datastore: str, hostname: str | None, output: str) -> None:
+def _print_status(datastore: DatastoreLocation, hostname: str | None, output: str) -> None:
     """Felix's status records (node records with TTL, endpoint up/down/error) as written by
     the agents into the datastore; the same view as `pyfelix status --datastore`."""
     from agent.status.view import collect, render
@@ -57,11 +58,10 @@ def _print_status(datastore: str, hostname: str | None, output: str) -> None:
 @click.option("-A", "--all-namespaces", is_flag=True, help="Every namespace.")
 @click.option("-o", "--output", type=click.Choice(["table", "yaml", "json"]), default="table",
               show_default=True)
-@click.option("--datastore", required=True, envvar="PYFELIX_DATASTORE", metavar="URL",
-              help="A directory or YAML file (file datastore), etcd3://HOST:PORT, kubernetes, "
-                   "or typha://HOST:PORT. Env: PYFELIX_DATASTORE.")
+@click.option("--datastore", required=True, type=DATASTORE, envvar="PYFELIX_DATASTORE",
+              help=DATASTORE_HELP)
 def command(kind: str, name: str | None, namespace: str | None, all_namespaces: bool,
-            output: str, datastore: str) -> None:
+            output: str, datastore: DatastoreLocation) -> None:
     """Read resources from a datastore (like calicoctl get).
 
     \b

@@ -13,9 +13,12 @@ import json
 
 import click
 
+from agent.datastore import DatastoreLocation
+from cli.params import DATASTORE
+
 
 @click.command("status")
-@click.option("--datastore", envvar="PYFELIX_DATASTORE", metavar="URL",
+@click.option("--datastore", type=DATASTORE, envvar="PYFELIX_DATASTORE",
               help="Read status records from this datastore (a directory or YAML file, or "
                    "etcd3://HOST:PORT). Env: PYFELIX_DATASTORE.")
 @click.option("--hostname", envvar="FELIX_FELIXHOSTNAME", metavar="NODE",
@@ -28,7 +31,7 @@ import click
               help="Exit 1 unless --hostname's record exists, is live and in sync.")
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table",
               show_default=True)
-def command(datastore: str | None, hostname: str | None, status_file: str | None,
+def command(datastore: DatastoreLocation | None, hostname: str | None, status_file: str | None,
             bird_socket: str | None, check: bool, output: str) -> None:
     """Show the agent's sync state, status records and BGP sessions.
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import click
 
+from agent.datastore import DatastoreLocation
 from agent.typha.server import (
     DEFAULT_HANDSHAKE_TIMEOUT,
     DEFAULT_HEALTH_PORT,
     DEFAULT_MAX_PENDING_HANDSHAKES,
 )
+from cli.params import DATASTORE
 
 SECURITY_HELP = (
     "refusing to start: give TLS settings (--ca-file, --cert-file, --key-file and "
@@ -35,7 +37,7 @@ def _listen_address(text: str) -> tuple[str, int]:
 
 
 @click.command("typha")
-@click.option("--datastore", envvar="PYFELIX_DATASTORE", metavar="URL", required=True,
+@click.option("--datastore", type=DATASTORE, envvar="PYFELIX_DATASTORE", required=True,
               help="A directory or YAML file (file datastore), etcd3://HOST:PORT[,...] or "
                    "kubernetes. Env: PYFELIX_DATASTORE.")
 @click.option("--listen", metavar="HOST:PORT", required=True, envvar="TYPHA_LISTEN",
@@ -98,7 +100,7 @@ def _listen_address(text: str) -> tuple[str, int]:
 @click.option("--log-severity", envvar="TYPHA_LOGSEVERITYSCREEN", default="Info",
               show_default=True, type=click.Choice(["Debug", "Info", "Warning", "Error"]),
               help="Log level. Env: TYPHA_LOGSEVERITYSCREEN.")
-def command(datastore: str, listen: str, insecure: bool, ca_file: str | None,
+def command(datastore: DatastoreLocation, listen: str, insecure: bool, ca_file: str | None,
             cert_file: str | None, key_file: str | None, client_cn: str | None,
             client_uri_san: str | None, syncer_types: str, metrics_port: int,
             metrics_host: str, ping_interval: float, pong_timeout: float,
@@ -119,7 +121,7 @@ def command(datastore: str, listen: str, insecure: bool, ca_file: str | None,
           --ca-file ca.crt --cert-file typha.crt --key-file typha.key \\
           --client-cn pyfelix-node --metrics-port 9093
     """
-    from agent.datastore import make_syncer, parse_datastore_url
+    from agent.datastore import make_syncer
     from agent.logs import configure_logging
     from agent.syncer.client import DatastoreClientError
     from agent.typha.daemon import TyphaStartError, run
@@ -141,11 +143,8 @@ def command(datastore: str, listen: str, insecure: bool, ca_file: str | None,
             tls.validate()
         except TLSConfigError as exc:
             raise click.UsageError(str(exc)) from exc
-    try:
-        if parse_datastore_url(datastore).backend == "typha":
-            raise click.UsageError("--datastore cannot be another Typha (typha://)")
-    except DatastoreClientError as exc:
-        raise click.UsageError(str(exc)) from exc
+    if datastore.backend == "typha":
+        raise click.UsageError("--datastore cannot be another Typha (typha://)")
     types = tuple(t.strip() for t in syncer_types.split(",") if t.strip())
     try:
         config = ServerConfig(host=host, port=port, tls=tls, syncer_types=types,

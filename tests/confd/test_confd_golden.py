@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.datastore import DatastoreLocation
 from confd.datastore import read_once
 from confd.render import render_from_updates
 
@@ -39,7 +40,7 @@ CASE_NODES = _case_nodes()
 
 def _render(case: str, node: str, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.chdir(REPO)  # sources in notes are then repo-relative, as in the goldens
-    updates, errors = read_once(str(Path("tests/confd/cases") / case))
+    updates, errors = read_once(DatastoreLocation.file(Path("tests/confd/cases") / case))
     assert errors == []
     text, _config = render_from_updates(updates, node)
     return text

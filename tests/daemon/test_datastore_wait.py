@@ -20,7 +20,7 @@ import pytest
 from agent import daemon
 from agent.config import ConfigError
 from agent.daemon import DATASTORE_REPORTER, Agent, AgentOptions
-from agent.datastore import open_datastore
+from agent.datastore import open_datastore, parse_datastore_url
 from agent.health import HealthAggregator
 from agent.syncer.backoff import Backoff
 from agent.syncer.client import DatastoreClientError, DatastoreUnavailable
@@ -49,7 +49,8 @@ def _agent(monkeypatch: pytest.MonkeyPatch, fake: _FlakyDatastore,
            environ: dict[str, str] | None = None) -> Agent:
     monkeypatch.setattr(daemon, "datastore_felix_config", fake)
     backoff = Backoff(initial=0.01, maximum=0.08, jitter=0.0, rng=random.Random(1))
-    return Agent(AgentOptions("etcd3://127.0.0.1:1", "node1", environ=environ or {}),
+    return Agent(AgentOptions(parse_datastore_url("etcd3://127.0.0.1:1"), "node1",
+                              environ=environ or {}),
                  startup_backoff=backoff)
 
 
@@ -98,7 +99,7 @@ def test_readiness_names_the_datastore_while_waiting(monkeypatch: pytest.MonkeyP
 def test_stop_while_waiting_returns_promptly(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = _FlakyDatastore(failures=10**6)
     monkeypatch.setattr(daemon, "datastore_felix_config", fake)
-    agent = Agent(AgentOptions("etcd3://127.0.0.1:1", "node1", environ={}),
+    agent = Agent(AgentOptions(parse_datastore_url("etcd3://127.0.0.1:1"), "node1", environ={}),
                   startup_backoff=Backoff(initial=5.0, maximum=5.0))
     timer = threading.Timer(0.3, agent.request_stop)
     timer.start()

@@ -532,19 +532,23 @@ def test_linux_managers_add_it_last_in_iptables_mode_with_a_pin_dir():
     assert "bpf-cleanup" not in names(LinuxDataplaneConfig(bpf_pin_dir="/sys/fs/bpf/x",
                                                            bpf_mode=True))
     assert "bpf-cleanup" not in names(LinuxDataplaneConfig())
-    assert LinuxDataplaneConfig.from_felix({"BPFPinDir": "/sys/fs/bpf/n1"}).bpf_pin_dir == \
+    from agent.config import load_config
+
+    config = load_config(environ={"FELIX_BPFPINDIR": "/sys/fs/bpf/n1"})
+    assert LinuxDataplaneConfig.from_config(config, bpf_mode=False).bpf_pin_dir == \
         "/sys/fs/bpf/n1"
 
 
 def test_daemon_passes_bpf_pin_dir():
     from agent.config import load_config
-    from agent.daemon import linux_config
+    from agent.daemon import build_iptables_managers
 
-    cfg = linux_config(load_config(environ={"FELIX_BPFPINDIR": "/sys/fs/bpf/node7"}),
-                       bpf_mode=False)
-    assert cfg.bpf_pin_dir == "/sys/fs/bpf/node7"
-    assert linux_config(load_config(environ={}), bpf_mode=False).bpf_pin_dir == \
-        "/sys/fs/bpf/pyfelix"
+    managers = build_iptables_managers(
+        load_config(environ={"FELIX_BPFPINDIR": "/sys/fs/bpf/node7"}))
+    assert managers[-1].name == "bpf-cleanup"
+    assert managers[-1].pin_dir == "/sys/fs/bpf/node7"
+    default = build_iptables_managers(load_config(environ={}))[-1]
+    assert default.pin_dir == "/sys/fs/bpf/pyfelix"
 
 
 NO_BCC_SCRIPT = textwrap.dedent("""

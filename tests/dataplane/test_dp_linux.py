@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from agent.config import ConfigError, load_config
 from agent.dataplane.linux import LinuxDataplane, LinuxDataplaneConfig
 from agent.dataplane.managers.iptables import IptablesManager
 
@@ -21,27 +22,35 @@ def test_manager_order_in_both_modes_and_bpf_mode_iptables_for_host_endpoints_on
     assert isinstance(iptables, IptablesManager) and iptables.host_endpoints_only
 
 
+def _from_felix(settings: dict[str, str], *, bpf_mode: bool = False) -> LinuxDataplaneConfig:
+    """Felix-named settings as the agent takes them: parsed by agent.config, then handed to
+    the dataplane's config."""
+    config = load_config(environ={f"FELIX_{k.upper()}": v for k, v in settings.items()})
+    return LinuxDataplaneConfig.from_config(config, bpf_mode=bpf_mode)
+
+
 def test_config_from_felix_names() -> None:
-    cfg = LinuxDataplaneConfig.from_felix({
-        "InterfacePrefix": "cali, tap", "BPFEnabled": "True", "MaxIpsetSize": "1000",
+    cfg = _from_felix({
+        "InterfacePrefix": "cali,tap", "BPFMapSizeIPSets": "1000",
         "DefaultEndpointToHostAction": "Accept", "IptablesBackend": "Legacy",
-        "IptablesRefreshInterval": "10s"})
+        "IptablesRefreshInterval": "10"}, bpf_mode=True)
     assert cfg.interface_prefixes == ("cali", "tap") and cfg.bpf_mode
     assert cfg.max_ipset_size == 1000 and cfg.resync_interval == 10.0
-    assert LinuxDataplaneConfig.from_felix({}) == LinuxDataplaneConfig()
+    assert cfg.endpoint_to_host_action == "Accept" and cfg.iptables_backend == "legacy"
+    assert _from_felix({}) == LinuxDataplaneConfig(bpf_pin_dir="/sys/fs/bpf/pyfelix")
     assert ("tcp", 22) in LinuxDataplaneConfig().failsafe_inbound  # Felix's defaults
     assert ("udp", 53) in LinuxDataplaneConfig().failsafe_outbound
-    cfg = LinuxDataplaneConfig.from_felix({"FailsafeInboundHostPorts": "tcp:2222, udp:5000",
-                                           "InterfaceExclude": "kube-ipvs0,/dummy[0-9]+/"})
+    cfg = _from_felix({"FailsafeInboundHostPorts": "tcp:2222, udp:5000",
+                       "InterfaceExclude": "kube-ipvs0,/dummy[0-9]+/"})
     assert cfg.failsafe_inbound == (("tcp", 2222), ("udp", 5000))
 
 
 @pytest.mark.parametrize(("key", "value"), [
-    ("BPFEnabled", "yes"), ("MaxIpsetSize", "lots"), ("IptablesRefreshInterval", "-1"),
-    ("InterfacePrefix", " , "), ("InterfaceRefreshInterval", "soon"),
+    ("BPFEnabled", "maybe"), ("BPFMapSizeIPSets", "lots"), ("IptablesRefreshInterval", "-1"),
+    ("InterfacePrefix", " , "), ("RouteRefreshInterval", "soon"),
     ("FailsafeInboundHostPorts", "icmp:1"), ("FailsafeOutboundHostPorts", "tcp:99999"),
     ("InterfaceExclude", "/[unclosed/"), ("VXLANVNI", "x"), ("VXLANVNI", "0"),
     ("VXLANPort", "65536"), ("VXLANMTU", "10")])
 def test_bad_settings_name_the_key(key: str, value: str) -> None:
-    with pytest.raises(ValueError, match=key):
-        LinuxDataplaneConfig.from_felix({key: value})
+    with pytest.raises(ConfigError, match=key):
+        _from_felix({key: value})

@@ -11,6 +11,7 @@ import pytest
 from agent.dataplane.events import IFACE_ABSENT, InterfaceAddrsUpdate, InterfaceUpdate
 from agent.dataplane.linux import LinuxDataplane
 from agent.dataplane.managers.endpoint_status import EndpointStatusManager
+from agent.datastore import DatastoreLocation, parse_datastore_url
 from agent.proto import (
     HostEndpoint,
     HostEndpointID,
@@ -104,7 +105,7 @@ class Clock:
 
 
 def _reporter(tmp_path: Path, clock: Clock, **kw: object) -> StatusReporter:
-    store = open_status_store(str(tmp_path))
+    store = open_status_store(DatastoreLocation.file(tmp_path))
     assert isinstance(store, FileStatusStore)
     return StatusReporter(store, "node1", wall_clock=lambda: clock.wall,
                           monotonic=lambda: clock.mono, **kw)  # type: ignore[arg-type]
@@ -186,7 +187,7 @@ def test_write_failures_are_retried_not_fatal(tmp_path: Path) -> None:
 def test_a_status_file_datastore_of_a_single_yaml_file(tmp_path: Path) -> None:
     datastore = tmp_path / "cluster.yaml"
     datastore.write_text("")
-    store = open_status_store(str(datastore))
+    store = open_status_store(DatastoreLocation.file(datastore))
     assert isinstance(store, FileStatusStore)
     assert store.root == tmp_path / ".cluster.yaml.status"
 
@@ -218,7 +219,7 @@ def test_etcd_keys_follow_felix_layout() -> None:
 
 
 def test_no_status_store_for_kubernetes() -> None:
-    assert open_status_store("kubernetes") is None
+    assert open_status_store(parse_datastore_url("kubernetes")) is None
 
 
 # --- pyfelix status ------------------------------------------------------------------------

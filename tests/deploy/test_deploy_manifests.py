@@ -53,7 +53,6 @@ from agent.syncer.kube_resources import (
     DERIVED_KINDS,
     NODE_READ_TYPES,
     RESOURCE_TYPES,
-    api_group,
     node_rbac_rules,
 )
 
@@ -440,7 +439,7 @@ def test_kind_tables_cover_every_kind_pyfelix_parses() -> None:
     derived = {kind for kind, sources in DERIVED_KINDS.items() if set(sources) <= watched}
     assert KNOWN_KINDS - watched - derived == set()
     assert {rtype.kind for rtype in NODE_READ_TYPES} >= watched
-    granted_types = {(api_group(t), t.plural) for t in NODE_READ_TYPES}
+    granted_types = {(t.api_group, t.plural) for t in NODE_READ_TYPES}
     assert {("", "services"), ("discovery.k8s.io", "endpointslices")} <= granted_types
 
 

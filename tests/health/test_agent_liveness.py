@@ -22,6 +22,7 @@ import pytest
 from agent.config import Config
 from agent.daemon import Agent, AgentOptions
 from agent.dataplane.manager import ManagerBase
+from agent.datastore import DatastoreLocation
 
 TIMEOUT = 1.0  # FELIX_HEALTHTIMEOUTOVERRIDES below
 
@@ -104,7 +105,8 @@ def test_a_hung_dataplane_loop_fails_liveness_then_recovers(
     def managers(_config: Config) -> tuple[str, list]:
         return "fake", [stuck]
 
-    agent = Agent(AgentOptions(datastore=str(datastore), hostname="node1", environ={
+    location = DatastoreLocation.file(datastore)
+    agent = Agent(AgentOptions(datastore=location, hostname="node1", environ={
         "FELIX_HEALTHENABLED": "true", "FELIX_HEALTHHOST": "127.0.0.1",
         "FELIX_HEALTHPORT": str(port),
         "FELIX_HEALTHTIMEOUTOVERRIDES": f"dataplane={TIMEOUT:g}s",

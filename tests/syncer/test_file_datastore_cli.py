@@ -11,7 +11,7 @@ import yaml
 from click.testing import CliRunner
 from syncer_testlib import gnp, gnp_key, netpol, write, yaml_docs
 
-from agent.datastore import make_syncer, open_datastore, parse_datastore_url
+from agent.datastore import DatastoreLocation, make_syncer, open_datastore, parse_datastore_url
 from agent.syncer.api import ResourceKey
 from agent.syncer.client import DatastoreClientError, DatastoreURLError, resolve_kind
 from agent.syncer.file import FileSyncer, load_path
@@ -138,16 +138,18 @@ def test_datastore_url_forms() -> None:
 
 
 def test_factories_pick_the_backend(tmp_path: Path) -> None:
-    syncer = make_syncer(str(tmp_path), poll_interval=0.1)
+    syncer = make_syncer(DatastoreLocation.file(tmp_path), poll_interval=0.1)
     assert isinstance(syncer, FileSyncer)
-    assert open_datastore(str(tmp_path)).description == f"file datastore {tmp_path}"
+    store = open_datastore(DatastoreLocation.file(tmp_path))
+    assert store.description == f"file datastore {tmp_path}"
     from agent.syncer.etcd import EtcdSyncer
     from agent.typha.client import TyphaSyncer
 
-    assert isinstance(make_syncer("etcd3://127.0.0.1:2379"), EtcdSyncer)
-    assert isinstance(make_syncer("typha://127.0.0.1:5473", syncer_type="bgp"), TyphaSyncer)
+    assert isinstance(make_syncer(parse_datastore_url("etcd3://127.0.0.1:2379")), EtcdSyncer)
+    typha = parse_datastore_url("typha://127.0.0.1:5473")
+    assert isinstance(make_syncer(typha, syncer_type="bgp"), TyphaSyncer)
     with pytest.raises(DatastoreURLError, match="read-only"):
-        open_datastore("typha://127.0.0.1:5473")
+        open_datastore(parse_datastore_url("typha://127.0.0.1:5473"))
 
 
 def test_kinds_resolve_from_singular_or_plural_any_case() -> None:

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from agent.syncer.api import KIND_K8S_NETWORK_POLICY, ResourceKey
+from agent.kinds import KIND_K8S_NETWORK_POLICY, KINDS
+from agent.syncer.api import ResourceKey
 from agent.syncer.backoff import Backoff
-from agent.syncer.client import KINDS, DatastoreURLError
+from agent.syncer.client import DatastoreURLError
 from agent.syncer.etcd import _CatchUp
 from agent.syncer.etcd_conn import EtcdConfig, prefix_end
 from agent.syncer.etcd_keys import (

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from agent.calc.snapshot import compute
+from agent.datastore import DatastoreLocation
 from agent.syncer.kube import KubeSyncer
 from agent.syncer.kube_api import KubeAPI
 from agent.syncer.kube_resources import to_crd_object
@@ -27,7 +28,7 @@ from tests.fakes_kube.server import FakeKubeAPIServer
 def test_same_calc_output_as_the_file_datastore(fake_kube: FakeKubeAPIServer,
                                                 kube_api: KubeAPI, tmp_path: Path) -> None:
     resources = write_file_datastore(tmp_path)
-    expected = compute(str(resources), HOSTNAME).summary
+    expected = compute(DatastoreLocation.file(resources), HOSTNAME).summary
     assert expected["endpoints"] and expected["ipsets"]  # a scenario with substance
 
     for doc in [*yaml.safe_load_all(SCENARIO_YAML), *PODS]:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from agent.syncer.api import KIND_K8S_NETWORK_POLICY, key_of
+from agent.kinds import KIND_K8S_NETWORK_POLICY
+from agent.syncer.api import key_of
 from agent.syncer.kube_resources import (
     CRD_TYPES,
     KUBERNETES_TYPES,
@@ -42,7 +43,8 @@ def test_every_type_converts_to_a_document_keyed_as_its_kind() -> None:
         assert key.namespace == ("ns" if rtype.namespaced else "")
         assert "managedFields" not in doc["metadata"]
     assert {t.kind for t in KUBERNETES_TYPES} == {
-        "Pod", "Namespace", "ServiceAccount", "Node", KIND_K8S_NETWORK_POLICY}
+        "Pod", "Namespace", "ServiceAccount", "Node", KIND_K8S_NETWORK_POLICY, "Service",
+        "EndpointSlice"}
 
 
 def test_crd_documents_round_trip_and_drop_calico_bookkeeping() -> None:

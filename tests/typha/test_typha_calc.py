@@ -13,6 +13,7 @@ from typha_testlib import CALICO, FileStore, gnp, ippool, wep
 from agent.calc.expected_dataplane import ExpectedDataplane
 from agent.calc.pipeline import CalcPipeline
 from agent.calc.snapshot import compute
+from agent.datastore import DatastoreLocation
 from agent.syncer.api import ResourceKey
 
 NODE = "node1"
@@ -42,7 +43,7 @@ def _seed(store: FileStore) -> None:
 
 def _wait_same(pipeline: CalcPipeline, state: ExpectedDataplane, store: FileStore,
                timeout: float = 15.0) -> dict[str, Any]:
-    expected = compute(str(store.root), NODE).summary
+    expected = compute(DatastoreLocation.file(store.root), NODE).summary
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if pipeline.in_sync.is_set() and pipeline.idle():

@@ -28,6 +28,7 @@ from typha_testlib import CALICO, FileStore, Recorder, gnp, ippool, wait_until, 
 from agent.calc.expected_dataplane import ExpectedDataplane
 from agent.calc.pipeline import CalcPipeline
 from agent.calc.snapshot import compute
+from agent.datastore import DatastoreLocation
 from agent.syncer.api import DatastoreError, RawUpdate, ResourceKey, SyncStatus
 from agent.typha.client import ClientState, StreamFollower
 from agent.typha.protocol import encode_kv, encode_message, error_message
@@ -206,6 +207,11 @@ def _readiness(server: Any) -> tuple[int, dict[str, Any]]:
         return exc.code, json.loads(exc.read())
 
 
+def _expected(store: FileStore) -> dict[str, Any]:
+    """What `pyfelix calc` computes from the datastore itself."""
+    return compute(DatastoreLocation.file(store.root), NODE).summary
+
+
 def _calc_summary(pipeline: CalcPipeline, state: ExpectedDataplane) -> dict[str, Any]:
     wait_until(pipeline.idle, "the calc pipeline idle")
     for _ in range(50):
@@ -248,7 +254,7 @@ def test_failover_to_a_replica_out_of_sync_loses_no_policy(store: FileStore, sta
         rec.wait_converged(store.expected())
         wait_until(pipeline.in_sync.is_set, "the calc graph in sync")
         before = _calc_summary(pipeline, state)
-        assert before == compute(str(store.root), NODE).summary
+        assert before == _expected(store)
         assert any(ep["ingress"] for ep in before["endpoints"].values())
 
         replica_a.stop()  # e.g. a rolling update: its clients move to replica B
@@ -263,7 +269,7 @@ def test_failover_to_a_replica_out_of_sync_loses_no_policy(store: FileStore, sta
         assert rec.state == store.expected()
         first_in_sync = rec.statuses.index(SyncStatus.IN_SYNC)
         assert rec.statuses[first_in_sync + 1:] == [SyncStatus.RESYNC]
-        assert _calc_summary(pipeline, state) == compute(str(store.root), NODE).summary
+        assert _calc_summary(pipeline, state) == _expected(store)
         assert _readiness(replica_b)[0] == 503
 
         # meanwhile in the datastore: a policy deleted, another changed; replica B does not
@@ -280,7 +286,7 @@ def test_failover_to_a_replica_out_of_sync_loses_no_policy(store: FileStore, sta
         rec.wait_converged(store.expected(), "the client after replica B's list completed")
         assert rec.deletes == [gone]
         wait_until(lambda: _readiness(replica_b)[0] == 200, "replica B ready once in sync")
-        assert _calc_summary(pipeline, state) == compute(str(store.root), NODE).summary
+        assert _calc_summary(pipeline, state) == _expected(store)
         assert rec.violations == []
     finally:
         pipeline.stop()

@@ -304,6 +304,11 @@ class BpfCleanupManager(ManagerBase):
         self.next_attempt_at: float | None = None  # clock time; None: no backoff pending
         self.last: SweepResult | None = None
 
+    @property
+    def pin_dir(self) -> str | None:
+        """The BPF-mode agent's pin directory this manager cleans up (BPFPinDir)."""
+        return self._pin_dir
+
     def on_update(self, msg: object) -> None:
         if isinstance(msg, proto.InSync):
             self._datastore_in_sync = True

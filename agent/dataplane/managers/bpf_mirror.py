@@ -1,14 +1,20 @@
-"""MapMirror: what one pinned BPF map holds, as far as its manager knows, and the writes
-that keep that knowledge true.
+"""MapMirror: one pinned BPF map's desired and actual entries (a `DeltaTracker`), and the
+writes that make the kernel match.
 
-Role: the BPF managers' desired-vs-actual bookkeeping for one map. `reload()` reads the
-kernel (first apply, resync); `updates(desired)` are the entries that differ;
-`stale(desired)` the keys to delete (never for arrays: their slots always exist);
-`write()` / `delete()` change the kernel (batched where the map type allows) and the
-mirror together, counting `pyfelix_bpf_map_writes_total{map,op}`. A write that does not
-fit (MapFullError) is retried entry by entry and the keys that did not fit are returned;
-any other error raises, and the manager re-reads the kernel before trusting the mirror
-again.
+Role: the BPF managers' desired-vs-actual bookkeeping for one map, with the kernel writes
+that go with it. The bookkeeping is the dataplane's one `DeltaTracker` (agent.dataplane
+.delta) over raw `bytes` keys and values; the BPF compilers produce a map's whole desired
+content at each apply, so `updates(desired)` replaces the desired side in one pass and
+returns the entries to write, and `stale(desired)` the keys to delete (never for arrays:
+their slots always exist). `reload()` reads the kernel (first apply, resync). `write()` /
+`delete()` change the kernel (batched where the map type allows) and the tracker's
+dataplane side together, counting `pyfelix_bpf_map_writes_total{map,op}`. A write that
+does not fit (MapFullError) is retried entry by entry and the keys that did not fit are
+returned; any other error raises, and the manager re-reads the kernel before trusting the
+mirror again.
+
+Invariant: `actual` (the tracker's dataplane side) only ever holds entries the kernel was
+read to hold or was written successfully; a failed write leaves its entries pending.
 """
 
 from __future__ import annotations
@@ -17,16 +23,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from agent.bpf.maps.base import ARRAY_TYPES, MapFullError
+from agent.dataplane.delta import DeltaTracker
 from agent.dataplane.managers import bpf_metrics as metrics
 
 
-class MapMirror:
-    """What one pinned map holds, as far as this manager knows, and the writes that keep
-    that knowledge true. `actual` is None until read from the kernel."""
+class MapMirror(DeltaTracker[bytes, bytes]):
+    """One pinned map's tracker plus its writes. `actual` is None until read from the
+    kernel."""
 
     def __init__(self, bpf_map: Any) -> None:
+        super().__init__()
         self.map = bpf_map
-        self.actual: dict[bytes, bytes] | None = None
+        self._loaded = False
 
     @property
     def name(self) -> str:
@@ -36,34 +44,43 @@ class MapMirror:
     def is_array(self) -> bool:
         return self.map.params.map_type in ARRAY_TYPES
 
+    @property
+    def actual(self) -> Mapping[bytes, bytes] | None:
+        """What the kernel holds, as far as this mirror knows (None before `reload`)."""
+        return self.dataplane() if self._loaded else None
+
     def reload(self) -> None:
-        self.actual = dict(self.map.items())
+        self.replace_all_dataplane(self.map.items())
+        self._loaded = True
 
     def updates(self, desired: Mapping[bytes, bytes]) -> list[tuple[bytes, bytes]]:
-        actual = self.actual or {}
-        return [(k, v) for k, v in desired.items() if actual.get(k) != v]
+        """Take `desired` as the map's whole desired content; the entries to write."""
+        self.replace_all_desired(desired)
+        return self.pending_updates()
 
     def stale(self, desired: Mapping[bytes, bytes]) -> list[bytes]:
+        """Take `desired` as the map's whole desired content; the keys to delete."""
         if self.is_array:
             return []
-        return [k for k in (self.actual or {}) if k not in desired]
+        self.replace_all_desired(desired)
+        return self.pending_deletions()
 
     def write(self, items: list[tuple[bytes, bytes]]) -> list[bytes]:
         """Write items (batched where the map allows); returns the keys that did not fit.
         Other errors raise (after recording what is known to be written)."""
         if not items:
             return []
-        assert self.actual is not None
+        assert self._loaded
         try:
             self.map.update_many(items)
         except MapFullError:
             return self._write_one_by_one(items)
-        self.actual.update(items)
+        for key, value in items:
+            self.set_dataplane(key, value)
         metrics.MAP_WRITES.labels(self.name, "update").inc(len(items))
         return []
 
     def _write_one_by_one(self, items: list[tuple[bytes, bytes]]) -> list[bytes]:
-        assert self.actual is not None
         failed = []
         for key, value in items:
             try:
@@ -71,15 +88,15 @@ class MapMirror:
             except MapFullError:
                 failed.append(key)
                 continue
-            self.actual[key] = value
+            self.set_dataplane(key, value)
             metrics.MAP_WRITES.labels(self.name, "update").inc()
         return failed
 
     def delete(self, keys: list[bytes]) -> None:
         if not keys:
             return
-        assert self.actual is not None
+        assert self._loaded
         self.map.delete_many(keys)
         for key in keys:
-            self.actual.pop(key, None)
+            self.delete_dataplane(key)
         metrics.MAP_WRITES.labels(self.name, "delete").inc(len(keys))

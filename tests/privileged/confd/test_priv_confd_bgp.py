@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.datastore import make_syncer
+from agent.datastore import DatastoreLocation, make_syncer
 from confd.bird import BirdInstance, BirdTools
 from confd.watcher import ConfdLoop, ConfdReconciler
 
@@ -156,7 +156,8 @@ def start_confd(lab: Lab, node: str) -> None:
     node_dir.mkdir()
     reconciler = ConfdReconciler(node, node_dir / "bird.conf", node_dir / "bird.ctl",
                                  tools=BirdTools())
-    loop = ConfdLoop(make_syncer(str(lab.datastore)), reconciler, reload_retry_interval=0.5)
+    loop = ConfdLoop(make_syncer(DatastoreLocation.file(lab.datastore)), reconciler,
+                     reload_retry_interval=0.5)
     lab.reconcilers[node] = reconciler
     lab.loops[node] = loop
     loop.start()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent.calc.snapshot import compute
+from agent.datastore import DatastoreLocation
 from agent.syncer.etcd import EtcdSyncer
 from agent.syncer.etcd_store import EtcdDatastore
 from agent.syncer.file import load_path
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.privileged
 
 def test_same_calc_output_as_the_file_datastore(etcd: EtcdServer, tmp_path: Path) -> None:
     resources = write_file_datastore(tmp_path)
-    expected = compute(str(resources), HOSTNAME).summary
+    expected = compute(DatastoreLocation.file(resources), HOSTNAME).summary
     assert expected["endpoints"] and expected["ipsets"]  # a scenario with substance
 
     # As `pyfelix apply -f DIR --datastore etcd3://...` does: read, validate, write.

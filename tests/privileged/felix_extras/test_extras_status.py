@@ -1,7 +1,7 @@
 """Status records in real datastores: they appear, and they expire when the agent stops.
 
 A reporter process (`python -c`, the agent's `StatusReporter` with the store
-`open_status_store(url)` picks, as the agent runs it) writes its node record and endpoint
+`open_status_store(location)` picks, as the agent runs it) writes its node record and endpoint
 records, then either stops cleanly (SIGTERM: records removed at once) or is SIGKILLed
 (file: readers see the records expire after the TTL; etcd: the lease runs out and etcd
 deletes them). Real etcd: Debian's etcd 3.4 on loopback (tests/privileged/etcd).
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.datastore import parse_datastore_url
 from agent.status.stores import EtcdStatusStore, FileStatusStore, open_status_store
 from tests.privileged.etcd.etcd_server import ETCD_BINARY, EtcdServer
 
@@ -27,10 +28,12 @@ REPO = Path(__file__).resolve().parents[3]
 TTL = 3.0
 REPORTER = f"""
 import signal, sys, threading
+from agent.datastore import parse_datastore_url
 from agent.status import StatusReporter, open_status_store
 stop = threading.Event()
 signal.signal(signal.SIGTERM, lambda *_: stop.set())
-reporter = StatusReporter(open_status_store(sys.argv[1], ttl={TTL}), sys.argv[2], ttl={TTL},
+store = open_status_store(parse_datastore_url(sys.argv[1]), ttl={TTL})
+reporter = StatusReporter(store, sys.argv[2], ttl={TTL},
                           interval=0.5, endpoint_reporting=True)
 reporter.set_in_sync(True)
 reporter.on_endpoint_status("workload", "k8s/shop/web-1/eth0", "up")
@@ -104,7 +107,7 @@ def test_file_datastore_records_appear_and_expire(tmp_path: Path) -> None:
 
 def test_etcd_records_appear_and_go_with_the_lease(etcd: EtcdServer) -> None:
     url = f"etcd3://{etcd.endpoint}"
-    store = open_status_store(url)
+    store = open_status_store(parse_datastore_url(url))
     assert isinstance(store, EtcdStatusStore)
     clean = start_reporter(url, "node1")
     crashed = start_reporter(url, "node2")
@@ -137,9 +140,9 @@ def test_etcd_lease_lost_meanwhile_is_regranted_with_every_record(etcd: EtcdServ
     node write grants a new lease and puts the endpoint records back too."""
     from agent.status.records import EndpointStatus, NodeStatus
 
-    store = open_status_store(f"etcd3://{etcd.endpoint}", ttl=30)
+    store = open_status_store(parse_datastore_url(f"etcd3://{etcd.endpoint}"), ttl=30)
     assert isinstance(store, EtcdStatusStore)
-    reader = open_status_store(f"etcd3://{etcd.endpoint}")
+    reader = open_status_store(parse_datastore_url(f"etcd3://{etcd.endpoint}"))
     assert isinstance(reader, EtcdStatusStore)
     try:
         now = time.time()
