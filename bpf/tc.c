@@ -180,10 +180,13 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 		if (nat != NAT_CONTINUE)
 			return nat;
 	}
-	if (ct_lookup_update(&pkt, ifindex, hook, now)) {
+	int hit = ct_lookup_update(&pkt, ifindex, hook, now);
+	if (hit) {
 		count_global(GCNT_CT_HIT);
 		count_endpoint(endpoint_id, hook, 1, pkt.len);
-		return hook == HOOK_TO_WEP ? nat_rev_to_wep(skb, &pkt, now) : TC_ACT_OK;
+		if (hit == CT_HIT_SVC_NAT && hook == HOOK_TO_WEP)
+			return nat_rev_to_wep(skb, &pkt, now);
+		return TC_ACT_OK;
 	}
 	if (ct_is_related(&pkt, ifindex, now)) {
 		count_global(GCNT_CT_RELATED);

@@ -16,8 +16,10 @@
  *     nat_affinity backend while used within the timeout; else a random index in
  *     [0, count). FWD and REV entries are written, then the packet's destination address
  *     and port are rewritten (IP and L4 checksums updated incrementally).
- * calico_to_wep calls nat_rev_to_wep() for packets conntrack allowed: a NAT_CT_REV entry
- * for the tuple (a backend's reply) puts the VIP and service port back as the source.
+ * calico_to_wep calls nat_rev_to_wep() for packets conntrack allowed as part of a service
+ * flow (CT_F_SVC_NAT, set when the client's first packet was DNATed, so other flows pay
+ * no lookup): the NAT_CT_REV entry for the tuple (a backend's reply) puts the VIP and
+ * service port back as the source.
  *
  * REJECT (a Service without ready endpoints, kube-proxy's REJECT): the packet is turned
  * into an ICMP port unreachable from the VIP to the client (IPv4 header, ICMP header, the
@@ -270,6 +272,7 @@ PF_INLINE int nat_from_wep(struct __sk_buff *skb, struct pkt_info *pkt, __u32 if
 		count_nat(NAT_CNT_XLATE_FAILED);
 		return TC_ACT_SHOT;
 	}
+	pkt->flags |= PKT_F_SVC_NAT; /* conntrack marks the flow: its replies are looked up */
 	return NAT_CONTINUE;
 }
 
