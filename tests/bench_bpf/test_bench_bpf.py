@@ -10,7 +10,8 @@ import pytest
 
 from agent.bench import BenchSettings, known_benchmarks, run
 
-BPF_BENCHES = ("bpf-verdict", "map-sync", "policy-latency", "restart", "dataplane-compare")
+BPF_BENCHES = ("bpf-verdict", "map-sync", "policy-latency", "restart", "dataplane-compare",
+               "services")
 
 
 def test_every_bpf_benchmark_is_registered_and_importable():
@@ -52,6 +53,18 @@ def test_bpf_verdict_figures(leaves_nothing):
     assert 0 < f["harness_ns"] < f["ct_hit_ns"]
     assert f["first_packet_ns_1"] < f["first_packet_ns_1000"]  # the walk is linear
     assert f["ns_per_rule"] > 0 and f["trie_members"] == 100_000
+
+
+@pytest.mark.privileged
+def test_services_figures(leaves_nothing):
+    f = quick("services")
+    for n in (10, 1000, 10000):
+        assert f[f"bpf_first_packet_ns_{n}_min"] <= f[f"bpf_first_packet_ns_{n}"] \
+            <= f[f"bpf_first_packet_ns_{n}_max"]
+        # a first packet through the NAT costs more than the do-nothing program
+        assert f[f"bpf_first_packet_ns_{n}"] > f["bpf_first_packet_harness_ns"] > 0
+    assert f["bpf_first_packet_ratio_10000_to_10"] == pytest.approx(
+        f["bpf_first_packet_ns_10000"] / f["bpf_first_packet_ns_10"], rel=0.01)
 
 
 @pytest.mark.privileged

@@ -72,3 +72,103 @@ def test_clusterip_from_pods(dataplane: str, root_guard: Any) -> None:
         assert sum(v for (_, p), v in served.items() if p == "TCP") == 40, served
         assert all(v > 0 for v in served.values()), served
     root_guard.check()
+
+
+def _slice(addresses: list[str]) -> dict[str, Any]:
+    return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "spread-manual", "namespace": "shop",
+                         "labels": {"kubernetes.io/service-name": "spread"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [a], "conditions": {"ready": True}, "nodeName": "node1"}
+                          for a in addresses],
+            "ports": [{"name": "", "protocol": "TCP", "port": 8080}]}
+
+
+AFFINITY_SCENARIO = {
+    "name": "services-affinity-and-churn",
+    "namespaces": [{"name": "shop"}],
+    "pods": [{"namespace": "shop", "name": "client", "labels": {"app": "client"}},
+             *({"namespace": "shop", "name": f"web-{i}", "labels": {"app": "web"},
+                "ip": f"10.65.1.{i}", "ports": [{"port": 8080, "protocol": "TCP"}]}
+               for i in (1, 2, 3))],
+    "resources": [
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "sticky",
+                                                             "namespace": "shop"},
+         "spec": {"clusterIP": "10.96.0.20", "selector": {"app": "web"},
+                  "sessionAffinity": "ClientIP",
+                  "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 300}},
+                  "ports": [{"port": 80, "targetPort": 8080}]}},
+        # no selector: its backends are exactly the slice's (changed mid-run below)
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "spread",
+                                                             "namespace": "shop"},
+         "spec": {"clusterIP": "10.96.0.21", "ports": [{"port": 80, "targetPort": 8080}]}},
+        _slice(["10.65.1.1", "10.65.1.2", "10.65.1.3"]),
+    ],
+}
+
+
+def _served(lab: LabRunner) -> dict[str, int]:
+    return {f"10.65.1.{i}": lab.servers.served[(lab.topology.pods[f"shop/web-{i}"].netns,
+                                                8080, "TCP")] for i in (1, 2, 3)}
+
+
+@pytest.mark.parametrize("dataplane", ["bpf", "iptables"])
+def test_affinity_and_backend_removed_mid_run(dataplane: str, root_guard: Any) -> None:
+    import socket
+
+    from agent.lab.netns import in_netns
+    from agent.lab.scenario import Step, parse_scenario
+
+    scenario = parse_scenario(AFFINITY_SCENARIO)
+    with LabRunner(scenario, agents=AgentProcesses(dataplane), dataplane=dataplane,
+                   program_routes=False, probe_timeout=PROBE_TIMEOUT) as lab:
+        lab.build()
+        lab.start_agents()
+        lab.run_steps()
+
+        def probes(vip: str, n: int) -> list[ProbeSpec]:
+            address = ipaddress.IPv4Address(vip)
+            return [ProbeSpec("shop/client", vip, address, 80, "TCP", "allow")
+                    for _ in range(n)]
+
+        # ClientIP affinity: 20 connections, one backend
+        before = _served(lab)
+        assert all(r.result == "allow" for r in lab.run_probes(probes("10.96.0.20", 20)))
+        after = _served(lab)
+        used = {a for a in after if after[a] > before[a]}
+        assert len(used) == 1 and sum(after.values()) - sum(before.values()) == 20, after
+
+        # hold connections to "spread" until one reaches each backend
+        held: dict[str, socket.socket] = {}
+        for _ in range(60):
+            if len(held) == 3:
+                break
+            prior = _served(lab)
+            with in_netns(lab.topology.pods["shop/client"].netns):
+                sock = socket.create_connection(("10.96.0.21", 80), timeout=PROBE_TIMEOUT)
+            sock.sendall(b"hello")
+            assert sock.recv(16) == b"hello"
+            now = _served(lab)
+            backend = next(a for a in now if now[a] > prior[a])
+            if backend in held:
+                sock.close()
+            else:
+                held[backend] = sock
+        assert len(held) == 3, sorted(held)
+        try:
+            # 10.65.1.3 leaves the Service
+            lab.enter_step(Step(apply=(_slice(["10.65.1.1", "10.65.1.2"]),)))
+            for backend in ("10.65.1.1", "10.65.1.2"):  # established flows continue
+                held[backend].sendall(b"again")
+                assert held[backend].recv(16) == b"again", backend
+            before = _served(lab)
+            results = lab.run_probes(probes("10.96.0.21", 30))
+            assert all(r.result == "allow" for r in results)
+            after = _served(lab)
+            assert after["10.65.1.3"] == before["10.65.1.3"], after  # new ones avoid it
+            assert after["10.65.1.1"] > before["10.65.1.1"] and (
+                after["10.65.1.2"] > before["10.65.1.2"]), after
+        finally:
+            for sock in held.values():
+                sock.close()
+    root_guard.check()
