@@ -98,7 +98,7 @@ def services(ctx: BenchContext) -> Figures:
             try:
                 for n in SERVICE_COUNTS:
                     nat = BpfNatManager(dp.maps["nat_frontend"], dp.maps["nat_backend"],
-                                        dp.maps["nat_affinity"])
+                                        dp.maps["nat_affinity"], dp.maps["nat_vip_filter"])
                     for msg in (*_frontends(n), p.InSync()):
                         nat.on_update(msg)
                     nat.apply()

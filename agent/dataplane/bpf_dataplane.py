@@ -176,7 +176,7 @@ def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
     routes = BpfRouteManager(loaded.maps["routes"], interface_prefixes=prefixes,
                              list_interfaces=netlink_lister())
     nat = BpfNatManager(loaded.maps["nat_frontend"], loaded.maps["nat_backend"],
-                        loaded.maps["nat_affinity"])
+                        loaded.maps["nat_affinity"], loaded.maps["nat_vip_filter"])
     guard = BpfGuardManager(attach, interface_prefixes=prefixes)
     global_counters = loaded.maps["global_counters"]
     bpf_metrics.DROPS.set_sources(

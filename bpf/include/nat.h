@@ -7,7 +7,8 @@
  * calico_from_wep calls nat_from_wep() right after the source check and BEFORE conntrack
  * and policy, so the pod's egress policy sees the chosen backend, and the backend's
  * ingress policy (at its own to_wep, local or on another node) sees the client's address:
- *   - not TCP/UDP with ports, or no frontend for (daddr, dport, proto): nothing to do;
+ *   - not TCP/UDP with ports, daddr's bit clear in nat_vip_filter (an array lookup: most
+ *     traffic is not to a service), or no frontend for (daddr, dport, proto): nothing;
  *   - a nat_ct FWD entry for the tuple (a later packet of the flow): its backend, unless
  *     the packet is a TCP SYN (no ACK) on an entry older than CT_TIMEOUT_TCP_SYN (a new
  *     connection reusing the port gets a fresh choice) or the entry is idle longer than
@@ -45,6 +46,7 @@
 #include "nat_affinity.h"
 #include "nat_ct.h"
 #include "nat_counters.h"
+#include "nat_vip_filter.h"
 
 #define NAT_CONTINUE -1 /* nat_from_wep: go on with conntrack and policy */
 
@@ -183,7 +185,7 @@ PF_INLINE int nat_ct_usable(struct nat_ct_value *v, struct pkt_info *pkt, __u64 
 PF_INLINE int nat_from_wep(struct __sk_buff *skb, struct pkt_info *pkt, __u32 ifindex,
 			   __u64 now)
 {
-	if (!(pkt->flags & PKT_F_PORTS))
+	if (!(pkt->flags & PKT_F_PORTS) || !nat_maybe_vip(pkt->daddr))
 		return NAT_CONTINUE;
 	struct nat_fe_key fk = {};
 	fk.addr = pkt->daddr;

@@ -4,12 +4,14 @@ information, affinity cleanup, and fail-closed when the maps are full."""
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 from agent import proto
 from agent.bpf.maps import nat_affinity as aff_map
 from agent.bpf.maps import nat_backend as be_map
 from agent.bpf.maps import nat_frontend as fe_map
+from agent.bpf.maps import nat_vip_filter as filter_map
 from agent.bpf.maps.base import FakeMap
 from agent.dataplane.managers.bpf_nat import BpfNatManager
 
@@ -29,9 +31,16 @@ class Maps:
         self.fe = FakeMap(fe_map.PARAMS, max_entries=frontends)
         self.be = FakeMap(be_map.PARAMS, max_entries=backends)
         self.aff = FakeMap(aff_map.PARAMS)
+        self.filter = FakeMap(filter_map.PARAMS)
+        self.filter.data = dict(filter_map.contents((), filter_map.PARAMS.max_entries))
 
     def manager(self) -> BpfNatManager:
-        return BpfNatManager(self.fe, self.be, self.aff)
+        return BpfNatManager(self.fe, self.be, self.aff, self.filter)
+
+    def filtered(self, vip: str) -> bool:
+        bit = filter_map.bit_of(vip, filter_map.PARAMS.max_entries)
+        word = self.filter.data[struct.pack("=I", bit // 64)]
+        return bool(struct.unpack("=Q", word)[0] >> (bit % 64) & 1)
 
     def view(self) -> dict[tuple[str, int, str], dict[str, Any]]:
         out = {}
@@ -155,3 +164,27 @@ def test_full_backend_map_rejects_that_frontend_only() -> None:
     counts = {k[0]: v["count"] for k, v in maps.view().items()}
     assert sorted(counts.values()) == [0, 2]  # one fits, the other rejects (fail closed)
     assert m.problems and "do not fit in nat_backend" in m.problems[0]
+
+
+def test_vip_filter_bit_is_set_before_the_frontend_and_cleared_after_it() -> None:
+    maps = Maps()
+    m = maps.manager()
+    m.on_update(proto.InSync())
+    order: list[str] = []
+    fe_update, fe_delete, filter_update = maps.fe.update, maps.fe.delete, maps.filter.update
+
+    def spy_filter(k: bytes, v: bytes, f: int = 0) -> None:
+        order.append(f"filter:{maps.filtered('10.96.0.10')}->")
+        filter_update(k, v)
+        order[-1] += str(maps.filtered("10.96.0.10"))
+
+    maps.fe.update = lambda k, v, f=0: (order.append("fe+"), fe_update(k, v))[1]  # type: ignore
+    maps.fe.delete = lambda k: (order.append("fe-"), fe_delete(k))[1]  # type: ignore
+    maps.filter.update = spy_filter  # type: ignore
+    m.on_update(frontend("10.96.0.10", 80, ("10.65.0.1", 80)))
+    m.apply()
+    assert order == ["filter:False->True", "fe+"] and maps.filtered("10.96.0.10")
+    order.clear()
+    m.on_update(proto.ServiceFrontendRemove("10.96.0.10:80/6"))
+    m.apply()
+    assert order == ["fe-", "filter:True->False"] and not maps.filtered("10.96.0.10")

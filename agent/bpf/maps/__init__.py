@@ -18,6 +18,7 @@ from agent.bpf.maps import (
     nat_counters,
     nat_ct,
     nat_frontend,
+    nat_vip_filter,
     routes,
     rules,
     untracked,
@@ -45,6 +46,7 @@ ALL_MAPS: tuple[MapParams, ...] = (
     nat_affinity.PARAMS,
     nat_ct.PARAMS,
     nat_counters.PARAMS,
+    nat_vip_filter.PARAMS,
 )
 
 BY_NAME: dict[str, MapParams] = {p.name: p for p in ALL_MAPS}
@@ -60,6 +62,7 @@ _DUMPERS = {
     "wep_sources": wep_sources.dump,
     "nat_frontend": nat_frontend.dump, "nat_backend": nat_backend.dump,
     "nat_affinity": nat_affinity.dump, "nat_ct": nat_ct.dump, "nat_counters": nat_counters.dump,
+    "nat_vip_filter": nat_vip_filter.dump,
 }
 
 

@@ -12,6 +12,9 @@ a frontend's backends and keep each flow's translation in `nat_ct`.
   the smallest free id (ids are never 0);
 - desired contents: per frontend, its entry (service id, backend count, flags, affinity
   timeout) and its backends at indexes [0, n) in the message's (sorted) order;
+- `nat_vip_filter` (the programs' cheap "may this be a VIP?" check) gets the bits of every
+  frontend present or about to be written FIRST, and loses those of removed frontends only
+  LAST, so a live frontend's bit is never clear;
 - writes, in make-before-break order: backends that differ, then frontends that differ
   (a grown frontend's new indexes exist before its count says so), then stale backends and
   frontends (a shrunk frontend's count is lowered before its last indexes go). Stale
@@ -43,6 +46,7 @@ from agent import proto
 from agent.bpf.maps import nat_affinity as aff_map
 from agent.bpf.maps import nat_backend as be_map
 from agent.bpf.maps import nat_frontend as fe_map
+from agent.bpf.maps import nat_vip_filter as filter_map
 from agent.dataplane.manager import ManagerBase
 from agent.dataplane.managers import bpf_metrics as metrics
 from agent.dataplane.managers.bpf_mirror import MapMirror
@@ -58,11 +62,13 @@ class BpfNatManager(ManagerBase):
     name = "bpf-nat"
     policy_critical = False  # services, not policy: policy applies to the translated flow
 
-    def __init__(self, frontend_map: Any, backend_map: Any, affinity_map: Any) -> None:
+    def __init__(self, frontend_map: Any, backend_map: Any, affinity_map: Any,
+                 vip_filter_map: Any) -> None:
         super().__init__()
         self._frontends = MapMirror(frontend_map)
         self._backends = MapMirror(backend_map)
         self._affinity = affinity_map
+        self._filter = MapMirror(vip_filter_map)
         self.desired: dict[str, proto.ServiceFrontendUpdate] = {}
         self._ids: dict[bytes, int] = {}  # frontend key -> service id (adopted or given)
         self._owned: set[bytes] = set()  # frontend keys written by this run
@@ -92,6 +98,7 @@ class BpfNatManager(ManagerBase):
             if self._resync_requested:
                 self._frontends.reload()
                 self._backends.reload()
+                self._filter.reload()
                 self._ids = {k: fe_map.decode_value(v)["service_id"]
                              for k, v in (self._frontends.actual or {}).items()}
                 self._resync_requested = False
@@ -121,6 +128,9 @@ class BpfNatManager(ManagerBase):
         # ids of frontends that stay pinned (live, or stale but not yet deletable) are taken
         taken = {self._ids[k] for k in actual_fe if k in self._ids}
         taken |= {self._ids[k] for k in desired_keys if k in self._ids}
+        # the VIP filter first covers every frontend present or about to be
+        self._write_filter({fe_map.decode_key(k)["vip"] for k in actual_fe}
+                           | {m.vip for m in desired_keys.values()})
         desired_be: dict[bytes, bytes] = {}
         backends_of: dict[bytes, dict[bytes, bytes]] = {}
         for key, msg in sorted(desired_keys.items()):
@@ -170,10 +180,16 @@ class BpfNatManager(ManagerBase):
         self._clean_affinity(desired_be, replaced | {be_map.decode_key(k)[0] for k in stale_be})
         for key in stale_fe:
             self._ids.pop(key, None)
+        # then only the frontends that remain
+        self._write_filter({fe_map.decode_key(k)["vip"] for k in self._frontends.actual or {}})
         if problems != self.problems:
             for problem in sorted(set(problems) - set(self.problems)):
                 log.error("BPF NAT: %s", problem)
             self.problems = problems
+
+    def _write_filter(self, vips: set[str]) -> None:
+        words = self._filter.map.max_entries
+        self._filter.write(self._filter.updates(filter_map.contents(vips, words)))
 
     def _clean_affinity(self, desired_be: dict[bytes, bytes], touched: set[int]) -> None:
         """Affinity entries of the service ids in `touched` whose backend is gone."""

@@ -76,7 +76,7 @@ def program(h: Harness, egress: tuple[p.Rule, ...] | None = None, *,
              h.endpoint("b", "d2", profiles=("allow-all",))]
     h.apply(*msgs)
     nat = BpfNatManager(h.dp.maps["nat_frontend"], h.dp.maps["nat_backend"],
-                        h.dp.maps["nat_affinity"])
+                        h.dp.maps["nat_affinity"], h.dp.maps["nat_vip_filter"])
     for msg in (*frontends, p.InSync()):
         nat.on_update(msg)
     nat.apply()
@@ -214,3 +214,14 @@ def test_cli_nat_dump_and_summary(harness: Harness) -> None:
     done = CliRunner().invoke(cli, ["bpf", "summary", "--pin-dir", pin_dir])
     assert ("services: 2 frontends (1 without backends: rejected), 2 backends, 1 NAT flows"
             in done.stdout), done.stdout
+
+
+def test_the_vip_filter_gates_the_frontend_lookup(harness: Harness) -> None:
+    h = harness
+    program(h, frontends=(web(B),))
+    assert parse(run(h, "from", tcp_ok(A, VIP, 46000, 80), "d1")[1])["dst"] == B
+    filt = h.dp.maps["nat_vip_filter"]
+    filt.update_many([(k, bytes(8)) for k, _ in filt.items()])  # every bit clear
+    h.dp.maps["nat_ct"].clear()
+    rv, out = run(h, "from", tcp_ok(A, VIP, 46001, 80), "d1")
+    assert parse(out)["dst"] == VIP  # not even looked up: the manager keeps bits set
