@@ -87,7 +87,8 @@ int calico_policy(struct __sk_buff *skb)
 		__u8 action = r->action;
 		if (action == RULE_ACTION_ALLOW || action == RULE_ACTION_DENY) {
 			count_global_n(GCNT_RULE_RECORDS_WALKED, walked);
-			return policy_verdict(st, action == RULE_ACTION_ALLOW, r->counter_id);
+			return nat_hairpin_verdict(skb, &st->pkt, policy_verdict(
+				st, action == RULE_ACTION_ALLOW, r->counter_id));
 		}
 		if (action == RULE_ACTION_PASS || action == RULE_ACTION_SKIP) {
 			__u32 jump = r->jump;
@@ -180,13 +181,14 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 		if (nat != NAT_CONTINUE)
 			return nat;
 	}
-	int hit = ct_lookup_update(&pkt, ifindex, hook, now);
+	__u32 ct_if = nat_ct_ifindex(skb, &pkt, ifindex, hook);
+	int hit = ct_lookup_update(&pkt, ct_if, hook, now);
 	if (hit) {
 		count_global(GCNT_CT_HIT);
 		count_endpoint(endpoint_id, hook, 1, pkt.len);
 		if (hit == CT_HIT_SVC_NAT && hook == HOOK_TO_WEP)
 			return nat_rev_to_wep(skb, &pkt, now);
-		return TC_ACT_OK;
+		return nat_hairpin_verdict(skb, &pkt, TC_ACT_OK);
 	}
 	if (ct_is_related(&pkt, ifindex, now)) {
 		count_global(GCNT_CT_RELATED);
@@ -199,7 +201,7 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 	if (!st)
 		return TC_ACT_SHOT;
 	__builtin_memcpy(&st->pkt, &pkt, sizeof(pkt));
-	st->ifindex = ifindex;
+	st->ifindex = ct_if;
 	st->endpoint_id = endpoint_id;
 	st->hook = hook;
 	st->idx = 0;

@@ -32,8 +32,17 @@
  *
  * Fail closed: a failed rewrite drops; a frontend whose chosen index is missing (between
  * two writes of an update) drops the packet, which the client retransmits.
- * Not done here (yet): hairpin (a pod reaching itself through its Service needs a source
- * NAT), NodePorts and traffic from host interfaces, translating the inner header of ICMP
+ * HAIRPIN (a pod reaching itself through its Service): the pod cannot accept a packet from
+ * its own address, so the forward direction is also source-NATed to the VIP (client port
+ * kept): VIP:cport -> pod:bport, and sent straight back out of the interface
+ * (nat_hairpin_verdict); the pod replies pod:bport -> VIP:cport, which the REV entry keyed
+ * by the VIP recognises (nat_hairpin_reply), conntrack passes as a reply, and the program
+ * sends back too; calico_to_wep then rewrites it to VIP:vport -> pod:cport. Both passes
+ * through the interface are policed: egress as the pod sending to itself (the backend
+ * port), ingress with the VIP as the source (kube-proxy shows the node's address instead).
+ * The second pass's conntrack entries use ifindex | CT_IF_HAIRPIN (nat_ct_ifindex).
+ *
+ * Not done here (yet): NodePorts and traffic from host interfaces, translating the inner header of ICMP
  * errors about service flows, SCTP port changes (its CRC32c covers the ports).
  */
 #ifndef PYFELIX_NAT_H
@@ -49,6 +58,10 @@
 #include "nat_vip_filter.h"
 
 #define NAT_CONTINUE -1 /* nat_from_wep: go on with conntrack and policy */
+/* skb->mark bit of a hairpin packet sent back to its pod (cleared by calico_to_wep) */
+#define PF_MARK_HAIRPIN 0x00080000
+/* conntrack ifindex bit of a hairpin packet's second pass (conntrack.h keys) */
+#define CT_IF_HAIRPIN 0x80000000
 
 #define PF_ETH_HLEN 14
 #define PF_IP_CSUM_OFF (PF_ETH_HLEN + 10)
@@ -180,6 +193,25 @@ PF_INLINE int nat_ct_usable(struct nat_ct_value *v, struct pkt_info *pkt, __u64 
 	return 1;
 }
 
+/* A pod's packet to a VIP that no frontend port matches: the reply of a hairpin flow (the
+ * pod is its own backend, replying from the backend port to VIP:client port)? Only marked
+ * here: conntrack then checks it under the hairpin key, the program sends it back to the
+ * pod, and calico_to_wep reverses its NAT (nat_rev_to_wep). */
+PF_INLINE int nat_hairpin_reply(struct pkt_info *pkt)
+{
+	struct nat_ct_key rk = {};
+	rk.saddr = pkt->saddr;
+	rk.daddr = pkt->daddr;
+	rk.sport = pkt->sport;
+	rk.dport = pkt->dport;
+	rk.proto = pkt->proto;
+	rk.kind = NAT_CT_REV;
+	struct nat_ct_value *v = nat_ct.lookup(&rk);
+	if (v && (v->flags & NAT_CT_F_HAIRPIN))
+		pkt->flags |= PKT_F_HAIRPIN_REPLY;
+	return NAT_CONTINUE;
+}
+
 /* The service NAT of a packet from a pod (see the top of this file). Returns NAT_CONTINUE
  * (translated or not a service flow: conntrack and policy follow) or a tc verdict. */
 PF_INLINE int nat_from_wep(struct __sk_buff *skb, struct pkt_info *pkt, __u32 ifindex,
@@ -193,7 +225,7 @@ PF_INLINE int nat_from_wep(struct __sk_buff *skb, struct pkt_info *pkt, __u32 if
 	fk.proto = pkt->proto;
 	struct nat_fe_value *fe = nat_frontend.lookup(&fk);
 	if (!fe)
-		return NAT_CONTINUE;
+		return nat_hairpin_reply(pkt);
 
 	struct nat_ct_key ck = {};
 	ck.saddr = pkt->saddr;
@@ -204,10 +236,12 @@ PF_INLINE int nat_from_wep(struct __sk_buff *skb, struct pkt_info *pkt, __u32 if
 	ck.kind = NAT_CT_FWD;
 	__be32 be_addr = 0;
 	__u16 be_port = 0;
+	__u16 hairpin = 0;
 	struct nat_ct_value *cv = nat_ct.lookup(&ck);
 	if (cv && nat_ct_usable(cv, pkt, now)) {
 		be_addr = cv->addr;
 		be_port = cv->port;
+		hairpin = cv->flags & NAT_CT_F_HAIRPIN;
 		cv->last_seen_ns = now;
 		count_nat(NAT_CNT_CT_HIT);
 	} else {
@@ -249,15 +283,19 @@ PF_INLINE int nat_from_wep(struct __sk_buff *skb, struct pkt_info *pkt, __u32 if
 				nat_affinity.update(&ak, &nav);
 			}
 		}
+		hairpin = be_addr == pkt->saddr ? NAT_CT_F_HAIRPIN : 0;
 		struct nat_ct_value fwd = {};
 		fwd.addr = be_addr;
 		fwd.port = be_port;
+		fwd.flags = hairpin;
 		fwd.created_ns = now;
 		fwd.last_seen_ns = now;
 		nat_ct.update(&ck, &fwd);
+		/* the reply's key: (backend, client) normally; for hairpin the pod replies to the
+		 * VIP it sees as the source (backend, VIP, backend port, client port) */
 		struct nat_ct_key rk = {};
 		rk.saddr = be_addr;
-		rk.daddr = pkt->saddr;
+		rk.daddr = hairpin ? pkt->daddr : pkt->saddr;
 		rk.sport = be_port;
 		rk.dport = pkt->sport;
 		rk.proto = pkt->proto;
@@ -265,17 +303,50 @@ PF_INLINE int nat_from_wep(struct __sk_buff *skb, struct pkt_info *pkt, __u32 if
 		struct nat_ct_value rev = {};
 		rev.addr = pkt->daddr;
 		rev.port = pkt->dport;
+		rev.flags = hairpin;
 		rev.created_ns = now;
 		rev.last_seen_ns = now;
 		nat_ct.update(&rk, &rev);
 		count_nat(NAT_CNT_NEW_FLOWS);
 	}
-	if (nat_rewrite(skb, pkt, 1, be_addr, be_port)) {
+	__be32 vip = pkt->daddr;
+	if (nat_rewrite(skb, pkt, 1, be_addr, be_port) ||
+	    (hairpin && nat_rewrite(skb, pkt, 0, vip, pkt->sport))) {
 		count_nat(NAT_CNT_XLATE_FAILED);
 		return TC_ACT_SHOT;
 	}
-	pkt->flags |= PKT_F_SVC_NAT; /* conntrack marks the flow: its replies are looked up */
+	/* conntrack marks the flow: its replies are looked up */
+	pkt->flags |= PKT_F_SVC_NAT | (hairpin ? PKT_F_HAIRPIN : 0);
 	return NAT_CONTINUE;
+}
+
+/* The tc verdict for a hairpin packet that conntrack or policy allowed at calico_from_wep:
+ * back out of the same interface to the pod (routing would send a packet to the VIP, or
+ * from it, nowhere useful). The forward direction carries PF_MARK_HAIRPIN, so the pod's
+ * calico_to_wep keeps its conntrack entry apart (CT_IF_HAIRPIN) from this hook's entry of
+ * the same tuple. Other packets: `verdict` unchanged. */
+PF_INLINE int nat_hairpin_verdict(struct __sk_buff *skb, struct pkt_info *pkt, int verdict)
+{
+	if (verdict != TC_ACT_OK || !(pkt->flags & (PKT_F_HAIRPIN | PKT_F_HAIRPIN_REPLY)))
+		return verdict;
+	if (pkt->flags & PKT_F_HAIRPIN)
+		skb->mark |= PF_MARK_HAIRPIN;
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+/* The conntrack ifindex of a packet: a hairpin packet's second pass through the pod's
+ * interface (marked forward packets at calico_to_wep; replies at calico_from_wep) is
+ * tracked apart, so the two hooks' entries of one tuple do not overwrite each other. */
+PF_INLINE __u32 nat_ct_ifindex(struct __sk_buff *skb, struct pkt_info *pkt, __u32 ifindex,
+			       __u8 hook)
+{
+	if (hook == HOOK_TO_WEP && (skb->mark & PF_MARK_HAIRPIN) == PF_MARK_HAIRPIN) {
+		skb->mark &= ~PF_MARK_HAIRPIN;
+		return ifindex | CT_IF_HAIRPIN;
+	}
+	if (pkt->flags & PKT_F_HAIRPIN_REPLY)
+		return ifindex | CT_IF_HAIRPIN;
+	return ifindex;
 }
 
 /* A reply to a service flow on its way to the client pod: source back to the VIP.
@@ -295,7 +366,9 @@ PF_INLINE int nat_rev_to_wep(struct __sk_buff *skb, struct pkt_info *pkt, __u64 
 	if (!rv)
 		return TC_ACT_OK;
 	rv->last_seen_ns = now;
-	if (nat_rewrite(skb, pkt, 0, rv->addr, rv->port)) {
+	__be32 backend = pkt->saddr;
+	if (nat_rewrite(skb, pkt, 0, rv->addr, rv->port) ||
+	    ((rv->flags & NAT_CT_F_HAIRPIN) && nat_rewrite(skb, pkt, 1, backend, pkt->dport))) {
 		count_nat(NAT_CNT_XLATE_FAILED);
 		return TC_ACT_SHOT;
 	}

@@ -31,10 +31,12 @@ struct nat_ct_key {
 	__u8 pad[2];
 };
 
+#define NAT_CT_F_HAIRPIN 0x01 /* the client is its own backend (see nat.h, hairpin) */
+
 struct nat_ct_value {
 	__be32 addr; /* FWD: the backend; REV: the VIP */
 	__u16 port;
-	__u16 pad;
+	__u16 flags; /* NAT_CT_F_* */
 	__u64 created_ns;
 	__u64 last_seen_ns;
 };

@@ -35,8 +35,12 @@ class Key(ctypes.Structure):
 class Value(ctypes.Structure):
     """must match struct nat_ct_value in bpf/include/nat_ct.h"""
 
-    _fields_ = [("addr", ctypes.c_uint32), ("port", ctypes.c_uint16), ("pad", ctypes.c_uint16),
+    _fields_ = [("addr", ctypes.c_uint32), ("port", ctypes.c_uint16),
+                ("flags", ctypes.c_uint16),
                 ("created_ns", ctypes.c_uint64), ("last_seen_ns", ctypes.c_uint64)]
+
+
+HAIRPIN = 0x01  # must match NAT_CT_F_HAIRPIN
 
 
 PARAMS = MapParams(
@@ -45,7 +49,7 @@ PARAMS = MapParams(
 )
 
 _KEY = struct.Struct("=IIHHBBxx")
-_VALUE = struct.Struct("=IHxxQQ")
+_VALUE = struct.Struct("=IHHQQ")
 
 
 def encode_key(saddr: str, daddr: str, sport: int, dport: int, proto: int,
@@ -61,8 +65,9 @@ def decode_key(raw: bytes) -> dict:
 
 
 def decode_value(raw: bytes) -> dict:
-    addr, port, created, last = _VALUE.unpack(raw)
-    return {"to": f"{be32_to_ip(addr)}:{port}", "created_ns": created, "last_seen_ns": last}
+    addr, port, flags, created, last = _VALUE.unpack(raw)
+    return {"to": f"{be32_to_ip(addr)}:{port}", "hairpin": bool(flags & HAIRPIN),
+            "created_ns": created, "last_seen_ns": last}
 
 
 def open_pinned(pin_dir: str | os.PathLike[str]) -> BpfMap:

@@ -224,4 +224,46 @@ def test_the_vip_filter_gates_the_frontend_lookup(harness: Harness) -> None:
     filt.update_many([(k, bytes(8)) for k, _ in filt.items()])  # every bit clear
     h.dp.maps["nat_ct"].clear()
     rv, out = run(h, "from", tcp_ok(A, VIP, 46001, 80), "d1")
+    assert rv == TC_ACT_OK
     assert parse(out)["dst"] == VIP  # not even looked up: the manager keeps bits set
+
+
+def test_hairpin_a_pod_reaches_itself_through_its_service(harness: Harness) -> None:
+    """Pod A is the Service's only backend: the four passes through A's interface."""
+    h = harness
+    program(h, frontends=(web(A),))
+    mark = 0x00080000  # PF_MARK_HAIRPIN
+
+    def at(hook: str, frame: bytes, skb_mark: int = 0) -> tuple[int, dict]:
+        fd = h.dp.prog_fd(HOOK_PROGRAMS[hook])
+        out = h.ns.call(run_tc, fd, frame, ifindex=h.ifindexes["d1"], mark=skb_mark)
+        return out.retval, parse(out.data_out)
+
+    # 1. A -> VIP:80 at from_wep: DNAT to A:8080 and SNAT to the VIP, sent back to A
+    rv, seen = at("from", tcp_ok(A, VIP, 47000, 80))
+    assert rv == TC_ACT_REDIRECT
+    assert (seen["src"], seen["sport"], seen["dst"], seen["dport"]) == (VIP, 47000, A, 8080)
+    assert seen["ip_csum_ok"] and seen["l4_csum_ok"]
+    # 2. the same packet at to_wep (carrying the hairpin mark): A's ingress policy, delivered
+    rv, _ = at("to", tcp_ok(VIP, A, 47000, 8080), mark)
+    assert rv == TC_ACT_OK
+    # 3. A replies A:8080 -> VIP:47000 at from_wep: a reply, sent back to A untranslated
+    rv, seen = at("from", tcp_ok(A, VIP, 8080, 47000, "SA"))
+    assert rv == TC_ACT_REDIRECT and (seen["src"], seen["dst"]) == (A, VIP)
+    # 4. at to_wep the reply becomes VIP:80 -> A:47000, what A's socket connected to
+    rv, seen = at("to", tcp_ok(A, VIP, 8080, 47000, "SA"))
+    assert rv == TC_ACT_OK
+    assert (seen["src"], seen["sport"], seen["dst"], seen["dport"]) == (VIP, 80, A, 47000)
+    assert seen["ip_csum_ok"] and seen["l4_csum_ok"]
+    # later forward packets take the same way through conntrack
+    rv, seen = at("from", tcp_ok(A, VIP, 47000, 80, "A"))
+    assert rv == TC_ACT_REDIRECT and (seen["src"], seen["dst"]) == (VIP, A)
+    assert at("to", tcp_ok(VIP, A, 47000, 8080, "A"), mark)[0] == TC_ACT_OK
+
+
+def test_hairpin_is_policed_on_both_passes(harness: Harness) -> None:
+    h = harness
+    # A's egress allows only C: the pod may not reach itself through the Service either
+    program(h, (p.Rule("allow", dst_nets=(C + "/32",)),), frontends=(web(A),))
+    rv, _ = run(h, "from", tcp_ok(A, VIP, 48000, 80), "d1")
+    assert rv not in (TC_ACT_OK, TC_ACT_REDIRECT)
