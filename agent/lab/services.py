@@ -22,8 +22,10 @@ mode Services are kube-proxy's job, as in Felix).
   KUBE-SVC-<hash>`), `KUBE-SVC-<hash>` choosing among its endpoints with `statistic
   --mode random --probability 1/(n-i)`, `KUBE-SEP-<hash>` DNATing to one endpoint;
   ClientIP affinity with `recent` (`--rcheck --seconds T --reap` then `--set`), as
-  kube-proxy renders it; a frontend without endpoints becomes the filter `KUBE-SERVICES`
-  REJECT (icmp-port-unreachable). Chains of frontends that went are flushed and deleted.
+  kube-proxy renders it; hairpin (an endpoint reaching itself) marked in its KUBE-SEP
+  chain and masqueraded in KUBE-POSTROUTING; a frontend without endpoints becomes the
+  filter `KUBE-SERVICES` REJECT (icmp-port-unreachable). Chains of frontends that went
+  are flushed and deleted.
 - `KubeProxyRules.sync(netns, frontends)`: writes that into a node namespace and makes sure
   the base chains jump to it: nat PREROUTING and OUTPUT, and filter FORWARD and OUTPUT
   (`--ctstate NEW`) at the TOP, re-inserted at every sync. The agent's own inserts are put
@@ -54,6 +56,7 @@ MANAGED_BY_LAB = "pyfelix-lab"
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 GENERATED_SUFFIX = "-pyfelix-lab"
 PROTOCOL_NAMES = {6: "tcp", 17: "udp", 132: "sctp"}
+MASQ_MARK = "0x4000"  # kube-proxy's masquerade mark
 
 
 def _matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
@@ -163,8 +166,12 @@ def _chain(prefix: str, *parts: object) -> str:
 def kube_proxy_restore(frontends: Iterable[proto.ServiceFrontendUpdate],
                        existing_chains: Iterable[str] = ()) -> str:
     """iptables-restore --noflush input for kube-proxy's rules (module docstring)."""
-    nat_chains: list[str] = ["KUBE-SERVICES"]
-    nat_rules: list[str] = []
+    nat_chains: list[str] = ["KUBE-SERVICES", "KUBE-MARK-MASQ", "KUBE-POSTROUTING"]
+    nat_rules: list[str] = [
+        f"-A KUBE-MARK-MASQ -j MARK --set-xmark {MASQ_MARK}/{MASQ_MARK}",
+        f"-A KUBE-POSTROUTING -m mark ! --mark {MASQ_MARK}/{MASQ_MARK} -j RETURN",
+        f"-A KUBE-POSTROUTING -j MARK --set-xmark 0x0/{MASQ_MARK}",
+        "-A KUBE-POSTROUTING -j MASQUERADE"]
     reject_rules: list[str] = []
     for fe in frontends:
         proto_name = PROTOCOL_NAMES.get(fe.protocol, str(fe.protocol))
@@ -190,6 +197,7 @@ def kube_proxy_restore(frontends: Iterable[proto.ServiceFrontendUpdate],
                                            f"{1 / left:.11f} ")
             nat_rules.append(f"-A {svc_chain} {chance}-j {sep}")
             recent = f"-m recent --name {sep} --set " if fe.affinity_timeout else ""
+            nat_rules.append(f"-A {sep} -s {backend.addr}/32 -j KUBE-MARK-MASQ")  # hairpin
             nat_rules.append(f"-A {sep} -p {proto_name} {recent}-m {proto_name} -j DNAT "
                              f"--to-destination {backend.addr}:{backend.port}")
     stale = sorted(set(existing_chains) - set(nat_chains))
@@ -199,7 +207,8 @@ def kube_proxy_restore(frontends: Iterable[proto.ServiceFrontendUpdate],
     return "\n".join(lines)
 
 
-NAT_JUMPS = (("PREROUTING", "-j KUBE-SERVICES"), ("OUTPUT", "-j KUBE-SERVICES"))
+NAT_JUMPS = (("PREROUTING", "-j KUBE-SERVICES"), ("OUTPUT", "-j KUBE-SERVICES"),
+             ("POSTROUTING", "-j KUBE-POSTROUTING"))
 FILTER_JUMPS = (("FORWARD", "-m conntrack --ctstate NEW -j KUBE-SERVICES"),
                 ("OUTPUT", "-m conntrack --ctstate NEW -j KUBE-SERVICES"))
 

@@ -324,11 +324,25 @@ PF_INLINE int nat_from_wep(struct __sk_buff *skb, struct pkt_info *pkt, __u32 if
  * back out of the same interface to the pod (routing would send a packet to the VIP, or
  * from it, nowhere useful). The forward direction carries PF_MARK_HAIRPIN, so the pod's
  * calico_to_wep keeps its conntrack entry apart (CT_IF_HAIRPIN) from this hook's entry of
- * the same tuple. Other packets: `verdict` unchanged. */
+ * the same tuple. The MACs are swapped (the pod's becomes the destination). Other packets:
+ * `verdict` unchanged. */
 PF_INLINE int nat_hairpin_verdict(struct __sk_buff *skb, struct pkt_info *pkt, int verdict)
 {
 	if (verdict != TC_ACT_OK || !(pkt->flags & (PKT_F_HAIRPIN | PKT_F_HAIRPIN_REPLY)))
 		return verdict;
+	/* back to the pod: its MAC becomes the destination again */
+	__u8 macs[12];
+	__u8 swapped[12];
+	if (bpf_skb_load_bytes(skb, 0, macs, sizeof(macs))) {
+		count_nat(NAT_CNT_XLATE_FAILED);
+		return TC_ACT_SHOT;
+	}
+	__builtin_memcpy(swapped, macs + 6, 6);
+	__builtin_memcpy(swapped + 6, macs, 6);
+	if (bpf_skb_store_bytes(skb, 0, swapped, sizeof(swapped), 0)) {
+		count_nat(NAT_CNT_XLATE_FAILED);
+		return TC_ACT_SHOT;
+	}
 	if (pkt->flags & PKT_F_HAIRPIN)
 		skb->mark |= PF_MARK_HAIRPIN;
 	return bpf_redirect(skb->ifindex, 0);

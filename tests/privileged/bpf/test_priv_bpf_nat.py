@@ -240,7 +240,13 @@ def test_hairpin_a_pod_reaches_itself_through_its_service(harness: Harness) -> N
         return out.retval, parse(out.data_out)
 
     # 1. A -> VIP:80 at from_wep: DNAT to A:8080 and SNAT to the VIP, sent back to A
-    rv, seen = at("from", tcp_ok(A, VIP, 47000, 80))
+    syn = tcp_ok(A, VIP, 47000, 80)
+    fd = h.dp.prog_fd(HOOK_PROGRAMS["from"])
+    out = h.ns.call(run_tc, fd, syn, ifindex=h.ifindexes["d1"])
+    assert out.data_out[0:6] == syn[6:12] and out.data_out[6:12] == syn[0:6]  # to A's MAC
+    h.dp.maps["nat_ct"].clear()
+    h.dp.maps["conntrack"].clear()
+    rv, seen = at("from", syn)
     assert rv == TC_ACT_REDIRECT
     assert (seen["src"], seen["sport"], seen["dst"], seen["dport"]) == (VIP, 47000, A, 8080)
     assert seen["ip_csum_ok"] and seen["l4_csum_ok"]
