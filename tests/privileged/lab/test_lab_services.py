@@ -28,14 +28,16 @@ from agent.lab.scenario import ProbeSpec, load_scenario
 
 pytestmark = pytest.mark.privileged
 
-SCENARIO = Path(__file__).resolve().parents[2] / "lab" / "scenarios" / "services-clusterip.yaml"
+SCENARIOS = Path(__file__).resolve().parents[2] / "lab" / "scenarios"
 VIP = ipaddress.IPv4Address("10.96.0.10")
 PROBE_TIMEOUT = 2.0
 
 
 @pytest.mark.parametrize("dataplane", ["bpf", "iptables"])
-def test_clusterip_from_pods(dataplane: str, root_guard: Any) -> None:
-    scenario = load_scenario(SCENARIO)
+@pytest.mark.parametrize("scenario_file", ["services-clusterip.yaml",
+                                           "services-clusterip-two-nodes.yaml"])
+def test_clusterip_from_pods(scenario_file: str, dataplane: str, root_guard: Any) -> None:
+    scenario = load_scenario(SCENARIOS / scenario_file)
     with LabRunner(scenario, agents=AgentProcesses(dataplane), dataplane=dataplane,
                    program_routes=False, probe_timeout=PROBE_TIMEOUT) as lab:
         lab.build()
