@@ -54,6 +54,7 @@ from agent.bpf.loader import (
 )
 from agent.bpf.maps import conntrack as ct_map
 from agent.bpf.maps import counters as counters_map
+from agent.bpf.maps import nat_counters as nat_counters_map
 from agent.bpf.maps.base import BpfMap
 from agent.config import Config
 from agent.dataplane.errors import DataplaneUnavailable
@@ -179,10 +180,12 @@ def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
                         loaded.maps["nat_affinity"], loaded.maps["nat_vip_filter"])
     guard = BpfGuardManager(attach, interface_prefixes=prefixes)
     global_counters = loaded.maps["global_counters"]
+    nat_counters = loaded.maps["nat_counters"]
     bpf_metrics.DROPS.set_sources(
         global_counters=lambda: counters_map.read_globals(global_counters),
         guard=guard.guard.counters,
-        spoofed_by_endpoint=policy.spoofed_by_endpoint)
+        spoofed_by_endpoint=policy.spoofed_by_endpoint,
+        nat=lambda: nat_counters_map.read(nat_counters))
     managers = [policy, routes, nat, attach, conntrack]
     shared = SharedLoad(loaded, len(managers))
     for manager in managers:

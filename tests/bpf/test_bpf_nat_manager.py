@@ -188,3 +188,17 @@ def test_vip_filter_bit_is_set_before_the_frontend_and_cleared_after_it() -> Non
     m.on_update(proto.ServiceFrontendRemove("10.96.0.10:80/6"))
     m.apply()
     assert order == ["fe-", "filter:True->False"] and not maps.filtered("10.96.0.10")
+
+
+def test_nat_drops_are_in_the_drop_metric() -> None:
+    from agent.dataplane.managers.bpf_metrics import DropCollector
+
+    collector = DropCollector()
+    collector.set_sources(global_counters=lambda: {"policy_denied": 2}, guard=None,
+                          spoofed_by_endpoint=None,
+                          nat=lambda: {"rejected": 3, "xlate_failed": 1, "new_flows": 9})
+    drops = next(iter(collector.collect()))
+    values = {s.labels["reason"]: s.value for s in drops.samples}
+    assert values["service_without_endpoints"] == 3 and values["service_nat_failed"] == 1
+    assert values["policy"] == 2 and values["service_backend_missing"] == 0
+    assert "new_flows" not in values  # not a drop
