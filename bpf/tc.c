@@ -193,7 +193,7 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 	if (ct_is_related(&pkt, ifindex, now)) {
 		count_global(GCNT_CT_RELATED);
 		count_endpoint(endpoint_id, hook, 1, pkt.len);
-		return TC_ACT_OK;
+		return hook == HOOK_TO_WEP ? nat_rev_icmp_to_wep(skb, &pkt) : TC_ACT_OK;
 	}
 
 	__u32 zero = 0;

@@ -42,8 +42,11 @@
  * port), ingress with the VIP as the source (kube-proxy shows the node's address instead).
  * The second pass's conntrack entries use ifindex | CT_IF_HAIRPIN (nat_ct_ifindex).
  *
- * Not done here (yet): NodePorts and traffic from host interfaces, translating the inner header of ICMP
- * errors about service flows, SCTP port changes (its CRC32c covers the ports).
+ * ICMP errors about a service flow (a backend's port unreachable, say) are passed to the
+ * client as related by conntrack and translated back by nat_rev_icmp_to_wep.
+ *
+ * Not done here (yet): NodePorts and traffic from host interfaces, SCTP port changes (its
+ * CRC32c covers the ports).
  */
 #ifndef PYFELIX_NAT_H
 #define PYFELIX_NAT_H
@@ -388,6 +391,60 @@ PF_INLINE int nat_rev_to_wep(struct __sk_buff *skb, struct pkt_info *pkt, __u64 
 	}
 	count_nat(NAT_CNT_REPLIES);
 	return TC_ACT_OK;
+}
+
+/* An ICMP error about a service flow, on its way to the client pod (conntrack found it
+ * related): the backend (or a router on the way) quoted the translated packet, client ->
+ * backend:port; the client's socket knows the VIP. Puts the VIP back as the error's source
+ * and as the quoted destination (address and port), keeping the quoted IP header's checksum
+ * and the ICMP checksum right (the quoted L4 checksum is not checked by receivers).
+ * Returns the tc verdict (TC_ACT_SHOT when a rewrite failed). */
+PF_INLINE int nat_rev_icmp_to_wep(struct __sk_buff *skb, struct pkt_info *pkt)
+{
+	if (pkt->inner_proto != PF_IPPROTO_TCP && pkt->inner_proto != PF_IPPROTO_UDP)
+		return TC_ACT_OK;
+	struct nat_ct_key rk = {};
+	rk.saddr = pkt->inner_daddr;
+	rk.daddr = pkt->inner_saddr;
+	rk.sport = pkt->inner_dport;
+	rk.dport = pkt->inner_sport;
+	rk.proto = pkt->inner_proto;
+	rk.kind = NAT_CT_REV;
+	struct nat_ct_value *rv = nat_ct.lookup(&rk);
+	if (!rv || (rv->flags & NAT_CT_F_HAIRPIN))
+		return TC_ACT_OK;
+	__be32 vip = rv->addr;
+	__be16 vport = pf_htons(rv->port);
+	__be16 old_port = pf_htons(pkt->inner_dport);
+	__be32 backend = pkt->inner_daddr;
+	__u8 vihl = 0, inner_vihl = 0;
+	if (bpf_skb_load_bytes(skb, PF_ETH_HLEN, &vihl, 1))
+		goto fail;
+	__u32 icmp_off = PF_ETH_HLEN + (vihl & 0x0f) * 4;
+	__u32 inner_off = icmp_off + 8;
+	if (bpf_skb_load_bytes(skb, inner_off, &inner_vihl, 1))
+		goto fail;
+	__u32 inner_l4 = inner_off + (inner_vihl & 0x0f) * 4;
+	__u32 icmp_csum = icmp_off + 2;
+	__u16 old_inner_csum = 0, new_inner_csum = 0;
+	if (bpf_skb_load_bytes(skb, inner_off + 10, &old_inner_csum, 2) ||
+	    bpf_l3_csum_replace(skb, inner_off + 10, backend, vip, 4) ||
+	    bpf_skb_load_bytes(skb, inner_off + 10, &new_inner_csum, 2) ||
+	    bpf_l4_csum_replace(skb, icmp_csum, old_inner_csum, new_inner_csum, 2) ||
+	    bpf_l4_csum_replace(skb, icmp_csum, backend, vip, 4) ||
+	    bpf_skb_store_bytes(skb, inner_off + 16, &vip, 4, 0) ||
+	    bpf_l4_csum_replace(skb, icmp_csum, old_port, vport, 2) ||
+	    bpf_skb_store_bytes(skb, inner_l4 + 2, &vport, 2, 0))
+		goto fail;
+	if (pkt->saddr == backend &&
+	    (bpf_l3_csum_replace(skb, PF_IP_CSUM_OFF, backend, vip, 4) ||
+	     bpf_skb_store_bytes(skb, PF_IP_SRC_OFF, &vip, 4, 0)))
+		goto fail;
+	count_nat(NAT_CNT_REPLIES);
+	return TC_ACT_OK;
+fail:
+	count_nat(NAT_CNT_XLATE_FAILED);
+	return TC_ACT_SHOT;
 }
 
 #endif /* PYFELIX_NAT_H */

@@ -273,3 +273,24 @@ def test_hairpin_is_policed_on_both_passes(harness: Harness) -> None:
     program(h, (p.Rule("allow", dst_nets=(C + "/32",)),), frontends=(web(A),))
     rv, _ = run(h, "from", tcp_ok(A, VIP, 48000, 80), "d1")
     assert rv not in (TC_ACT_OK, TC_ACT_REDIRECT)
+
+
+def test_icmp_errors_about_a_service_flow_are_translated_back(harness: Harness) -> None:
+    h = harness
+    program(h, frontends=(web(B, port=5353, protocol=17),))
+    rv, out = run(h, "from", pk.udp(A, VIP, 40100, 80), "d1")
+    assert rv == TC_ACT_OK and parse(out)["dst"] == B
+    # the backend has no socket on 5353: its port unreachable quotes A -> B:5353 (built
+    # with a correct ICMP checksum, which the program must keep correct)
+    quoted_in = out[14:14 + 28]
+    body = struct.pack("!BBHI", 3, 3, 0, 0) + quoted_in
+    body = body[:2] + struct.pack("!H", pk.checksum(body)) + body[4:]
+    error = pk.ipv4(B, A, 1, body)
+    rv, out = run(h, "to", error, "d1")
+    assert rv == TC_ACT_OK
+    seen = parse(out)
+    assert (seen["src"], seen["icmp"], seen["quoted_dst"]) == (VIP, (3, 3), VIP)
+    assert seen["ip_csum_ok"] and seen["icmp_csum_ok"]
+    quoted = out[14 + 20 + 8:]
+    assert pk.checksum(quoted[:20]) == 0  # the quoted IP header's checksum is right
+    assert struct.unpack("!HH", quoted[20:24]) == (40100, 80)  # what A's socket sent to

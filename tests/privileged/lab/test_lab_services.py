@@ -53,6 +53,9 @@ def test_clusterip_from_pods(scenario_file: str, dataplane: str, root_guard: Any
         # refused at once, not timed out
         empty = next(r for r in results if str(r.probe.target_ip) == "10.96.0.11")
         assert empty.detail == "refused" and empty.seconds < PROBE_TIMEOUT / 2, empty
+        # a backend's ICMP port unreachable reaches the client, translated back to the VIP
+        deaf = [r for r in results if str(r.probe.target_ip) == "10.96.0.13"]
+        assert all(r.detail == "refused" for r in deaf), deaf
 
         # balanced over every backend, TCP and UDP
         lab.servers.served.clear()
