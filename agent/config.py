@@ -250,6 +250,14 @@ PARAMS: tuple[Param, ...] = (
           help="Service backends (all frontends together) the BPF NAT can hold."),
     Param("BPFMapSizeNATAffinity", 65536, parse_int, restart=True,
           help="ClientIP session affinity entries (service, client) the BPF NAT can hold."),
+    Param("BPFMapSizeClassifierWords", 1048576, parse_int, restart=True,
+          help="u64 words for the policy classifier's bitvectors (all chains; see "
+               "bpf/README.md for the cost per rule)."),
+    Param("BPFMapSizeClassifierTries", 1048576, parse_int, restart=True,
+          help="Classifier trie entries: member prefixes of the sets each chain checks, "
+               "per chain, plus port intervals."),
+    Param("BPFMapSizeClassifierL4", 65536, parse_int, restart=True,
+          help="Classifier protocol/ICMP entries (a few per protocol a chain names)."),
     Param("BPFConntrackCleanupInterval", 10.0, parse_seconds),
     Param("BPFEnforceRPF", "Strict", enum_of("Disabled", "Strict", "Loose"),
           help="Reverse-path check of packets arriving on host endpoint interfaces (BPF "

@@ -94,6 +94,7 @@ class KindInfo:
     kube: ResourceType | None = None  # where the Kubernetes datastore reads it
     derived_from: tuple[str, ...] = ()  # Kubernetes datastore: converted from these kinds
     cli: bool = True  # named by `pyfelix apply/get/delete`
+    bgp: bool = False  # read by confd (Typha's "bgp" syncer type carries only these)
 
     @property
     def etcd_directory(self) -> str:
@@ -113,13 +114,13 @@ def _plural(kind: str) -> str:
 
 def _calico(kind: str, *, namespaced: bool = False, crd: bool = True,
             derived_from: tuple[str, ...] = (), kube: ResourceType | None = None,
-            cli: bool = True) -> KindInfo:
+            cli: bool = True, bgp: bool = False) -> KindInfo:
     """A projectcalico.org/v3 kind; stored as a CRD of the same kind in the Kubernetes
     datastore unless `crd` is False (then `derived_from` or `kube` says where it comes from)."""
     plural = _plural(kind)
     if crd:
         kube = ResourceType(kind, kind, CRD_GROUP_VERSION, plural, namespaced)
-    return KindInfo(kind, CALICO_API, kind, plural, namespaced, kube, derived_from, cli)
+    return KindInfo(kind, CALICO_API, kind, plural, namespaced, kube, derived_from, cli, bgp)
 
 
 def _kubernetes(kind: str, group_version: str, object_kind: str, api_plural: str,
@@ -138,7 +139,7 @@ KINDS: tuple[KindInfo, ...] = (
     _kubernetes("Pod", K8S_CORE_API, "Pod", "pods", namespaced=True),
     # Calico's Node: in the Kubernetes datastore it is the v1 Node itself, keyed as "Node"
     # and parsed by the model from either form.
-    _calico("Node", crd=False,
+    _calico("Node", crd=False, bgp=True,
             kube=ResourceType("Node", "Node", K8S_CORE_API, "nodes", False)),
     # Kubernetes NetworkPolicies are keyed (and stored in etcd) under their pyfelix kind, so
     # they never meet Calico's NetworkPolicy.
@@ -152,12 +153,12 @@ KINDS: tuple[KindInfo, ...] = (
     _calico("WorkloadEndpoint", namespaced=True, crd=False, derived_from=("Pod",)),
     _calico("HostEndpoint"),
     _calico("Profile", crd=False, derived_from=("Namespace", "ServiceAccount")),
-    _calico("IPPool"),
-    _calico("BGPConfiguration"),
-    _calico("BGPPeer"),
+    _calico("IPPool", bgp=True),
+    _calico("BGPConfiguration", bgp=True),
+    _calico("BGPPeer", bgp=True),
     _calico("FelixConfiguration"),
     # Written by Calico's IPAM (never by users); the route calculation reads it.
-    _calico("BlockAffinity", cli=False),
+    _calico("BlockAffinity", cli=False, bgp=True),
 )
 
 # Services and their EndpointSlices (the BPF dataplane's service load balancing, as
@@ -172,6 +173,8 @@ KINDS = KINDS + SERVICE_KINDS
 KIND_BY_NAME: dict[str, KindInfo] = {info.kind: info for info in KINDS}
 NAMESPACED_KINDS: frozenset[str] = frozenset(info.kind for info in KINDS if info.namespaced)
 CLI_KINDS: tuple[KindInfo, ...] = tuple(info for info in KINDS if info.cli)
+# What confd reads: the kinds of Typha's "bgp" syncer type and of confd's own view.
+BGP_KINDS: frozenset[str] = frozenset(info.kind for info in KINDS if info.bgp)
 _CLI_NAMES: dict[str, KindInfo] = {
     name: info for info in CLI_KINDS for name in (info.kind.lower(), info.plural)}
 

@@ -2,7 +2,7 @@
  *
  *   calico_from_wep  tc INGRESS of the host veth: packets the pod sends -> pod EGRESS policy
  *   calico_to_wep    tc EGRESS of the host veth: packets to the pod     -> pod INGRESS policy
- *   calico_policy    the rule-chain walker both of them tail-call (policy_progs[0])
+ *   calico_policy    the classifier both of them tail-call (policy_progs[0], classifier.h)
  *   calico_from_hep  tc INGRESS of host endpoint interfaces: the reverse-path check of
  *                    Felix's BPFEnforceRPF (host endpoint POLICY is iptables' in BPF mode)
  *
@@ -13,7 +13,8 @@
  * sources.h) -> from the pod: service NAT (nat.h: DNAT to a backend, or reject) ->
  * conntrack hit or related ICMP error: allow (to the pod: a service reply's source goes
  * back to the VIP) ->
- * otherwise walk the endpoint's chain for this direction (policy.h); on allow create a
+ * otherwise find the first matching record of the endpoint's chain for this direction
+ * (classifier.h, policy.h); on allow create a
  * conntrack entry, and for a flow from the pod to this host apply endpoint_to_host_action.
  * Counters: counters.h. Verdicts are TC_ACT_OK / TC_ACT_SHOT.
  */
@@ -66,12 +67,27 @@ int calico_policy(struct __sk_buff *skb)
 	struct policy_state *st = policy_scratch.lookup(&zero);
 	if (!st)
 		return TC_ACT_SHOT;
-	__u32 walked = 0;
-	for (int i = 0; i < POLICY_RULES_PER_PROG; i++) {
-		__u32 idx = st->idx;
-		if (idx >= st->chain_len) {
-			count_global_n(GCNT_RULE_RECORDS_WALKED, walked);
-			return policy_verdict(st, 0, 0); /* ran off the end */
+	if (st->tail_calls == 0) {
+		if (st->chain_len == 0)
+			return policy_verdict(st, 0, 0); /* an empty chain denies */
+		if (cls_setup(&st->cls, st->chain_start, &st->pkt)) {
+			count_global(GCNT_CLASSIFIER_ERROR);
+			return policy_verdict(st, 0, 0);
+		}
+	}
+	__u32 steps = 0;
+	for (int i = 0; i < CLS_STEPS_PER_PROG; i++) {
+		__u32 idx = 0;
+		__u32 pos = st->idx;
+		int rc = cls_step(&st->cls, pos, &idx);
+		steps++;
+		if (rc == CLS_MORE)
+			continue;
+		if (rc == CLS_END || rc == CLS_ERROR || idx >= st->chain_len) {
+			count_global_n(GCNT_CLASSIFIER_STEPS, steps);
+			if (rc != CLS_END)
+				count_global(GCNT_CLASSIFIER_ERROR);
+			return policy_verdict(st, 0, 0); /* nothing matched: deny */
 		}
 		__u32 abs_idx = st->chain_start + idx;
 		struct policy_rule *r = rules.lookup(&abs_idx);
@@ -79,33 +95,29 @@ int calico_policy(struct __sk_buff *skb)
 			count_global(GCNT_BAD_RULE_INDEX);
 			return policy_verdict(st, 0, 0);
 		}
-		walked++;
-		if (!rule_matches(r, st)) {
-			st->idx = idx + 1;
-			continue;
-		}
 		__u8 action = r->action;
 		if (action == RULE_ACTION_ALLOW || action == RULE_ACTION_DENY) {
-			count_global_n(GCNT_RULE_RECORDS_WALKED, walked);
+			count_global_n(GCNT_CLASSIFIER_STEPS, steps);
 			return nat_hairpin_verdict(skb, &st->pkt, policy_verdict(
 				st, action == RULE_ACTION_ALLOW, r->counter_id));
 		}
+		__u32 next = idx + 1;
 		if (action == RULE_ACTION_PASS || action == RULE_ACTION_SKIP) {
-			__u32 jump = r->jump;
-			if (jump <= idx) {
+			next = r->jump;
+			if (next <= idx) {
 				count_global(GCNT_BAD_RULE_INDEX);
 				return policy_verdict(st, 0, 0);
 			}
 			if (action == RULE_ACTION_PASS)
 				count_rule(r->counter_id, st->pkt.len);
-			st->idx = jump;
 		} else {
 			/* LOG (and any unknown action): count and continue */
 			count_rule(r->counter_id, st->pkt.len);
-			st->idx = idx + 1;
 		}
+		st->idx = next;
+		cls_advance(&st->cls, next);
 	}
-	count_global_n(GCNT_RULE_RECORDS_WALKED, walked);
+	count_global_n(GCNT_CLASSIFIER_STEPS, steps);
 	st->tail_calls += 1;
 	policy_progs.call(skb, PROG_IDX_POLICY);
 	/* only reached if the tail call failed: limit hit or walker missing */
@@ -206,7 +218,6 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 	st->hook = hook;
 	st->idx = 0;
 	st->tail_calls = 0;
-	__builtin_memset(st->cache_key, 0, sizeof(st->cache_key));
 	if (hook == HOOK_TO_WEP) {
 		st->chain_start = ep->ingress_start;
 		st->chain_len = ep->ingress_len;

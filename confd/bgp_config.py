@@ -5,7 +5,11 @@ the jinja2 templates print without deciding anything.
 
 Inputs: `bgp_view.BGPState` (validated BGPConfiguration, Node, BGPPeer, IPPool, BlockAffinity),
 the node name, the workload interface prefix (Felix's InterfacePrefix, default `cali`).
-Output: `BirdConfig`. `ConfdError` when this node cannot run BGP at all (no Node resource,
+Output: `BirdConfig`: the global settings, and per IP family a `FamilyConfig` (its BIRD
+channel, filters, kernel protocol, static routes and BGP sessions; IPv4 always, IPv6 when
+this Node has `spec.bgp.ipv6Address`: IPv6 mesh sessions between nodes that both have one,
+IPv6 peers, pools, blocks and service CIDRs, all with the same rules as IPv4 below, and
+names suffixed "6"). `ConfdError` when this node cannot run BGP at all (no Node resource,
 no `spec.bgp.ipv4Address`, or the global BGPConfiguration / this Node failed validation);
 anything narrower (one bad peer, one bad community) is skipped and recorded in
 `BirdConfig.notes`, rendered as comments, and logged by the caller.
@@ -17,7 +21,7 @@ What is exported to BGP peers (the `pyfelix_export_to_bgp` filter, first match w
    `confirmed`, not `deleted`, inside an exported pool: the block itself is exported (BIRD
    originates it as a static blackhole route) and every more specific route inside it is
    NOT (the /32s of our own pods are covered by the block);
-3. IPv4 pools, most specific first: routes inside an enabled pool are exported (the /32s the
+3. the family's pools, most specific first: routes inside an enabled pool are exported (the /32s the
    kernel protocol learns for pods whose IP is outside our blocks, blocks learned from peers
    when this node reflects or transits them); routes inside a pool that is `disabled`, has
    `disableBGPExport`, or uses VXLAN (Felix programs VXLAN routes itself) are not;
@@ -29,7 +33,9 @@ service blackholes. Communities from `prefixAdvertisements` are added to matchin
 Mesh rule (as Calico's template): with nodeToNodeMeshEnabled (default true) this node peers
 with every other Node that has `bgp.ipv4Address`, each with its own AS (node `asNumber`, else
 the global one, else 64512); of each pair only the node with the higher address connects:
-the lower one is `passive` (Calico compares the strings; we compare addresses).
+the lower one is `passive` (Calico compares the strings; we compare addresses). IPv6: the
+same over `bgp.ipv6Address`, between the nodes that have one. The router id is always the
+IPv4 address.
 
 Peers: a BGPPeer applies to this node if `node` names it, or `nodeSelector` matches its
 labels, or it has neither (a global peer). Targets are `peerIP` (with `asNumber`) or every
@@ -157,12 +163,12 @@ class PeerRoute:
 
 
 @dataclass(frozen=True)
-class BirdConfig:
-    hostname: str
-    router_id: str
-    as_number: int
-    log: LogSettings
-    workload_interface_pattern: str  # "cali*", excluded from the direct protocol
+class FamilyConfig:
+    """What BIRD does for one IP family: its channel (`ipv4` / `ipv6`), filters, kernel
+    protocol, static routes and BGP sessions. IPv6 names carry the suffix "6"
+    (`pyfelix_export_to_bgp6`, `pyfelix_kernel6`...); IPv4 names have none."""
+
+    version: int  # 4 or 6
     kernel_import: tuple[PrefixRule, ...]
     kernel_export_rejects: tuple[PrefixRule, ...]
     local_blocks: tuple[str, ...]
@@ -171,26 +177,105 @@ class BirdConfig:
     export_rules: tuple[PrefixRule, ...]
     sessions: tuple[BGPSession, ...]
     peer_routes: tuple[PeerRoute, ...]
+
+    @property
+    def channel(self) -> str:
+        return f"ipv{self.version}"
+
+    @property
+    def suffix(self) -> str:
+        return "" if self.version == 4 else "6"
+
+    @property
+    def services_protocol(self) -> str:
+        return SERVICES_PROTOCOL + self.suffix
+
+
+@dataclass(frozen=True)
+class BirdConfig:
+    hostname: str
+    router_id: str
+    as_number: int
+    log: LogSettings
+    workload_interface_pattern: str  # "cali*", excluded from the direct protocol
+    families: tuple[FamilyConfig, ...]  # IPv4, then IPv6 when this node has ipv6Address
     notes: tuple[str, ...]
-    services_protocol: str = SERVICES_PROTOCOL
+
+    @property
+    def ipv4(self) -> FamilyConfig:
+        return self.families[0]
+
+    @property
+    def ipv6(self) -> FamilyConfig | None:
+        return self.families[1] if len(self.families) > 1 else None
+
+    # the IPv4 parts under their own names (most tests and callers look at IPv4)
+    @property
+    def kernel_import(self) -> tuple[PrefixRule, ...]:
+        return self.ipv4.kernel_import
+
+    @property
+    def kernel_export_rejects(self) -> tuple[PrefixRule, ...]:
+        return self.ipv4.kernel_export_rejects
+
+    @property
+    def local_blocks(self) -> tuple[str, ...]:
+        return self.ipv4.local_blocks
+
+    @property
+    def service_cidrs(self) -> tuple[str, ...]:
+        return self.ipv4.service_cidrs
+
+    @property
+    def community_tagging(self) -> tuple[CommunityTagging, ...]:
+        return self.ipv4.community_tagging
+
+    @property
+    def export_rules(self) -> tuple[PrefixRule, ...]:
+        return self.ipv4.export_rules
+
+    @property
+    def peer_routes(self) -> tuple[PeerRoute, ...]:
+        return self.ipv4.peer_routes
+
+    @property
+    def sessions(self) -> tuple[BGPSession, ...]:
+        """Every session, IPv4 then IPv6."""
+        return tuple(s for family in self.families for s in family.sessions)
+
+    @property
+    def services_protocol(self) -> str:
+        return SERVICES_PROTOCOL
 
 
 # --------------------------------------------------------------------------------------------
 # Helpers
 
 
-def _ipv4_of_node(node: Node) -> ipaddress.IPv4Address | None:
-    if node.bgp is None or not node.bgp.ipv4_address:
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def _address_field(family: int) -> str:
+    return f"spec.bgp.ipv{family}Address"
+
+
+def _address_of_node(node: Node, family: int) -> Address | None:
+    """The node's BGP address of one family (ipv4Address / ipv6Address), or None."""
+    if node.bgp is None:
+        return None
+    text = node.bgp.ipv4_address if family == 4 else node.bgp.ipv6_address
+    if not text:
         return None
     try:
-        address = ipaddress.ip_interface(node.bgp.ipv4_address).ip
+        address = ipaddress.ip_interface(text).ip
     except ValueError:
         return None
-    return address if isinstance(address, ipaddress.IPv4Address) else None
+    return address if address.version == family else None
 
 
-def _protocol_suffix(address: ipaddress.IPv4Address) -> str:
-    return str(address).replace(".", "_")
+def _protocol_suffix(address: Address) -> str:
+    return str(address).replace(".", "_").replace(":", "_")
 
 
 def parse_duration_seconds(text: str, where: str) -> int:
@@ -231,11 +316,12 @@ def _community_literal(value: str, where: str) -> tuple[bool, str]:
     return len(parts) == 3, "(" + ", ".join(str(n) for n in numbers) + ")"
 
 
-def _ipv4_cidrs(cidrs: Iterable[str]) -> list[ipaddress.IPv4Network]:
+def _cidrs(cidrs: Iterable[str], family: int) -> list[Network]:
+    """The CIDRs of one IP family."""
     out = []
     for cidr in cidrs:
         net = ipaddress.ip_network(cidr, strict=False)
-        if isinstance(net, ipaddress.IPv4Network):
+        if net.version == family:
             out.append(net)
     return out
 
@@ -246,7 +332,7 @@ def _ipv4_cidrs(cidrs: Iterable[str]) -> list[ipaddress.IPv4Network]:
 
 @dataclass(frozen=True)
 class _Target:
-    address: ipaddress.IPv4Address
+    address: Address
     port: int
     as_number: int
     node: Node | None  # the Node with that address, if any
@@ -256,9 +342,12 @@ class _Target:
 class _Computation:
     """Holds the inputs and the notes while `compute_bird_config` builds the parts."""
 
-    def __init__(self, state: BGPState, hostname: str, interface_prefix: str) -> None:
+    def __init__(self, state: BGPState, hostname: str, interface_prefix: str,
+                 family: int = 4) -> None:
         self.state = state
         self.hostname = hostname
+        self.family = family
+        self.host_bits = 32 if family == 4 else 128
         self.notes: list[str] = []
         if not _INTERFACE_PREFIX.fullmatch(interface_prefix):
             raise ConfdError(f"interface prefix {interface_prefix!r}: expected 1-14 letters, "
@@ -267,7 +356,7 @@ class _Computation:
         self.global_config = state.bgp_configurations.get(GLOBAL_CONFIG_NAME) or BGPConfiguration(
             ResourceKey("BGPConfiguration", "", GLOBAL_CONFIG_NAME), Metadata(GLOBAL_CONFIG_NAME))
         self.node = self._our_node()
-        address = _ipv4_of_node(self.node)
+        address = _address_of_node(self.node, family)
         assert address is not None
         self.address = address
         self.default_as = self.global_config.as_number or DEFAULT_AS_NUMBER
@@ -276,9 +365,9 @@ class _Computation:
         self.cluster_id = self._cluster_id()
         self.strict_bind = self.global_config.bind_mode == "NodeIP"
         self.peer_routes: list[PeerRoute] = []
-        self.nodes_by_address: dict[ipaddress.IPv4Address, Node] = {}
+        self.nodes_by_address: dict[Address, Node] = {}
         for node in sorted(state.nodes.values(), key=lambda n: n.key.name):
-            node_address = _ipv4_of_node(node)
+            node_address = _address_of_node(node, family)
             if node_address is not None:
                 self.nodes_by_address.setdefault(node_address, node)
 
@@ -290,12 +379,16 @@ class _Computation:
         if node is None:
             raise ConfdError(f"Node({self.hostname}): not in the datastore; confd needs this "
                              "node's spec.bgp.ipv4Address")
-        if node.bgp is None or not node.bgp.ipv4_address:
-            raise ConfdError(f"Node({self.hostname}): spec.bgp.ipv4Address: required to run "
-                             "BGP (router id and session source address)")
-        if _ipv4_of_node(node) is None:
-            raise ConfdError(f"Node({self.hostname}): spec.bgp.ipv4Address: "
-                             f"{node.bgp.ipv4_address!r} is not an IPv4 address")
+        field = _address_field(self.family)
+        text = (node.bgp.ipv4_address if self.family == 4 else node.bgp.ipv6_address
+                ) if node.bgp else ""
+        if not text:
+            purpose = ("BGP (router id and session source address)" if self.family == 4
+                       else "IPv6 BGP")
+            raise ConfdError(f"Node({self.hostname}): {field}: required to run {purpose}")
+        if _address_of_node(node, self.family) is None:
+            raise ConfdError(f"Node({self.hostname}): {field}: "
+                             f"{text!r} is not an IPv{self.family} address")
         return node
 
     def _cluster_id(self) -> str:
@@ -328,13 +421,12 @@ class _Computation:
     # -- pools, blocks, services --
 
     def pool_rules(self) -> list[PrefixRule]:
-        """Accept/reject per IPv4 pool, most specific first (rejects first on equal CIDRs)."""
+        """Accept/reject per pool of this family, most specific first (rejects first on
+        equal CIDRs)."""
         rules: dict[str, PrefixRule] = {}
         for pool in sorted(self.state.pools.values(), key=lambda p: p.key.name):
             net = ipaddress.ip_network(pool.cidr)
-            if not isinstance(net, ipaddress.IPv4Network):
-                self.note(f"IPPool({pool.key.name}): IPv6 pool {pool.cidr} not rendered "
-                          "(confd renders IPv4 only)")
+            if net.version != self.family:
                 continue
             rule = self._pool_rule(pool)
             previous = rules.get(rule.cidr)
@@ -361,35 +453,36 @@ class _Computation:
         """VXLAN pools: Felix programs their routes, so BIRD must not program them too."""
         rules: dict[str, PrefixRule] = {}
         for pool in sorted(self.state.pools.values(), key=lambda p: p.key.name):
-            if pool.vxlan_mode != "Never" and _ipv4_cidrs([pool.cidr]):
+            if pool.vxlan_mode != "Never" and _cidrs([pool.cidr], self.family):
                 rules.setdefault(pool.cidr, PrefixRule(pool.cidr, False, False,
                                                        f"IPPool {pool.key.name} uses VXLAN"))
         return sorted(rules.values(), key=lambda r: ipaddress.ip_network(r.cidr))
 
     @staticmethod
-    def deciding_rule(net: ipaddress.IPv4Network,
+    def deciding_rule(net: Network,
                       pool_rules: list[PrefixRule]) -> PrefixRule | None:
         for rule in pool_rules:
             if net.subnet_of(ipaddress.ip_network(rule.cidr)):  # type: ignore[arg-type]
                 return rule
         return None
 
-    def local_blocks(self, pool_rules: list[PrefixRule]) -> list[ipaddress.IPv4Network]:
-        blocks: set[ipaddress.IPv4Network] = set()
+    def local_blocks(self, pool_rules: list[PrefixRule]) -> list[Network]:
+        blocks: set[Network] = set()
         for affinity in sorted(self.state.block_affinities.values(), key=lambda a: a.key.name):
             if affinity.node != self.hostname or affinity.deleted:
                 continue
             where = f"BlockAffinity({affinity.key.name})"
+            net = ipaddress.ip_network(affinity.cidr)
+            if net.version != self.family:
+                continue
             if affinity.state != "confirmed":
                 self.note(f"{where}: block {affinity.cidr} is {affinity.state!r}, not "
                           "confirmed: not exported")
                 continue
-            net = ipaddress.ip_network(affinity.cidr)
-            if not isinstance(net, ipaddress.IPv4Network):
-                continue
             rule = self.deciding_rule(net, pool_rules)
             if rule is None or not rule.accept:
-                why = "in no IPv4 pool" if rule is None else f"excluded: {rule.reason}"
+                why = (f"in no IPv{self.family} pool" if rule is None
+                       else f"excluded: {rule.reason}")
                 self.note(f"{where}: block {affinity.cidr} is {why}: not exported")
                 continue
             blocks.add(net)
@@ -397,16 +490,11 @@ class _Computation:
         return sorted(b for b in blocks
                       if not any(b != o and b.subnet_of(o) for o in blocks))
 
-    def service_cidrs(self) -> list[ipaddress.IPv4Network]:
+    def service_cidrs(self) -> list[Network]:
         config = self.global_config
         cidrs = (*config.service_cluster_ips, *config.service_external_ips,
                  *config.service_load_balancer_ips)
-        ipv4 = set(_ipv4_cidrs(cidrs))
-        for cidr in cidrs:
-            if ipaddress.ip_network(cidr, strict=False) not in ipv4:
-                self.note(f"BGPConfiguration({GLOBAL_CONFIG_NAME}): service CIDR {cidr} is "
-                          "IPv6; not advertised (confd renders IPv4 only)")
-        return sorted(ipv4)
+        return sorted(set(_cidrs(cidrs, self.family)))  # type: ignore[type-var]
 
     def community_tagging(self) -> list[CommunityTagging]:
         config = self.global_config
@@ -433,7 +521,7 @@ class _Computation:
             except ConfdError as exc:
                 self.note(f"{exc}; prefix advertisement {advert.cidr} skipped")
                 continue
-            if not _ipv4_cidrs([advert.cidr]):
+            if not _cidrs([advert.cidr], self.family):
                 continue
             out.append(CommunityTagging(advert.cidr, tuple(standard), tuple(large)))
         return out
@@ -501,8 +589,10 @@ class _Computation:
                           "every session to the node address")
             else:
                 local_ip = None
-        if peer.reachable_by and peer.peer_ip:
-            self.peer_routes.append(PeerRoute(f"{peer.peer_ip}/32", peer.reachable_by, where))
+        if (peer.reachable_by and peer.peer_ip
+                and ipaddress.ip_address(peer.peer_ip).version == self.family):
+            self.peer_routes.append(PeerRoute(f"{peer.peer_ip}/{self.host_bits}",
+                                              peer.reachable_by, where))
         sessions = []
         for target in targets:
             sessions.append(BGPSession(
@@ -537,10 +627,8 @@ class _Computation:
             if not self._applies_to(peer, self.node):
                 return []
             address = ipaddress.ip_address(peer.peer_ip)
-            if not isinstance(address, ipaddress.IPv4Address):
-                self.note(f"{where}: spec.peerIP {peer.peer_ip} is IPv6; confd renders IPv4 "
-                          "only; peer skipped")
-                return []
+            if address.version != self.family:
+                return []  # the other family's sessions
             if address == self.address:
                 return []
             assert peer.as_number is not None  # the model requires asNumber with peerIP
@@ -549,16 +637,16 @@ class _Computation:
         chosen = self._selector(peer.peer_selector)
         forward = self._applies_to(peer, self.node)
         reverse = chosen.evaluate(self.node.meta.labels_dict)
-        targets: dict[ipaddress.IPv4Address, _Target] = {}
+        targets: dict[Address, _Target] = {}
         for node in sorted(self.state.nodes.values(), key=lambda n: n.key.name):
             if node.key.name == self.hostname:
                 continue
             selected = forward and chosen.evaluate(node.meta.labels_dict)
             if not selected and not (reverse and self._applies_to(peer, node)):
                 continue
-            address = _ipv4_of_node(node)
+            address = _address_of_node(node, self.family)
             if address is None:
-                if selected:
+                if selected and self.family == 4:
                     self.note(f"{where}: selected Node({node.key.name}) has no IPv4 "
                               "spec.bgp.ipv4Address; skipped")
                 continue
@@ -566,7 +654,7 @@ class _Computation:
                 targets.setdefault(address, _Target(address, self.listen_port,
                                                     self._as_of(node), node,
                                                     f" -> Node({node.key.name})"))
-        return sorted(targets.values(), key=lambda t: t.address)
+        return sorted(targets.values(), key=lambda t: t.address)  # type: ignore[arg-type,return-value]
 
     def _peer_password(self, password: str, where: str) -> str | None:
         if not password:
@@ -599,13 +687,13 @@ class _Computation:
             self.note(f"{exc}; node-to-node mesh not rendered")
             return []
         sessions = []
-        for address in sorted(self.nodes_by_address):
+        for address in sorted(self.nodes_by_address):  # type: ignore[type-var]
             node = self.nodes_by_address[address]
             if node.key.name == self.hostname:
                 continue
             if address == self.address:
-                self.note(f"Node({node.key.name}): spec.bgp.ipv4Address {address} is also "
-                          f"Node({self.hostname})'s; no mesh session")
+                self.note(f"Node({node.key.name}): {_address_field(self.family)} {address} "
+                          f"is also Node({self.hostname})'s; no mesh session")
                 continue
             sessions.append(BGPSession(
                 protocol_name=f"Mesh_{_protocol_suffix(address)}",
@@ -617,7 +705,7 @@ class _Computation:
                 local_ip=str(self.address),
                 local_port=self._local_port(),
                 local_as=self.as_number,
-                passive=address > self.address,  # the higher address connects
+                passive=address > self.address,  # type: ignore[operator]  # higher connects
                 password=password,
                 graceful_restart_time=restart,
                 strict_bind=self.strict_bind,
@@ -643,6 +731,33 @@ def compute_bird_config(state: BGPState, hostname: str, *,
     for message in problems.values():
         comp.note(f"invalid, left out: {message}")
     log = comp.log_settings()
+    families = [_family_config(comp)]
+    notes = comp.notes
+    node = comp.node
+    if _address_of_node(node, 6) is not None:
+        comp6 = _Computation(state, hostname, interface_prefix, family=6)
+        families.append(_family_config(comp6))
+        notes = list(dict.fromkeys(notes + comp6.notes))  # a bad peer is noted once
+    else:
+        ipv6_items = _ipv6_items(state)
+        if node.bgp is not None and node.bgp.ipv6_address:
+            notes.append(f"Node({hostname}): spec.bgp.ipv6Address: "
+                         f"{node.bgp.ipv6_address!r} is not an IPv6 address; IPv6 not rendered")
+        elif ipv6_items:
+            notes.append(f"Node({hostname}) has no spec.bgp.ipv6Address: IPv6 not rendered "
+                         f"({', '.join(ipv6_items)})")
+    return BirdConfig(
+        hostname=hostname,
+        router_id=str(comp.address),
+        as_number=comp.as_number,
+        log=log,
+        workload_interface_pattern=f"{comp.interface_prefix}*",
+        families=tuple(families),
+        notes=tuple(notes),
+    )
+
+
+def _family_config(comp: _Computation) -> FamilyConfig:
     pool_rules = comp.pool_rules()
     blocks = comp.local_blocks(pool_rules)
     export_rules: list[PrefixRule] = []
@@ -651,23 +766,30 @@ def compute_bird_config(state: BGPState, hostname: str, *,
         export_rules.append(PrefixRule(str(block), False, False,
                                        "covered by the local block"))
     export_rules.extend(pool_rules)
-    vxlan_rejects = tuple(comp.vxlan_rules())
     sessions = comp.sessions()
-    tagging = comp.community_tagging()
-    services = comp.service_cidrs()
-    return BirdConfig(
-        hostname=hostname,
-        router_id=str(comp.address),
-        as_number=comp.as_number,
-        log=log,
-        workload_interface_pattern=f"{comp.interface_prefix}*",
+    return FamilyConfig(
+        version=comp.family,
         kernel_import=tuple(pool_rules),
-        kernel_export_rejects=vxlan_rejects,
+        kernel_export_rejects=tuple(comp.vxlan_rules()),
         local_blocks=tuple(str(b) for b in blocks),
-        service_cidrs=tuple(str(s) for s in services),
-        community_tagging=tuple(tagging),
+        service_cidrs=tuple(str(c) for c in comp.service_cidrs()),
+        community_tagging=tuple(comp.community_tagging()),
         export_rules=tuple(export_rules),
         sessions=tuple(sessions),
         peer_routes=tuple(sorted(set(comp.peer_routes), key=lambda r: (r.cidr, r.gateway))),
-        notes=tuple(comp.notes),
     )
+
+
+def _ipv6_items(state: BGPState) -> list[str]:
+    """The IPv6 configuration that needs this node's ipv6Address to be rendered."""
+    pools = sorted(state.pools.values(), key=lambda p: p.key.name)
+    items = [f"IPPool {p.key.name}" for p in pools if ipaddress.ip_network(p.cidr).version == 6]
+    config = state.bgp_configurations.get(GLOBAL_CONFIG_NAME)
+    if config is not None:
+        services = _cidrs((*config.service_cluster_ips, *config.service_external_ips,
+                           *config.service_load_balancer_ips), 6)
+        items += [f"service CIDR {cidr}" for cidr in sorted(set(services))]  # type: ignore[type-var]
+    peers = sorted(state.peers.values(), key=lambda p: p.key.name)
+    items += [f"BGPPeer {p.key.name}" for p in peers
+              if p.peer_ip and ipaddress.ip_address(p.peer_ip).version == 6]
+    return items

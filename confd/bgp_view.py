@@ -25,6 +25,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from agent.kinds import BGP_KINDS
 from agent.model import (
     BGPConfiguration,
     BGPPeer,
@@ -38,7 +39,6 @@ from agent.syncer.api import RawUpdate, ResourceKey
 
 log = logging.getLogger(__name__)
 
-BGP_KINDS = frozenset({"BGPConfiguration", "Node", "BGPPeer", "IPPool", "BlockAffinity"})
 
 
 @dataclass(frozen=True)

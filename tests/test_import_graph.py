@@ -104,6 +104,7 @@ def test_one_datastore_parser_and_one_kind_catalogue() -> None:
     # and no other module spells a Calico kind's plural as a string (the etcd, Kubernetes and
     # CLI tables are views of the catalogue, which derives them)
     assert _defining(r"^class KindInfo\b") == ["agent/kinds.py"]
+    assert _defining(r"^(BGP_KINDS|KINDS|NAMESPACED_KINDS)\b[^=\n]*=") == ["agent/kinds.py"]
     assert _defining(r"\bResourceType\(") == ["agent/kinds.py"]
     plurals = "|".join(info.plural for info in KINDS if info.kube and info.kube.is_crd)
     assert _defining(rf"[\"']({plurals})[\"']") == ["agent/kinds.py"]

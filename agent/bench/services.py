@@ -84,7 +84,9 @@ def first_packet_figures(ctx: BenchContext) -> Figures:
                 "nat_backend": 65536})) as dp:
             state = PolicyState()
             compiler = PolicyCompiler(rules_capacity=dp.maps["rules"].max_entries,
-                                      max_chain_records=32 * dp.config.rules_per_prog)
+                                      cls_words=dp.maps["cls_words"].max_entries,
+                                      cls_tries=dp.maps["cls_tries"].max_entries,
+                                      cls_l4=dp.maps["cls_l4"].max_entries)
             state.apply(p.ActiveProfileUpdate("allow", p.Profile(
                 inbound_rules=(p.Rule("allow"),), outbound_rules=(p.Rule("allow"),))))
             state.apply(p.WorkloadEndpointUpdate(

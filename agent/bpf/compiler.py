@@ -20,6 +20,11 @@ What it computes:
   content and placed in the rules array by `ChainLayout` (first fit, never overwriting a
   region in use: a changed chain goes to a new region, the endpoint is repointed, the old
   region is freed on commit).
+- classifiers (bpf/include/classifier.h, agent.bpf.classifier): one instance per chain in
+  use and generation of the sets it checks, in a `cls_words` block of its own
+  (`WordRegions`, first fit, freed on commit) plus its `cls_l4` / `cls_tries` entries; a
+  chain whose classifier does not fit leaves its endpoints on the chain of the last commit
+  (the previous policy stays in force) or on DENY, with a problem naming map and endpoint.
 - endpoints (by ifindex; interfaces without an ifindex yet are listed as pending), the
   sources each programmed endpoint may send from (`wep_sources`: its IPv4 addresses and
   allowSpoofedSourcePrefixes; the RPF check), the untracked (XDP) trie, the config entry.
@@ -36,13 +41,18 @@ the programs evaluate (a rule whose only nets are IPv6 cannot match IPv4 and is 
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
-import math
+import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from agent import proto
+from agent.bpf import classifier as cls
+from agent.bpf.maps import cls_chains as cls_chains_map
+from agent.bpf.maps import cls_tries as cls_tries_map
+from agent.bpf.maps import cls_words as cls_words_map
 from agent.bpf.maps import config as config_map
 from agent.bpf.maps import counters as counters_map
 from agent.bpf.maps import endpoints as endpoints_map
@@ -315,6 +325,63 @@ class ChainLayout:
         self._extra = []
 
 
+class WordRegions:
+    """Blocks of the cls_words array: first fit, never overlapping a block in use; index 0
+    is never used (instance 0 means "none"). Blocks are freed by `retain_only()`."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.blocks: dict[int, int] = {}  # base -> size
+
+    def allocate(self, size: int) -> int:
+        pos = 1
+        for base, n in sorted(self.blocks.items()):
+            if base - pos >= size:
+                break
+            pos = max(pos, base + n)
+        if pos + size > self.capacity:
+            raise MapFullError("cls_words", self.capacity,
+                               f"no room for a classifier block of {size} words")
+        self.blocks[pos] = size
+        return pos
+
+    def reserve(self, base: int, size: int) -> None:
+        self.blocks[base] = size
+
+    def retain_only(self, bases: Iterable[int]) -> None:
+        keep = set(bases)
+        self.blocks = {b: n for b, n in self.blocks.items() if b in keep}
+
+    @property
+    def used(self) -> int:
+        return sum(self.blocks.values())
+
+
+_IPSET_KEY = struct.Struct("=IIBBH4s")  # struct ipset_key
+
+
+def _members_of(group: IPSetKeys) -> tuple[cls.Member, ...]:
+    return _members_from_keys(group.keys)
+
+
+def _members_from_keys(keys: Iterable[bytes]) -> tuple[cls.Member, ...]:
+    out = []
+    for key in keys:
+        prefixlen, _, proto_num, _, port, addr = _IPSET_KEY.unpack(key)
+        out.append((int.from_bytes(addr, "big"), prefixlen - ipsets_map.KEY_FIXED_BITS,
+                    proto_num, port))
+    return tuple(out)
+
+
+def _referenced_sets(chain: Chain) -> tuple[int, ...]:
+    numbers: set[int] = set()
+    for r in chain:
+        numbers.update(c.set_id for c in r.set_checks)
+        for pm in (r.src_ports, r.dst_ports, r.not_src_ports, r.not_dst_ports):
+            numbers.update(pm.named_sets)
+    return tuple(sorted(numbers))
+
+
 # --- lowering rules to records ---------------------------------------------------------------
 
 
@@ -367,16 +434,23 @@ class _ChainBuilder:
                 continue
             pos = t.pos if isinstance(t, _Label) else t
             assert pos is not None, "unmarked label"
-            out.append(RuleRecord(**{**rec.__dict__, "jump": pos}))
+            out.append(dataclasses.replace(rec, jump=pos))
         return tuple(out)
+
+
+_NO_PORTS = PortMatch()
 
 
 def _chunks(items: tuple, size: int) -> list[tuple]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-def _ports(ranges: tuple[proto.PortRange, ...], where: str) -> tuple[tuple[int, int], ...]:
+def _ports(ranges: tuple[proto.PortRange, ...], where: str, fld: str
+           ) -> tuple[tuple[int, int], ...]:
     """Validated ranges, sorted and merged where they overlap or touch (same union)."""
+    if not ranges:
+        return ()
+    where = f"{where}: field {fld}"
     checked = []
     for r in ranges:
         if not (isinstance(r.first, int) and isinstance(r.last, int)
@@ -392,16 +466,19 @@ def _ports(ranges: tuple[proto.PortRange, ...], where: str) -> tuple[tuple[int, 
     return tuple(merged)
 
 
-def _byte(value: int | None, where: str) -> int | None:
+def _byte(value: int | None, where: str, fld: str) -> int | None:
     if value is None:
         return None
     if not isinstance(value, int) or not 0 <= value <= 255:
-        raise CompileError(f"{where}: {value!r} is not a number 0-255")
+        raise CompileError(f"{where}: field {fld}: {value!r} is not a number 0-255")
     return value
 
 
-def _v4_nets(nets: tuple[str, ...], where: str) -> tuple[tuple[str, ...], bool]:
+def _v4_nets(nets: tuple[str, ...], where: str, fld: str) -> tuple[tuple[str, ...], bool]:
     """(sorted canonical IPv4 nets, had_any_net)."""
+    if not nets:
+        return (), False
+    where = f"{where}: field {fld}"
     out = set()
     for text in nets:
         try:
@@ -450,21 +527,25 @@ class _RuleLowerer:
         if action is None:
             raise CompileError(f"{where}: field action: unknown action {rule.action!r}")
 
-        src_nets, had_src = _v4_nets(rule.src_nets, f"{where}: field src_nets")
-        dst_nets, had_dst = _v4_nets(rule.dst_nets, f"{where}: field dst_nets")
+        src_nets, had_src = _v4_nets(rule.src_nets, where, "src_nets")
+        dst_nets, had_dst = _v4_nets(rule.dst_nets, where, "dst_nets")
         if (had_src and not src_nets) or (had_dst and not dst_nets):
             return None  # only IPv6 nets: cannot match IPv4
-        not_src_nets, _ = _v4_nets(rule.not_src_nets, f"{where}: field not_src_nets")
-        not_dst_nets, _ = _v4_nets(rule.not_dst_nets, f"{where}: field not_dst_nets")
+        not_src_nets, _ = _v4_nets(rule.not_src_nets, where, "not_src_nets")
+        not_dst_nets, _ = _v4_nets(rule.not_dst_nets, where, "not_dst_nets")
         if rule.icmp_code is not None and rule.icmp_type is None:
             raise CompileError(f"{where}: field icmp_code: set without icmp_type")
         if rule.not_icmp_code is not None and rule.not_icmp_type is None:
             raise CompileError(f"{where}: field not_icmp_code: set without not_icmp_type")
 
         def sets(names: tuple[str, ...], fld: str) -> tuple[int, ...]:
+            if not names:
+                return ()
             return tuple(self.set_id(n, f"{where}: field {fld}", "net") for n in names)
 
         def named(names: tuple[str, ...], fld: str) -> tuple[int, ...]:
+            if not names:
+                return ()
             return tuple(self.set_id(n, f"{where}: field {fld}", "ip_port") for n in names)
 
         src_sets = sets(rule.src_ip_set_ids, "src_ip_set_ids")
@@ -475,10 +556,10 @@ class _RuleLowerer:
         not_src_np = named(rule.not_src_named_port_ip_set_ids, "not_src_named_port_ip_set_ids")
         dst_np = named(rule.dst_named_port_ip_set_ids, "dst_named_port_ip_set_ids")
         not_dst_np = named(rule.not_dst_named_port_ip_set_ids, "not_dst_named_port_ip_set_ids")
-        src_ports = _ports(rule.src_ports, f"{where}: field src_ports")
-        not_src_ports = _ports(rule.not_src_ports, f"{where}: field not_src_ports")
-        dst_ports = _ports(rule.dst_ports, f"{where}: field dst_ports")
-        not_dst_ports = _ports(rule.not_dst_ports, f"{where}: field not_dst_ports")
+        src_ports = _ports(rule.src_ports, where, "src_ports")
+        not_src_ports = _ports(rule.not_src_ports, where, "not_src_ports")
+        dst_ports = _ports(rule.dst_ports, where, "dst_ports")
+        not_dst_ports = _ports(rule.not_dst_ports, where, "not_dst_ports")
 
         # Address constraints, all ANDed: nets (one compiler-made set per list), selectors.
         checks: list[SetCheck] = []
@@ -496,12 +577,12 @@ class _RuleLowerer:
         checks += [SetCheck(x, src=False, negate=True) for x in not_dst_sets]
 
         base = dict(
-            protocol=_byte(rule.protocol, f"{where}: field protocol"),
-            not_protocol=_byte(rule.not_protocol, f"{where}: field not_protocol"),
-            icmp_type=_byte(rule.icmp_type, f"{where}: field icmp_type"),
-            icmp_code=_byte(rule.icmp_code, f"{where}: field icmp_code"),
-            not_icmp_type=_byte(rule.not_icmp_type, f"{where}: field not_icmp_type"),
-            not_icmp_code=_byte(rule.not_icmp_code, f"{where}: field not_icmp_code"),
+            protocol=_byte(rule.protocol, where, "protocol"),
+            not_protocol=_byte(rule.not_protocol, where, "not_protocol"),
+            icmp_type=_byte(rule.icmp_type, where, "icmp_type"),
+            icmp_code=_byte(rule.icmp_code, where, "icmp_code"),
+            not_icmp_type=_byte(rule.not_icmp_type, where, "not_icmp_type"),
+            not_icmp_code=_byte(rule.not_icmp_code, where, "not_icmp_code"),
             set_checks=tuple(checks[:SET_CHECKS]),
             not_src_ports=PortMatch(not_src_ports[:PORT_SLOTS], not_src_np[:NAMED_PORT_SLOTS]),
             not_dst_ports=PortMatch(not_dst_ports[:PORT_SLOTS], not_dst_np[:NAMED_PORT_SLOTS]),
@@ -509,24 +590,30 @@ class _RuleLowerer:
 
         # Guards: each skips the whole rule when one overflowing AND-constraint fails.
         guards: list[RuleRecord] = []
-        for chk in checks[SET_CHECKS:]:
-            inverse = SetCheck(chk.set_id, src=chk.src, negate=not chk.negate)
-            guards.append(RuleRecord(Action.SKIP, set_checks=(inverse,)))
-        for chunk in _chunks(not_src_ports[PORT_SLOTS:], PORT_SLOTS):
-            guards.append(RuleRecord(Action.SKIP, src_ports=PortMatch(ranges=chunk)))
-        for chunk in _chunks(not_dst_ports[PORT_SLOTS:], PORT_SLOTS):
-            guards.append(RuleRecord(Action.SKIP, dst_ports=PortMatch(ranges=chunk)))
-        for chunk in _chunks(not_src_np[NAMED_PORT_SLOTS:], NAMED_PORT_SLOTS):
-            guards.append(RuleRecord(Action.SKIP, src_ports=PortMatch(named_sets=chunk)))
-        for chunk in _chunks(not_dst_np[NAMED_PORT_SLOTS:], NAMED_PORT_SLOTS):
-            guards.append(RuleRecord(Action.SKIP, dst_ports=PortMatch(named_sets=chunk)))
+        if len(checks) > SET_CHECKS:
+            for chk in checks[SET_CHECKS:]:
+                inverse = SetCheck(chk.set_id, src=chk.src, negate=not chk.negate)
+                guards.append(RuleRecord(Action.SKIP, set_checks=(inverse,)))
+        if len(not_src_ports) > PORT_SLOTS or len(not_dst_ports) > PORT_SLOTS \
+                or len(not_src_np) > NAMED_PORT_SLOTS or len(not_dst_np) > NAMED_PORT_SLOTS:
+            for chunk in _chunks(not_src_ports[PORT_SLOTS:], PORT_SLOTS):
+                guards.append(RuleRecord(Action.SKIP, src_ports=PortMatch(ranges=chunk)))
+            for chunk in _chunks(not_dst_ports[PORT_SLOTS:], PORT_SLOTS):
+                guards.append(RuleRecord(Action.SKIP, dst_ports=PortMatch(ranges=chunk)))
+            for chunk in _chunks(not_src_np[NAMED_PORT_SLOTS:], NAMED_PORT_SLOTS):
+                guards.append(RuleRecord(Action.SKIP, src_ports=PortMatch(named_sets=chunk)))
+            for chunk in _chunks(not_dst_np[NAMED_PORT_SLOTS:], NAMED_PORT_SLOTS):
+                guards.append(RuleRecord(Action.SKIP, dst_ports=PortMatch(named_sets=chunk)))
 
         # Main records: positive port alternatives (OR) split across records.
         def alternatives(ranges: tuple, np: tuple) -> list[PortMatch]:
-            n = max(math.ceil(len(ranges) / PORT_SLOTS), math.ceil(len(np) / NAMED_PORT_SLOTS))
-            return [PortMatch(ranges[i * PORT_SLOTS:(i + 1) * PORT_SLOTS],
-                              np[i * NAMED_PORT_SLOTS:(i + 1) * NAMED_PORT_SLOTS])
-                    for i in range(n)] or [PortMatch()]
+            # a group is ranges-only or named-only: the classifier looks ports and named
+            # ports up as different fields, and "in ranges OR in a named set" is an OR
+            if not np and len(ranges) <= PORT_SLOTS:
+                return [PortMatch(ranges=ranges)] if ranges else [_NO_PORTS]
+            return ([PortMatch(ranges=c) for c in _chunks(ranges, PORT_SLOTS)]
+                    + [PortMatch(named_sets=c) for c in _chunks(np, NAMED_PORT_SLOTS)]
+                    ) or [_NO_PORTS]
 
         counter_id = self.c.counter_id(counter_name)
         mains = [
@@ -588,6 +675,25 @@ class CompiledDataplane:
     numbers_in_use: dict[str, set[int]]  # "sets" | "rules" | "endpoints" -> numbers
     full_maps: set[str] = field(default_factory=set)  # maps this compile ran out of
     ipset_numbers: dict[int, str] = field(default_factory=dict)  # set number -> IP set id
+    # classifier (classifier.h): chain start -> instance; instance -> its index; the
+    # instances this compile created (their cls_words blocks must be written)
+    cls_instances: dict[int, int] = field(default_factory=dict)
+    cls_indexes: dict[int, cls.Index] = field(default_factory=dict)
+    cls_new: set[int] = field(default_factory=set)
+    cls_l4: dict[bytes, bytes] = field(default_factory=dict)
+    cls_tries: dict[bytes, bytes] = field(default_factory=dict)
+
+    @property
+    def cls_chains(self) -> dict[bytes, bytes]:
+        return {cls_chains_map.encode_index(start): cls_chains_map.encode_value(inst)
+                for start, inst in self.cls_instances.items()}
+
+    def cls_words(self, instances: Iterable[int] | None = None) -> dict[bytes, bytes]:
+        """cls_words entries of `instances` (default: the new ones)."""
+        out: dict[bytes, bytes] = {}
+        for inst in (self.cls_new if instances is None else instances):
+            out.update(self.cls_indexes[inst].entries(inst)[0])
+        return out
 
     @property
     def ipsets(self) -> dict[bytes, bytes]:
@@ -609,7 +715,9 @@ class CompiledDataplane:
         """Map name -> desired entries (rules: only the newly placed chains)."""
         return {"ipsets": self.ipsets, "ids": self.ids, "rules": self.rules,
                 "endpoints": self.endpoints, "wep_sources": self.wep_sources,
-                "untracked": self.untracked, "config": self.config}
+                "untracked": self.untracked, "config": self.config,
+                "cls_chains": self.cls_chains, "cls_words": self.cls_words(),
+                "cls_l4": self.cls_l4, "cls_tries": self.cls_tries}
 
 
 _ENCODED: dict[RuleRecord, bytes] = {}
@@ -634,10 +742,17 @@ class AdoptedState:
 
     ids: dict[IdKind, dict[int, str]] = field(default_factory=dict)
     chains: list[tuple[int, Chain]] = field(default_factory=list)  # (start, records)
+    cls_blocks: dict[int, int] = field(default_factory=dict)  # instance -> block size
+    # chain start -> (instance, its cls_words, cls_l4 and cls_tries entries as found)
+    cls_found: dict[int, tuple[int, dict[bytes, bytes], dict[bytes, bytes],
+                               dict[bytes, bytes]]] = field(default_factory=dict)
 
     @classmethod
-    def from_maps(cls, ids: Any, endpoints: Any, rules: Any) -> AdoptedState:
-        """Read the pinned ids, endpoints and rules maps (BpfMap or FakeMap)."""
+    def from_maps(cls, ids: Any, endpoints: Any, rules: Any, cls_chains: Any = None,
+                  cls_words: Any = None, cls_l4: Any = None, cls_tries: Any = None
+                  ) -> AdoptedState:
+        """Read the pinned ids, endpoints and rules maps (BpfMap or FakeMap), and the
+        classifier blocks the adopted chains use (kept until new ones replace them)."""
         by_kind = ids_map.read_all(ids)
         regions = set()
         for _, v in endpoints.items():
@@ -651,7 +766,31 @@ class AdoptedState:
                 chains.append((start, rules_map.read_chain(rules, start, length)))
             except IndexError:
                 continue  # a region outside the array: nothing to adopt
-        return cls(ids=by_kind, chains=chains)
+        blocks: dict[int, int] = {}
+        found: dict[int, tuple[int, dict[bytes, bytes], dict[bytes, bytes],
+                               dict[bytes, bytes]]] = {}
+        if cls_chains is not None and cls_words is not None:
+            by_inst: dict[int, tuple[dict[bytes, bytes], dict[bytes, bytes]]] = {}
+            for m, pos in ((cls_l4, 0), (cls_tries, 1)):
+                for k, v in (m.items() if m is not None else ()):
+                    inst = struct.unpack_from("=I", k, 0 if pos == 0 else 4)[0]
+                    by_inst.setdefault(inst, ({}, {}))[pos][k] = v
+            for start, _ in chains:
+                raw = cls_chains.lookup(cls_chains_map.encode_index(start))
+                inst = cls_chains_map.decode_u32(raw) if raw is not None else 0
+                if not inst:
+                    continue
+                size = cls_words_map.read_header(cls_words, inst)["block_words"]
+                if not size or inst + size > cls_words.max_entries:
+                    continue
+                blocks[inst] = size
+                words = {}
+                for i in range(inst, inst + size):
+                    key = cls_words_map.encode_index(i)
+                    words[key] = cls_words.lookup(key) or b""
+                l4, tries = by_inst.get(inst, ({}, {}))
+                found[start] = (inst, words, l4, tries)
+        return cls(ids=by_kind, chains=chains, cls_blocks=blocks, cls_found=found)
 
 
 # --- the compiler ----------------------------------------------------------------------------
@@ -668,9 +807,27 @@ class PolicyCompiler:
         rule_counters: int = counters_map.RULE_COUNTERS.max_entries,
         endpoint_counters: int = counters_map.EP_COUNTERS.max_entries,
         adopted: AdoptedState | None = None,
+        cls_words: int = cls_words_map.PARAMS.max_entries,
+        cls_tries: int = 1 << 20,
+        cls_l4: int = 65536,
     ) -> None:
         adopted = adopted or AdoptedState()
-        self.max_chain_records = max_chain_records
+        self.max_chain_records = min(max_chain_records, cls.MAX_RECORDS)
+        # classifier instances: key (chain, set generations) -> instance; the blocks of
+        # cls_words; what the last committed compile used (kept while it may be in force)
+        self.cls_capacity = {"cls_tries": cls_tries, "cls_l4": cls_l4}
+        self.word_regions = WordRegions(cls_words)
+        for inst, size in adopted.cls_blocks.items():
+            self.word_regions.reserve(inst, size)
+        self._cls_found = dict(adopted.cls_found)  # checked against the first builds
+        self._instances: dict[tuple, int] = {}
+        self._indexes: dict[int, cls.Index] = {}
+        self._index_entries: dict[int, tuple[dict[bytes, bytes], dict[bytes, bytes]]] = {}
+        self._members_cache: dict[tuple[int, int], tuple[cls.Member, ...]] = {}
+        self._committed_cls: dict[int, int] = {}  # chain start -> instance, last commit
+        self._cls_union: tuple[tuple, dict[bytes, bytes], dict[bytes, bytes]] | None = None
+        self._uncommitted_cls: set[int] = set()
+        self._committed_refs: dict[tuple[proto.WorkloadEndpointID, str], ChainRef] = {}
         # IP sets and compiler-made net sets share the trie's set-id space
         self.set_ids = IdAllocator((IdKind.IPSET, IdKind.NETSET), adopted=adopted.ids)
         self.rule_ids = IdAllocator((IdKind.RULE,), limit=rule_counters, adopted=adopted.ids)
@@ -936,6 +1093,19 @@ class PolicyCompiler:
         untracked = self._untracked(state, ifindexes, problems, pending)
         ipsets = self._ipset_entries(state, problems)
         cfg = self._config(state, problems)
+        cls_instances, cls_new = self._attach_classifiers(
+            chains_in_use, new_rules, programs, endpoints, ipsets, problems, full_maps)
+        parts = sorted((inst, *self._encoded_entries(inst))
+                       for inst in set(cls_instances.values()))
+        union_key = tuple((inst, id(l4), id(tries)) for inst, l4, tries in parts)
+        if self._cls_union is not None and self._cls_union[0] == union_key:
+            cls_l4, cls_tries = self._cls_union[1], self._cls_union[2]
+        else:  # the same dicts when nothing changed: the manager then skips its diff
+            cls_l4, cls_tries = {}, {}
+            for _, l4, tries in parts:
+                cls_l4.update(l4)
+                cls_tries.update(tries)
+            self._cls_union = (union_key, cls_l4, cls_tries)
 
         used_rule_ids = {r.counter_id for c in chains_in_use for r in c if r.counter_id}
         used_rule_ids |= {untracked_map.decode_value(v)["counter_id"] for v in untracked.values()}
@@ -954,7 +1124,229 @@ class PolicyCompiler:
             problems=problems, pending_interfaces=sorted(set(pending)),
             chains_in_use=chains_in_use, numbers_in_use=numbers, full_maps=full_maps,
             ipset_numbers={self.set_ids.allocate(n, IdKind.IPSET): n for n in state.ipsets},
+            cls_instances=cls_instances,
+            cls_indexes={i: self._indexes[i] for i in set(cls_instances.values())},
+            cls_new=cls_new, cls_l4=cls_l4, cls_tries=cls_tries,
         )
+
+    # classifier instances (classifier.h, agent.bpf.classifier)
+
+    def _members(self, number: int, groups: Mapping[int, IPSetKeys]) -> tuple[cls.Member, ...]:
+        group = groups.get(number)
+        if group is None:
+            return ()
+        key = (number, group.generation)
+        hit = self._members_cache.get(key)
+        if hit is None:
+            if len(self._members_cache) > 4096:
+                self._members_cache.clear()
+            hit = self._members_cache[key] = _members_of(group)
+        return hit
+
+    def _instance(self, chain: Chain, start: int, groups: Mapping[int, IPSetKeys]
+                  ) -> tuple[int, bool]:
+        """(instance, new) for `chain` with the current members of the sets it checks.
+        Raises ClassifierError, or MapFullError("cls_words")."""
+        gens = tuple((n, groups[n].generation if n in groups else -1)
+                     for n in _referenced_sets(chain))
+        key = (chain, gens)
+        inst = self._instances.get(key)
+        if inst is not None:
+            return inst, False
+        inst = self._update_in_place(chain, gens, groups)
+        if inst is not None:
+            self._instances[key] = inst
+            return inst, False
+        index = cls.build_index(chain, lambda n: self._members(n, groups))
+        found = self._cls_found.pop(start, None)
+        if found is not None and (found[1], found[2], found[3]) == index.entries(found[0]):
+            inst = found[0]  # a restarted agent: the pinned classifier is this one
+            self._instances[key] = inst
+            self._indexes[inst] = index
+            return inst, False
+        for (old_chain, _), old in self._instances.items():
+            prev = self._indexes.get(old)
+            if prev is not None and (old_chain is chain or old_chain == chain) \
+                    and prev.words == index.words \
+                    and prev.l4 == index.l4 and prev.fixed == index.fixed:
+                # only trie entries differ (set members came or went, and their
+                # signatures' vectors already exist): update that instance in place, entry
+                # by entry, as the ipsets trie is
+                self._instances = {k: v for k, v in self._instances.items() if v != old}
+                self._instances[key] = old
+                self._indexes[old] = index
+                self._index_entries.pop(old, None)
+                return old, False
+        inst = self.word_regions.allocate(index.size)
+        self._instances[key] = inst
+        self._indexes[inst] = index
+        return inst, True
+
+    def _update_in_place(self, chain: Chain, gens: tuple[tuple[int, int], ...],
+                         groups: Mapping[int, IPSetKeys]) -> int | None:
+        """The instance of `chain` built for earlier generations of its sets, brought up to
+        date from the sets' deltas (trie entries only, written entry by entry), or None
+        when that needs a rebuild (cls.update_members says when)."""
+        for (old_chain, old_gens), inst in list(self._instances.items()):
+            if not (old_chain is chain or old_chain == chain):
+                continue
+            index = self._indexes.get(inst)
+            if index is None or [n for n, _ in old_gens] != [n for n, _ in gens]:
+                continue
+            changed = {n: old for (n, g), (_, old) in zip(gens, old_gens, strict=True) if g != old}
+            if not all((group := groups.get(n)) is not None and group.base_generation == old
+                       for n, old in changed.items()):
+                continue
+            if not cls.can_update(index, changed) or sum(
+                    len(groups[n].added) + len(groups[n].removed) for n in changed) > 50_000:
+                return None  # a rebuild: a side without a trie, or a delta as big as a set
+            deltas = {n: (_members_from_keys(groups[n].added),
+                          _members_from_keys(groups[n].removed)) for n in changed}
+            changes = cls.update_members(index, deltas)
+            if changes is None:
+                return None
+            tries = dict(index.tries)
+            for k, v in changes.items():
+                if v is None:
+                    tries.pop(k, None)
+                else:
+                    tries[k] = v
+            index.tries = tries
+            encoded = self._index_entries.get(inst)
+            if encoded is not None:
+                enc_tries = dict(encoded[1])
+                for (side, proto_num, port, value, plen), v in changes.items():
+                    k = cls_tries_map.encode_key(inst, side, proto_num, port, value, plen)
+                    if v is None:
+                        enc_tries.pop(k, None)
+                    else:
+                        enc_tries[k] = cls_tries_map.encode_value(inst + v)
+                self._index_entries[inst] = (encoded[0], enc_tries)
+            del self._instances[(old_chain, old_gens)]
+            return inst
+        return None
+
+    def _forget_instance(self, inst: int) -> None:
+        self._uncommitted_cls.discard(inst)
+        self.word_regions.blocks.pop(inst, None)
+        self._indexes.pop(inst, None)
+        self._index_entries.pop(inst, None)
+        self._instances = {k: v for k, v in self._instances.items() if v != inst}
+
+    def _encoded_entries(self, inst: int) -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
+        hit = self._index_entries.get(inst)
+        if hit is None:
+            _, l4, tries = self._indexes[inst].entries(inst)
+            hit = self._index_entries[inst] = (l4, tries)
+        return hit
+
+    def _attach_classifiers(self, chains_in_use: dict[Chain, int], new_rules: dict[bytes, bytes],
+                            programs: dict[proto.WorkloadEndpointID, EndpointProgram],
+                            endpoints: dict[bytes, bytes], groups: Mapping[int, IPSetKeys],
+                            problems: list[str], full_maps: set[str]
+                            ) -> tuple[dict[int, int], set[int]]:
+        """A classifier instance for every chain in use: (chain start -> instance, new
+        instances). A chain whose classifier cannot be built or does not fit the classifier
+        maps is not installed: its endpoints keep the chain they had at the last commit
+        (the previous policy stays in force), or deny that direction if they had none."""
+        instances: dict[int, int] = {}
+        new: set[int] = set()
+        failed: dict[int, tuple[str, str]] = {}  # start -> (map, reason)
+        used = dict.fromkeys(self.cls_capacity, 0)
+        counted: set[int] = set()
+
+        def count(inst: int) -> None:
+            index = self._indexes.get(inst)
+            if index is not None and inst not in counted:
+                counted.add(inst)
+                used["cls_tries"] += len(index.tries)
+                used["cls_l4"] += len(index.l4)
+
+        # still in the kernel until this compile's deletes: the last commit's instances and
+        # those of compiles since (before InSync nothing is committed or deleted)
+        for inst in set(self._committed_cls.values()) | self._uncommitted_cls:
+            count(inst)
+
+        def attach(chain: Chain, start: int) -> tuple[str, str] | None:
+            try:
+                inst, is_new = self._instance(chain, start, groups)
+            except cls.ClassifierError as e:
+                return "classifier", f"the classifier cannot index it: {e}"
+            except MapFullError as e:
+                return e.map_name, str(e)
+            if inst not in counted:
+                index = self._indexes[inst]
+                for name, n in (("cls_tries", len(index.tries)), ("cls_l4", len(index.l4))):
+                    if used[name] + n > self.cls_capacity[name]:
+                        if is_new:
+                            self._forget_instance(inst)
+                        return name, (f"BPF map {name!r} is full (max_entries="
+                                      f"{self.cls_capacity[name]}): {n} entries do not fit")
+                count(inst)
+            instances[start] = inst
+            if is_new:
+                new.add(inst)
+            return None
+
+        for chain, start in sorted(chains_in_use.items(), key=lambda kv: kv[1]):
+            err = attach(chain, start)
+            if err is not None:
+                failed[start] = err
+        self._uncommitted_cls |= set(instances.values())
+        if not failed:
+            return instances, new
+        for chain, start in list(chains_in_use.items()):
+            if start in failed:
+                del chains_in_use[chain]
+                for i in range(len(chain)):
+                    new_rules.pop(rules_map.encode_index(start + i), None)
+        for wid, prog in list(programs.items()):
+            refs = {INGRESS: prog.ingress, EGRESS: prog.egress}
+            changed = False
+            name = f"{wid.orchestrator}/{wid.workload}/{wid.endpoint}"
+            for direction, ref in refs.items():
+                if not ref.length or ref.start not in failed:
+                    continue
+                map_name, reason = failed[ref.start]
+                full_maps.add(map_name)
+                changed = True
+                prev = self._committed_refs.get((wid, direction))
+                if prev is not None and prev.start in self._committed_cls \
+                        and prev.start not in failed:
+                    refs[direction] = prev
+                    chains_in_use[prev.records] = prev.start
+                    instances[prev.start] = self._committed_cls[prev.start]
+                    counted.add(instances[prev.start])
+                    problems.append(f"endpoint {name}: {direction} policy not installed: "
+                                    f"{reason}; the previous policy stays in force")
+                    continue
+                problems.append(f"endpoint {name}: {direction} policy not installed: "
+                                f"{reason}; denying all {direction} traffic")
+                try:
+                    start, is_new = self.layout.place(DENY_ALL)
+                except MapFullError:
+                    refs[direction] = ChainRef(0, ())  # empty chain: the programs deny
+                    continue
+                if is_new:
+                    new_rules[rules_map.encode_index(start)] = _encode_record(DENY_ALL[0])
+                if start not in instances and attach(DENY_ALL, start) is not None:
+                    refs[direction] = ChainRef(0, ())
+                    continue
+                chains_in_use[DENY_ALL] = start
+                refs[direction] = ChainRef(start, DENY_ALL)
+            if not changed:
+                continue
+            programs[wid] = EndpointProgram(prog.iface, prog.ifindex, prog.endpoint_id,
+                                            prog.flags, refs[INGRESS], refs[EGRESS])
+            if prog.ifindex is not None:
+                key = endpoints_map.encode_key(prog.ifindex)
+                if key in endpoints:
+                    endpoints[key] = endpoints_map.encode_value(
+                        prog.endpoint_id, prog.flags,
+                        (refs[INGRESS].start, refs[INGRESS].length),
+                        (refs[EGRESS].start, refs[EGRESS].length))
+        self._uncommitted_cls |= set(instances.values())
+        return instances, new
 
     def commit(self, compiled: CompiledDataplane) -> None:
         """The kernel now holds `compiled`: free ids and regions it no longer uses."""
@@ -962,6 +1354,17 @@ class PolicyCompiler:
         freed |= bool(self.rule_ids.retain_only(compiled.numbers_in_use["rules"]))
         freed |= bool(self.endpoint_ids.retain_only(compiled.numbers_in_use["endpoints"]))
         self.layout.retain_only(compiled.chains_in_use)
+        in_force = set(compiled.cls_instances.values())
+        self.word_regions.retain_only(in_force)
+        self._instances = {k: v for k, v in self._instances.items() if v in in_force}
+        self._indexes = {k: v for k, v in self._indexes.items() if k in in_force}
+        self._index_entries = {k: v for k, v in self._index_entries.items() if k in in_force}
+        self._committed_cls = dict(compiled.cls_instances)
+        self._uncommitted_cls = set()
+        self._committed_refs = {}
+        for wid, prog in compiled.programs.items():
+            self._committed_refs[(wid, INGRESS)] = prog.ingress
+            self._committed_refs[(wid, EGRESS)] = prog.egress
         if freed:
             self._fragments.clear()
 

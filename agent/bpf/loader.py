@@ -98,8 +98,8 @@ class BuildConfig:
                 raise ValueError(f"BuildConfig.map_sizes[{name!r}]: bad size {size!r}")
         if not 1 <= self.rules_per_prog <= 256:
             raise ValueError(
-                f"BuildConfig.rules_per_prog: {self.rules_per_prog} outside 1..256 (the "
-                "verifier's limit on pending branches is near 300 with this walker)"
+                f"BuildConfig.rules_per_prog: {self.rules_per_prog} outside 1..256 (kept for "
+                "the build's ABI; the classifier's budget per run is CLS_STEPS_PER_PROG)"
             )
 
     def cflags(self, abi: str | None = None) -> list[str]:

@@ -39,6 +39,10 @@ from agent.bpf.maps import ep_by_ifindex as ep_array
 from agent.bpf.testrun import TC_ACT_OK, TC_ACT_SHOT, run_tc
 
 LOOPBACK_IFINDEX = 1
+# room for a 10,000-rule chain beside the previous one, and two classifier instances of
+# the 100,000-member source sets (the old one is deleted after the switch)
+MEASURE_MAP_SIZES = {"rules": 32768, "ipsets": 1 << 18, "conntrack": 4096,
+                     "cls_tries": 1 << 18, "cls_words": 1 << 18}
 POD = "10.65.0.1"
 CLIENT = "10.66.0.1"  # in no set
 
@@ -57,6 +61,14 @@ def _program(dp: LoadedDataplane, compiler: PolicyCompiler, state: PolicyState,
         m.delete_many([k for k in before if k not in desired])
         written[name] = desired
     dp.maps["rules"].update_many(out.rules.items())
+    # the classifier: new instances whole, then the chain pointers, then stale entries
+    dp.maps["cls_words"].update_many(out.cls_words().items())
+    for name in ("cls_l4", "cls_tries"):
+        desired = getattr(out, name)
+        before = written.get(name, {})
+        dp.maps[name].update_many((k, v) for k, v in desired.items() if before.get(k) != v)
+        written[name] = desired
+    dp.maps["cls_chains"].update_many(out.cls_chains.items())
     # the array mirror of endpoints, as the agent's BPF policy manager writes it
     array = dp.maps["ep_by_ifindex"]
     slots = ep_array.slots_for(out.endpoints, array.max_entries)
@@ -64,6 +76,10 @@ def _program(dp: LoadedDataplane, compiler: PolicyCompiler, state: PolicyState,
                                          for k in written.get("ep_by_ifindex", {})
                                          if k not in slots)])
     written["ep_by_ifindex"] = slots
+    for name in ("cls_l4", "cls_tries"):
+        stale = written.get(f"{name}-kernel", {})
+        dp.maps[name].delete_many([k for k in stale if k not in written[name]])
+        written[f"{name}-kernel"] = written[name]
     compiler.commit(out)
 
 
@@ -73,7 +89,7 @@ def _set_members(index: int, count: int) -> frozenset[str]:
 
 
 def measure_verdict_samples(
-        dp: LoadedDataplane, *, rule_counts: tuple[int, ...] = (1, 10, 100, 1000),
+        dp: LoadedDataplane, *, rule_counts: tuple[int, ...] = (1, 10, 100, 1000, 10000),
         set_members: int = 10_000, set_count: int = 10, repeat: int = 20_000,
         samples: int = 1) -> dict[str, Any]:
     """`samples` kernel means per figure: {"ct_hit_ns": [...], "first_packet_ns":
@@ -82,11 +98,13 @@ def measure_verdict_samples(
     to_wep = dp.prog_fd("calico_to_wep")
     for m in dp.maps.values():
         if m.params.name in ("conntrack", "endpoints", "ep_by_ifindex", "ipsets", "ids",
-                             "wep_sources"):
+                             "wep_sources", "cls_l4", "cls_tries"):
             m.clear()
     state = PolicyState()
     compiler = PolicyCompiler(rules_capacity=dp.maps["rules"].max_entries,
-                              max_chain_records=32 * dp.config.rules_per_prog)
+                              cls_words=dp.maps["cls_words"].max_entries,
+                              cls_tries=dp.maps["cls_tries"].max_entries,
+                              cls_l4=dp.maps["cls_l4"].max_entries)
     for i in range(set_count):
         state.apply(p.IPSetUpdate(f"bench-set-{i}", "net", _set_members(i, set_members)))
     wid = p.WorkloadEndpointID("bench", "bench/pod", "eth0")
@@ -129,7 +147,7 @@ def measure_verdict_samples(
             "active", "lo", tiers=(p.TierInfo("default", ingress_policies=("bench",)),),
             ipv4_nets=(f"{POD}/32",))))
         _program(dp, compiler, state, written)
-        reps = max(200, repeat // max(1, n))
+        reps = repeat  # flat in N: every rule count gets the same repetitions
         firsts = []
         for _ in range(max(1, samples)):
             out = run_tc(to_wep, pkt, ifindex=LOOPBACK_IFINDEX, repeat=reps)
@@ -173,7 +191,7 @@ def measure_verdicts(dp: LoadedDataplane, *, rule_counts: tuple[int, ...] = (1, 
 def main() -> int:
     pin_dir = f"/sys/fs/bpf/pyfelix-measure-{secrets.token_hex(4)}"
     try:
-        with load_dataplane(BuildConfig(pin_dir=pin_dir, map_sizes={"rules": 8192})) as dp:
+        with load_dataplane(BuildConfig(pin_dir=pin_dir, map_sizes=MEASURE_MAP_SIZES)) as dp:
             print(json.dumps(measure_verdicts(dp), indent=2))
     finally:
         remove_pin_dir(pin_dir)

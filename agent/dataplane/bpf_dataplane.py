@@ -81,6 +81,9 @@ MAP_SIZE_PARAMS = {
     "BPFMapSizeNATFrontend": "nat_frontend",
     "BPFMapSizeNATBackend": "nat_backend",
     "BPFMapSizeNATAffinity": "nat_affinity",
+    "BPFMapSizeClassifierWords": "cls_words",
+    "BPFMapSizeClassifierTries": "cls_tries",
+    "BPFMapSizeClassifierL4": "cls_l4",
 }
 
 

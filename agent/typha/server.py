@@ -80,6 +80,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.health import HealthAggregator, HealthServer
+from agent.kinds import BGP_KINDS
 from agent.syncer.api import Syncer, SyncStatus
 from agent.typha import metrics
 from agent.typha.cache import (
@@ -124,8 +125,7 @@ log = logging.getLogger(__name__)
 SERVER_VERSION = "pyfelix-typha/1"
 SYNCER_TYPE_FELIX = "felix"
 SYNCER_TYPE_BGP = "bgp"
-# What confd reads (must match confd.bgp_view.BGP_KINDS; a test checks it)
-BGP_KINDS = frozenset({"BGPConfiguration", "BGPPeer", "Node", "IPPool", "BlockAffinity"})
+# the kinds each syncer type carries (BGP_KINDS: what confd reads, from the kind catalogue)
 SYNCER_TYPES: dict[str, frozenset[str] | None] = {
     SYNCER_TYPE_FELIX: None,  # every kind: the calc graph reads them all
     SYNCER_TYPE_BGP: BGP_KINDS,

@@ -61,13 +61,14 @@ struct ep_counter {
 #define GCNT_FRAGMENTS 14         /* IPv4 fragments seen (evaluated without ports) */
 #define GCNT_XDP_DROPPED 15       /* untracked deny hits in XDP */
 #define GCNT_XDP_PASSED 16
-#define GCNT_RULE_RECORDS_WALKED 17 /* rule records evaluated (cost indicator) */
+#define GCNT_CLASSIFIER_STEPS 17 /* classifier steps (candidate words looked at; cost indicator) */
 #define GCNT_SPOOFED_DROPPED 18   /* from a workload with a source it may not use (RPF) */
 #define GCNT_IPV6_DROPPED 19      /* IPv6 other than neighbour discovery: not policed, dropped */
 #define GCNT_IPV6_ND_PASSED 20    /* IPv6 neighbour discovery / MLD, link scope: passed */
 #define GCNT_ARP_PASSED 21        /* ARP: passed */
 #define GCNT_HEP_RPF_DROPPED 22   /* into a host endpoint from a source failing BPFEnforceRPF */
-#define GCNT_COUNT 23
+#define GCNT_CLASSIFIER_ERROR 23  /* a classifier lookup failed or was inconsistent: dropped */
+#define GCNT_COUNT 24
 
 BPF_TABLE_PINNED("percpu_array", __u32, struct rule_counter, rule_counters,
 		 RULE_COUNTERS_MAX_ENTRIES, PIN_DIR "/rule_counters_v1");

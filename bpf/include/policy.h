@@ -11,15 +11,15 @@
  *         (no record if the tier's defaultAction is Pass)
  *     each profile's rules (in order)
  *     a final DENY record
- * and the walker takes the FIRST record that matches:
+ * and the FIRST record that matches decides:
  *     ALLOW / DENY  final verdict;
  *     PASS          continue at `jump` (the start of the next tier, or of the next profile);
  *     LOG           count, continue with the next record;
  *     SKIP          continue at `jump`, uncounted: a "guard" the compiler emits in front of a
  *                   rule whose AND-constraints overflow the fixed slots (see below).
  * `jump` is RELATIVE to the chain start, so a chain's bytes do not depend on where it is
- * placed, and chains are shared by content. Jumps always go forward (the walker denies a
- * backward jump). Walking past the end of the chain denies.
+ * placed, and chains are shared by content. Jumps always go forward (a backward jump
+ * denies). Walking past the end of the chain denies.
  *
  * A record matches when EVERY constraint whose RM_* bit is set in match_flags holds, and
  * every one of its first n_set_checks set checks holds:
@@ -39,33 +39,30 @@
  *     records in front, e.g. "addr NOT in set S -> SKIP past this rule", which skip the
  *     rule exactly when the overflowing constraint fails.
  *
- * Set lookups are cached per packet (policy_state.cache_*: SET_CACHE_SLOTS direct-mapped
- * entries keyed by set id and side), so rules sharing a selector cost one trie lookup.
- *
- * The walker (calico_policy in tc.c) evaluates POLICY_RULES_PER_PROG records per program
- * run and tail-calls itself to continue; the kernel allows 33 tail calls, so a chain can
- * hold up to 32 * POLICY_RULES_PER_PROG records (POLICY_MAX_CHAIN_RECORDS; the compiler
- * refuses longer chains). Walker state lives in the per-CPU `policy_scratch` map.
+ * Records are not tested one by one at run time: classifier.h indexes a chain's records per
+ * packet field, and calico_policy (tc.c) jumps straight to the next record whose every
+ * constraint holds. The record fields above are the DEFINITION the index is built from
+ * (agent/bpf/classifier.py); the program itself reads only action, jump and counter_id.
+ * A chain holds at most POLICY_MAX_CHAIN_RECORDS (CLS_MAX_WORDS * 64) records; the
+ * classifier runs CLS_STEPS_PER_PROG steps per program run and tail-calls itself (at most
+ * POLICY_MAX_TAIL_CALLS times) to continue.
  */
 #ifndef PYFELIX_POLICY_H
 #define PYFELIX_POLICY_H
 
 #include "common.h"
 #include "ipsets.h"
+#include "classifier.h"
 
 #ifndef RULES_MAX_ENTRIES
 #define RULES_MAX_ENTRIES 32768
 #endif
-#ifndef POLICY_RULES_PER_PROG
-#define POLICY_RULES_PER_PROG 128
-#endif
 #define POLICY_MAX_TAIL_CALLS 32
-#define POLICY_MAX_CHAIN_RECORDS (POLICY_MAX_TAIL_CALLS * POLICY_RULES_PER_PROG)
+#define POLICY_MAX_CHAIN_RECORDS (CLS_MAX_WORDS * 64)
 
 #define RULE_PORT_SLOTS 8
 #define RULE_SET_CHECKS 6
 #define RULE_NAMED_PORT_SLOTS 2
-#define SET_CACHE_SLOTS 16
 
 #define SET_CHECK_SRC 0x01    /* check the source address (else the destination) */
 #define SET_CHECK_NEGATE 0x02 /* the address must NOT be in the set */
@@ -137,12 +134,11 @@ struct policy_state {
 	__u32 endpoint_id;
 	__u32 chain_start;
 	__u32 chain_len;
-	__u32 idx; /* next record, relative to chain_start */
+	__u32 idx; /* next record that may match, relative to chain_start */
 	__u32 tail_calls;
 	__u8 hook; /* HOOK_* */
 	__u8 pad[3];
-	__u32 cache_key[SET_CACHE_SLOTS]; /* set_id << 1 | is_src; 0 = empty */
-	__u8 cache_in[SET_CACHE_SLOTS];   /* the cached answer */
+	struct cls_state cls; /* classifier.h: the fields' vectors, candidate words */
 };
 
 BPF_TABLE_PINNED("percpu_array", __u32, struct policy_state, policy_scratch, 1,
@@ -150,108 +146,5 @@ BPF_TABLE_PINNED("percpu_array", __u32, struct policy_state, policy_scratch, 1,
 
 #define PROG_IDX_POLICY 0
 BPF_TABLE_PINNED("prog", __u32, __u32, policy_progs, 4, PIN_DIR "/progs_" PROG_ABI);
-
-/* Is the packet's source (is_src) or destination in set_id? Cached per packet: the key
- * (set_id, side) fixes the address, and for ip_port sets also the protocol and port. */
-PF_INLINE int set_contains_cached(struct policy_state *st, __u32 set_id, __u32 is_src)
-{
-	__u32 key = (set_id << 1) | is_src;
-	__u32 slot = (set_id + is_src * 7) & (SET_CACHE_SLOTS - 1);
-	if (st->cache_key[slot] == key)
-		return st->cache_in[slot];
-	struct pkt_info *pkt = &st->pkt;
-	int in;
-	if (is_src)
-		in = ipset_contains(set_id, 0, 0, pkt->saddr);
-	else
-		in = ipset_contains(set_id, 0, 0, pkt->daddr);
-	st->cache_key[slot] = key;
-	st->cache_in[slot] = in;
-	return in;
-}
-
-/* Same for ip_port (named port) sets: the member must match address, protocol and port. */
-PF_INLINE int named_port_contains_cached(struct policy_state *st, __u32 set_id, __u32 is_src)
-{
-	__u32 key = (set_id << 1) | is_src;
-	__u32 slot = (set_id + is_src * 7) & (SET_CACHE_SLOTS - 1);
-	if (st->cache_key[slot] == key)
-		return st->cache_in[slot];
-	struct pkt_info *pkt = &st->pkt;
-	int in;
-	if (is_src)
-		in = ipset_contains(set_id, pkt->proto, pkt->sport, pkt->saddr);
-	else
-		in = ipset_contains(set_id, pkt->proto, pkt->dport, pkt->daddr);
-	st->cache_key[slot] = key;
-	st->cache_in[slot] = in;
-	return in;
-}
-
-PF_INLINE int port_match_hit(struct policy_state *st, const struct port_match *pm, __u32 is_src)
-{
-	__u16 port = is_src ? st->pkt.sport : st->pkt.dport;
-	__u8 n = pm->n_ranges;
-#pragma unroll
-	for (int i = 0; i < RULE_PORT_SLOTS; i++) {
-		if (i >= n)
-			break;
-		if (port >= pm->ranges[i].first && port <= pm->ranges[i].last)
-			return 1;
-	}
-#pragma unroll
-	for (int i = 0; i < RULE_NAMED_PORT_SLOTS; i++) {
-		__u32 set_id = pm->named_sets[i];
-		if (set_id && named_port_contains_cached(st, set_id, is_src))
-			return 1;
-	}
-	return 0;
-}
-
-/* Does record r match the packet in st? Cheap header checks first, set lookups last. */
-PF_INLINE int rule_matches(const struct policy_rule *r, struct policy_state *st)
-{
-	__u32 m = r->match_flags;
-	__u8 n_checks = r->n_set_checks;
-	if (!m && !n_checks)
-		return 1;
-	struct pkt_info *pkt = &st->pkt;
-	if ((m & RM_PROTOCOL) && pkt->proto != r->protocol)
-		return 0;
-	if ((m & RM_NOT_PROTOCOL) && pkt->proto == r->not_protocol)
-		return 0;
-	if (m & RM_ANY_ICMP) {
-		if (!(pkt->flags & PKT_F_ICMP))
-			return 0;
-		if ((m & RM_ICMP_TYPE) && pkt->icmp_type != r->icmp_type)
-			return 0;
-		if ((m & RM_ICMP_CODE) && pkt->icmp_code != r->icmp_code)
-			return 0;
-		if ((m & RM_NOT_ICMP_TYPE) && pkt->icmp_type == r->not_icmp_type &&
-		    (!(m & RM_NOT_ICMP_CODE) || pkt->icmp_code == r->not_icmp_code))
-			return 0;
-	}
-	if (m & RM_ANY_PORTS) {
-		if (!(pkt->flags & PKT_F_PORTS))
-			return 0;
-		if ((m & RM_SRC_PORTS) && !port_match_hit(st, &r->src_ports, 1))
-			return 0;
-		if ((m & RM_DST_PORTS) && !port_match_hit(st, &r->dst_ports, 0))
-			return 0;
-		if ((m & RM_NOT_SRC_PORTS) && port_match_hit(st, &r->not_src_ports, 1))
-			return 0;
-		if ((m & RM_NOT_DST_PORTS) && port_match_hit(st, &r->not_dst_ports, 0))
-			return 0;
-	}
-	for (int i = 0; i < RULE_SET_CHECKS; i++) { /* a bounded loop (clang cannot unroll it) */
-		if (i >= n_checks)
-			break;
-		__u8 f = r->set_checks[i].flags;
-		int in = set_contains_cached(st, r->set_checks[i].set_id, f & SET_CHECK_SRC);
-		if (in == ((f & SET_CHECK_NEGATE) != 0))
-			return 0;
-	}
-	return 1;
-}
 
 #endif /* PYFELIX_POLICY_H */

@@ -11,7 +11,7 @@ import pytest
 from agent.bench import BenchSettings, known_benchmarks, run
 
 BPF_BENCHES = ("bpf-verdict", "map-sync", "policy-latency", "restart", "dataplane-compare",
-               "services")
+               "policy-programming", "services")
 
 
 def test_every_bpf_benchmark_is_registered_and_importable():
@@ -45,14 +45,17 @@ def leaves_nothing():
 @pytest.mark.privileged
 def test_bpf_verdict_figures(leaves_nothing):
     f = quick("bpf-verdict")
-    for n in (1, 10, 100, 1000):
+    for n in (1, 10, 100, 1000, 10000):
         assert f[f"first_packet_ns_{n}_min"] <= f[f"first_packet_ns_{n}"] \
             <= f[f"first_packet_ns_{n}_max"]
     assert 0 < f["ct_hit_ns"] < f["first_packet_ns_1000"]
     # the do-nothing program costs less than any real verdict (it is part of each of them)
     assert 0 < f["harness_ns"] < f["ct_hit_ns"]
-    assert f["first_packet_ns_1"] < f["first_packet_ns_1000"]  # the walk is linear
-    assert f["ns_per_rule"] > 0 and f["trie_members"] == 100_000
+    assert f["first_packet_10000_over_10"] == pytest.approx(
+        f["first_packet_ns_10000"] / f["first_packet_ns_10"])
+    assert f["first_packet_1000_over_ct_hit"] == pytest.approx(
+        f["first_packet_ns_1000"] / f["ct_hit_ns"])
+    assert f["trie_members"] == 100_000
 
 
 @pytest.mark.privileged
@@ -111,3 +114,13 @@ def test_restart_figures(leaves_nothing):
     assert f["established_flow_resets"] == 0, f
     assert f["stale_policy_removed"] == 1 and f["new_connections_allowed"] == 1, f
     assert f["messages_while_down"] > 0 and f["resync_seconds"] > 0, f
+
+
+@pytest.mark.privileged
+def test_policy_programming_figures(leaves_nothing):
+    f = quick("policy-programming")
+    assert f["rules"] == 10_003 and f["endpoints"] == 100 and f["classifier_words"] > 0
+    assert 0 < f["install_seconds_min"] <= f["install_seconds"] <= f["install_seconds_max"]
+    assert 0 < f["replace_seconds_min"] <= f["replace_seconds"] <= f["replace_seconds_max"]
+    for kind in ("array_batch", "hash_batch", "lpm"):
+        assert f[f"writes_per_second_{kind}"] > 0

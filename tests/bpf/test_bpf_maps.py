@@ -11,8 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agent.bpf import classifier
 from agent.bpf.conntrack import ConntrackCleaner
 from agent.bpf.maps import ALL_MAPS
+from agent.bpf.maps import cls_l4 as cls_l4_map
+from agent.bpf.maps import cls_tries as cls_tries_map
 from agent.bpf.maps import config as config_map
 from agent.bpf.maps import conntrack as ct_map
 from agent.bpf.maps import counters as counters_map
@@ -50,7 +53,21 @@ def test_python_constants_match_the_c_headers():
         ("SET_CHECK_NEGATE", rules_map.SET_CHECK_NEGATE),
         ("RULE_NAMED_PORT_SLOTS", rules_map.NAMED_PORT_SLOTS),
         ("POLICY_MAX_TAIL_CALLS", rules_map.MAX_TAIL_CALLS),
-        ("POLICY_RULES_PER_PROG", rules_map.DEFAULT_RULES_PER_PROG),
+        ("CLS_MAX_WORDS", classifier.MAX_WORDS), ("CLS_STEPS_PER_PROG", classifier.STEPS_PER_PROG),
+        ("CLS_SUMMARY_WORDS", classifier.MAX_WORDS // 64), ("CLS_FIELDS", classifier.N_FIELDS),
+        ("CLS_F_L4", classifier.F_L4), ("CLS_F_SPORT", classifier.F_SPORT),
+        ("CLS_F_DPORT", classifier.F_DPORT), ("CLS_F_SADDR", classifier.F_SADDR),
+        ("CLS_F_DADDR", classifier.F_DADDR), ("CLS_F_SNAMED", classifier.F_SNAMED),
+        ("CLS_F_DNAMED", classifier.F_DNAMED), ("CLS_VEC_ALL", classifier.VEC_ALL),
+        ("CLS_TRIE_FIXED_BITS", cls_tries_map.FIXED_BITS),
+        ("CLS_SIDE_SADDR", cls_tries_map.SIDE_SADDR), ("CLS_SIDE_DADDR", cls_tries_map.SIDE_DADDR),
+        ("CLS_SIDE_SNAMED", cls_tries_map.SIDE_SNAMED),
+        ("CLS_SIDE_DNAMED", cls_tries_map.SIDE_DNAMED),
+        ("CLS_SIDE_SPORT", cls_tries_map.SIDE_SPORT), ("CLS_SIDE_DPORT", cls_tries_map.SIDE_DPORT),
+        ("CLS_L4_PROTO", cls_l4_map.LEVEL_PROTO), ("CLS_L4_TYPE", cls_l4_map.LEVEL_TYPE),
+        ("CLS_L4_TYPE_CODE", cls_l4_map.LEVEL_TYPE_CODE),
+        ("CLS_L4_OTHER", cls_l4_map.LEVEL_OTHER),
+        ("PKT_F_PORTS", cls_l4_map.PKT_F_PORTS), ("PKT_F_ICMP", cls_l4_map.PKT_F_ICMP),
         ("IPSET_KEY_FIXED_BITS", ipsets_map.KEY_FIXED_BITS),
         ("UNTRACKED_KEY_FIXED_BITS", untracked_map.KEY_FIXED_BITS),
         ("ID_NAME_LEN", ids_map.NAME_LEN), ("EP_F_ADMIN_DOWN", endpoints_map.FLAG_ADMIN_DOWN),

@@ -120,7 +120,9 @@ def test_only_the_difference_is_written():
     m.apply()
     after = total_writes(maps)
     changed = {k: after[k] - before[k] for k in after if after[k] != before[k]}
-    assert changed == {"ipsets": 1}
+    # the member, and its entry in the classifier of the one chain that checks the set
+    # (its signature's vector exists: the instance is updated in place)
+    assert changed == {"ipsets": 1, "cls_tries": 1}
     assert "10.9.9.9/32" in set_members(maps)
 
 
@@ -334,3 +336,29 @@ def test_a_restarted_manager_clears_the_array_slot_of_an_endpoint_gone_while_it_
     restarted.apply()
     assert [r["ifindex"] for r in ep_array.dump(maps["ep_by_ifindex"])] == [11]
     assert endpoints_map.encode_key(12) not in maps["endpoints"].data
+
+
+def test_a_policy_too_big_for_the_classifier_maps_keeps_the_previous_one_and_is_counted():
+    maps = fake_maps(cls_tries=64)
+    m = manager(maps)
+    feed(m, [*scenario(), *interfaces(), p.InSync()])
+    m.apply()
+    assert m.problems() == []
+    entries = dict(maps["endpoints"].data)
+    chains = dict(maps["cls_chains"].data)
+    before = full_errors("cls_tries")
+    # 100 distinct ports: ~200 port-trie entries, more than the map holds
+    m.on_update(p.ActivePolicyUpdate(p.PolicyID("default", "allow-clients"), p.Policy(
+        inbound_rules=tuple(p.Rule("allow", protocol=6, dst_ports=(p.PortRange(
+            1000 + 2 * i, 1000 + 2 * i),)) for i in range(100)))))
+    m.apply()
+    assert full_errors("cls_tries") == before + 1
+    assert any("'cls_tries' is full" in x and "previous policy stays in force" in x
+               for x in m.problems())
+    assert maps["endpoints"].data == entries  # endpoint a still on its old chain
+    assert maps["cls_chains"].data == chains
+    assert ingress_actions(maps, IFACES["cali1"]) == ["allow", "deny", "allow", "deny"]
+    # a policy that fits again is installed
+    m.on_update(allow_from("allow-clients", "s-clients"))
+    m.apply()
+    assert m.problems() == []

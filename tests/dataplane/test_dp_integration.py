@@ -68,8 +68,10 @@ def test_one_loop_round_programs_sets_rules_routes_and_sysctls() -> None:
     for msg in [*_policy_msgs(), InSync()]:
         node.loop.enqueue(msg)
     assert node.step() is True and node.loop.in_sync.is_set()
-    assert len(node.cmds.ipset.sets) == 1
+    # one calc-graph set: its IPv4 set and its (empty) IPv6 twin
+    assert sorted(n[:7] for n in node.cmds.ipset.sets) == ["cali40s", "cali60s"]
     assert "cali-tw-cali2" in node.cmds.iptables.user_chains()
+    assert "cali-tw-cali2" in node.cmds.iptables6.user_chains()
     assert {r.dst for r in node.nl.routes if r.protocol == ROUTE_PROTOCOL} == {
         "10.65.0.1/32", "10.65.0.2/32"}
     assert node.sysctls.values["net/ipv4/conf/cali2/proxy_arp"] == "1"

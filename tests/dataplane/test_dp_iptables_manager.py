@@ -230,7 +230,9 @@ def test_ipset_deltas_and_normalisation() -> None:
     name = ipset_name("s", "net")
     assert h.cmds.ipset.members(name) == {"10.0.0.1", "0.0.0.0/1", "128.0.0.0/1"}
     assert h.cmds.ipset.members(ipset_name("n", "ip_port")) == {"10.0.0.1,tcp:80"}
-    assert h.ipsets.skipped_ipv6 == 1
+    # the IPv6 member is in the set's IPv6 twin
+    assert h.cmds.ipset.members(ipset_name("s", "net", 6)) == {"fd00::1"}
+    assert h.ipsets.skipped_other_family == 0
     h.feed([IPSetDeltaUpdate("s", added=frozenset({"10.0.0.2"}),
                              removed=frozenset({"0.0.0.0/0"}))])
     h.apply()
@@ -335,7 +337,7 @@ def test_ipsets_only_mode_programs_the_wanted_sets_and_follows_the_selection() -
 
     cmds = FakeCommands()
     wanted: set[str] = {"a"}
-    m = IPSetsManager(runner=cmds, only=lambda: wanted)
+    m = IPSetsManager(runner=cmds, only=lambda: wanted, families=(4,))
 
     def run(*msgs: object) -> None:
         for msg in msgs:
@@ -369,3 +371,39 @@ def test_ipsets_only_mode_programs_the_wanted_sets_and_follows_the_selection() -
     writes = cmds.ipset.restore_calls
     run()
     assert cmds.ipset.restore_calls == writes
+
+
+def test_ipsets_one_restore_for_both_families_and_a_single_family_manager_skips() -> None:
+    from agent.dataplane.managers.ipsets import IPSetsManager
+
+    cmds = FakeCommands()
+    m = IPSetsManager(runner=cmds)
+    for msg in (IPSetUpdate("s", "net", frozenset({"10.0.0.1", "fd00::1/128", "::/0"})),
+                IPSetUpdate("p", "ip_port", frozenset({"fd00::2,tcp:80"})), InSync()):
+        m.on_update(msg)
+    m.apply()
+    assert cmds.ipset.restore_calls == 1  # every set of both families in one restore
+    assert cmds.ipset.members(ipset_name("s", "net")) == {"10.0.0.1"}
+    assert cmds.ipset.members(ipset_name("s", "net", 6)) == {"fd00::1", "::/1", "8000::/1"}
+    assert cmds.ipset.members(ipset_name("p", "ip_port", 6)) == {"fd00::2,tcp:80"}
+    assert cmds.ipset.members(ipset_name("p", "ip_port")) == set()
+    m.on_update(IPSetDeltaUpdate("s", added=frozenset({"fd00::3"}),
+                                 removed=frozenset({"::/0"})))
+    m.apply()
+    assert cmds.ipset.members(ipset_name("s", "net", 6)) == {"fd00::1", "fd00::3"}
+    # a restarted manager reads both families back: nothing to write
+    again = IPSetsManager(runner=cmds)
+    for msg in (IPSetUpdate("s", "net", frozenset({"10.0.0.1", "fd00::1", "fd00::3"})),
+                IPSetUpdate("p", "ip_port", frozenset({"fd00::2,tcp:80"}))):
+        again.on_update(msg)
+    calls = cmds.ipset.restore_calls
+    again.apply()
+    assert cmds.ipset.restore_calls == calls
+    # an IPv4-only manager never touches the IPv6 twins, and counts the members it skips
+    only4 = IPSetsManager(runner=cmds, families=(4,))
+    for msg in (IPSetUpdate("s", "net", frozenset({"10.0.0.1", "fd00::1"})), InSync()):
+        only4.on_update(msg)
+    only4.apply()
+    only4.finish_apply()
+    assert only4.skipped_other_family == 1
+    assert cmds.ipset.members(ipset_name("s", "net", 6)) == {"fd00::1", "fd00::3"}

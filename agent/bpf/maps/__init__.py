@@ -6,6 +6,10 @@ is what `pyfelix bpf <map> dump` needs: plain, JSON-ready rows, read without BCC
 from __future__ import annotations
 
 from agent.bpf.maps import (
+    cls_chains,
+    cls_l4,
+    cls_tries,
+    cls_words,
     config,
     conntrack,
     counters,
@@ -47,6 +51,10 @@ ALL_MAPS: tuple[MapParams, ...] = (
     nat_ct.PARAMS,
     nat_counters.PARAMS,
     nat_vip_filter.PARAMS,
+    cls_chains.PARAMS,
+    cls_l4.PARAMS,
+    cls_tries.PARAMS,
+    cls_words.PARAMS,
 )
 
 BY_NAME: dict[str, MapParams] = {p.name: p for p in ALL_MAPS}
@@ -63,6 +71,7 @@ _DUMPERS = {
     "nat_frontend": nat_frontend.dump, "nat_backend": nat_backend.dump,
     "nat_affinity": nat_affinity.dump, "nat_ct": nat_ct.dump, "nat_counters": nat_counters.dump,
     "nat_vip_filter": nat_vip_filter.dump,
+    "cls_chains": cls_chains.dump, "cls_l4": cls_l4.dump, "cls_tries": cls_tries.dump,
 }
 
 
@@ -71,6 +80,11 @@ def dump_pinned(name: str, pin_dir: str) -> list[dict]:
     OSError if the map is not pinned there."""
     if name not in BY_NAME:
         raise KeyError(f"unknown BPF map {name!r}; known: {', '.join(sorted(BY_NAME))}")
+    if name == "cls_words":  # the headers of the instances cls_chains points at
+        with BpfMap.open_pinned(cls_chains.PARAMS, pin_dir) as chains:
+            instances = [row["instance"] for row in cls_chains.dump(chains)]
+        with BpfMap.open_pinned(cls_words.PARAMS, pin_dir) as m:
+            return cls_words.dump(m, instances)
     with BpfMap.open_pinned(BY_NAME[name], pin_dir) as m:
         return _DUMPERS[name](m)
 
@@ -91,6 +105,10 @@ def _rules_in_use(pin_dir: str) -> int:
 def _entries(params: MapParams, m: BpfMap, pin_dir: str) -> int | None:
     if params.name == "rules":
         return _rules_in_use(pin_dir)
+    if params.name == "cls_words":
+        with BpfMap.open_pinned(cls_chains.PARAMS, pin_dir) as chains:
+            instances = {row["instance"] for row in cls_chains.dump(chains)}
+        return sum(cls_words.read_header(m, i)["block_words"] for i in instances)
     if params.map_type in ARRAY_TYPES:
         return None  # counters and config: every slot always exists
     if params.map_type in BATCH_TYPES:

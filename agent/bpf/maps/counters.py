@@ -41,12 +41,13 @@ class GlobalCounter(enum.IntEnum):
     FRAGMENTS = 14
     XDP_DROPPED = 15
     XDP_PASSED = 16
-    RULE_RECORDS_WALKED = 17
+    CLASSIFIER_STEPS = 17
     SPOOFED_DROPPED = 18
     IPV6_DROPPED = 19
     IPV6_ND_PASSED = 20
     ARP_PASSED = 21
     HEP_RPF_DROPPED = 22
+    CLASSIFIER_ERROR = 23
 
 
 EP_DIRECTIONS = ("ingress_allowed", "ingress_denied", "egress_allowed", "egress_denied")

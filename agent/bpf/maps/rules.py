@@ -29,9 +29,14 @@ MAX_TAIL_CALLS = 32  # must match POLICY_MAX_TAIL_CALLS
 DEFAULT_RULES_PER_PROG = 128  # must match the default POLICY_RULES_PER_PROG
 
 
+MAX_CHAIN_RECORDS = 512 * 64  # must match POLICY_MAX_CHAIN_RECORDS (CLS_MAX_WORDS * 64)
+
+
 def max_chain_records(rules_per_prog: int = DEFAULT_RULES_PER_PROG) -> int:
-    """Longest chain the walker can finish (POLICY_MAX_CHAIN_RECORDS)."""
-    return MAX_TAIL_CALLS * rules_per_prog
+    """Longest chain the classifier indexes (POLICY_MAX_CHAIN_RECORDS). `rules_per_prog`
+    (the old walker's batch) no longer limits it and is ignored."""
+    del rules_per_prog
+    return MAX_CHAIN_RECORDS
 
 
 class Action(enum.IntEnum):
@@ -155,6 +160,18 @@ class RuleRecord:
     not_icmp_type: int | None = None
     not_icmp_code: int | None = None
 
+    def __hash__(self) -> int:
+        # cached: chains (tuples of thousands of records) are dict keys, hashed often
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash((self.action, self.jump, self.counter_id, self.protocol,
+                           self.not_protocol, self.set_checks, self.src_ports,
+                           self.not_src_ports, self.dst_ports, self.not_dst_ports,
+                           self.icmp_type, self.icmp_code, self.not_icmp_type,
+                           self.not_icmp_code))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
     @property
     def match_flags(self) -> Match:
         m = Match(0)
@@ -176,47 +193,57 @@ class RuleRecord:
         return m
 
 
-def _fill_ports(dst: PortMatchC, pm: PortMatch, what: str) -> None:
+_HEAD = struct.Struct("=I8BII")  # match_flags .. n_set_checks, jump, counter_id
+_CHECK = struct.Struct("=IB3x")
+_PORT_HEAD = struct.Struct(f"=B3x{NAMED_PORT_SLOTS}I")
+_RANGE = struct.Struct("=HH")
+_EMPTY_CHECK = _CHECK.pack(0, 0)
+_EMPTY_RANGE = _RANGE.pack(0, 0)
+_EMPTY_PORTS = _PORT_HEAD.pack(0, *[0] * NAMED_PORT_SLOTS) + _EMPTY_RANGE * PORT_SLOTS
+
+
+def _port_bytes(pm: PortMatch, what: str) -> bytes:
+    if not pm.ranges and not pm.named_sets:
+        return _EMPTY_PORTS
     if len(pm.ranges) > PORT_SLOTS or len(pm.named_sets) > NAMED_PORT_SLOTS:
         raise ValueError(f"rule record {what}: more than {PORT_SLOTS} ranges or "
                          f"{NAMED_PORT_SLOTS} named-port sets")
-    dst.n_ranges = len(pm.ranges)
-    for i, (first, last) in enumerate(pm.ranges):
-        dst.ranges[i].first, dst.ranges[i].last = first, last
-    for i, s in enumerate(pm.named_sets):
-        dst.named_sets[i] = s
-
-
-def _fill_checks(dst: ctypes.Array, checks: tuple[SetCheck, ...]) -> None:
-    if len(checks) > SET_CHECKS:
-        raise ValueError(f"rule record set_checks: more than {SET_CHECKS} set checks")
-    for i, c in enumerate(checks):
-        if not 0 < c.set_id < 2**31:
-            raise ValueError(f"rule record set_checks: set id {c.set_id} outside 1..2^31-1")
-        dst[i].set_id = c.set_id
-        dst[i].flags = c.flags
+    named = list(pm.named_sets) + [0] * (NAMED_PORT_SLOTS - len(pm.named_sets))
+    return (_PORT_HEAD.pack(len(pm.ranges), *named)
+            + b"".join(_RANGE.pack(first, last) for first, last in pm.ranges)
+            + _EMPTY_RANGE * (PORT_SLOTS - len(pm.ranges)))
 
 
 def encode(rec: RuleRecord) -> bytes:
-    """RuleRecord -> struct policy_rule bytes. Raises ValueError if a slot overflows."""
-    v = Value()
-    v.match_flags = int(rec.match_flags)
-    v.action = int(rec.action)
-    v.jump = rec.jump
-    v.counter_id = rec.counter_id
-    v.protocol = rec.protocol or 0
-    v.not_protocol = rec.not_protocol or 0
-    v.icmp_type = rec.icmp_type or 0
-    v.icmp_code = rec.icmp_code or 0
-    v.not_icmp_type = rec.not_icmp_type or 0
-    v.not_icmp_code = rec.not_icmp_code or 0
-    v.n_set_checks = len(rec.set_checks)
-    _fill_checks(v.set_checks, rec.set_checks)
-    _fill_ports(v.src_ports, rec.src_ports, "src_ports")
-    _fill_ports(v.not_src_ports, rec.not_src_ports, "not_src_ports")
-    _fill_ports(v.dst_ports, rec.dst_ports, "dst_ports")
-    _fill_ports(v.not_dst_ports, rec.not_dst_ports, "not_dst_ports")
-    return bytes(v)
+    """RuleRecord -> struct policy_rule bytes (the layout of `Value`, packed with struct:
+    this runs once per record of every new chain). Raises ValueError if a slot
+    overflows."""
+    checks = rec.set_checks
+    if len(checks) > SET_CHECKS:
+        raise ValueError(f"rule record set_checks: more than {SET_CHECKS} set checks")
+    for c in checks:
+        if not 0 < c.set_id < 2**31:
+            raise ValueError(f"rule record set_checks: set id {c.set_id} outside 1..2^31-1")
+    flags = 0
+    for value, flag in ((rec.protocol, Match.PROTOCOL), (rec.not_protocol, Match.NOT_PROTOCOL),
+                        (rec.icmp_type, Match.ICMP_TYPE), (rec.icmp_code, Match.ICMP_CODE),
+                        (rec.not_icmp_type, Match.NOT_ICMP_TYPE),
+                        (rec.not_icmp_code, Match.NOT_ICMP_CODE)):
+        if value is not None:
+            flags |= flag.value
+    for pm, flag in ((rec.src_ports, Match.SRC_PORTS), (rec.not_src_ports, Match.NOT_SRC_PORTS),
+                     (rec.dst_ports, Match.DST_PORTS), (rec.not_dst_ports, Match.NOT_DST_PORTS)):
+        if pm.ranges or pm.named_sets:
+            flags |= flag.value
+    head = _HEAD.pack(flags, int(rec.action), rec.protocol or 0, rec.not_protocol or 0,
+                      rec.icmp_type or 0, rec.icmp_code or 0, rec.not_icmp_type or 0,
+                      rec.not_icmp_code or 0, len(checks), rec.jump, rec.counter_id)
+    return b"".join((
+        head, *(_CHECK.pack(c.set_id, c.flags) for c in checks),
+        _EMPTY_CHECK * (SET_CHECKS - len(checks)),
+        _port_bytes(rec.src_ports, "src_ports"), _port_bytes(rec.not_src_ports, "not_src_ports"),
+        _port_bytes(rec.dst_ports, "dst_ports"), _port_bytes(rec.not_dst_ports, "not_dst_ports"),
+    ))
 
 
 def _ports(pm: PortMatchC) -> PortMatch:

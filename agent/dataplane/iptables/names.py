@@ -27,6 +27,9 @@ HASH_COMMENT_PREFIX = "cali:"
 IPSET_PREFIX = "cali40"
 # The calc graph's sets (IPSetsManager): hashed names.
 CALC_IPSET_PREFIXES = (f"{IPSET_PREFIX}s:", f"{IPSET_PREFIX}n:")
+# IPv6 twins of the calc graph's sets (family inet6), for the ip6tables rules
+IPSET_PREFIX6 = "cali60"
+CALC_IPSET_PREFIXES6 = (f"{IPSET_PREFIX6}s:", f"{IPSET_PREFIX6}n:")
 IPSET_THIS_HOST = f"{IPSET_PREFIX}this-host"
 IPSET_MASQ_POOLS = f"{IPSET_PREFIX}masq-ipam-pools"
 IPSET_ALL_POOLS = f"{IPSET_PREFIX}all-ipam-pools"
@@ -57,7 +60,6 @@ ALL_INTERFACES_CHAIN_SUFFIX = "any-interface-at-all"
 # Second comments of DROP rules: why the packet was dropped (counted by iptables-save -c).
 COMMENT_SPOOFED_SOURCE = "pyfelix: spoofed source"
 COMMENT_UNKNOWN_WORKLOAD = "pyfelix: no workload endpoint"
-COMMENT_IPV6_NOT_POLICED = "pyfelix: ipv6 not policed"
 
 IPSET_TYPE_NET = "net"  # proto.IPSetUpdate.type -> kernel type hash:net
 IPSET_TYPE_IP_PORT = "ip_port"  # -> hash:net,port
@@ -104,9 +106,16 @@ def host_endpoint_chain_name(iface: str, *, to_host_endpoint: bool, forward: boo
     return f"cali-{kind}-{suffix}"
 
 
-def ipset_name(set_id: str, set_type: str) -> str:
+def ipset_name(set_id: str, set_type: str, family: int = 4) -> str:
+    """The kernel name of a calc-graph set: `cali40s:<hash>` / `cali40n:<hash>`, or the
+    IPv6 twin `cali60s:<hash>` / `cali60n:<hash>` (same hash: one set id, two families)."""
     letter = "n" if set_type == IPSET_TYPE_IP_PORT else "s"
-    return f"{IPSET_PREFIX}{letter}:{short_hash(set_id, 22)}"
+    prefix = IPSET_PREFIX if family == 4 else IPSET_PREFIX6
+    return f"{prefix}{letter}:{short_hash(set_id, 22)}"
+
+
+def ipset_name6(set_id: str, set_type: str) -> str:
+    return ipset_name(set_id, set_type, 6)
 
 
 def valid_iface_name(name: str) -> bool:

@@ -98,6 +98,7 @@ from agent.dataplane.iptables.names import (
     IPSET_TYPE_NET,
     endpoint_chain_name,
     ipset_name,
+    ipset_name6,
     policy_chain_name,
     profile_chain_name,
     reason_comment,
@@ -188,24 +189,30 @@ def _port_chunks(ranges: Iterable[PortRange], field: str) -> list[str]:
     return chunks
 
 
-def _v4_nets(nets: tuple[str, ...], field: str) -> list[str]:
+def _family_nets(nets: tuple[str, ...], field: str, family: int) -> list[str]:
     out = []
     for net in nets:
         try:
             parsed = ipaddress.ip_network(net, strict=False)
         except ValueError as exc:
             raise RenderError(f"{field}: {net!r} is not a CIDR") from exc
-        if parsed.version == 4:
+        if parsed.version == family:
             out.append(str(parsed))
     return out
 
 
 def allowed_ipv4_sources(endpoint: WorkloadEndpoint) -> list[str]:
-    """The IPv4 sources a workload may send from: its IPv4 nets, then the IPv4 entries of its
-    allowSpoofedSourcePrefixes (normalised, duplicates dropped). An entry that does not parse
-    is logged and left out (fail closed: its sources stay forbidden)."""
+    return allowed_sources(endpoint, 4)
+
+
+def allowed_sources(endpoint: WorkloadEndpoint, family: int) -> list[str]:
+    """The sources of one family a workload may send from: its nets of that family, then
+    the entries of that family in its allowSpoofedSourcePrefixes (normalised, duplicates
+    dropped). An entry that does not parse is logged and left out (fail closed: its
+    sources stay forbidden)."""
     out: list[str] = []
-    for field, nets in (("ipv4_nets", endpoint.ipv4_nets),
+    own = endpoint.ipv4_nets if family == 4 else endpoint.ipv6_nets
+    for field, nets in ((f"ipv{family}_nets", own),
                         ("allow_spoofed_source_prefixes", endpoint.allow_spoofed_source_prefixes)):
         for net in nets:
             try:
@@ -214,7 +221,7 @@ def allowed_ipv4_sources(endpoint: WorkloadEndpoint) -> list[str]:
                 log.error("workload endpoint %s: %s entry %r is not a CIDR; not allowed as a "
                           "source", endpoint.name, field, net)
                 continue
-            if parsed.version == 4 and str(parsed) not in out:
+            if parsed.version == family and str(parsed) not in out:
                 out.append(str(parsed))
     return out
 
@@ -225,7 +232,9 @@ def _check_byte(value: int | None, field: str) -> None:
 
 
 class RuleRenderer:
-    """Renders rules, policies, profiles and endpoints into `Chain`s."""
+    """Renders rules, policies, profiles and endpoints into `Chain`s for one IP family:
+    `family=4` for iptables, `family=6` for ip6tables (rules of the other family render as
+    nothing, IP sets are the family's twins `cali60*`, ICMP matches are ICMPv6's)."""
 
     def __init__(
         self,
@@ -233,8 +242,12 @@ class RuleRenderer:
         marks: Marks | None = None,
         interface_prefixes: tuple[str, ...] = ("cali",),
         endpoint_to_host_action: str = "Drop",
-        ipset_namer: Callable[[str, str], str] = ipset_name,
+        ipset_namer: Callable[[str, str], str] | None = None,
+        family: int = 4,
     ) -> None:
+        if family not in (4, 6):
+            raise ValueError(f"family: {family!r} is not 4 or 6")
+        self.family = family
         if endpoint_to_host_action.lower() not in ENDPOINT_TO_HOST_ACTIONS:
             raise ValueError(
                 f"DefaultEndpointToHostAction: {endpoint_to_host_action!r} is not one of "
@@ -245,7 +258,7 @@ class RuleRenderer:
         self.marks = marks or Marks()
         self.interface_prefixes = interface_prefixes
         self.endpoint_to_host_action = endpoint_to_host_action
-        self._ipset_name = ipset_namer
+        self._ipset_name = ipset_namer or (ipset_name if family == 4 else ipset_name6)
 
     # --- one rule ----------------------------------------------------------------------------
 
@@ -259,14 +272,17 @@ class RuleRenderer:
         _check_byte(rule.not_protocol, "not_protocol")
         for name in ("icmp_type", "icmp_code", "not_icmp_type", "not_icmp_code"):
             _check_byte(getattr(rule, name), name)
-        if rule.ip_version == 6 or rule.protocol == ICMPV6:
-            return []  # cannot match IPv4 packets
-        src = _v4_nets(rule.src_nets, "src_nets")
-        dst = _v4_nets(rule.dst_nets, "dst_nets")
+        family = self.family
+        icmp = ICMP if family == 4 else ICMPV6
+        if (rule.ip_version not in (None, family)
+                or rule.protocol == (ICMPV6 if family == 4 else ICMP)):
+            return []  # cannot match packets of this family
+        src = _family_nets(rule.src_nets, "src_nets", family)
+        dst = _family_nets(rule.dst_nets, "dst_nets", family)
         if (rule.src_nets and not src) or (rule.dst_nets and not dst):
-            return []  # IPv6-only nets: nothing in this table can match
-        not_src = _v4_nets(rule.not_src_nets, "not_src_nets")
-        not_dst = _v4_nets(rule.not_dst_nets, "not_dst_nets")
+            return []  # nets of the other family only: nothing in this table can match
+        not_src = _family_nets(rule.not_src_nets, "not_src_nets", family)
+        not_dst = _family_nets(rule.not_dst_nets, "not_dst_nets", family)
 
         numeric_ports = (rule.src_ports or rule.dst_ports or rule.not_src_ports
                          or rule.not_dst_ports)
@@ -277,8 +293,9 @@ class RuleRenderer:
             )
         has_icmp = any(v is not None for v in (rule.icmp_type, rule.icmp_code,
                                                 rule.not_icmp_type, rule.not_icmp_code))
-        if has_icmp and rule.protocol != ICMP:
-            raise RenderError(f"icmp_type/icmp_code: need protocol icmp (1), not {rule.protocol}")
+        if has_icmp and rule.protocol != icmp:
+            raise RenderError(f"icmp_type/icmp_code: need protocol {_proto_name(icmp)} "
+                              f"({icmp}), not {rule.protocol}")
         if rule.icmp_code is not None and rule.icmp_type is None:
             raise RenderError("icmp_code: given without icmp_type")
         if rule.not_icmp_code is not None and rule.not_icmp_type is None:
@@ -339,15 +356,17 @@ class RuleRenderer:
                 for i in not_named
             ]
 
+        icmp_match = "-m icmp --icmp-type" if family == 4 else "-m icmp6 --icmpv6-type"
+        icmp_not = ("-m icmp ! --icmp-type" if family == 4 else "-m icmp6 ! --icmpv6-type")
         if rule.icmp_type is not None:
             code = f"/{rule.icmp_code}" if rule.icmp_code is not None else ""
-            base.append(f"-m icmp --icmp-type {rule.icmp_type}{code}")
+            base.append(f"{icmp_match} {rule.icmp_type}{code}")
         if rule.not_icmp_type is not None:
             code = f"/{rule.not_icmp_code}" if rule.not_icmp_code is not None else ""
             if rule.icmp_type is None:
-                base.append(f"-m icmp ! --icmp-type {rule.not_icmp_type}{code}")
+                base.append(f"{icmp_not} {rule.not_icmp_type}{code}")
             else:
-                clear_if.append(f"-m icmp --icmp-type {rule.not_icmp_type}{code}")
+                clear_if.append(f"{icmp_match} {rule.not_icmp_type}{code}")
 
         return self._assemble(rule.action, proto, base, clear_if, any_of)
 
@@ -436,12 +455,19 @@ class RuleRenderer:
         policy_known: Callable[[PolicyID], bool],
         profile_known: Callable[[str], bool],
     ) -> list[Chain]:
-        return [
-            Chain(endpoint_chain_name(endpoint.name, to_workload=True),
-                  tuple(self._endpoint_rules(endpoint, True, policy_known, profile_known))),
-            Chain(endpoint_chain_name(endpoint.name, to_workload=False),
-                  tuple(self._endpoint_rules(endpoint, False, policy_known, profile_known))),
-        ]
+        """cali-tw-IF and cali-fw-IF; for IPv6 also the source check cali-ws-IF, which
+        cali-fw-IF jumps to first (IPv4 checks sources in the raw table instead)."""
+        from_workload = self._endpoint_rules(endpoint, False, policy_known, profile_known)
+        chains = [Chain(endpoint_chain_name(endpoint.name, to_workload=True),
+                        tuple(self._endpoint_rules(endpoint, True, policy_known,
+                                                   profile_known)))]
+        if self.family == 6:
+            check = self.source_check_chain(endpoint, family=6)
+            from_workload = [f"-j {check.name}", *from_workload]
+            chains.append(check)
+        chains.insert(1, Chain(endpoint_chain_name(endpoint.name, to_workload=False),
+                               tuple(from_workload)))
+        return chains
 
     def _endpoint_rules(
         self,
@@ -526,9 +552,9 @@ class RuleRenderer:
     # --- source check (raw table) -----------------------------------------------------------
 
     @staticmethod
-    def source_check_chain(endpoint: WorkloadEndpoint) -> Chain:
+    def source_check_chain(endpoint: WorkloadEndpoint, family: int = 4) -> Chain:
         """cali-ws-IF: RETURN for the sources the endpoint may use, DROP (commented) else."""
-        rules = [f"-s {net} -j RETURN" for net in allowed_ipv4_sources(endpoint)]
+        rules = [f"-s {net} -j RETURN" for net in allowed_sources(endpoint, family)]
         rules.append(f"{reason_comment(COMMENT_SPOOFED_SOURCE)} -j DROP")
         return Chain(source_check_chain_name(endpoint.name), tuple(rules))
 

@@ -41,6 +41,7 @@ DROP_REASONS = {
     "ep_to_host_dropped": "endpoint_to_host",
     "xdp_dropped": "xdp_untracked_deny",
     "hep_rpf_dropped": "host_endpoint_rpf",
+    "classifier_error": "classifier_error",
 }
 GUARD_REASONS = {"from_unprogrammed": "guard_from_unprogrammed",
                  "to_unprogrammed": "guard_to_unprogrammed"}

@@ -20,11 +20,14 @@ endpoints known by their expected IPs).
 2. compile the whole desired state (the compiler caches per policy/IP set: a change costs
    little) and write the DIFFERENCE against the mirror of each map, in make-before-break
    order: ids adds -> ipsets adds -> counter slots of new ids zeroed -> rules (chains in new
-   regions) -> wep_sources adds (the sources each endpoint may send from) -> endpoints
+   regions) -> classifier instances whole (cls_words blocks, cls_l4 and cls_tries entries;
+   a write that does not fit raises before any pointer moves) -> cls_chains pointers ->
+   wep_sources adds (the sources each endpoint may send from) -> endpoints
    adds/changes (the hash, then its `ep_by_ifindex` array mirror:
    agent.bpf.maps.ep_by_ifindex) -> untracked, config adds/changes; then, ONLY
    after InSync: endpoints deletes (mirror slots cleared first, then the hash entries) ->
-   wep_sources/untracked deletes -> ipsets deletes -> ids deletes, and
+   wep_sources/untracked deletes -> stale classifier entries and cls_chains slots ->
+   ipsets deletes -> ids deletes, and
    `PolicyCompiler.commit()` (frees ids and regions, which must not happen while stale
    entries may still point at them). Hash maps are written with batch syscalls.
    Applying the same state twice writes nothing.
@@ -35,6 +38,9 @@ Map full: never a silent drop and never the whole dataplane's problem.
   closed, with a problem naming endpoint, policy and set); other endpoints are unaffected.
   An unavailable set is retried at a resync or once the trie has room for it.
 - rules (the array): the compiler gives the endpoint that does not fit a DENY chain.
+- cls_words / cls_tries / cls_l4 (the classifier): the compiler leaves the endpoint
+  direction on the chain it had at the last commit (the previous policy stays in force),
+  or gives it a DENY chain if it had none.
 - endpoints (the hash): that endpoint gets no entry, so the programs drop its traffic.
 - ids / untracked: the entry is left out; wep_sources: that source stays dropped.
 Each counts `pyfelix_bpf_map_full_errors_total{map}` and logs an error; apply() succeeds
@@ -59,6 +65,7 @@ from agent.bpf.compiler import (
     PolicyCompiler,
     PolicyState,
 )
+from agent.bpf.maps import cls_chains as cls_chains_map
 from agent.bpf.maps import counters as counters_map
 from agent.bpf.maps import ep_by_ifindex as ep_array
 from agent.bpf.maps import ipsets as ipsets_map
@@ -75,7 +82,8 @@ from agent.dataplane.managers.hostips import resolve_host_endpoints
 log = logging.getLogger(__name__)
 
 SYNCED_MAPS = ("ids", "ipsets", "rules", "wep_sources", "endpoints", "ep_by_ifindex",
-               "untracked", "config")
+               "untracked", "config", "cls_chains", "cls_l4", "cls_tries")
+CLS_WORDS = "cls_words"  # written block by block (new instances), never read back whole
 COUNTER_MAPS = ("rule_counters", "ep_counters", "ep_spoofed")
 _STATE_MESSAGES = (
     proto.IPSetUpdate, proto.IPSetDeltaUpdate, proto.IPSetRemove,
@@ -186,7 +194,7 @@ class BpfPolicyManager(ManagerBase):
         hostname: str = "",
     ) -> None:
         super().__init__()
-        missing = [n for n in SYNCED_MAPS + COUNTER_MAPS if n not in maps]
+        missing = [n for n in (*SYNCED_MAPS, *COUNTER_MAPS, CLS_WORDS) if n not in maps]
         if missing:
             raise ValueError(f"BpfPolicyManager: maps {missing} not given")
         self._maps = dict(maps)
@@ -209,6 +217,8 @@ class BpfPolicyManager(ManagerBase):
         # wants: kept as sets so an apply never scans the whole (65,536-slot) array
         self._ep_present: set[bytes] = set()
         self._ep_wanted: set[bytes] = set()
+        # cls_l4 / cls_tries: the desired dict (by identity) the kernel was made equal to
+        self._cls_in_kernel: dict[str, dict[bytes, bytes]] = {}
         self._unavailable_sets: set[str] = set()
         self._logged_problems: frozenset[str] = frozenset()
         self.last_compiled: CompiledDataplane | None = None
@@ -278,6 +288,7 @@ class BpfPolicyManager(ManagerBase):
         self._report(compiled)
 
     def _read_kernel(self) -> None:
+        self._cls_in_kernel = {}
         for mirror in self._mirrors.values():
             mirror.reload()
         self._ep_present = {k for k, v in (self._mirrors["ep_by_ifindex"].actual or {}).items()
@@ -287,13 +298,18 @@ class BpfPolicyManager(ManagerBase):
             self.interfaces.replace_all(self._list_interfaces())
         if self.compiler is None:
             adopted = AdoptedState.from_maps(self._maps["ids"], self._maps["endpoints"],
-                                             self._maps["rules"])
+                                             self._maps["rules"], self._maps["cls_chains"],
+                                             self._maps[CLS_WORDS], self._maps["cls_l4"],
+                                             self._maps["cls_tries"])
             self.compiler = PolicyCompiler(
                 rules_capacity=self._maps["rules"].max_entries,
                 max_chain_records=max_chain_records(self._rules_per_prog),
                 rule_counters=self._maps["rule_counters"].max_entries,
                 endpoint_counters=self._maps["ep_counters"].max_entries,
                 adopted=adopted,
+                cls_words=self._maps[CLS_WORDS].max_entries,
+                cls_tries=self._maps["cls_tries"].max_entries,
+                cls_l4=self._maps["cls_l4"].max_entries,
             )
             self._known_numbers = {
                 "rules": set(adopted.ids.get(IdKind.RULE, {})),
@@ -358,6 +374,7 @@ class BpfPolicyManager(ManagerBase):
     def _write_rest(self, compiled: CompiledDataplane) -> None:
         self._zero_new_counters(compiled)
         self._write_checked("rules", self._mirrors["rules"].updates(compiled.all_rules()))
+        self._write_classifiers(compiled)
         # an endpoint's allowed sources before its entry: its own traffic is never dropped
         # as spoofed for want of them
         self._write_checked("wep_sources",
@@ -379,6 +396,28 @@ class BpfPolicyManager(ManagerBase):
         for name in ("untracked", "config"):
             self._write_checked(name, self._mirrors[name].updates(getattr(compiled, name)))
 
+    def _write_classifiers(self, compiled: CompiledDataplane) -> None:
+        """Every new classifier instance whole (block, l4 and trie entries), THEN the
+        cls_chains pointers: a chain is never pointed at an instance that is not complete.
+        A write that does not fit raises (the pointers are not switched, the previous
+        classifiers stay in force; the next apply re-reads and retries)."""
+        words = compiled.cls_words()
+        if words:
+            self._maps[CLS_WORDS].update_many(words.items())
+            metrics.MAP_WRITES.labels(CLS_WORDS, "update").inc(len(words))
+        for name in ("cls_l4", "cls_tries"):
+            mirror = self._mirrors[name]
+            if self._cls_in_kernel.get(name) is getattr(compiled, name):
+                continue  # the very entries the kernel was last made equal to
+            failed = mirror.write(mirror.updates(getattr(compiled, name)))
+            if failed:
+                self._count_full(name, len(failed))
+                raise MapFullError(name, mirror.map.max_entries,
+                                   f"{len(failed)} classifier entries did not fit; the "
+                                   f"previous policy stays in force")
+        chains = self._mirrors["cls_chains"]
+        self._write_checked("cls_chains", chains.updates(compiled.cls_chains))
+
     def _write_deletes(self, compiled: CompiledDataplane) -> None:
         # mirror slots first: a PRESENT slot must never outlive its endpoints entry
         stale_slots = sorted(self._ep_present - self._ep_wanted)
@@ -387,6 +426,18 @@ class BpfPolicyManager(ManagerBase):
         for name in ("endpoints", "wep_sources", "untracked"):
             mirror = self._mirrors[name]
             mirror.delete(mirror.stale(getattr(compiled, name)))
+        # classifiers no chain points at any more (endpoints were repointed above)
+        for name in ("cls_l4", "cls_tries"):
+            mirror = self._mirrors[name]
+            desired = getattr(compiled, name)
+            if self._cls_in_kernel.get(name) is not desired:
+                mirror.delete(mirror.stale(desired))
+                self._cls_in_kernel[name] = desired
+        chains = self._mirrors["cls_chains"]
+        wanted = compiled.cls_chains
+        self._write_checked("cls_chains", [
+            (k, cls_chains_map.EMPTY) for k, v in (chains.actual or {}).items()
+            if k not in wanted and v != cls_chains_map.EMPTY])
         ipsets = self._ipsets
         assert ipsets.by_set is not None
         for number, (group, _, removes) in self._ipset_plan.items():
@@ -443,9 +494,14 @@ class BpfPolicyManager(ManagerBase):
                 metrics.MAP_ENTRIES.labels(name).set(used)
             elif name == "ep_by_ifindex":
                 metrics.MAP_ENTRIES.labels(name).set(len(self._ep_present))
+            elif name == "cls_chains":
+                metrics.MAP_ENTRIES.labels(name).set(len(compiled.cls_instances))
             else:
                 metrics.MAP_ENTRIES.labels(name).set(len(mirror.actual or {}))
             metrics.MAP_MAX_ENTRIES.labels(name).set(mirror.map.max_entries)
+        if self.compiler is not None:
+            metrics.MAP_ENTRIES.labels(CLS_WORDS).set(self.compiler.word_regions.used)
+            metrics.MAP_MAX_ENTRIES.labels(CLS_WORDS).set(self._maps[CLS_WORDS].max_entries)
 
     def close(self) -> None:
         """The maps stay pinned and programmed; only our handles go."""

@@ -3,7 +3,8 @@
 Role: Felix's `ipsets` manager for the iptables dataplane. Inputs: `IPSetUpdate` (whole
 membership), `IPSetDeltaUpdate` (members added/removed), `IPSetRemove`, `InSync`.
 Kernel objects: `cali40s:<hash>` hash:net sets (selectors, nets) and `cali40n:<hash>`
-hash:net,port sets (named ports, members `<cidr>,<proto>:<port>`), family inet.
+hash:net,port sets (named ports, members `<cidr>,<proto>:<port>`), family inet, and their
+IPv6 twins `cali60s:` / `cali60n:` (family inet6, see Normalisation).
 
 Two phases, in Felix's order around the iptables rules:
 - `apply()` (before the iptables manager): create new sets and add/remove members, in ONE
@@ -19,11 +20,15 @@ map); updates to the others cost a Python set operation and write nothing. A set
 referenced is destroyed in phase 2 like a removed one.
 
 Normalisation: members are kept in the form `ipset save` prints, so desired and actual
-compare equal: host entries without "/32", networks as a.b.c.d/len; 0.0.0.0/0 (which
-hash:net cannot hold) is split into 0.0.0.0/1 + 128.0.0.0/1. IPv6 members are skipped (these
-are IPv4 sets; an IPv6 twin is future work), counted in `skipped_ipv6`.
+compare equal: host entries without "/32" ("/128"), networks as address/len; a /0 (which
+hash:net cannot hold) is split into two /1s. Families (`families`): each calc-graph set is
+a `cali40*` set (family inet) of its IPv4 members and, with 6 (the default, in both modes:
+BPF mode thereby also sweeps an iptables-mode agent's IPv6 sets), a `cali60*` twin (family
+inet6, same hash) of its IPv6 members; members of a family not managed are skipped and counted in
+`skipped_other_family`.
 
-Invariants: only sets whose name starts with `cali40s:` or `cali40n:` are read or written
+Invariants: only sets whose name starts with `cali40s:` or `cali40n:` (`cali60s:` /
+`cali60n:` for IPv6) are read or written
 (fixed-name `cali40` sets such as `cali40this-host` belong to other managers); a second apply of
 the same state runs no command; a failure raises, keeps the work pending, re-reads the
 kernel (`ipset save`) next time.
@@ -40,6 +45,8 @@ from dataclasses import dataclass
 from agent.dataplane.delta import DeltaTracker
 from agent.dataplane.iptables.names import (
     CALC_IPSET_PREFIXES,
+    CALC_IPSET_PREFIXES6,
+    IPSET_PREFIX6,
     IPSET_TYPE_IP_PORT,
     IPSET_TYPE_NET,
     KERNEL_IPSET_TYPES,
@@ -64,11 +71,12 @@ class IPSetState:
     members: frozenset[str]
 
 
-def _normalise_net(text: str) -> list[str] | None:
-    """A CIDR/IP -> ipset's printed form(s); None when unparsable; [] when IPv6."""
+def _normalise_net(text: str, family: int = 4) -> list[str] | None:
+    """A CIDR/IP -> ipset's printed form(s); None when unparsable; [] when of the other
+    family."""
     text = text.strip()
     addr, slash, plen = text.partition("/")
-    if (not slash or plen == "32") and ":" not in addr:
+    if family == 4 and (not slash or plen == "32") and ":" not in addr:
         try:  # fast path for host entries, the bulk of every set
             socket.inet_pton(socket.AF_INET, addr)
         except OSError:
@@ -78,17 +86,19 @@ def _normalise_net(text: str) -> list[str] | None:
         net = ipaddress.ip_network(text, strict=False)
     except ValueError:
         return None
-    if net.version != 4:
+    if net.version != family:
         return []
-    if net.prefixlen == 0:
-        return ["0.0.0.0/1", "128.0.0.0/1"]
-    return [str(net.network_address) if net.prefixlen == 32 else str(net)]
+    if net.prefixlen == 0:  # hash:net cannot hold /0
+        return (["0.0.0.0/1", "128.0.0.0/1"] if family == 4 else ["::/1", "8000::/1"])
+    if net.prefixlen == net.max_prefixlen:
+        return [str(net.network_address)]
+    return [str(net)]
 
 
-def normalise_member(member: str, set_type: str) -> list[str] | None:
-    """One proto member -> kernel members (None: malformed; []: not for an IPv4 set)."""
+def normalise_member(member: str, set_type: str, family: int = 4) -> list[str] | None:
+    """One proto member -> kernel members (None: malformed; []: of the other family)."""
     if set_type == IPSET_TYPE_NET:
-        return _normalise_net(member)
+        return _normalise_net(member, family)
     try:
         net_text, port_text = member.rsplit(",", 1)
         proto, port = port_text.split(":", 1)
@@ -98,10 +108,14 @@ def normalise_member(member: str, set_type: str) -> list[str] | None:
     proto = proto.lower()
     if proto not in _PORT_PROTOCOLS or not 0 <= port_number <= 65535:
         return None
-    nets = _normalise_net(net_text)
+    nets = _normalise_net(net_text, family)
     if nets is None:
         return None
     return [f"{n},{proto}:{port_number}" for n in nets]
+
+
+def family_of_set(name: str) -> int:
+    return 6 if name.startswith(IPSET_PREFIX6) else 4
 
 
 def parse_ipset_save(text: str, prefix: str | tuple[str, ...] = CALC_IPSET_PREFIXES
@@ -118,46 +132,62 @@ def parse_ipset_save(text: str, prefix: str | tuple[str, ...] = CALC_IPSET_PREFI
         elif parts[0] == "add":
             set_type = IPSET_TYPE_IP_PORT if types.get(parts[1], "").endswith(",port") \
                 else IPSET_TYPE_NET
-            norm = normalise_member(parts[2], set_type)
+            norm = normalise_member(parts[2], set_type, family_of_set(parts[1]))
             members.setdefault(parts[1], set()).update(norm or [parts[2]])
     return {name: IPSetState(types[name], frozenset(members.get(name, ()))) for name in types}
 
 
-class _SetMembers:
-    """One set's members: raw proto member -> kernel members, with reference counts (two raw
-    members can normalise to the same kernel member), so a delta costs O(delta)."""
+def classify_member(member: str, set_type: str) -> tuple[int, list[str]] | None:
+    """One proto member -> (its family, kernel members); None when malformed."""
+    ipv4 = normalise_member(member, set_type, 4)
+    if ipv4 is None:
+        return None
+    if ipv4:
+        return 4, ipv4
+    ipv6 = normalise_member(member, set_type, 6)
+    return (6, ipv6) if ipv6 else None
 
-    def __init__(self, set_id: str, set_type: str) -> None:
+
+class _SetMembers:
+    """One set's members: raw proto member -> (family, kernel member)s, with reference
+    counts per family (two raw members can normalise to the same kernel member), so a
+    delta costs O(delta). Members of a family not in `families` are skipped (counted)."""
+
+    def __init__(self, set_id: str, set_type: str, families: tuple[int, ...]) -> None:
         self.set_id = set_id
         self.set_type = set_type
-        self.raw: dict[str, tuple[str, ...]] = {}
-        self.counts: dict[str, int] = {}
-        self._skipped_ipv6 = 0
+        self.families = families
+        self.raw: dict[str, tuple[tuple[int, str], ...]] = {}
+        self.counts: dict[int, dict[str, int]] = {family: {} for family in families}
+        self._skipped_other_family = 0
 
     def add(self, member: str) -> None:
         if member in self.raw:
             return
-        norm = normalise_member(member, self.set_type)
-        if norm is None:
+        classified = classify_member(member, self.set_type)
+        if classified is None:
             log.error("IP set %s: member %r is malformed; skipped", self.set_id, member)
             return
-        if not norm:
-            self._skipped_ipv6 += 1
-        self.raw[member] = kernel_members = tuple(norm)
+        family, norm = classified
+        if family not in self.families:
+            self._skipped_other_family += 1
+            norm = []
+        self.raw[member] = kernel_members = tuple((family, m) for m in norm)
         self._count(kernel_members)
 
-    def _count(self, kernel_members: tuple[str, ...]) -> None:
-        counts = self.counts
-        for kernel_member in kernel_members:
+    def _count(self, kernel_members: tuple[tuple[int, str], ...]) -> None:
+        for family, kernel_member in kernel_members:
+            counts = self.counts[family]
             counts[kernel_member] = counts.get(kernel_member, 0) + 1
 
     def remove(self, member: str) -> None:
-        for kernel_member in self.raw.pop(member, ()):
-            left = self.counts[kernel_member] - 1
+        for family, kernel_member in self.raw.pop(member, ()):
+            counts = self.counts[family]
+            left = counts[kernel_member] - 1
             if left:
-                self.counts[kernel_member] = left
+                counts[kernel_member] = left
             else:
-                del self.counts[kernel_member]
+                del counts[kernel_member]
 
     def replace(self, members: frozenset[str], old: _SetMembers | None) -> None:
         """Whole new membership; reuses `old`'s normalisations for members it already had."""
@@ -169,13 +199,13 @@ class _SetMembers:
             else:
                 self.add(member)
 
-    def take_skipped_ipv6(self) -> int:
-        count, self._skipped_ipv6 = self._skipped_ipv6, 0
+    def take_skipped_other_family(self) -> int:
+        count, self._skipped_other_family = self._skipped_other_family, 0
         return count
 
 
 def restore_lines(name: str, state: IPSetState, actual: IPSetState | None,
-                  max_size: int) -> list[str]:
+                  max_size: int, family: int = 4) -> list[str]:
     """`ipset restore` lines taking set `name` from `actual` (None: absent) to `state`:
     create it if absent, then delete and add only the members that differ."""
     if actual is not None and actual.kernel_type != state.kernel_type:
@@ -185,7 +215,8 @@ def restore_lines(name: str, state: IPSetState, actual: IPSetState | None,
     old: frozenset[str] = frozenset()
     if actual is None:
         maxelem = max(max_size, len(state.members))
-        lines.append(f"create {name} {state.kernel_type} family inet maxelem {maxelem}")
+        inet = "inet" if family == 4 else "inet6"
+        lines.append(f"create {name} {state.kernel_type} family {inet} maxelem {maxelem}")
     else:
         old = actual.members
     lines += [f"del {name} {m}" for m in sorted(old - state.members)]
@@ -194,6 +225,10 @@ def restore_lines(name: str, state: IPSetState, actual: IPSetState | None,
 
 
 class IPSetsManager(ManagerBase):
+    """The calc graph's sets as kernel ipsets, per family in `families`: `cali40*` sets of
+    the IPv4 members and (with 6) `cali60*` twins of the IPv6 members, all written by one
+    `ipset restore` per phase."""
+
     name = "ipsets"
     policy_critical = True
 
@@ -205,8 +240,16 @@ class IPSetsManager(ManagerBase):
         max_size: int = 1048576,
         ipset_binary: str = "ipset",
         only: Callable[[], Collection[str]] | None = None,
+        families: tuple[int, ...] = (4, 6),
     ) -> None:
         super().__init__()
+        if not families or any(f not in (4, 6) for f in families):
+            raise ValueError("IPSetsManager: families must be 4 and/or 6")
+        self.families = tuple(sorted(set(families)))
+        # sets of a family not managed here are not read either (a manager without 6 never
+        # touches cali60 sets)
+        self._prefixes = tuple(p for family in self.families for p in (
+            CALC_IPSET_PREFIXES if family == 4 else CALC_IPSET_PREFIXES6))
         self._only = only
         if max_size <= 0:
             raise ValueError("IPSetsManager: max_size must be positive")
@@ -219,8 +262,16 @@ class IPSetsManager(ManagerBase):
         # normalised only once wanted. Every set is in exactly one of _sets / _unprogrammed.
         self._unprogrammed: dict[str, tuple[str, set[str]]] = {}
         self._tracker: DeltaTracker[str, IPSetState] = DeltaTracker()
-        self.skipped_ipv6 = 0
+        self.skipped_other_family = 0  # members of a family not in `families`
         self.restore_calls = 0
+
+    def _set_names(self, set_id: str, set_type: str) -> list[tuple[int, str]]:
+        """(family, kernel name) of each family's set for one calc-graph set."""
+        return [(family, ipset_name(set_id, set_type, family)) for family in self.families]
+
+    def _forget(self, set_id: str, set_type: str) -> None:
+        for _family, name in self._set_names(set_id, set_type):
+            self._tracker.delete_desired(name)
 
     # --- on_update ---------------------------------------------------------------------------
 
@@ -235,9 +286,9 @@ class IPSetsManager(ManagerBase):
                 return
             old = self._sets.get(msg.id)
             if old is not None and old.set_type != msg.type:
-                self._tracker.delete_desired(ipset_name(msg.id, old.set_type))
+                self._forget(msg.id, old.set_type)
                 old = None
-            entry = _SetMembers(msg.id, msg.type)
+            entry = _SetMembers(msg.id, msg.type, self.families)
             entry.replace(msg.members, old)
             self._sets[msg.id] = entry
             self._dirty.add(msg.id)
@@ -259,7 +310,7 @@ class IPSetsManager(ManagerBase):
         elif isinstance(msg, IPSetRemove):
             entry = self._sets.pop(msg.id, None)
             if entry is not None:
-                self._tracker.delete_desired(ipset_name(msg.id, entry.set_type))
+                self._forget(msg.id, entry.set_type)
             self._dirty.discard(msg.id)
             self._unprogrammed.pop(msg.id, None)
         elif isinstance(msg, InSync):
@@ -271,12 +322,12 @@ class IPSetsManager(ManagerBase):
         wanted = set(wanted)
         for set_id in [i for i in self._sets if i not in wanted]:
             entry = self._sets.pop(set_id)
-            self._tracker.delete_desired(ipset_name(set_id, entry.set_type))
+            self._forget(set_id, entry.set_type)
             self._unprogrammed[set_id] = (entry.set_type, set(entry.raw))
         for set_id in wanted:
             unprogrammed = self._unprogrammed.pop(set_id, None)
             if unprogrammed is not None:
-                entry = _SetMembers(set_id, unprogrammed[0])
+                entry = _SetMembers(set_id, unprogrammed[0], self.families)
                 entry.replace(frozenset(unprogrammed[1]), None)
                 self._sets[set_id] = entry
                 self._dirty.add(set_id)
@@ -288,11 +339,10 @@ class IPSetsManager(ManagerBase):
             entry = self._sets.get(set_id)
             if entry is None:
                 continue
-            self.skipped_ipv6 += entry.take_skipped_ipv6()
-            self._tracker.set_desired(
-                ipset_name(set_id, entry.set_type),
-                IPSetState(KERNEL_IPSET_TYPES[entry.set_type], frozenset(entry.counts)),
-            )
+            self.skipped_other_family += entry.take_skipped_other_family()
+            for family, name in self._set_names(set_id, entry.set_type):
+                self._tracker.set_desired(name, IPSetState(
+                    KERNEL_IPSET_TYPES[entry.set_type], frozenset(entry.counts[family])))
         self._dirty.clear()
 
     # --- apply -------------------------------------------------------------------------------
@@ -305,7 +355,7 @@ class IPSetsManager(ManagerBase):
             raise IPSetError(str(exc)) from exc
 
     def _resync(self) -> None:
-        self._tracker.replace_all_dataplane(parse_ipset_save(self._run(["save"])))
+        self._tracker.replace_all_dataplane(parse_ipset_save(self._run(["save"]), self._prefixes))
         self._resync_requested = False
 
     def apply(self) -> None:
@@ -314,7 +364,7 @@ class IPSetsManager(ManagerBase):
             self._resync()
         updates = self._tracker.pending_updates()
         lines = [line for name, state in updates for line in restore_lines(
-            name, state, self._tracker.get_dataplane(name), self._max_size)]
+            name, state, self._tracker.get_dataplane(name), self._max_size, family_of_set(name))]
         if not lines:
             return
         self.restore_calls += 1

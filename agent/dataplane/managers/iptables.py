@@ -22,9 +22,13 @@ same backend, by one ip6tables-restore in the same apply():
              cali-PREROUTING/-OUTPUT; the workloads' source check (anti-spoofing):
              cali-wl-src-dispatch -> cali-ws-IF per endpoint (its IPv4 nets and IPv4
              allowSpoofedSourcePrefixes RETURN, any other source DROPs)
-    filter6  (ip6tables) fail closed until IPv6 policy exists: cali-INPUT/-FORWARD/-OUTPUT
-             drop all IPv6 from and to workload interfaces but neighbour discovery/MLD
-             between a workload and the host
+    filter6  (ip6tables) IPv6 policy for workloads: the same policy, profile, endpoint
+             and dispatch chains rendered for IPv6 (`RuleRenderer(family=6)`: IPv6 rules,
+             `cali60*` IP sets, ICMPv6), each endpoint's IPv6 source check (cali-ws-IF, its
+             IPv6 nets and IPv6 allowSpoofedSourcePrefixes) jumped to first from its
+             cali-fw-IF, neighbour discovery/MLD between a workload and the host accepted
+             first (`ipv6.ipv6_workload_static_chains`). Host endpoints' IPv6 and
+             preDNAT/doNotTrack IPv6 rules are not rendered (not policed in IPv6).
 
 One family failing does not stop the other from being programmed in the round; either
 failure is raised. ip6tables missing, or a kernel without IPv6, is such a failure (named as
@@ -81,7 +85,7 @@ from agent.dataplane.iptables.hostendpoints import (
     host_endpoint_profile_ids,
     parse_failsafe_ports,
 )
-from agent.dataplane.iptables.ipv6 import ipv6_base_chain_inserts, ipv6_static_chains
+from agent.dataplane.iptables.ipv6 import ipv6_base_chain_inserts, ipv6_workload_static_chains
 from agent.dataplane.iptables.names import IPSET_ALL_VXLAN, valid_iface_name
 from agent.dataplane.iptables.render import (
     ENDPOINT_TO_HOST_ACTIONS,
@@ -122,6 +126,8 @@ from agent.proto import (
 from agent.shims.cmd import CommandRunner, NetnsCommandRunner
 
 log = logging.getLogger(__name__)
+
+FILTER6 = "filter6"  # ip6tables' filter table, in the endpoints' chain bookkeeping
 
 TABLES = (FILTER, MANGLE, RAW)
 
@@ -168,6 +174,12 @@ class IptablesManager(ManagerBase):
             marks=marks,
             interface_prefixes=interface_prefixes,
             endpoint_to_host_action=endpoint_to_host_action,
+        )
+        self._renderer6 = RuleRenderer(
+            marks=marks,
+            interface_prefixes=interface_prefixes,
+            endpoint_to_host_action=endpoint_to_host_action,
+            family=6,
         )
         self._hep_renderer = HostEndpointRenderer(self._renderer)
         self._failsafes = failsafes if failsafes is not None else default_failsafes()
@@ -376,6 +388,7 @@ class IptablesManager(ManagerBase):
                           "Accept; keeping %s", action, self._renderer.endpoint_to_host_action)
             else:
                 self._renderer.endpoint_to_host_action = action.capitalize()
+                self._renderer6.endpoint_to_host_action = action.capitalize()
                 self._static_dirty = True
         inbound, outbound = self._base_failsafes.inbound, self._base_failsafes.outbound
         for key in ("FailsafeInboundHostPorts", "FailsafeOutboundHostPorts"):
@@ -406,6 +419,18 @@ class IptablesManager(ManagerBase):
         for table in self._all_tables():
             table.request_resync()
 
+    def _table_named(self, name: str) -> IptablesTable:
+        """A table by name, FILTER6 being ip6tables' filter table."""
+        return self.table6 if name == FILTER6 else self.table_for(name)
+
+    def _filter_tables(self) -> list[tuple[RuleRenderer, IptablesTable]]:
+        """The filter tables normal policy and profiles are rendered into, with their
+        renderers: IPv4, and in iptables mode IPv6."""
+        tables = [(self._renderer, self.table)]
+        if not self.host_endpoints_only:
+            tables.append((self._renderer6, self.table6))
+        return tables
+
     def _all_tables(self) -> list[IptablesTable]:
         return [*self._tables.values(), *([self._table6] if self._table6 else [])]
 
@@ -415,14 +440,14 @@ class IptablesManager(ManagerBase):
         for pid in self._dirty_policies:
             self._render_policy(pid)
         self._dirty_policies.clear()
-        table = self.table
         for prof_id in self._dirty_profiles:
             profile = self._profiles.get(prof_id) if self._renders_profile(prof_id) else None
-            for chain in self._renderer.profile_chains(prof_id, profile or Profile()):
-                if profile is None:
-                    table.remove_chain(chain.name)
-                else:
-                    table.set_chain(chain)
+            for renderer, table in self._filter_tables():
+                for chain in renderer.profile_chains(prof_id, profile or Profile()):
+                    if profile is None:
+                        table.remove_chain(chain.name)
+                    else:
+                        table.set_chain(chain)
         self._dirty_profiles.clear()
         dirty = set(self._endpoints) if self._all_endpoints_dirty else set()
         dirty |= self._dirty_endpoints
@@ -449,7 +474,7 @@ class IptablesManager(ManagerBase):
             filter_table.set_base_inserts(base, rules)
         if workloads:
             table6 = self.table6
-            for chain in ipv6_static_chains(self._renderer.interface_prefixes):
+            for chain in ipv6_workload_static_chains(self._renderer6):
                 table6.set_chain(chain)
             for base, rules in ipv6_base_chain_inserts().items():
                 table6.set_base_inserts(base, rules)
@@ -472,11 +497,16 @@ class IptablesManager(ManagerBase):
         if old_table is not None and (policy is None or policy_table(policy) != old_table):
             for chain in self._renderer.policy_chains(pid, Policy()):
                 self.table_for(old_table).remove_chain(chain.name)
+                if old_table == FILTER and not self.host_endpoints_only:
+                    self.table6.remove_chain(chain.name)
         if policy is None:
             return
         name = policy_table(policy)
         for chain in self._renderer.policy_chains(pid, policy):
             self.table_for(name).set_chain(chain)
+        if name == FILTER and not self.host_endpoints_only:
+            for chain in self._renderer6.policy_chains(pid, policy):
+                self.table6.set_chain(chain)
         self._policy_tables[pid] = name
 
     def _set_dispatch(self) -> None:
@@ -485,22 +515,24 @@ class IptablesManager(ManagerBase):
             log.error("two workload endpoints share an interface name; one wins")
         for chain in self._renderer.dispatch_chains(ifaces):
             self.table.set_chain(chain)
+        for chain in self._renderer6.dispatch_chains(ifaces):
+            self.table6.set_chain(chain)
         self.table_for(RAW).set_chain(self._renderer.source_dispatch_chain(ifaces))
 
     def _render_endpoint(self, ep_id: WorkloadEndpointID) -> None:
         for table, name in self._endpoint_chains.pop(ep_id, ()):
-            self.table_for(table).remove_chain(name)
+            self._table_named(table).remove_chain(name)
         endpoint = self._endpoints.get(ep_id)
         if endpoint is None:
             return
-        chains = [(FILTER, chain) for chain in self._renderer.endpoint_chains(
-            endpoint,
-            policy_known=lambda pid: self._policy_tables.get(pid) == FILTER,
-            profile_known=lambda prof: prof in self._profiles,
-        )]
+        known = {"policy_known": lambda pid: self._policy_tables.get(pid) == FILTER,
+                 "profile_known": lambda prof: prof in self._profiles}
+        chains = [(FILTER, chain) for chain in self._renderer.endpoint_chains(endpoint, **known)]
         chains.append((RAW, self._renderer.source_check_chain(endpoint)))
+        chains += [(FILTER6, chain)
+                   for chain in self._renderer6.endpoint_chains(endpoint, **known)]
         for table, chain in chains:
-            self.table_for(table).set_chain(chain)
+            self._table_named(table).set_chain(chain)
         self._endpoint_chains[ep_id] = tuple((table, c.name) for table, c in chains)
 
     # --- host endpoints ----------------------------------------------------------------------

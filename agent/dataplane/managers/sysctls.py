@@ -2,7 +2,8 @@
 
 Role: Felix's interface configuration. Desired values:
 - global: `net.ipv4.ip_forward=1`; `net.ipv4.conf.default.rp_filter=1` (strict reverse-path
-  filtering for interfaces created from now on);
+  filtering for interfaces created from now on); `net.ipv6.conf.all.forwarding=1` where the
+  kernel has IPv6;
 - per workload interface (its name starts with one of `interface_prefixes`, from the
   interface monitor's `InterfaceUpdate`): `rp_filter` 1 (strict; in iptables mode a second
   line behind the raw table's source check, see `agent.dataplane.iptables.render`) or 0 in
@@ -49,6 +50,13 @@ log = logging.getLogger(__name__)
 GLOBAL_SYSCTLS: dict[str, str] = {
     "net/ipv4/ip_forward": "1",
     "net/ipv4/conf/default/rp_filter": "1",
+}
+
+
+# IPv6 routing to and from workloads (Felix sets it where IPv6 is supported); a kernel
+# without IPv6 has no such entry, and it is then dropped like a workload's IPv6 keys.
+OPTIONAL_GLOBAL_SYSCTLS: dict[str, str] = {
+    "net/ipv6/conf/all/forwarding": "1",
 }
 
 
@@ -117,6 +125,9 @@ class SysctlManager(ManagerBase):
         self._loose_ifaces: dict[str, set[WorkloadEndpointID]] = {}
         for path, value in GLOBAL_SYSCTLS.items():
             self._tracker.set_desired(path, value)
+        for path, value in OPTIONAL_GLOBAL_SYSCTLS.items():  # absent: no IPv6 in the kernel
+            self._tracker.set_desired(path, value)
+            self._optional.add(path)
 
     @property
     def sysctls(self) -> Sysctls:

@@ -51,7 +51,9 @@ class Harness:
             rules_capacity=dp.maps["rules"].max_entries,
             rule_counters=dp.maps["rule_counters"].max_entries,
             endpoint_counters=dp.maps["ep_counters"].max_entries,
-            max_chain_records=32 * dp.config.rules_per_prog,
+            cls_words=dp.maps["cls_words"].max_entries,
+            cls_tries=dp.maps["cls_tries"].max_entries,
+            cls_l4=dp.maps["cls_l4"].max_entries,
         )
         self.last: CompiledDataplane | None = None
 
@@ -66,6 +68,10 @@ class Harness:
         sync_map(maps["ids"], out.ids)
         sync_map(maps["ipsets"], out.ipsets)
         sync_map(maps["rules"], out.all_rules())
+        maps["cls_words"].update_many(out.cls_words().items())
+        sync_map(maps["cls_l4"], out.cls_l4)
+        sync_map(maps["cls_tries"], out.cls_tries)
+        maps["cls_chains"].update_many(out.cls_chains.items())
         sync_map(maps["wep_sources"], out.wep_sources)
         sync_map(maps["endpoints"], out.endpoints)
         sync_map(maps["routes"], compile_routes(self.route_inputs, self.ifindexes, []))

@@ -24,7 +24,8 @@ from agent.bpf.testrun import NetnsThread
 from tests.privileged.bpf.bpf_harness import Harness, reset_maps
 
 IFACES = ("d1", "d2", "d3", "d4")
-TEST_MAP_SIZES = {"rules": 8192, "rule_counters": 4096, "ep_counters": 256, "endpoints": 256,
+TEST_MAP_SIZES = {"rules": 32768, "cls_words": 1 << 17, "cls_tries": 1 << 16,
+                  "rule_counters": 4096, "ep_counters": 256, "endpoints": 256,
                   "ipsets": 65536, "ids": 8192, "conntrack": 4096, "routes": 1024,
                   "untracked": 1024}
 

@@ -191,6 +191,14 @@ def test_every_map_dumps_json_ready_rows_from_its_pin(loaded, harness, pin_dir):
     assert rows["config"] == [{"flags": 0, "endpoint_to_host_action": "DROP",
                               "bpf_enforce_rpf": "STRICT"}]
     assert rows["untracked"] == []
+    # the classifier: the chain's instance, its header, its source-address entry
+    (chain,) = [r for r in rows["cls_chains"] if r["chain_start"] == rows["endpoints"][0][
+        "ingress"]["start"]]
+    (head,) = [r for r in rows["cls_words"] if r["instance"] == chain["instance"]]
+    assert head["n_words"] == 1 and head["looked_up"] == ["saddr"] and head["block_words"] > 5
+    assert {"instance": chain["instance"], "side": "saddr", "prefix": "10.1.0.0/16",
+            "vec": rows["cls_tries"][0]["vec"]} in rows["cls_tries"]
+    assert rows["cls_l4"] == []  # no record names a protocol
     with pytest.raises(KeyError, match="unknown BPF map 'nope'"):
         dump_pinned("nope", pin_dir)
 
@@ -274,8 +282,7 @@ def test_build_without_the_coarse_clock_tracks_flows_on_the_fine_one(root_untouc
         with load_dataplane(BuildConfig(pin_dir=pin_dir, ktime_coarse=False,
                                         map_sizes={"conntrack": 64})) as dp:
             assert "-DPF_KTIME_COARSE=1" not in dp.config.cflags()
-            compiler = PolicyCompiler(rules_capacity=dp.maps["rules"].max_entries,
-                                      max_chain_records=32 * dp.config.rules_per_prog)
+            compiler = PolicyCompiler(rules_capacity=dp.maps["rules"].max_entries)
             state = PolicyState()
             state.apply(p.ActiveProfileUpdate("allow", p.Profile(
                 inbound_rules=(p.Rule("allow"),), outbound_rules=(p.Rule("allow"),))))
@@ -285,6 +292,10 @@ def test_build_without_the_coarse_clock_tracks_flows_on_the_fine_one(root_untouc
                                                                     ipv4_nets=("10.65.0.1/32",))))
             out = compiler.compile(state, {"lo": 1})
             dp.maps["rules"].update_many(out.all_rules().items())
+            dp.maps["cls_words"].update_many(out.cls_words().items())
+            dp.maps["cls_l4"].update_many(out.cls_l4.items())
+            dp.maps["cls_tries"].update_many(out.cls_tries.items())
+            dp.maps["cls_chains"].update_many(out.cls_chains.items())
             dp.maps["wep_sources"].update_many(out.wep_sources.items())
             dp.maps["endpoints"].update_many(out.endpoints.items())
             before = time.monotonic_ns()

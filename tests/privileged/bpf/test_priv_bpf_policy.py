@@ -526,7 +526,9 @@ def test_rule_endpoint_and_global_counters(harness):
 # --- long chains ---------------------------------------------------------------------------
 
 
-def test_a_1000_rule_chain_is_walked_to_the_end(harness):
+def test_a_1000_rule_chain_costs_one_classifier_step(harness):
+    """The classifier finds record 999 of 1,002 without walking the others: one candidate
+    word, one step (the linear walk evaluated 1,000 records here)."""
     h = harness
     rules_ = tuple(p.Rule("allow", protocol=6, src_nets=(f"172.16.{i // 250}.{i % 250}/32",))
                    for i in range(999))
@@ -535,28 +537,79 @@ def test_a_1000_rule_chain_is_walked_to_the_end(harness):
     assert len(chain) == 1002  # + tier end + final deny
     assert to_a(h, pk.udp(B, A, 1, 2)) == "allow"
     assert h.rule_counter("last")[0] == 1
-    assert h.globals()["rule_records_walked"] == 1000
-    assert to_a(h, pk.tcp("172.16.3.248", A, 1, 2)) == "allow"  # rule 998
+    assert h.globals()["classifier_steps"] == 1
     assert to_a(h, pk.tcp(B, A, 1, 2)) == "deny"  # tier end, record 1001
-    assert h.globals()["rule_records_walked"] == 1000 + 999 + 1001
+    assert h.globals()["classifier_steps"] == 2
+    assert to_a(h, pk.tcp("172.16.3.7", A, 1, 2)) == "allow"  # rule 757
+    assert h.globals()["classifier_steps"] == 3
     assert h.globals()["tail_call_failed"] == 0
+    assert h.globals()["classifier_error"] == 0
 
 
-def test_a_chain_longer_than_the_tail_call_limit_fails_closed(harness):
-    from agent.bpf.maps import endpoints as endpoints_map
+def test_a_15000_rule_policy_is_classified_exactly_and_flat(harness):
+    """Calico's figure after program splitting: 15,000 rules in one endpoint direction
+    (150 source nets x 100 ports each: every rule its own (net, port)), first, middle and
+    last rule found in one step each."""
+    h = harness
+    rules_ = tuple(p.Rule("allow", protocol=6, src_nets=(f"172.16.{i // 100}.0/24",),
+                          dst_ports=(p.PortRange(1000 + i % 5000, 1000 + i % 5000),))
+                   for i in range(15_000))
+    ingress_policy(h, *rules_)
+    out = h.last
+    assert [x for x in out.problems if "not counted" not in x] == []
+    chain = out.programs[next(iter(out.programs))].ingress.records
+    assert len(chain) == 15_002  # + tier end + final deny
+    steps = 0
+    for i in (0, 7_777, 14_999):
+        src = f"172.16.{i // 100}.7"
+        assert to_a(h, pk.tcp(src, A, 1, 1000 + i % 5000)) == "allow", i
+        assert to_a(h, pk.tcp(src, A, 1, 999)) == "deny", i  # a port no rule names
+        steps += 2
+        assert h.globals()["classifier_steps"] <= steps
+    assert to_a(h, pk.udp("172.16.0.0", A, 1, 1000)) == "deny"
+    assert h.globals()["classifier_error"] == 0 and h.globals()["tail_call_failed"] == 0
+
+
+def test_more_classifier_steps_than_the_tail_call_limit_fail_closed(harness):
+    """A pathological chain: records alternate between two sets of constraints such that
+    every word has candidates in both fields but none in their AND, for 300 words. The
+    program gives up after 33 runs x CLS_STEPS_PER_PROG steps and drops (counted);
+    the Python mirror of the program says the same."""
+    from agent.bpf import classifier as cls
 
     h = harness
-    per_prog = h.dp.config.rules_per_prog
-    length = 33 * per_prog + 5  # more than the walker can reach
-    never = rules_map.encode(rules_map.RuleRecord(rules_map.Action.ALLOW, protocol=99))
-    h.dp.maps["rules"].update_many(
-        (rules_map.encode_index(i), never) for i in range(length - 1))
-    h.dp.maps["rules"].update(rules_map.encode_index(length - 1),
-                              rules_map.encode(rules_map.RuleRecord(rules_map.Action.ALLOW)))
-    h.dp.maps["endpoints"].update(endpoints_map.encode_key(h.ifindexes["d1"]),
-                                  endpoints_map.encode_value(1, 0, (0, length), (0, 0)))
-    assert h.verdict("to", pk.tcp(B, A, 1, 2), "d1") == "deny"
+    rules_ = []
+    for _ in range(300 * 64 // 2):
+        rules_.append(p.Rule("allow", protocol=6, src_nets=("10.77.0.0/16",),
+                             dst_ports=(p.PortRange(81, 81),)))
+        rules_.append(p.Rule("allow", protocol=6, src_nets=("10.78.0.0/16",),
+                             dst_ports=(p.PortRange(80, 80),)))
+    ingress_policy(h, *rules_, p.Rule("allow", rule_id="after-all"))
+    out = h.last
+    ref = out.programs[next(iter(out.programs))].ingress
+    contents = cls.MapContents({
+        "rules": out.all_rules(), "cls_chains": out.cls_chains,
+        "cls_words": out.cls_words(out.cls_instances.values()),
+        "cls_l4": out.cls_l4, "cls_tries": out.cls_tries})
+    pkt = cls.Packet(int.from_bytes(bytes([10, 77, 0, 1]), "big"),
+                     int.from_bytes(bytes([10, 65, 0, 2]), "big"), 6, 1, 1000, 80)
+    assert cls.decide(contents, ref.start, ref.length, pkt) == ("error", 0)
+    assert to_a(h, pk.tcp("10.77.0.1", A, 1000, 80)) == "deny"
     assert h.globals()["tail_call_failed"] == 1
+    assert h.globals()["policy_allowed"] == 0
+
+
+def test_a_chain_without_a_classifier_fails_closed(harness):
+    from agent.bpf.maps import cls_chains as cls_chains_map
+
+    h = harness
+    ingress_policy(h, p.Rule("allow"))
+    ref = h.last.programs[next(iter(h.last.programs))].ingress
+    assert to_a(h, pk.tcp(B, A, 1, 2)) == "allow"
+    h.dp.maps["cls_chains"].update(cls_chains_map.encode_index(ref.start),
+                                   cls_chains_map.EMPTY)
+    assert to_a(h, pk.tcp(B, A, 1, 3)) == "deny"
+    assert h.globals()["classifier_error"] == 1
 
 
 # --- XDP -----------------------------------------------------------------------------------

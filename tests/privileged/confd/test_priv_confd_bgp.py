@@ -43,6 +43,7 @@ pytestmark = pytest.mark.privileged
 PREFIX = "pfcd-"
 LISTEN_PORT = 1790
 NODE_IPS = {"node1": "198.18.0.1", "node2": "198.18.0.2"}
+NODE_IPS6 = {"node1": "fd00:18::1", "node2": "fd00:18::2"}
 POD_ROUTE_BOUND = 5.0  # acceptance: a new pod on node 2 is reachable from node 1 within 5 s
 ESTABLISH_BOUND = 30.0
 
@@ -136,6 +137,8 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
            "netns", ns2)
         for name, ip in NODE_IPS.items():
             sh("ip", "-n", lab.netns[name], "addr", "add", f"{ip}/15", "dev", "ul0")
+            sh("ip", "-n", lab.netns[name], "addr", "add", f"{NODE_IPS6[name]}/64", "dev",
+               "ul0", "nodad")
             sh("ip", "-n", lab.netns[name], "link", "set", "ul0", "up")
         yield lab
     finally:
@@ -231,3 +234,71 @@ def test_two_nodes_bgp_mesh_pod_routes_and_block_export(
     print(f"\nconfd/BIRD timings: start->Established {to_established:.3f} s, pod route "
           f"{pod_route:.3f} s, withdraw {withdraw:.3f} s, datastore edit->block route "
           f"{block:.3f} s")
+
+
+def route6_line(netns: str, prefix: str) -> str:
+    return sh("ip", "-6", "-n", netns, "route", "show", "exact", prefix).strip()
+
+
+def all_established(lab: Lab, node: str) -> bool:
+    protocols = [p for p in BirdTools().protocols(lab.birds[node].socket_path)
+                 if p.proto == "BGP"]
+    return len(protocols) == 2 and all(p.established for p in protocols)
+
+
+def test_dual_stack_mesh_learns_ipv6_pod_routes_and_blocks(lab: Lab) -> None:
+    """Nodes with ipv4Address and ipv6Address: an IPv4 and an IPv6 mesh session each, an
+    IPv6 pod route and an IPv6 block of node 2 reach node 1's kernel over the IPv6 session,
+    and the block's own /128s are not exported."""
+    docs = _resources()
+    for doc in docs:
+        if doc["kind"] == "Node":
+            name = doc["metadata"]["name"]
+            doc["spec"]["bgp"]["ipv6Address"] = f"{NODE_IPS6[name]}/64"
+    docs.append({"apiVersion": "projectcalico.org/v3", "kind": "IPPool",
+                 "metadata": {"name": "pods6"}, "spec": {"cidr": "fd00:65::/48"}})
+    lab.write_resources("cluster", docs)
+    for node in NODE_IPS:
+        start_confd(lab, node)
+    for node in NODE_IPS:
+        wait_for(f"{node}: first config", (lab.dir / node / "bird.conf").exists, 10)
+    text = (lab.dir / "node1" / "bird.conf").read_text()
+    assert f"neighbor fd00:18::2 port {LISTEN_PORT} as 64512;" in text
+    for node in NODE_IPS:
+        bird = BirdInstance(lab.netns[node], lab.dir / node / "bird.conf",
+                            lab.dir / node / "bird.ctl", run_dir=lab.dir / node)
+        lab.birds[node] = bird
+        bird.start()
+    for node in NODE_IPS:
+        wait_for(f"{node}: IPv4 and IPv6 BGP Established",
+                 lambda n=node: all_established(lab, n), ESTABLISH_BOUND)
+
+    ns1, ns2 = lab.netns["node1"], lab.netns["node2"]
+    sh("ip", "-n", ns2, "link", "add", "cali0123456789b", "type", "veth", "peer", "name", "pod6")
+    sh("ip", "-n", ns2, "link", "set", "cali0123456789b", "up")
+    sh("ip", "-n", ns2, "link", "set", "pod6", "up")
+    sh("ip", "-6", "-n", ns2, "route", "add", "fd00:65:0:9::5/128", "dev", "cali0123456789b")
+    wait_for("IPv6 pod route on node 1",
+             lambda: "via fd00:18::2" in route6_line(ns1, "fd00:65:0:9::5/128"), POD_ROUTE_BOUND)
+    assert "proto bird" in route6_line(ns1, "fd00:65:0:9::5/128")
+    # an IPv4 pod route still travels over the IPv4 session
+    sh("ip", "-n", ns2, "route", "add", "10.65.9.6/32", "dev", "cali0123456789b")
+    wait_for("IPv4 pod route on node 1",
+             lambda: "via 198.18.0.2" in route_line(ns1, "10.65.9.6/32"), POD_ROUTE_BOUND)
+
+    lab.write_resources("blocks", [{
+        "apiVersion": "projectcalico.org/v3", "kind": "BlockAffinity",
+        "metadata": {"name": "node2-fd00-65-0-2--122"},
+        "spec": {"node": "node2", "cidr": "fd00:65:0:2::/122", "state": "confirmed"}}])
+    wait_for("node 2's IPv6 block on node 1",
+             lambda: "via fd00:18::2" in route6_line(ns1, "fd00:65:0:2::/122"), 15)
+    assert "blackhole" in route6_line(ns2, "fd00:65:0:2::/122")
+    sh("ip", "-6", "-n", ns2, "route", "add", "fd00:65:0:2::5/128", "dev", "cali0123456789b")
+    tools = BirdTools()
+    socket2 = lab.birds["node2"].socket_path
+    wait_for("node 2's BIRD learns the IPv6 pod route inside its block",
+             lambda: "fd00:65:0:2::5/128" in tools.show_route(
+                 socket2, "fd00:65:0:2::5/128").message, 5)
+    exported = tools.show_route(socket2, "export", "Mesh_fd00_18__1").message
+    assert "fd00:65:0:2::/122" in exported and "fd00:65:0:2::5/128" not in exported
+    assert route6_line(ns1, "fd00:65:0:2::5/128") == ""

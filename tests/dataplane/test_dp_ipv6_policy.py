@@ -1,7 +1,8 @@
-"""IPv6 fail closed in iptables mode: the ip6tables filter table's chains, rendered and
-programmed on FakeCommands (ip6tables of the IPv4 backend), judged by PacketWalker; missing
-ip6tables or a kernel without IPv6 is an error (and, kept up, the loop fails closed); BPF
-mode installs nothing and sweeps what an iptables-mode agent left."""
+"""IPv6 policy in iptables mode: the ip6tables filter table's chains, rendered and
+programmed on FakeCommands (ip6tables of the IPv4 backend, `cali60*` IP sets), judged by
+PacketWalker: the same policy as IPv4, neighbour discovery first, a per-endpoint IPv6
+source check; missing ip6tables or a kernel without IPv6 is an error (and, kept up, the
+loop fails closed); BPF mode installs nothing and sweeps what an iptables-mode agent left."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from agent.dataplane.iptables.ipv6 import (
     ICMPV6_FROM_HOST,
     ICMPV6_TO_HOST,
     ipv6_base_chain_inserts,
-    ipv6_static_chains,
+    ipv6_workload_static_chains,
 )
-from agent.dataplane.iptables.names import COMMENT_IPV6_NOT_POLICED
+from agent.dataplane.iptables.names import COMMENT_SPOOFED_SOURCE
+from agent.dataplane.iptables.render import RuleRenderer
 from agent.dataplane.iptables.restore import (
     BACKENDS,
     BACKENDS6,
@@ -24,12 +26,19 @@ from agent.dataplane.iptables.restore import (
     parse_save,
 )
 from agent.dataplane.loop import DataplaneLoop
+from agent.dataplane.managers.ipsets import IPSetsManager
 from agent.dataplane.managers.iptables import IptablesManager
 from agent.proto import (
+    ActivePolicyUpdate,
     ActiveProfileUpdate,
     InSync,
+    IPSetUpdate,
+    Policy,
+    PolicyID,
+    PortRange,
     Profile,
     Rule,
+    TierInfo,
     WorkloadEndpoint,
     WorkloadEndpointID,
     WorkloadEndpointUpdate,
@@ -40,16 +49,16 @@ from tests.fakes.netfilter import Packet, PacketWalker
 
 A6, B6, HOST6, OUT6 = "fd00:65::1", "fd00:65::2", "fe80::1", "2001:db8::9"
 ICMPV6, TCP, UDP = 58, 6, 17
-DROP_COMMENT = f'-m comment --comment "{COMMENT_IPV6_NOT_POLICED}" -j DROP'
 ALLOW_ALL = ActiveProfileUpdate("allow-all", Profile(inbound_rules=(Rule(action="allow"),),
                                                      outbound_rules=(Rule(action="allow"),)))
 
 
-def wep(iface: str, ip: str, ip6: str) -> WorkloadEndpointUpdate:
+def wep(iface: str, ip: str, ip6: str, *, tiers: tuple[TierInfo, ...] = (),
+        profiles: tuple[str, ...] = ("allow-all",)) -> WorkloadEndpointUpdate:
     return WorkloadEndpointUpdate(
         WorkloadEndpointID("k8s", f"ns/{iface}", "eth0"),
         WorkloadEndpoint(state="active", name=iface, ipv4_nets=(f"{ip}/32",),
-                         ipv6_nets=(f"{ip6}/128",), profile_ids=("allow-all",)))
+                         ipv6_nets=(f"{ip6}/128",), profile_ids=profiles, tiers=tiers))
 
 
 STATE = (ALLOW_ALL, wep("cali1", "10.65.0.1", A6), wep("cali2", "10.65.0.2", B6))
@@ -76,11 +85,15 @@ def walker6(cmds: FakeCommands) -> PacketWalker:
 # --- rendering ---------------------------------------------------------------------------------
 
 
-def test_static_chains_accept_nd_and_mld_then_drop_everything_on_workload_interfaces() -> None:
-    chains = {c.name: c.rules for c in ipv6_static_chains(("cali", "tap"))}
-    assert set(chains) == {"cali-INPUT", "cali-FORWARD", "cali-OUTPUT"}
-    assert chains["cali-FORWARD"] == (f"-i cali+ {DROP_COMMENT}", f"-i tap+ {DROP_COMMENT}",
-                                      f"-o cali+ {DROP_COMMENT}", f"-o tap+ {DROP_COMMENT}")
+def test_static_chains_accept_nd_and_mld_then_send_workloads_to_their_policy() -> None:
+    renderer = RuleRenderer(interface_prefixes=("cali", "tap"), family=6)
+    chains = {c.name: c.rules for c in ipv6_workload_static_chains(renderer)}
+    assert set(chains) == {"cali-INPUT", "cali-FORWARD", "cali-wl-to-host", "cali-OUTPUT"}
+    assert chains["cali-FORWARD"][1:] == (
+        "-i cali+ -j cali-from-wl-dispatch", "-i tap+ -j cali-from-wl-dispatch",
+        "-o cali+ -j cali-to-wl-dispatch", "-o tap+ -j cali-to-wl-dispatch",
+        "-m mark --mark 0x10000/0x10000 -j ACCEPT")
+    assert chains["cali-wl-to-host"] == ("-j cali-from-wl-dispatch", "-j DROP")
     for name, flag, types in (("cali-INPUT", "-i", ICMPV6_TO_HOST),
                               ("cali-OUTPUT", "-o", ICMPV6_FROM_HOST)):
         rules = chains[name]
@@ -88,13 +101,34 @@ def test_static_chains_accept_nd_and_mld_then_drop_everything_on_workload_interf
             accepts = [r for r in rules if r.startswith(f"{flag} {prefix}+ -p ipv6-icmp")]
             assert [int(r.split("--icmpv6-type ")[1].split()[0]) for r in accepts] == \
                 list(types)
-        assert rules[-2:] == (f"{flag} cali+ {DROP_COMMENT}", f"{flag} tap+ {DROP_COMMENT}")
+        # neighbour discovery first, before anything judges the packet
+        assert all("ipv6-icmp" in r for r in rules[:2 * len(types)])
+    assert chains["cali-INPUT"][-2:] == ("-i cali+ -g cali-wl-to-host",
+                                         "-i tap+ -g cali-wl-to-host")
     assert set(ICMPV6_TO_HOST) ^ set(ICMPV6_FROM_HOST) == {133, 134}  # RS up, RA down
     assert ipv6_base_chain_inserts() == {"INPUT": ("-j cali-INPUT",),
                                          "FORWARD": ("-j cali-FORWARD",),
                                          "OUTPUT": ("-j cali-OUTPUT",)}
-    with pytest.raises(ValueError, match="interface_prefixes"):
-        ipv6_static_chains(("",))
+    with pytest.raises(ValueError, match="IPv6 renderer"):
+        ipv6_workload_static_chains(RuleRenderer())
+
+
+def test_rules_render_per_family() -> None:
+    v4, v6 = RuleRenderer(), RuleRenderer(family=6)
+    icmp6 = Rule(action="allow", protocol=ICMPV6, icmp_type=128, icmp_code=0)
+    assert v4.render_rule(icmp6) == []
+    assert v6.render_rule(icmp6)[0].startswith("-p ipv6-icmp -m icmp6 --icmpv6-type 128/0 ")
+    icmp4 = Rule(action="allow", protocol=1, icmp_type=8)
+    assert v6.render_rule(icmp4) == [] and v4.render_rule(icmp4)
+    only4 = Rule(action="deny", ip_version=4)
+    assert v6.render_rule(only4) == [] and v4.render_rule(only4) == ["-j DROP"]
+    mixed_not = Rule(action="allow", not_src_nets=("10.0.0.0/8", "fd00::/8"))
+    assert v6.render_rule(mixed_not)[0].startswith("! -s fd00::/8 ")
+    assert v4.render_rule(mixed_not)[0].startswith("! -s 10.0.0.0/8 ")
+    nets6 = Rule(action="allow", src_nets=("fd00:1::/64",))
+    assert v4.render_rule(nets6) == [] and "-s fd00:1::/64" in v6.render_rule(nets6)[0]
+    sets = Rule(action="allow", src_ip_set_ids=("s",))
+    assert "cali60s:" in v6.render_rule(sets)[0] and "cali40s:" in v4.render_rule(sets)[0]
 
 
 def test_ipv6_binaries_are_the_ip6tables_twins_of_the_same_backend() -> None:
@@ -113,45 +147,80 @@ def test_ipv6_binaries_are_the_ip6tables_twins_of_the_same_backend() -> None:
 # --- programmed, judged by packets --------------------------------------------------------------
 
 
-def test_ipv6_from_and_to_workloads_is_dropped_except_neighbour_discovery() -> None:
-    cmds, _ = synced()
+def _policed(state: tuple[object, ...]) -> FakeCommands:
+    """IP sets (both families) and iptables managers over `state`, one round applied."""
+    cmds = FakeCommands()
+    ipsets, iptables = IPSetsManager(runner=cmds), IptablesManager(runner=cmds)
+    for msg in (*state, InSync()):
+        ipsets.on_update(msg)
+        iptables.on_update(msg)
+    ipsets.apply()
+    iptables.apply()
+    ipsets.finish_apply()
+    return cmds
+
+
+def test_ipv6_between_workloads_follows_their_policy() -> None:
+    web = ActivePolicyUpdate(PolicyID("default", "web"), Policy(inbound_rules=(
+        Rule(action="allow", protocol=TCP, src_ip_set_ids=("clients",),
+             dst_ports=(PortRange(80, 80),)),
+        Rule(action="allow", protocol=ICMPV6, icmp_type=128),
+        Rule(action="allow", ip_version=4))))  # IPv4 only: never opens IPv6
+    tiers = (TierInfo("default", ingress_policies=("web",)),)
+    cmds = _policed((ALLOW_ALL, IPSetUpdate("clients", "net", frozenset({"10.65.0.1/32",
+                                                                         f"{A6}/128"})),
+                     web, wep("cali1", "10.65.0.1", A6),
+                     wep("cali2", "10.65.0.2", B6, tiers=tiers)))
     w = walker6(cmds)
-    # the IPv4 path between the same two pods is open (allow-all)
+    assert cmds.ipset.sets[next(n for n in cmds.ipset.sets if n.startswith("cali60s:"))][1] \
+        == {A6}
+    assert w.verdict("FORWARD", Packet(src=A6, dst=B6, iif="cali1", oif="cali2", proto=TCP,
+                                       dport=80)) == "ACCEPT"
+    assert w.verdict("FORWARD", Packet(src=A6, dst=B6, iif="cali1", oif="cali2", proto=TCP,
+                                       dport=81)) == "DROP"
+    assert w.verdict("FORWARD", Packet(src=A6, dst=B6, iif="cali1", oif="cali2", proto=UDP,
+                                       dport=80)) == "DROP"
+    assert w.verdict("FORWARD", Packet(src=A6, dst=B6, iif="cali1", oif="cali2",
+                                       proto=ICMPV6, icmp_type=128)) == "ACCEPT"
+    assert w.verdict("FORWARD", Packet(src=A6, dst=B6, iif="cali1", oif="cali2",
+                                       proto=ICMPV6, icmp_type=129)) == "DROP"
+    # the IPv4 side: the ipVersion 4 allow opens everything there
     v4 = PacketWalker(cmds.iptables, cmds.ipset)
     assert v4.verdict("FORWARD", Packet(src="10.65.0.1", dst="10.65.0.2", iif="cali1",
-                                        oif="cali2")) == "ACCEPT"
-    for proto in (TCP, UDP, ICMPV6):
-        assert w.verdict("FORWARD", Packet(src=A6, dst=B6, iif="cali1", oif="cali2",
-                                           proto=proto, icmp_type=128)) == "DROP"
-    assert w.verdict("FORWARD", Packet(src=A6, dst=OUT6, iif="cali1", oif="eth0")) == "DROP"
-    assert w.verdict("FORWARD", Packet(src=OUT6, dst=A6, iif="eth0", oif="cali1")) == "DROP"
-    # workload -> host: ND/MLD yes, anything else (a router advertisement, ping, TCP) no
+                                        oif="cali2", proto=UDP, dport=80)) == "ACCEPT"
+    # B -> A: A's allow-all profile; to the outside: A's egress (allow-all)
+    assert w.verdict("FORWARD", Packet(src=B6, dst=A6, iif="cali2", oif="cali1",
+                                       proto=UDP)) == "ACCEPT"
+    assert w.verdict("FORWARD", Packet(src=A6, dst=OUT6, iif="cali1", oif="eth0")) == "ACCEPT"
+
+
+def test_ipv6_source_check_neighbour_discovery_and_the_host() -> None:
+    cmds = _policed(STATE)
+    w = walker6(cmds)
+    # a source that is not the workload's own IPv6 address: dropped, counted, commented
+    for forged in (B6, OUT6, "fd00:65::99"):
+        assert w.verdict("FORWARD", Packet(src=forged, dst=B6, iif="cali1", oif="cali2",
+                                           proto=UDP)) == "DROP", forged
+    ws = cmds.iptables6.chains["cali-ws-cali1"]  # as saved: our hash comment first
+    assert ws[0].endswith(f"-s {A6}/128 -j RETURN") and COMMENT_SPOOFED_SOURCE in ws[-1]
+    assert cmds.iptables6.chains["cali-fw-cali1"][0].endswith("-j cali-ws-cali1")
+    # an interface of ours without an endpoint
+    assert w.verdict("FORWARD", Packet(src=A6, dst=B6, iif="cali9", oif="cali2")) == "DROP"
+    # workload -> host: ND/MLD yes; anything else goes through the workload's egress policy
+    # and then DefaultEndpointToHostAction (Drop)
     for icmp_type in ICMPV6_TO_HOST:
         assert w.verdict("INPUT", Packet(src=A6, dst=HOST6, iif="cali1", proto=ICMPV6,
                                          icmp_type=icmp_type)) == "ACCEPT", icmp_type
-    for icmp_type in (128, 134):
-        assert w.verdict("INPUT", Packet(src=A6, dst=HOST6, iif="cali1", proto=ICMPV6,
-                                         icmp_type=icmp_type)) == "DROP", icmp_type
     assert w.verdict("INPUT", Packet(src=A6, dst=HOST6, iif="cali1", proto=TCP)) == "DROP"
-    # host -> workload: ND/MLD and router advertisements yes, anything else no
+    # host -> workload: ND/MLD and router advertisements, and the host's own packets
     for icmp_type in ICMPV6_FROM_HOST:
         assert w.verdict("OUTPUT", Packet(src=HOST6, dst=A6, oif="cali1", proto=ICMPV6,
                                           icmp_type=icmp_type)) == "ACCEPT", icmp_type
-    assert w.verdict("OUTPUT", Packet(src=HOST6, dst=A6, oif="cali1", proto=ICMPV6,
-                                      icmp_type=133)) == "DROP"
-    assert w.verdict("OUTPUT", Packet(src=HOST6, dst=A6, oif="cali1", proto=UDP)) == "DROP"
-    # also an interface of ours without an endpoint
-    assert w.verdict("FORWARD", Packet(src=A6, dst=B6, iif="cali9", oif="eth0")) == "DROP"
     # the host's own IPv6 is not ours to judge
     assert w.verdict("INPUT", Packet(src=OUT6, dst=HOST6, iif="eth0", proto=TCP)) == "ACCEPT"
     assert w.verdict("OUTPUT", Packet(src=HOST6, dst=OUT6, oif="eth0", proto=TCP)) == "ACCEPT"
     assert w.verdict("FORWARD", Packet(src=OUT6, dst="2001:db8:1::1", iif="eth0",
                                        oif="eth1")) == "ACCEPT"
-    # every drop says why
-    for rules in cmds.iptables6.chains.values():
-        for rule in rules:
-            if rule.endswith("-j DROP"):
-                assert COMMENT_IPV6_NOT_POLICED in rule
 
 
 def test_ipv6_table_uses_the_ipv4_backend_and_is_written_by_ip6tables_restore() -> None:
@@ -191,9 +260,9 @@ def test_second_apply_resync_and_restart_write_nothing_drift_is_repaired() -> No
     assert v6.restore_calls == 2
     assert v6.chains["FORWARD"][0].endswith("-j cali-FORWARD")
     assert walker6(cmds).verdict("FORWARD", Packet(src=A6, dst=B6, iif="cali1",
-                                                   oif="cali2")) == "DROP"
+                                                   oif="cali2")) == "ACCEPT"  # allow-all
     assert walker6(cmds).verdict("INPUT", Packet(src=A6, dst=HOST6, iif="cali1",
-                                                 proto=TCP)) == "DROP"
+                                                 proto=TCP)) == "DROP"  # endpoint to host
 
 
 @pytest.mark.parametrize("broken", ["missing", "no-ipv6-kernel"])
