@@ -177,3 +177,53 @@ def test_affinity_and_backend_removed_mid_run(dataplane: str, root_guard: Any) -
             for sock in held.values():
                 sock.close()
     root_guard.check()
+
+
+def test_bpf_restart_keeps_service_flows_and_service_ids(root_guard: Any) -> None:
+    """kill -9 of the agent under a connection held through a ClusterIP, then a restart:
+    the connection keeps echoing while no agent runs and after the new agent adopted the
+    pinned NAT maps (the frontend keeps its service id), and new connections still work."""
+    import time
+
+    from agent.bench.restart import HeldFlow, PinKeepingAgents
+    from agent.bpf.maps import nat_pinned
+    from agent.lab.scenario import parse_scenario
+
+    scenario = parse_scenario({
+        "name": "services-restart", "namespaces": [{"name": "shop"}],
+        "pods": [{"namespace": "shop", "name": "client"},
+                 *({"namespace": "shop", "name": f"web-{i}", "labels": {"app": "web"},
+                    "ports": [{"port": 8080, "protocol": "TCP"}]} for i in (1, 2))],
+        "resources": [{"apiVersion": "v1", "kind": "Service",
+                       "metadata": {"name": "web", "namespace": "shop"},
+                       "spec": {"clusterIP": "10.96.0.30", "selector": {"app": "web"},
+                                "ports": [{"port": 80, "targetPort": 8080}]}}]})
+    agents = PinKeepingAgents("bpf")
+    with LabRunner(scenario, agents=agents, dataplane="bpf", program_routes=False,
+                   probe_timeout=PROBE_TIMEOUT) as lab:
+        lab.build()
+        lab.start_agents()
+        lab.run_steps()
+        pins = str(lab.bpffs_dir / "node1")
+        ids_before = {f["frontend"]: f["service_id"] for f in nat_pinned(pins)["frontends"]}
+        flow = HeldFlow(lab.topology.pods["shop/client"].netns, ("10.96.0.30", 80)).start()
+        try:
+            time.sleep(0.5)
+            agents.kill("node1")
+            killed = time.monotonic()
+            time.sleep(1.0)
+            agents.restart("node1")
+            restarted = time.monotonic()
+            lab.wait_in_sync(timeout=120)
+            time.sleep(0.5)
+            assert flow.echoed_between(killed, restarted) > 0  # no agent, still served
+            assert flow.echoed_between(restarted, time.monotonic()) > 0
+        finally:
+            flow.stop()
+        assert flow.failures == []
+        ids_after = {f["frontend"]: f["service_id"] for f in nat_pinned(pins)["frontends"]}
+        assert ids_after == ids_before and ids_before
+        vip = ipaddress.IPv4Address("10.96.0.30")
+        again = lab.run_probes([ProbeSpec("shop/client", str(vip), vip, 80, "TCP", "allow")])
+        assert again[0].result == "allow", again[0].to_json()
+    root_guard.check()
