@@ -294,3 +294,21 @@ def test_icmp_errors_about_a_service_flow_are_translated_back(harness: Harness) 
     quoted = out[14 + 20 + 8:]
     assert pk.checksum(quoted[:20]) == 0  # the quoted IP header's checksum is right
     assert struct.unpack("!HH", quoted[20:24]) == (40100, 80)  # what A's socket sent to
+
+
+def test_affinity_entries_expire_after_their_timeout(harness: Harness) -> None:
+    from agent.bpf.maps import nat_affinity as aff_map
+    from agent.bpf.maps.conntrack import now_ns
+
+    h = harness
+    nat = program(h, frontends=(web(B, affinity=30),))
+    sid = nat.service_ids()[f"{VIP}:80/6"]
+    aff = h.dp.maps["nat_affinity"]
+    # used just now: honoured (C, though no longer a backend: the manager would have removed
+    # it; written here by hand to see which one the program picks)
+    aff.update(aff_map.encode_key(sid, A), aff_map.encode_value(C, 8080, now_ns()))
+    assert parse(run(h, "from", tcp_ok(A, VIP, 49000, 80), "d1")[1])["dst"] == C
+    # last used 31 s ago with a 30 s timeout: expired, a backend is chosen afresh
+    aff.update(aff_map.encode_key(sid, A),
+               aff_map.encode_value(C, 8080, now_ns() - 31 * 1_000_000_000))
+    assert parse(run(h, "from", tcp_ok(A, VIP, 49001, 80), "d1")[1])["dst"] == B
