@@ -61,8 +61,11 @@
 #include "nat_vip_filter.h"
 
 #define NAT_CONTINUE -1 /* nat_from_wep: go on with conntrack and policy */
-/* skb->mark bit of a hairpin packet sent back to its pod (cleared by calico_to_wep) */
-#define PF_MARK_HAIRPIN 0x00080000
+/* skb->mark of a hairpin packet sent back to its pod: the WHOLE mark is set to this value
+ * and compared whole (no single bit: iptables' policy chains use Felix's mark bits on
+ * forwarded packets), and calico_to_wep clears it. A packet arriving from a pod carries no
+ * mark (crossing the veth from another namespace scrubs it). */
+#define PF_MARK_HAIRPIN 0x5a1e0c11
 /* conntrack ifindex bit of a hairpin packet's second pass (conntrack.h keys) */
 #define CT_IF_HAIRPIN 0x80000000
 
@@ -347,7 +350,7 @@ PF_INLINE int nat_hairpin_verdict(struct __sk_buff *skb, struct pkt_info *pkt, i
 		return TC_ACT_SHOT;
 	}
 	if (pkt->flags & PKT_F_HAIRPIN)
-		skb->mark |= PF_MARK_HAIRPIN;
+		skb->mark = PF_MARK_HAIRPIN;
 	return bpf_redirect(skb->ifindex, 0);
 }
 
@@ -357,8 +360,8 @@ PF_INLINE int nat_hairpin_verdict(struct __sk_buff *skb, struct pkt_info *pkt, i
 PF_INLINE __u32 nat_ct_ifindex(struct __sk_buff *skb, struct pkt_info *pkt, __u32 ifindex,
 			       __u8 hook)
 {
-	if (hook == HOOK_TO_WEP && (skb->mark & PF_MARK_HAIRPIN) == PF_MARK_HAIRPIN) {
-		skb->mark &= ~PF_MARK_HAIRPIN;
+	if (hook == HOOK_TO_WEP && skb->mark == PF_MARK_HAIRPIN) {
+		skb->mark = 0;
 		return ifindex | CT_IF_HAIRPIN;
 	}
 	if (pkt->flags & PKT_F_HAIRPIN_REPLY)

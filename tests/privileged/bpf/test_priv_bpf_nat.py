@@ -232,7 +232,7 @@ def test_hairpin_a_pod_reaches_itself_through_its_service(harness: Harness) -> N
     """Pod A is the Service's only backend: the four passes through A's interface."""
     h = harness
     program(h, frontends=(web(A),))
-    mark = 0x00080000  # PF_MARK_HAIRPIN
+    mark = 0x5A1E0C11  # PF_MARK_HAIRPIN
 
     def at(hook: str, frame: bytes, skb_mark: int = 0) -> tuple[int, dict]:
         fd = h.dp.prog_fd(HOOK_PROGRAMS[hook])
