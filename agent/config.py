@@ -296,6 +296,12 @@ PARAMS: tuple[Param, ...] = (
     Param("BPFMapSizeRules", 65536, parse_int, restart=True),
     Param("BPFMapSizeRoute", 262144, parse_int, restart=True),
     Param("BPFMapSizeEndpoints", 16384, parse_int, restart=True),
+    Param("BPFMapSizeNATFrontend", 65536, parse_int, restart=True,
+          help="Service frontends (VIP, port, protocol) the BPF NAT can hold."),
+    Param("BPFMapSizeNATBackend", 262144, parse_int, restart=True,
+          help="Service backends (all frontends together) the BPF NAT can hold."),
+    Param("BPFMapSizeNATAffinity", 65536, parse_int, restart=True,
+          help="ClientIP session affinity entries (service, client) the BPF NAT can hold."),
     Param("BPFMapSizeClassifierWords", 1048576, parse_int, restart=True,
           help="u64 words for the policy classifier's bitvectors (all chains; see "
                "bpf/README.md for the cost per rule)."),

@@ -163,16 +163,14 @@ KINDS: tuple[KindInfo, ...] = (
     _calico("BlockAffinity", cli=False, bgp=True),
 )
 
-# Services and their EndpointSlices: granted to the node in RBAC for service handling
-# (Calico's node reads both for its BPF kube-proxy replacement and service advertisement;
-# pyfelix's Typha discovery lists EndpointSlices already). Not kinds yet: the syncers start
-# watching them once the model parses them (until then they would count as validation
-# errors of an unknown kind).
-SERVICE_TYPES: tuple[ResourceType, ...] = (
-    ResourceType("Service", "Service", K8S_CORE_API, "services", True),
-    ResourceType("EndpointSlice", "EndpointSlice", "discovery.k8s.io/v1", "endpointslices",
-                 True),
+# Services and their EndpointSlices (the BPF dataplane's service load balancing, as
+# Calico's node reads both for its kube-proxy replacement); also the RBAC the node needs.
+SERVICE_KINDS: tuple[KindInfo, ...] = (
+    _kubernetes("Service", K8S_CORE_API, "Service", "services", namespaced=True),
+    _kubernetes("EndpointSlice", "discovery.k8s.io/v1", "EndpointSlice", "endpointslices",
+                namespaced=True),
 )
+KINDS = KINDS + SERVICE_KINDS
 
 KIND_BY_NAME: dict[str, KindInfo] = {info.kind: info for info in KINDS}
 NAMESPACED_KINDS: frozenset[str] = frozenset(info.kind for info in KINDS if info.namespaced)

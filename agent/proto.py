@@ -298,6 +298,39 @@ class VXLANTunnelEndpointRemove:
     node: str
 
 
+@dataclass(frozen=True, order=True)
+class ServiceBackend:
+    """One backend of a service frontend: a ready endpoint's address and target port."""
+
+    addr: str
+    port: int
+    node: str = ""  # the node the endpoint runs on ("" when the slice does not say)
+
+
+@dataclass(frozen=True)
+class ServiceFrontendUpdate:
+    """A service frontend for this node: traffic to (vip, port, protocol) goes to one of
+    `backends` (sorted; empty: reject, as kube-proxy does for a Service without ready
+    endpoints). `id` is `<vip>:<port>/<protocol number>`, the frontend map's key.
+    `affinity_timeout` > 0: ClientIP session affinity for that many seconds. `kind` is
+    "cluster" (a ClusterIP) or "external" (externalIPs, load balancer ingress IPs)."""
+
+    id: str
+    service: str  # "<namespace>/<name>"
+    port_name: str
+    vip: str
+    port: int
+    protocol: int
+    kind: str = "cluster"
+    backends: tuple[ServiceBackend, ...] = ()
+    affinity_timeout: int = 0
+
+
+@dataclass(frozen=True)
+class ServiceFrontendRemove:
+    id: str
+
+
 @dataclass(frozen=True)
 class DatastoreReady:
     """ClusterInformation `default`'s datastoreReady: False pauses every kernel write (the
@@ -338,6 +371,8 @@ Message = (
     | RouteRemove
     | VXLANTunnelEndpointUpdate
     | VXLANTunnelEndpointRemove
+    | ServiceFrontendUpdate
+    | ServiceFrontendRemove
     | ConfigUpdate
     | DatastoreReady
     | InSync

@@ -10,7 +10,9 @@
  * else drops (fail closed); malformed drops -> endpoint by ifindex
  * (lookup_endpoint: the ep_by_ifindex array slot, else the endpoints hash)
  * (none: drop) -> admin-down drops -> from the pod: a source it may not use drops (RPF,
- * sources.h) -> conntrack hit or related ICMP error: allow ->
+ * sources.h) -> from the pod: service NAT (nat.h: DNAT to a backend, or reject) ->
+ * conntrack hit or related ICMP error: allow (to the pod: a service reply's source goes
+ * back to the VIP) ->
  * otherwise find the first matching record of the endpoint's chain for this direction
  * (classifier.h, policy.h); on allow create a
  * conntrack entry, and for a flow from the pod to this host apply endpoint_to_host_action.
@@ -26,6 +28,7 @@
 #include "config.h"
 #include "ids.h"
 #include "sources.h"
+#include "nat.h"
 
 /* Enough linear bytes for Ethernet + IPv4 with options + an ICMP error's inner headers. */
 #define PF_PULL_LEN 128
@@ -95,7 +98,8 @@ int calico_policy(struct __sk_buff *skb)
 		__u8 action = r->action;
 		if (action == RULE_ACTION_ALLOW || action == RULE_ACTION_DENY) {
 			count_global_n(GCNT_CLASSIFIER_STEPS, steps);
-			return policy_verdict(st, action == RULE_ACTION_ALLOW, r->counter_id);
+			return nat_hairpin_verdict(skb, &st->pkt, policy_verdict(
+				st, action == RULE_ACTION_ALLOW, r->counter_id));
 		}
 		__u32 next = idx + 1;
 		if (action == RULE_ACTION_PASS || action == RULE_ACTION_SKIP) {
@@ -184,15 +188,24 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 	}
 
 	__u64 now = ct_now_ns();
-	if (ct_lookup_update(&pkt, ifindex, hook, now)) {
+	if (hook == HOOK_FROM_WEP) { /* service NAT before conntrack and policy (nat.h) */
+		int nat = nat_from_wep(skb, &pkt, ifindex, now);
+		if (nat != NAT_CONTINUE)
+			return nat;
+	}
+	__u32 ct_if = nat_ct_ifindex(skb, &pkt, ifindex, hook);
+	int hit = ct_lookup_update(&pkt, ct_if, hook, now);
+	if (hit) {
 		count_global(GCNT_CT_HIT);
 		count_endpoint(endpoint_id, hook, 1, pkt.len);
-		return TC_ACT_OK;
+		if (hit == CT_HIT_SVC_NAT && hook == HOOK_TO_WEP)
+			return nat_rev_to_wep(skb, &pkt, now);
+		return nat_hairpin_verdict(skb, &pkt, TC_ACT_OK);
 	}
 	if (ct_is_related(&pkt, ifindex, now)) {
 		count_global(GCNT_CT_RELATED);
 		count_endpoint(endpoint_id, hook, 1, pkt.len);
-		return TC_ACT_OK;
+		return hook == HOOK_TO_WEP ? nat_rev_icmp_to_wep(skb, &pkt) : TC_ACT_OK;
 	}
 
 	__u32 zero = 0;
@@ -200,7 +213,7 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 	if (!st)
 		return TC_ACT_SHOT;
 	__builtin_memcpy(&st->pkt, &pkt, sizeof(pkt));
-	st->ifindex = ifindex;
+	st->ifindex = ct_if;
 	st->endpoint_id = endpoint_id;
 	st->hook = hook;
 	st->idx = 0;

@@ -3,7 +3,8 @@ the dataplane can apply one message at a time without ever seeing a dangling ref
 
 Role (Felix's EventSequencer). Inputs: the sink callbacks of the graph's nodes (IP sets and
 members, policies, profiles, endpoint tiers, routes, VXLAN tunnel endpoints, IP pools, host
-IPs, config, datastore in-sync). Output: `proto` messages passed to `send(message)` on `flush()`.
+IPs, service frontends, config, datastore in-sync). Output: `proto` messages passed to
+`send(message)` on `flush()`.
 
 Coalescing: within a batch only the last state of a thing counts. An IP set created in the
 batch is sent whole (`IPSetUpdate` with its members); a set the dataplane already has gets
@@ -81,6 +82,8 @@ class EventSequencer:
         self._sent_hosts: dict[str, str] = {}
         self._pending_vteps: dict[str, proto.VXLANTunnelEndpointUpdate | None] = {}
         self._sent_vteps: dict[str, proto.VXLANTunnelEndpointUpdate] = {}
+        self._pending_services: dict[str, proto.ServiceFrontendUpdate | None] = {}
+        self._sent_services: dict[str, proto.ServiceFrontendUpdate] = {}
         self._pending_config: dict[str, str] | None = None
         self._pending_ready: bool | None = None
         # in-sync
@@ -189,6 +192,10 @@ class EventSequencer:
     def on_vtep_update(self, node: str, vtep: proto.VXLANTunnelEndpointUpdate | None) -> None:
         self._pending_vteps[node] = vtep
 
+    def on_service_frontend_update(self, frontend_id: str,
+                                   frontend: proto.ServiceFrontendUpdate | None) -> None:
+        self._pending_services[frontend_id] = frontend
+
     def on_config_update(self, settings: dict[str, str]) -> None:
         self._pending_config = dict(settings)
 
@@ -226,6 +233,8 @@ class EventSequencer:
         self._flush_vtep_removes()
         self._flush_host_metadata_removes()
         self._flush_ip_pool_removes()
+        # Service frontends reference nothing the dataplane holds (backends are addresses).
+        self._flush_service_updates()
         # Last: the first complete flush after the datastore was in sync.
         self._flush_in_sync()
         return self.messages_sent - before
@@ -238,7 +247,7 @@ class EventSequencer:
             or self._pending_profiles or self._pending_profile_removes
             or self._pending_endpoints or self._pending_endpoint_removes
             or self._pending_routes or self._pending_pools or self._pending_hosts
-            or self._pending_vteps
+            or self._pending_vteps or self._pending_services
             or self._pending_config is not None or self._pending_ready is not None
             or (self._datastore_in_sync and not self.in_sync_sent))
 
@@ -375,6 +384,17 @@ class EventSequencer:
             if self._pending_vteps[node] is None and self._sent_vteps.pop(node, None):
                 self._emit(proto.VXLANTunnelEndpointRemove(node=node))
         self._pending_vteps.clear()
+
+    def _flush_service_updates(self) -> None:
+        for fid in sorted(self._pending_services):
+            frontend = self._pending_services[fid]
+            if frontend is None:
+                if self._sent_services.pop(fid, None) is not None:
+                    self._emit(proto.ServiceFrontendRemove(id=fid))
+            elif self._sent_services.get(fid) != frontend:
+                self._sent_services[fid] = frontend
+                self._emit(frontend)
+        self._pending_services.clear()
 
     def _flush_in_sync(self) -> None:
         if self._datastore_in_sync and not self.in_sync_sent:

@@ -68,6 +68,7 @@ class ExpectedDataplane:
         self.pools: dict[str, proto.IPAMPoolUpdate] = {}
         self.host_ips: dict[str, str] = {}
         self.vteps: dict[str, proto.VXLANTunnelEndpointUpdate] = {}
+        self.service_frontends: dict[str, proto.ServiceFrontendUpdate] = {}
         self.config: dict[str, str] | None = None
         self.datastore_ready = True  # ClusterInformation datastoreReady
         self.in_sync = False
@@ -208,6 +209,13 @@ class ExpectedDataplane:
         # blocks remain): the dataplane then has no way to program it, as in Felix.
         self._check(m.node in self.vteps, m, "removes an unknown VXLAN tunnel endpoint")
         self.vteps.pop(m.node, None)
+
+    def _on_ServiceFrontendUpdate(self, m: proto.ServiceFrontendUpdate) -> None:
+        self.service_frontends[m.id] = m
+
+    def _on_ServiceFrontendRemove(self, m: proto.ServiceFrontendRemove) -> None:
+        self._check(m.id in self.service_frontends, m, "removes an unknown service frontend")
+        self.service_frontends.pop(m.id, None)
 
     def _on_ConfigUpdate(self, m: proto.ConfigUpdate) -> None:
         self.config = dict(m.config)

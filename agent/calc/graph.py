@@ -8,7 +8,7 @@ no I/O: the caller (`CalcPipeline`) owns the thread and calls `flush()` after ea
 `callbacks` must implement the sinks of the nodes: `on_ip_set_added/removed`,
 `on_ip_set_member_added/removed`, `on_policy_update/remove`, `on_profile_update/remove`,
 `on_endpoint_tiers`, `on_route_update`, `on_ip_pool_update`, `on_host_ip_update`,
-`on_vtep_update`, `on_config_update`, `on_datastore_in_sync`.
+`on_vtep_update`, `on_service_frontend_update`, `on_config_update`, `on_datastore_in_sync`.
 
 The returned `CalcGraph` keeps every node as an attribute for debug dumps and tests.
 
@@ -32,6 +32,7 @@ from agent.calc.policy_resolver import PolicyResolver
 from agent.calc.profile_decoder import ProfileDecoder
 from agent.calc.route_resolver import RouteResolver
 from agent.calc.rule_scanner import RuleScanner
+from agent.calc.services import ServiceIndex
 from agent.calc.vxlan_resolver import VXLANResolver
 from agent.syncer.api import SyncStatus
 
@@ -53,6 +54,7 @@ class CalcGraph:
     config_batcher: ConfigBatcher
     host_ips: HostIPPassthru
     ip_pools: IPPoolPassthru
+    services: ServiceIndex
     callbacks: Any
     updates_processed: int = 0
     update_seconds: float = 0.0
@@ -95,6 +97,8 @@ class CalcGraph:
             "config": self.config_batcher.effective(),
             "routes": {dst: r.type for dst, r in self.route_resolver.routes().items()},
             "vteps": {n: v.ipv4_addr for n, v in self.vxlan_resolver.vteps().items()},
+            "service_frontends": {i: [f"{b.addr}:{b.port}" for b in f.backends]
+                                  for i, f in self.services.frontends().items()},
         }
 
 
@@ -163,6 +167,11 @@ def build_calc_graph(hostname: str, callbacks: Any, *, naive_ipsets: bool = Fals
     ip_pools = IPPoolPassthru(callbacks)
     ip_pools.register_with(all_updates)
 
+    #  all_updates ──(Service, EndpointSlice)──> ServiceIndex ──> callbacks
+    #  (on_service_frontend_update: VIP:port/proto -> this node's backends)
+    services = ServiceIndex(hostname, callbacks)
+    services.register_with(all_updates)
+
     #  all_updates ──(status IN_SYNC)──> callbacks.on_datastore_in_sync
     #  (registered last: every other status handler has run first)
     def on_status(status: SyncStatus) -> None:
@@ -178,5 +187,5 @@ def build_calc_graph(hostname: str, callbacks: Any, *, naive_ipsets: bool = Fals
         rule_scanner=rule_scanner, ipset_index=ipset_index, policy_resolver=policy_resolver,
         route_resolver=route_resolver, vxlan_resolver=vxlan_resolver,
         config_batcher=config_batcher, host_ips=host_ips,
-        ip_pools=ip_pools, callbacks=callbacks,
+        ip_pools=ip_pools, services=services, callbacks=callbacks,
     )

@@ -12,6 +12,8 @@ sysctl managers. Steps:
 4. managers, in apply order:
    - `BpfPolicyManager`: the policy maps by difference (managers/bpf_policy.py);
    - `BpfRouteManager`: the routes trie by difference (managers/bpf_routes.py);
+   - `BpfNatManager`: the service maps (frontends, backends, affinity) by difference
+     (managers/bpf_nat.py);
    - `BpfAttachManager`: tc programs on workload interfaces, XDP for untracked host
      endpoint rules (managers/bpf_attach.py); after the first complete round it sweeps the
      previous builds' private pins;
@@ -52,6 +54,7 @@ from agent.bpf.loader import (
 )
 from agent.bpf.maps import conntrack as ct_map
 from agent.bpf.maps import counters as counters_map
+from agent.bpf.maps import nat_counters as nat_counters_map
 from agent.bpf.maps.base import BpfMap
 from agent.config import Config
 from agent.dataplane.errors import DataplaneUnavailable
@@ -60,6 +63,7 @@ from agent.dataplane.managers import bpf_metrics
 from agent.dataplane.managers.bpf_attach import BpfAttachManager, ProgramRef
 from agent.dataplane.managers.bpf_conntrack import BpfConntrackManager
 from agent.dataplane.managers.bpf_guard import BpfGuardManager
+from agent.dataplane.managers.bpf_nat import BpfNatManager
 from agent.dataplane.managers.bpf_policy import BpfPolicyManager
 from agent.dataplane.managers.bpf_routes import BpfRouteManager
 from agent.shims.netlink import netlink_lister
@@ -74,6 +78,9 @@ MAP_SIZE_PARAMS = {
     "BPFMapSizeRules": "rules",
     "BPFMapSizeRoutes": "routes",
     "BPFMapSizeEndpoints": "endpoints",
+    "BPFMapSizeNATFrontend": "nat_frontend",
+    "BPFMapSizeNATBackend": "nat_backend",
+    "BPFMapSizeNATAffinity": "nat_affinity",
     "BPFMapSizeClassifierWords": "cls_words",
     "BPFMapSizeClassifierTries": "cls_tries",
     "BPFMapSizeClassifierL4": "cls_l4",
@@ -175,17 +182,21 @@ def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
     )
     routes = BpfRouteManager(loaded.maps["routes"], interface_prefixes=prefixes,
                              list_interfaces=netlink_lister())
+    nat = BpfNatManager(loaded.maps["nat_frontend"], loaded.maps["nat_backend"],
+                        loaded.maps["nat_affinity"], loaded.maps["nat_vip_filter"])
     guard = BpfGuardManager(attach, interface_prefixes=prefixes)
     global_counters = loaded.maps["global_counters"]
+    nat_counters = loaded.maps["nat_counters"]
     bpf_metrics.DROPS.set_sources(
         global_counters=lambda: counters_map.read_globals(global_counters),
         guard=guard.guard.counters,
-        spoofed_by_endpoint=policy.spoofed_by_endpoint, owner=loaded)
-    managers = [policy, routes, attach, conntrack]
+        spoofed_by_endpoint=policy.spoofed_by_endpoint,
+        nat=lambda: nat_counters_map.read(nat_counters), owner=loaded)
+    managers = [policy, routes, nat, attach, conntrack]
     shared = SharedLoad(loaded, len(managers))
     for manager in managers:
         manager.on_close = shared.release
-    return [policy, routes, attach, guard, conntrack]
+    return [policy, routes, nat, attach, guard, conntrack]
 
 
 def interface_prefixes(config: Config) -> tuple[str, ...]:

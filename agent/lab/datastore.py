@@ -78,8 +78,10 @@ class LabDatastore:
         return removed
 
     def documents(self) -> list[dict[str, Any]]:
-        """Every document currently in the directory (sorted by file name)."""
-        return [yaml.safe_load(p.read_text()) for p in sorted(self.directory.glob("*.yaml"))]
+        """Every document currently in the directory (sorted by file name; a file may hold
+        several, as benchmarks write them)."""
+        return [doc for p in sorted(self.directory.glob("*.yaml"))
+                for doc in yaml.safe_load_all(p.read_text()) if doc is not None]
 
 
 def topology_documents(scenario: Scenario, topology: LabTopology) -> list[dict[str, Any]]:

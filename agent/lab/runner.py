@@ -51,6 +51,13 @@ from agent.lab.probe import DEFAULT_TIMEOUT_SECONDS, Prober, ProbeResult
 from agent.lab.runstate import RunState, remove_run_kernel_objects, sweep_stale_runs
 from agent.lab.scenario import ProbeSpec, ResourceRef, Scenario, Step
 from agent.lab.servers import PodServers
+from agent.lab.services import (
+    MANAGED_BY_LAB,
+    MANAGED_BY_LABEL,
+    KubeProxyRules,
+    frontends_for,
+    generated_slices,
+)
 from agent.lab.topology import LabTopology, TopologyBuilder, plan_topology
 
 DEFAULT_SYNC_TIMEOUT_SECONDS = 60.0
@@ -175,6 +182,7 @@ class LabRunner:
         self._tearing_down = False
         self._torn_down = False
         self._interrupted_by: int | None = None
+        self._kube_proxy_rendered = False
 
     # --- context manager and signals -------------------------------------------------------
 
@@ -280,12 +288,48 @@ class LabRunner:
             self.datastore.delete(refs)
 
     def enter_step(self, step: Step) -> None:
-        """Apply `step`'s documents, delete its resources, then wait until in sync."""
+        """Apply `step`'s documents, delete its resources, then wait until in sync.
+
+        Services: the EndpointSlices Kubernetes' controller would make are written with the
+        step's documents (`agent.lab.services`); in iptables mode, kube-proxy's rules are
+        rendered in every node namespace once the agents are in sync."""
         if step.apply:
             self.apply_resources(step.apply)
         if step.delete:
             self.delete_resources(step.delete)
+        self.sync_endpoint_slices()
         self.wait_in_sync()
+        if self.dataplane == "iptables":
+            self.sync_kube_proxy()
+
+    def sync_endpoint_slices(self) -> None:
+        """Write the generated EndpointSlices that changed; remove those no longer made."""
+        with self._timed("apply_s"):
+            docs = self.datastore.documents()
+            current = {(d["metadata"].get("namespace"), d["metadata"]["name"]): d
+                       for d in docs if d.get("kind") == "EndpointSlice"
+                       and (d["metadata"].get("labels") or {}).get(MANAGED_BY_LABEL)
+                       == MANAGED_BY_LAB}
+            wanted = {(d["metadata"]["namespace"], d["metadata"]["name"]): d
+                      for d in generated_slices(docs)}
+            changed = [d for k, d in wanted.items() if current.get(k) != d]
+            if changed:
+                self.datastore.apply(changed)
+            gone = [ResourceRef("EndpointSlice", name, namespace)
+                    for namespace, name in current.keys() - wanted.keys()]
+            if gone:
+                self.datastore.delete(gone)
+
+    def sync_kube_proxy(self) -> None:
+        """kube-proxy's iptables service rules in every node namespace (iptables mode)."""
+        docs = self.datastore.documents()
+        if not self._kube_proxy_rendered and not any(d.get("kind") == "Service" for d in docs):
+            return  # no Service ever: leave the nodes' tables as the agent made them
+        self._kube_proxy_rendered = True
+        rules = KubeProxyRules()
+        with self._timed("kube_proxy_s"):
+            for node in self.topology.nodes.values():
+                rules.sync(node.netns, frontends_for(docs, node.name))
 
     def wait_in_sync(self, timeout: float = DEFAULT_SYNC_TIMEOUT_SECONDS) -> None:
         """Poll the agents until they report in-sync; `LabSyncTimeout` after `timeout`."""

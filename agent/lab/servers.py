@@ -6,7 +6,8 @@ TCP connections are accepted and whatever arrives is echoed back until the peer 
 datagrams are echoed to their sender.
 
 Inputs: (pod namespace, port, protocol) triples via `add()`.
-Outputs: open sockets in pod namespaces until `stop()`.
+Outputs: open sockets in pod namespaces until `stop()`; `served` (connections accepted /
+datagrams echoed per listener) and `peers` (the source addresses each listener saw).
 
 Invariants:
 - No process is started: sockets belong to their pod's namespace for life, so a crash or
@@ -24,6 +25,7 @@ import selectors
 import socket
 import threading
 import time
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from agent.lab.netns import in_netns
@@ -53,6 +55,10 @@ class PodServers:
         self._connections: dict[socket.socket, float] = {}
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        # what each listener served: connections / datagrams, and the peers' addresses (so
+        # tests can see which backend a service probe reached and whom the backend saw)
+        self.served: Counter[tuple[str, int, str]] = Counter()
+        self.peers: dict[tuple[str, int, str], set[str]] = defaultdict(set)
 
     @property
     def listening(self) -> list[tuple[str, int, str]]:
@@ -112,18 +118,25 @@ class PodServers:
                 assert isinstance(sock, socket.socket)
                 if isinstance(key.data, _Listener):
                     if key.data.protocol == "TCP":
-                        self._accept(sock)
+                        self._accept(sock, key.data)
                     else:
-                        self._echo_datagram(sock)
+                        self._echo_datagram(sock, key.data)
                 else:
                     self._echo_stream(sock)
             self._close_idle()
 
-    def _accept(self, listener: socket.socket) -> None:
+    def _record(self, listener: _Listener, peer: object) -> None:
+        where = (listener.netns, listener.port, listener.protocol)
+        self.served[where] += 1
+        if isinstance(peer, tuple) and peer:
+            self.peers[where].add(str(peer[0]))
+
+    def _accept(self, listener: socket.socket, key: _Listener) -> None:
         try:
-            conn, _ = listener.accept()
+            conn, peer = listener.accept()
         except OSError:
             return
+        self._record(key, peer)
         if len(self._connections) >= MAX_CONNECTIONS:
             conn.close()
             return
@@ -144,9 +157,10 @@ class PodServers:
             pass
         self._drop(conn)
 
-    def _echo_datagram(self, sock: socket.socket) -> None:
+    def _echo_datagram(self, sock: socket.socket, key: _Listener) -> None:
         with contextlib.suppress(OSError):
             data, peer = sock.recvfrom(RECV_BYTES)
+            self._record(key, peer)
             sock.sendto(data, peer)
 
     def _close_idle(self) -> None:

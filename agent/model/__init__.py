@@ -56,6 +56,13 @@ from agent.model.resources import (
     parse_resource,
 )
 from agent.model.rules import EntityRule, ICMPMatch, Port, Rule, ServiceAccountMatch
+from agent.model.services import (
+    EndpointSlice,
+    Service,
+    ServicePort,
+    SliceEndpoint,
+    SlicePort,
+)
 
 __all__ = [
     "IPNAT",
@@ -68,6 +75,7 @@ __all__ = [
     "Community",
     "ContainerPort",
     "EndpointPort",
+    "EndpointSlice",
     "EntityRule",
     "FelixConfiguration",
     "HostEndpoint",
@@ -92,8 +100,12 @@ __all__ = [
     "Profile",
     "Resource",
     "Rule",
+    "Service",
     "ServiceAccount",
     "ServiceAccountMatch",
+    "ServicePort",
+    "SliceEndpoint",
+    "SlicePort",
     "Tier",
     "ValidationError",
     "WorkloadEndpoint",

@@ -86,6 +86,7 @@ from agent.model.rules import (
     parse_selector,
     protocol_number,
 )
+from agent.model.services import parse_endpoint_slice, parse_service
 from agent.syncer.api import ResourceKey, key_of
 
 # The Kubernetes form of each kind that has one (the kind catalogue's non-CRD resources: v1
@@ -464,6 +465,8 @@ _K8S_PARSERS: dict[str, Parser] = {
     "ServiceAccount": parse_service_account,
     KIND_K8S_NETWORK_POLICY: parse_kubernetes_network_policy,
     "Node": parse_kubernetes_node,
+    "Service": parse_service,
+    "EndpointSlice": parse_endpoint_slice,
 }
 
 

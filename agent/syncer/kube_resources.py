@@ -6,15 +6,16 @@ Role: the watched resource types (`RESOURCE_TYPES`, a view of the kind catalogue
 the Kubernetes syncer (`agent.syncer.kube`) and client (`agent.syncer.kube_store`).
 
 Resource types: Kubernetes' own Pods (every node's: other nodes' pods feed IP sets),
-Namespaces, ServiceAccounts, Nodes and networking.k8s.io/v1 NetworkPolicies; and Calico's
+Namespaces, ServiceAccounts, Nodes, networking.k8s.io/v1 NetworkPolicies, v1 Services and
+discovery.k8s.io/v1 EndpointSlices; and Calico's
 CRDs (`crd.projectcalico.org/v1`, plural names) for the v3 kinds Calico keeps in CRDs in
 its Kubernetes datastore mode. Profiles, WorkloadEndpoints and Calico Nodes are not CRDs
 there: Calico derives them from Namespaces/ServiceAccounts, Pods and Nodes, and so does
 pyfelix (in `agent.conversion`; `DERIVED_KINDS`).
 
 RBAC: `node_rbac_rules()` is what the node's ClusterRole (deploy/base/clusterrole.yaml)
-must grant, derived from these tables: `READ_VERBS` on `NODE_READ_TYPES` (the watched types
-plus `SERVICE_TYPES`, Services and EndpointSlices). tests/deploy checks the manifest
+must grant, derived from these tables: `READ_VERBS` on `NODE_READ_TYPES` (the watched
+types). tests/deploy checks the manifest
 against it exactly, so a type added here without its rule (or a rule left behind when a
 type goes) fails the suite.
 
@@ -38,7 +39,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from agent.kinds import CALICO_API, CRD_GROUP_VERSION, KINDS, SERVICE_TYPES, ResourceType
+from agent.kinds import CALICO_API, CRD_GROUP_VERSION, KINDS, ResourceType
 
 CALICO_METADATA_ANNOTATION = "projectcalico.org/metadata"
 _KEPT_METADATA = ("name", "namespace", "labels", "annotations")
@@ -61,7 +62,7 @@ DERIVED_KINDS: dict[str, tuple[str, ...]] = {
 # datastore pyfelix keeps no status objects (agent.status) and `pyfelix apply` writes with
 # the user's own credentials.
 READ_VERBS: tuple[str, ...] = ("get", "list", "watch")
-NODE_READ_TYPES: tuple[ResourceType, ...] = RESOURCE_TYPES + SERVICE_TYPES
+NODE_READ_TYPES: tuple[ResourceType, ...] = RESOURCE_TYPES  # Services are kinds now
 
 
 def node_rbac_rules() -> set[tuple[str, str, str]]:

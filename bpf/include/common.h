@@ -60,6 +60,9 @@
 #define PKT_F_FRAGMENT 0x02 /* an IPv4 fragment (first or not) */
 #define PKT_F_ICMP_ERR 0x04 /* an ICMP error carrying an inner IPv4 header (inner_* valid) */
 #define PKT_F_ICMP 0x08     /* ICMP: icmp_type/icmp_code valid (sport/dport = echo id or 0) */
+#define PKT_F_SVC_NAT 0x10  /* DNATed to a service backend (nat.h): conntrack records it */
+#define PKT_F_HAIRPIN 0x20  /* a service flow from a pod to itself, forward (nat.h) */
+#define PKT_F_HAIRPIN_REPLY 0x40 /* the reply of such a flow, before its reverse NAT */
 
 /* TCP flags as in the TCP header's 13th byte. */
 #define PF_TCP_FIN 0x01

@@ -85,6 +85,11 @@
 #define CT_F_FIN_ORIG 0x08
 #define CT_F_FIN_REPLY 0x10
 #define CT_F_RST 0x20
+#define CT_F_SVC_NAT 0x40 /* first packet was DNATed to a service backend (nat.h) */
+
+/* ct_lookup_update() results (non-zero: a hit) */
+#define CT_HIT 1
+#define CT_HIT_SVC_NAT 3 /* a hit on a service flow: replies need reverse NAT */
 
 struct ct_key {
 	__u32 ifindex;
@@ -159,7 +164,8 @@ PF_INLINE int ct_expired(struct ct_value *v, __u8 proto, __u64 now)
 	return now > last && now - last > ct_timeout_ns(proto, v->flags);
 }
 
-/* Established/reply packet of a tracked flow? Updates the entry on a hit. Returns 1 on hit. */
+/* Established/reply packet of a tracked flow? Updates the entry on a hit. Returns 0 on a
+ * miss, CT_HIT, or CT_HIT_SVC_NAT for a service flow (nat.h). */
 PF_INLINE int ct_lookup_update(struct pkt_info *pkt, __u32 ifindex, __u8 hook, __u64 now)
 {
 	struct ct_key key = {};
@@ -209,7 +215,7 @@ PF_INLINE int ct_lookup_update(struct pkt_info *pkt, __u32 ifindex, __u8 hook, _
 	v->last_seen_ns = now;
 	v->packets += 1;
 	v->bytes += pkt->len;
-	return 1;
+	return (flags & CT_F_SVC_NAT) ? CT_HIT_SVC_NAT : CT_HIT;
 }
 
 /* An ICMP error whose inner packet belongs to a live flow tracked at this interface? */
@@ -243,6 +249,8 @@ PF_INLINE void ct_create(struct pkt_info *pkt, __u32 ifindex, __u8 hook, __u64 n
 		v.flags |= CT_F_ORIG_A_TO_B;
 	if (hook == HOOK_TO_WEP)
 		v.flags |= CT_F_ORIG_TO_WEP;
+	if (pkt->flags & PKT_F_SVC_NAT)
+		v.flags |= CT_F_SVC_NAT;
 	if (pkt->proto == PF_IPPROTO_TCP) {
 		__u8 tf = pkt->tcp_flags;
 		if ((tf & (PF_TCP_SYN | PF_TCP_ACK)) != PF_TCP_SYN)

@@ -33,6 +33,11 @@ MAP_HELP = {
     "config": "Dataplane settings the programs read (endpoint-to-host action).",
     "untracked": "XDP early-drop prefixes (untracked deny rules of host endpoints).",
     "wep_sources": "Source prefixes each workload interface may send from (RPF).",
+    "nat_frontend": "Service frontends (VIP, port, protocol) -> service id, backend count.",
+    "nat_backend": "Service backends by (service id, index).",
+    "nat_affinity": "ClientIP session affinity: (service id, client) -> backend.",
+    "nat_ct": "Each service flow's translation (fwd: client -> backend, rev: reply -> VIP).",
+    "nat_counters": "What the service NAT did (new flows, replies, rejects, failures).",
 }
 
 
@@ -129,6 +134,7 @@ def command() -> None:
       pyfelix bpf ipsets dump -o json
       pyfelix bpf conntrack dump --pin-dir /sys/fs/bpf/pyfelix
       FELIX_BPFPINDIR=/sys/fs/bpf/pyfelix pyfelix bpf global_counters dump
+      pyfelix bpf nat dump
       pyfelix bpf summary
       pyfelix bpf cleanup
     """
@@ -163,6 +169,40 @@ def cleanup(pin_dir: str) -> None:
                f"{result.pins} pin(s)")
 
 
+@command.group("nat")
+def nat_group() -> None:
+    """Services (the kube-proxy replacement): frontends, backends, affinity, counters."""
+
+
+@nat_group.command("dump")
+@_output_option
+@_pin_dir_option
+def nat_dump(output: str, pin_dir: str) -> None:
+    """Every service frontend (VIP:port/protocol) with its backends in index order and its
+    ClientIP affinity entries, then the NAT counters.
+
+    \b
+    Examples:
+      pyfelix bpf nat dump
+      pyfelix bpf nat dump -o json --pin-dir /sys/fs/bpf/pyfelix
+    """
+    from agent.bpf.maps import nat_pinned
+
+    path = _resolved(pin_dir)
+    try:
+        view = nat_pinned(path)
+    except OSError as exc:
+        raise click.ClickException(f"the service NAT maps are not readable under {pin_dir}: "
+                                   f"{exc} (is an agent running with BPFPinDir={pin_dir}?)"
+                                   ) from exc
+    if output == "json":
+        click.echo(json.dumps(view, indent=2, sort_keys=True))
+        return
+    click.echo(table([{**f, "affinity": len(f["affinity"])} for f in view["frontends"]]))
+    click.echo("")
+    click.echo(table([{"counter": k, "value": v} for k, v in view["counters"].items()]))
+
+
 @command.command("summary")
 @_output_option
 @_pin_dir_option
@@ -186,6 +226,15 @@ def summary(output: str, pin_dir: str) -> None:
         click.echo(json.dumps(rows, indent=2, sort_keys=True))
     else:
         click.echo(table([_summary_cells(row) for row in rows]))
+        try:
+            from agent.bpf.maps import nat_summary_pinned
+
+            nat = nat_summary_pinned(_resolved(pin_dir))
+            click.echo(f"\nservices: {nat['frontends']} frontends "
+                       f"({nat['frontends_without_backends']} without backends: rejected), "
+                       f"{nat['backends']} backends, {nat['nat_flows']} NAT flows")
+        except OSError:
+            pass  # the NAT maps' rows above already say why
     failed = [row["map"] for row in rows if "error" in row]
     if failed:
         raise click.ClickException(f"not readable under {pin_dir}: {', '.join(failed)}")

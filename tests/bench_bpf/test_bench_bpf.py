@@ -11,7 +11,7 @@ import pytest
 from agent.bench import BenchSettings, known_benchmarks, run
 
 BPF_BENCHES = ("bpf-verdict", "map-sync", "policy-latency", "restart", "dataplane-compare",
-               "policy-programming", "agent-memory")
+               "policy-programming", "agent-memory", "services")
 
 
 def test_every_bpf_benchmark_is_registered_and_importable():
@@ -56,6 +56,28 @@ def test_bpf_verdict_figures(leaves_nothing):
     assert f["first_packet_1000_over_ct_hit"] == pytest.approx(
         f["first_packet_ns_1000"] / f["ct_hit_ns"])
     assert f["trie_members"] == 100_000
+
+
+@pytest.mark.privileged
+def test_services_figures(leaves_nothing, tmp_path):
+    """Both parts of the services benchmark, kept short: the first-packet figures in quick
+    mode, and the connection rate through a ClusterIP with 10 Services on both dataplanes
+    (the full benchmark repeats that for 1,000 and 10,000)."""
+    from agent.bench.registry import BenchContext
+    from agent.bench.services import build_conn_rate, first_packet_figures, measure_conn_rates
+
+    f = first_packet_figures(BenchContext(BenchSettings.quick()))
+    for n in (10, 1000, 10000):
+        assert f[f"bpf_first_packet_ns_{n}_min"] <= f[f"bpf_first_packet_ns_{n}"] \
+            <= f[f"bpf_first_packet_ns_{n}_max"]
+        # a first packet through the NAT costs more than the do-nothing program
+        assert f[f"bpf_first_packet_ns_{n}"] > f["bpf_first_packet_harness_ns"] > 0
+    assert f["bpf_first_packet_ratio_10000_to_10"] == pytest.approx(
+        f["bpf_first_packet_ns_10000"] / f["bpf_first_packet_ns_10"], rel=0.01)
+    binary = build_conn_rate(str(tmp_path))
+    for dataplane in ("bpf", "iptables"):
+        rates = measure_conn_rates(dataplane, 10, binary, samples=1, seconds=0.3)
+        assert len(rates) == 1 and rates[0] > 0, dataplane
 
 
 @pytest.mark.privileged

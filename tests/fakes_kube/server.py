@@ -62,6 +62,8 @@ DEFAULT_TYPES = (
     ServedType("v1", "pods", "Pod", True),
     ServedType("v1", "nodes", "Node", False),
     ServedType("networking.k8s.io/v1", "networkpolicies", "NetworkPolicy", True),
+    ServedType("v1", "services", "Service", True),
+    ServedType("discovery.k8s.io/v1", "endpointslices", "EndpointSlice", True),
     *(ServedType("crd.projectcalico.org/v1", plural, kind, namespaced, crd=True)
       for plural, kind, namespaced in (
           ("tiers", "Tier", False), ("globalnetworkpolicies", "GlobalNetworkPolicy", False),

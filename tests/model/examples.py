@@ -311,6 +311,53 @@ spec:
   egress:
     - to: [{namespaceSelector: {}}]
       ports: [{protocol: UDP, port: 53}]
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: api
+  namespace: prod
+  uid: 5d2e7a10-2222-4c3e-9d3f-2a56d5e0a003
+  resourceVersion: "2001"
+spec:
+  type: ClusterIP
+  clusterIP: 10.96.0.20
+  clusterIPs: [10.96.0.20]
+  ipFamilies: [IPv4]
+  ipFamilyPolicy: SingleStack
+  selector: {app: api}
+  sessionAffinity: ClientIP
+  sessionAffinityConfig: {clientIP: {timeoutSeconds: 600}}
+  internalTrafficPolicy: Cluster
+  ports:
+    - {name: http, protocol: TCP, port: 80, targetPort: http}
+    - {name: dns, protocol: UDP, port: 53, targetPort: 5353}
+status: {loadBalancer: {}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: api-x7k2p
+  namespace: prod
+  labels:
+    kubernetes.io/service-name: api
+    endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io
+  generateName: api-
+  ownerReferences:
+    - {apiVersion: v1, kind: Service, name: api, uid: 5d2e7a10-2222-4c3e-9d3f-2a56d5e0a003}
+addressType: IPv4
+endpoints:
+  - addresses: [10.65.0.7]
+    conditions: {ready: true, serving: true, terminating: false}
+    nodeName: node1
+    targetRef:
+      {kind: Pod, namespace: prod, name: api-7d9f8-abcde, uid: 3c1a9f0e-1111-4c3e-9d3f-2a56d5e0a002}
+  - addresses: [10.65.1.9]
+    conditions: {ready: false, serving: true, terminating: true}
+    nodeName: node2
+ports:
+  - {name: http, protocol: TCP, port: 8080}
+  - {name: dns, protocol: UDP, port: 5353}
 """
 
 

@@ -43,7 +43,8 @@ def test_every_type_converts_to_a_document_keyed_as_its_kind() -> None:
         assert key.namespace == ("ns" if rtype.namespaced else "")
         assert "managedFields" not in doc["metadata"]
     assert {t.kind for t in KUBERNETES_TYPES} == {
-        "Pod", "Namespace", "ServiceAccount", "Node", KIND_K8S_NETWORK_POLICY}
+        "Pod", "Namespace", "ServiceAccount", "Node", KIND_K8S_NETWORK_POLICY, "Service",
+        "EndpointSlice"}
 
 
 def test_crd_documents_round_trip_and_drop_calico_bookkeeping() -> None:

@@ -338,3 +338,26 @@ def test_wrong_credentials_keep_waiting_until_accepted(fake_kube: FakeKubeAPISer
     fake_kube.token = "not-the-right-token"  # the server starts accepting it: retried
     recorder.wait_in_sync()
     assert gnp_key("g") in recorder.state
+
+
+def test_services_and_endpoint_slices_are_listed_and_watched(
+        fake_kube: FakeKubeAPIServer, start_kube_syncer: SyncerFactory) -> None:
+    svc = {"apiVersion": "v1", "kind": "Service",
+           "metadata": {"name": "web", "namespace": "shop"},
+           "spec": {"clusterIP": "10.96.0.10", "selector": {"app": "web"},
+                    "ports": [{"port": 80, "targetPort": 8080}]}}
+    fake_kube.cluster.put_object(svc)
+    _, recorder = start_kube_syncer()
+    recorder.wait_in_sync()
+    got = recorder.state[ResourceKey("Service", "shop", "web")]
+    assert got["apiVersion"] == "v1" and got["spec"]["clusterIP"] == "10.96.0.10"
+    eps = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+           "metadata": {"name": "web-x", "namespace": "shop",
+                        "labels": {"kubernetes.io/service-name": "web"}},
+           "addressType": "IPv4", "endpoints": [{"addresses": ["10.65.0.1"]}],
+           "ports": [{"port": 8080}]}
+    fake_kube.cluster.put_object(eps)
+    key = ResourceKey("EndpointSlice", "shop", "web-x")
+    recorder.wait_for(lambda r: key in r.state, "endpoint slice")
+    assert recorder.state[key]["apiVersion"] == "discovery.k8s.io/v1"
+    assert _watches(fake_kube, "/apis/discovery.k8s.io/v1/endpointslices")

@@ -17,6 +17,12 @@ from agent.bpf.maps import (
     ep_by_ifindex,
     ids,
     ipsets,
+    nat_affinity,
+    nat_backend,
+    nat_counters,
+    nat_ct,
+    nat_frontend,
+    nat_vip_filter,
     routes,
     rules,
     untracked,
@@ -39,6 +45,12 @@ ALL_MAPS: tuple[MapParams, ...] = (
     config.PARAMS,
     untracked.PARAMS,
     wep_sources.PARAMS,
+    nat_frontend.PARAMS,
+    nat_backend.PARAMS,
+    nat_affinity.PARAMS,
+    nat_ct.PARAMS,
+    nat_counters.PARAMS,
+    nat_vip_filter.PARAMS,
     cls_chains.PARAMS,
     cls_l4.PARAMS,
     cls_tries.PARAMS,
@@ -56,6 +68,9 @@ _DUMPERS = {
     "ep_spoofed": counters.dump_spoofed, "global_counters": counters.dump_globals,
     "routes": routes.dump, "config": config.dump, "untracked": untracked.dump,
     "wep_sources": wep_sources.dump,
+    "nat_frontend": nat_frontend.dump, "nat_backend": nat_backend.dump,
+    "nat_affinity": nat_affinity.dump, "nat_ct": nat_ct.dump, "nat_counters": nat_counters.dump,
+    "nat_vip_filter": nat_vip_filter.dump,
     "cls_chains": cls_chains.dump, "cls_l4": cls_l4.dump, "cls_tries": cls_tries.dump,
 }
 
@@ -125,3 +140,47 @@ def summary_pinned(pin_dir: str) -> list[dict]:
                            else round(100.0 * entries / max(1, row["max_entries"]), 1))
         rows.append(row)
     return rows
+
+
+def nat_pinned(pin_dir: str) -> dict:
+    """`pyfelix bpf nat dump`: the service frontends with their backends and affinity
+    entries, and the NAT counters: {"frontends": [{"frontend": "VIP:port/proto",
+    "service_id", "flags", "affinity_timeout", "backends": ["addr:port", ...],
+    "affinity": [{"client", "backend", "last_used_ns"}]}], "counters": {...}}.
+    Raises OSError if a map is not pinned there."""
+    with (BpfMap.open_pinned(nat_frontend.PARAMS, pin_dir) as fe,
+          BpfMap.open_pinned(nat_backend.PARAMS, pin_dir) as be,
+          BpfMap.open_pinned(nat_affinity.PARAMS, pin_dir) as aff,
+          BpfMap.open_pinned(nat_counters.PARAMS, pin_dir) as cnt):
+        backends: dict[int, dict[int, str]] = {}
+        for row in nat_backend.dump(be):
+            backends.setdefault(row["service_id"], {})[row["index"]] = (
+                f"{row['addr']}:{row['port']}")
+        affinity: dict[int, list[dict]] = {}
+        for row in nat_affinity.dump(aff):
+            affinity.setdefault(row["service_id"], []).append(
+                {"client": row["client"], "backend": f"{row['addr']}:{row['port']}",
+                 "last_used_ns": row["last_used_ns"]})
+        frontends = []
+        for row in nat_frontend.dump(fe):
+            sid = row["service_id"]
+            frontends.append({
+                "frontend": f"{row['vip']}:{row['port']}/{row['protocol']}",
+                "service_id": sid, "flags": row["flags"],
+                "affinity_timeout": row["affinity_timeout"],
+                "backends": [backends.get(sid, {}).get(i, "?") for i in range(row["backends"])],
+                "affinity": affinity.get(sid, [])})
+        return {"frontends": frontends, "counters": nat_counters.read(cnt)}
+
+
+def nat_summary_pinned(pin_dir: str) -> dict:
+    """Service figures for `pyfelix bpf summary`: frontends, those without backends
+    (rejected), backends, NAT flows (nat_ct entries: two per flow)."""
+    view = nat_pinned(pin_dir)
+    with BpfMap.open_pinned(nat_ct.PARAMS, pin_dir) as ct:
+        entries = len(ct.items())
+    fronts = view["frontends"]
+    return {"frontends": len(fronts),
+            "frontends_without_backends": sum(1 for f in fronts if not f["backends"]),
+            "backends": sum(len(f["backends"]) for f in fronts),
+            "nat_flows": entries // 2}

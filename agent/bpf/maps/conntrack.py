@@ -39,6 +39,7 @@ class CtFlags(enum.IntFlag):
     FIN_ORIG = 0x08
     FIN_REPLY = 0x10
     RST = 0x20
+    SVC_NAT = 0x40  # a service flow: its replies get the VIP back (nat.h)
 
 
 class Key(ctypes.Structure):

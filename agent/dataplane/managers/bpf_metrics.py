@@ -11,9 +11,10 @@ tests use the same objects).
 - `pyfelix_bpf_attach_*`: program attachment on interfaces.
 - `pyfelix_bpf_conntrack_*`: the conntrack cleaner.
 - `pyfelix_bpf_dropped_packets_total{reason}`: every packet the programs or the guard
-  dropped, by reason (read from the `global_counters` map and the nft guard's rule
-  counters at scrape time; `DROPS`); `pyfelix_bpf_endpoint_spoofed_packets_total{endpoint}`:
-  packets each local endpoint sent from a source it may not use.
+  dropped, by reason (read from the `global_counters` and `nat_counters` maps and the nft
+  guard's rule counters at scrape time; `DROPS`);
+  `pyfelix_bpf_endpoint_spoofed_packets_total{endpoint}`: packets each local endpoint sent
+  from a source it may not use.
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ DROP_REASONS = {
 }
 GUARD_REASONS = {"from_unprogrammed": "guard_from_unprogrammed",
                  "to_unprogrammed": "guard_to_unprogrammed"}
+# nat_counters name -> drop reason label (agent.bpf.maps.nat_counters.NatCounter): packets
+# of service flows that did not go through (a reject's packet became its ICMP error)
+NAT_REASONS = {"rejected": "service_without_endpoints",
+               "reject_failed": "service_reject_failed",
+               "xlate_failed": "service_nat_failed",
+               "no_backend": "service_backend_missing"}
 
 
 class DropCollector:
@@ -54,13 +61,16 @@ class DropCollector:
         self._globals: Callable[[], Mapping[str, int]] | None = None
         self._guard: Callable[[], Mapping[str, int]] | None = None
         self._spoofed: Callable[[], Mapping[str, int]] | None = None
+        self._nat: Callable[[], Mapping[str, int]] | None = None
         self._owner: object = None
 
     def set_sources(self, *, global_counters: Callable[[], Mapping[str, int]] | None,
                     guard: Callable[[], Mapping[str, int]] | None,
                     spoofed_by_endpoint: Callable[[], Mapping[str, int]] | None,
+                    nat: Callable[[], Mapping[str, int]] | None = None,
                     owner: object = None) -> None:
         self._globals, self._guard, self._spoofed = global_counters, guard, spoofed_by_endpoint
+        self._nat = nat
         self._owner = owner
 
     def forget(self, owner: object) -> None:
@@ -81,9 +91,11 @@ class DropCollector:
             "sent from an address it may not use), ipv6_not_policed, unknown_protocol, "
             "no_endpoint, policy, admin_down, malformed, ..., and guard_from_unprogrammed / "
             "guard_to_unprogrammed (the nft guard: a workload interface our programs are "
-            "not attached to yet).",
+            "not attached to yet), service_without_endpoints (rejected: ICMP port "
+            "unreachable sent instead) and the service NAT's failures.",
             labels=["reason"])
-        for source, names in ((self._globals, DROP_REASONS), (self._guard, GUARD_REASONS)):
+        for source, names in ((self._globals, DROP_REASONS), (self._guard, GUARD_REASONS),
+                              (self._nat, NAT_REASONS)):
             if source is None:
                 continue
             try:

@@ -1,0 +1,83 @@
+"""The lab's Service support without a kernel: EndpointSlices as Kubernetes' controller makes
+them, the node's frontends, and kube-proxy's iptables layout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent import proto
+from agent.lab.services import frontends_for, generated_slices, kube_proxy_restore
+
+
+def pod(name: str, ip: str, labels: dict[str, str], ports: list[dict[str, Any]] | None = None,
+        phase: str = "Running", node: str = "node1") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "shop", "labels": labels},
+            "spec": {"nodeName": node, "containers": [{"name": "main", "ports": ports or []}]},
+            "status": {"phase": phase, "podIP": ip}}
+
+
+def service(name: str, ip: str, selector: dict[str, str] | None, ports: list[dict[str, Any]]
+            ) -> dict[str, Any]:
+    spec: dict[str, Any] = {"clusterIP": ip, "ports": ports}
+    if selector is not None:
+        spec["selector"] = selector
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name,
+                                                               "namespace": "shop"},
+            "spec": spec}
+
+
+def test_slices_follow_selectors_named_ports_and_given_slices() -> None:
+    docs = [
+        pod("a", "10.65.0.1", {"app": "web"}, [{"name": "http", "containerPort": 8080}]),
+        pod("b", "10.65.0.2", {"app": "web"}, [{"name": "http", "containerPort": 9090}]),
+        pod("c", "10.65.0.3", {"app": "web"}, phase="Pending"),
+        pod("d", "10.65.0.4", {"app": "db"}),
+        service("web", "10.96.0.10", {"app": "web"},
+                [{"name": "http", "port": 80, "targetPort": "http"}]),
+        service("none", "10.96.0.11", {"app": "nothing"}, [{"port": 80}]),
+        service("manual", "10.96.0.12", None, [{"port": 80}]),
+    ]
+    slices = {s["metadata"]["name"]: s for s in generated_slices(docs)}
+    assert sorted(slices) == ["none-pyfelix-lab", "web-pyfelix-lab", "web-pyfelix-lab-1"]
+    ports = {n: [(e["addresses"][0], s["ports"][0]["port"]) for e in s["endpoints"]]
+             for n, s in slices.items() if s["endpoints"]}
+    assert ports == {"web-pyfelix-lab": [("10.65.0.1", 8080)],
+                     "web-pyfelix-lab-1": [("10.65.0.2", 9090)]}
+    assert slices["none-pyfelix-lab"]["endpoints"] == []
+    # a Service with its own slice gets none generated
+    given = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+             "metadata": {"name": "mine", "namespace": "shop",
+                          "labels": {"kubernetes.io/service-name": "web"}},
+             "addressType": "IPv4", "endpoints": []}
+    assert "web-pyfelix-lab" not in {s["metadata"]["name"]
+                                     for s in generated_slices([*docs, given])}
+    # the node's frontends come from the same documents through the agent's ServiceIndex
+    fronts = {f.id: f for f in frontends_for([*docs, *slices.values()], "node1")}
+    assert [(b.addr, b.port) for b in fronts["10.96.0.10:80/6"].backends] == [
+        ("10.65.0.1", 8080), ("10.65.0.2", 9090)]
+    assert fronts["10.96.0.11:80/6"].backends == ()
+
+
+def test_kube_proxy_layout() -> None:
+    web = proto.ServiceFrontendUpdate(
+        id="10.96.0.10:80/6", service="shop/web", port_name="http", vip="10.96.0.10", port=80,
+        protocol=6, backends=(proto.ServiceBackend("10.65.0.1", 8080),
+                              proto.ServiceBackend("10.65.0.2", 8080)), affinity_timeout=30)
+    empty = proto.ServiceFrontendUpdate(
+        id="10.96.0.11:53/17", service="shop/empty", port_name="", vip="10.96.0.11", port=53,
+        protocol=17)
+    text = kube_proxy_restore([web, empty], existing_chains=["KUBE-SVC-OLD"])
+    lines = text.splitlines()
+    nat = lines[:lines.index("COMMIT")]
+    svc = [line for line in nat if line.startswith("-A KUBE-SERVICES")]
+    assert len(svc) == 1 and "-d 10.96.0.10/32 -p tcp" in svc[0] and "--dport 80" in svc[0]
+    chain = svc[0].split()[-1]
+    picks = [line for line in nat if line.startswith(f"-A {chain}") and "recent" not in line]
+    assert "--probability 0.50000000000" in picks[0] and "statistic" not in picks[1]
+    assert sum("--rcheck --seconds 30" in line for line in nat) == 2
+    assert sum("DNAT --to-destination 10.65.0." in line for line in nat) == 2
+    assert "-X KUBE-SVC-OLD" in nat
+    filt = lines[lines.index("*filter"):]
+    assert any("-d 10.96.0.11/32 -p udp" in line and "REJECT --reject-with "
+               "icmp-port-unreachable" in line for line in filt)
