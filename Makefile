@@ -28,7 +28,7 @@ lint: setup
 bench: setup
 	mkdir -p bench
 	$(VENV)/bin/pyfelix bench -o json > bench/results.json
-	$(PY) -m agent.bench.report bench/results.json --plots bench > bench/results.md
+	$(PY) -m pyfelix.bench.report bench/results.json --plots bench > bench/results.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

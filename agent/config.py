@@ -48,8 +48,8 @@ from typing import Any
 import yaml
 from prometheus_client import Counter, Gauge
 
-from agent import felix_params
-from agent.felix_params import FELIX_PARAMS, FELIX_PARAMS_BY_KEY, LIVE_IN_FELIX
+from pyfelix.agent import felix_params
+from pyfelix.agent.felix_params import FELIX_PARAMS, FELIX_PARAMS_BY_KEY, LIVE_IN_FELIX
 
 log = logging.getLogger(__name__)
 

@@ -48,17 +48,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent import metrics
-from agent.atomic_file import write_atomically
-from agent.calc.pipeline import CalcPipeline
-from agent.config import Config, load_config, note_not_implemented
-from agent.dataplane.errors import DataplaneUnavailable
-from agent.dataplane.loop import DataplaneLoop
-from agent.dataplane.manager import Manager
-from agent.datastore import DatastoreLocation
-from agent.gc_policy import GcPolicy
-from agent.health import HealthAggregator, HealthServer
-from agent.proto import (
+from pyfelix.agent import metrics
+from pyfelix.agent.atomic_file import write_atomically
+from pyfelix.agent.calc.pipeline import CalcPipeline
+from pyfelix.agent.config import Config, load_config, note_not_implemented
+from pyfelix.agent.dataplane.errors import DataplaneUnavailable
+from pyfelix.agent.dataplane.loop import DataplaneLoop
+from pyfelix.agent.dataplane.manager import Manager
+from pyfelix.agent.datastore import DatastoreLocation
+from pyfelix.agent.gc_policy import GcPolicy
+from pyfelix.agent.health import HealthAggregator, HealthServer
+from pyfelix.agent.proto import (
     ActivePolicyRemove,
     ActivePolicyUpdate,
     ActiveProfileRemove,
@@ -72,8 +72,8 @@ from agent.proto import (
     WorkloadEndpointRemove,
     WorkloadEndpointUpdate,
 )
-from agent.syncer.api import DatastoreError, RawUpdate, SyncStatus
-from agent.syncer.backoff import Backoff
+from pyfelix.agent.syncer.api import DatastoreError, RawUpdate, SyncStatus
+from pyfelix.agent.syncer.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ LOGGING_PARAMS = ("LogSeverityScreen", "LogSeverityFile", "LogSeveritySys")
 
 def log_sinks(config: Config) -> Any:
     """The logging sinks a configuration asks for (agent.logs.LogSinks)."""
-    from agent.logs import LogSinks
+    from pyfelix.agent.logs import LogSinks
 
     return LogSinks(screen=config.log_severity_screen, file_path=config.log_file_path,
                     file_severity=config.log_severity_file,
@@ -115,7 +115,7 @@ def resolve_felix_datastore(local: Config, environ: dict[str, str]) -> Datastore
     """No --datastore: the datastore Felix's own settings name (DatastoreType, Etcd*,
     Typha*); the etcd TLS files go into `environ` (and this
     process's environment, where the etcd backend reads them) unless already set there."""
-    from agent.felix_datastore import etcd_tls_environ, felix_datastore_location
+    from pyfelix.agent.felix_datastore import etcd_tls_environ, felix_datastore_location
 
     location = felix_datastore_location(local, environ)
     for name, path in etcd_tls_environ(local, environ).items():
@@ -126,17 +126,17 @@ def resolve_felix_datastore(local: Config, environ: dict[str, str]) -> Datastore
 
 
 def build_iptables_managers(config: Config) -> list[Manager]:
-    from agent.dataplane.linux import LinuxDataplaneConfig, linux_managers
+    from pyfelix.agent.dataplane.linux import LinuxDataplaneConfig, linux_managers
 
     return linux_managers(LinuxDataplaneConfig.from_config(config, bpf_mode=False))
 
 
 def build_bpf_managers(config: Config) -> list[Manager]:
     """The BPF maps/programs managers first, then routes and sysctls (rp_filter 0)."""
-    from agent.dataplane.linux import LinuxDataplaneConfig, linux_managers
+    from pyfelix.agent.dataplane.linux import LinuxDataplaneConfig, linux_managers
 
     try:
-        from agent.dataplane.bpf_dataplane import build_bpf_managers as build
+        from pyfelix.agent.dataplane.bpf_dataplane import build_bpf_managers as build
     except ImportError as exc:
         raise DataplaneUnavailable(f"the BPF dataplane cannot be loaded: {exc}") from exc
     return linux_managers(LinuxDataplaneConfig.from_config(config, bpf_mode=True),
@@ -240,14 +240,14 @@ def datastore_felix_config(datastore: DatastoreLocation,
 
     Raises `DatastoreUnavailable` when the datastore cannot be reached (the agent waits and
     retries), another `DatastoreClientError` when it refuses (the agent exits 2)."""
-    from agent.datastore import open_datastore
-    from agent.model import FelixConfiguration, ValidationError, parse_resource
+    from pyfelix.agent.datastore import open_datastore
+    from pyfelix.agent.model import FelixConfiguration, ValidationError, parse_resource
 
     if datastore.backend == "typha":
         # Typha is read-only: take the effective (global, then per-node) settings from one
         # pass of its stream through the calc graph, as the running agent will see them.
-        from agent.calc.snapshot import CalcTimeout, compute
-        from agent.syncer.client import DatastoreUnavailable
+        from pyfelix.agent.calc.snapshot import CalcTimeout, compute
+        from pyfelix.agent.syncer.client import DatastoreUnavailable
 
         try:
             return dict(compute(datastore, hostname).state.config), {}
@@ -328,7 +328,7 @@ class Agent:
         attempt; the `datastore` health reporter is not ready meanwhile). Returns None if
         the agent was asked to stop while waiting. A datastore that answers but refuses,
         or bad configuration in it, raises at once."""
-        from agent.syncer.client import DatastoreUnavailable
+        from pyfelix.agent.syncer.client import DatastoreUnavailable
 
         started = time.monotonic()
         while not self._stop.is_set():
@@ -353,7 +353,7 @@ class Agent:
     def _status_reporter(self, config: Config, managers: list[Manager]) -> Any:
         """Felix's status reporting: a node record with a TTL in the datastore, and endpoint
         up/down/error records when EndpointReportingEnabled (its manager joins the loop)."""
-        from agent.status import StatusReporter, open_status_store
+        from pyfelix.agent.status import StatusReporter, open_status_store
 
         store = open_status_store(self.datastore, ttl=config.reporting_ttl_secs)
         if store is None:
@@ -361,7 +361,7 @@ class Agent:
         reporter = StatusReporter(store, self.options.hostname, ttl=config.reporting_ttl_secs,
                                   endpoint_reporting=config.endpoint_reporting_enabled)
         if config.endpoint_reporting_enabled:
-            from agent.dataplane.managers.endpoint_status import EndpointStatusManager
+            from pyfelix.agent.dataplane.managers.endpoint_status import EndpointStatusManager
 
             managers.append(EndpointStatusManager(reporter.on_endpoint_status))
         return reporter
@@ -385,7 +385,7 @@ class Agent:
 
     def apply_live(self, old: Config, new: Config) -> list[str]:
         """Apply the live parameters that changed from `old` to `new`; returns their names."""
-        from agent.logs import configure_logging
+        from pyfelix.agent.logs import configure_logging
 
         changed = old.changed(new)
         if any(name in changed for name in LOGGING_PARAMS):
@@ -400,7 +400,7 @@ class Agent:
     def run(self) -> int:
         """Local configuration, health served from it, the datastore awaited (see
         `wait_for_datastore_config`), then the agent proper (`_run`)."""
-        from agent.logs import configure_logging
+        from pyfelix.agent.logs import configure_logging
 
         local = self.local_config()
         configure_logging(log_sinks(local))
@@ -444,8 +444,8 @@ class Agent:
             self._health_server, self._health_address = server, wanted
 
     def _run(self, config: Config, health: HealthAggregator) -> int:
-        from agent.dataplane.linux import LinuxDataplane, LinuxDataplaneConfig
-        from agent.datastore import make_syncer
+        from pyfelix.agent.dataplane.linux import LinuxDataplane, LinuxDataplaneConfig
+        from pyfelix.agent.datastore import make_syncer
 
         mode, managers = self._managers_factory(config)
         self.dataplane_mode = mode
@@ -556,7 +556,10 @@ def _syncer_gave_up(syncer: Any) -> bool:
 
 
 def _idle(pipeline: CalcPipeline, loop: DataplaneLoop) -> bool:
-    return (pipeline.idle() and loop.queue.empty() and loop.consecutive_failures == 0
+    """Nothing left to do: the calc graph has no input, and everything it sent is in the
+    kernel (`DataplaneLoop.settled`: a queue drained into an apply round still running is
+    not idle; the lab probes only once the status file says idle)."""
+    return (pipeline.idle() and loop.settled() and loop.consecutive_failures == 0
             and loop.in_sync.is_set())
 
 

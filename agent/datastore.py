@@ -22,8 +22,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from agent.syncer.api import Syncer
-from agent.syncer.client import (
+from pyfelix.agent.syncer.api import Syncer
+from pyfelix.agent.syncer.client import (
     BackendNotImplemented,
     Datastore,
     DatastoreURLError,
@@ -106,15 +106,15 @@ def open_datastore(location: DatastoreLocation, *,
                    validate: Validator | None = None) -> Datastore:
     """A client for the datastore at `location`."""
     if location.backend == "file":
-        from agent.syncer.file_store import FileDatastore
+        from pyfelix.agent.syncer.file_store import FileDatastore
 
         return FileDatastore(location.path, validate=validate or minimal_validate)
     if location.backend == "etcd3":
-        from agent.syncer.etcd_store import open_etcd_datastore
+        from pyfelix.agent.syncer.etcd_store import open_etcd_datastore
 
         return open_etcd_datastore(location.endpoints, validate=validate or minimal_validate)
     if location.backend == "kubernetes":
-        from agent.syncer.kube_store import open_kube_datastore
+        from pyfelix.agent.syncer.kube_store import open_kube_datastore
 
         return open_kube_datastore(validate=validate or minimal_validate)
     if location.backend == "typha":
@@ -133,7 +133,7 @@ def make_syncer(location: DatastoreLocation, *, syncer_type: str = "felix",
     to Typha, which serves one filtered stream per syncer type; a direct datastore syncer
     carries every kind and its consumer picks what it needs."""
     if location.backend == "typha":
-        from agent.typha.client import TyphaConfigError, make_typha_syncer
+        from pyfelix.agent.typha.client import TyphaConfigError, make_typha_syncer
 
         try:
             return make_typha_syncer(location.endpoints, syncer_type=syncer_type,
@@ -141,15 +141,15 @@ def make_syncer(location: DatastoreLocation, *, syncer_type: str = "felix",
         except TyphaConfigError as exc:
             raise DatastoreURLError(str(exc)) from None
     if location.backend == "file":
-        from agent.syncer.file import FileSyncer
+        from pyfelix.agent.syncer.file import FileSyncer
 
         return FileSyncer(os.path.normpath(location.path), **options)
     if location.backend == "etcd3":
-        from agent.syncer.etcd import make_etcd_syncer
+        from pyfelix.agent.syncer.etcd import make_etcd_syncer
 
         return make_etcd_syncer(location.endpoints, **options)
     if location.backend == "kubernetes":
-        from agent.syncer.kube import make_kube_syncer
+        from pyfelix.agent.syncer.kube import make_kube_syncer
 
         return make_kube_syncer(**options)
     raise _not_implemented(location)

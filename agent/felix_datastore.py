@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from agent.config import Config
-from agent.datastore import DatastoreLocation
-from agent.syncer.client import DatastoreURLError
+from pyfelix.agent.config import Config
+from pyfelix.agent.datastore import DatastoreLocation
+from pyfelix.agent.syncer.client import DatastoreURLError
 
 
 def _host_port(endpoint: str, setting: str) -> str:

@@ -44,7 +44,11 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from agent.httpserver import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT, BoundedHTTPServer
+from pyfelix.agent.httpserver import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_READ_TIMEOUT,
+    BoundedHTTPServer,
+)
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,11 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.exposition import MetricsHandler
 
-from agent.httpserver import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT, BoundedHTTPServer
+from pyfelix.agent.httpserver import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_READ_TIMEOUT,
+    BoundedHTTPServer,
+)
 
 ACTIVE_LOCAL_ENDPOINTS = Gauge(
     "felix_active_local_endpoints",

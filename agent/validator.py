@@ -39,10 +39,10 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from agent.conversion import DEFAULT_INTERFACE_PREFIX, natural_output_key, to_calico
-from agent.conversion.k8s import workload_interface_name
-from agent.model import KNOWN_KINDS, Resource, ValidationError, parse_resource
-from agent.syncer.api import RawUpdate, ResourceKey
+from pyfelix.agent.conversion import DEFAULT_INTERFACE_PREFIX, natural_output_key, to_calico
+from pyfelix.agent.conversion.k8s import workload_interface_name
+from pyfelix.agent.model import KNOWN_KINDS, Resource, ValidationError, parse_resource
+from pyfelix.agent.syncer.api import RawUpdate, ResourceKey
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ class LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in COMMANDS:
             return None
-        module = importlib.import_module(f"cli.commands.{cmd_name}")
+        module = importlib.import_module(f"pyfelix.cli.commands.{cmd_name}")
         cmd: click.Command = module.command
         if not cmd.short_help:
             cmd.short_help = COMMANDS[cmd_name]

@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
-from agent.datastore import DatastoreLocation, parse_datastore_url
-from agent.syncer.client import DatastoreURLError
+from pyfelix.agent.datastore import DatastoreLocation, parse_datastore_url
+from pyfelix.agent.syncer.client import DatastoreURLError
 
 DATASTORE_HELP = ("Directory or YAML file, etcd3://HOST:PORT[,...], kubernetes, or "
                   "typha://HOST:PORT[,...]. Env: PYFELIX_DATASTORE.")

@@ -62,9 +62,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent.model import BGPConfiguration, BGPPeer, IPPool, Metadata, Node
-from agent.syncer.api import ResourceKey
-from confd.bgp_view import BGPState
+from pyfelix.agent.model import BGPConfiguration, BGPPeer, IPPool, Metadata, Node
+from pyfelix.agent.syncer.api import ResourceKey
+from pyfelix.confd.bgp_view import BGPState
 
 DEFAULT_AS_NUMBER = 64512
 DEFAULT_BGP_PORT = 179
@@ -555,7 +555,7 @@ class _Computation:
         return True  # a global peer
 
     def _selector(self, text: str) -> Any:
-        from agent import selector
+        from pyfelix.agent import selector
 
         return selector.parse(text)
 

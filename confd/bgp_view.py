@@ -25,8 +25,8 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from agent.kinds import BGP_KINDS
-from agent.model import (
+from pyfelix.agent.kinds import BGP_KINDS
+from pyfelix.agent.model import (
     BGPConfiguration,
     BGPPeer,
     BlockAffinity,
@@ -35,7 +35,7 @@ from agent.model import (
     ValidationError,
     parse_resource,
 )
-from agent.syncer.api import RawUpdate, ResourceKey
+from pyfelix.agent.syncer.api import RawUpdate, ResourceKey
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.shims.cmd import CommandError, CommandRunner, NetnsCommandRunner, netns_path
+from pyfelix.agent.shims.cmd import CommandError, CommandRunner, NetnsCommandRunner, netns_path
 
 log = logging.getLogger(__name__)
 

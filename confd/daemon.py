@@ -18,7 +18,7 @@ import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from agent.datastore import DatastoreLocation
+    from pyfelix.agent.datastore import DatastoreLocation
 
 
 class ConfdStartError(RuntimeError):
@@ -28,9 +28,9 @@ class ConfdStartError(RuntimeError):
 def run(datastore: DatastoreLocation, hostname: str, *, interface_prefix: str, bird_socket: str,
         config_file: str, prometheus_port: int = 0) -> None:
     """Watch `datastore` and keep BIRD's config for `hostname` current until a signal."""
-    from agent import metrics
-    from confd.datastore import DatastoreUnavailable, open_syncer
-    from confd.watcher import ConfdLoop, ConfdReconciler, run_until
+    from pyfelix.agent import metrics
+    from pyfelix.confd.datastore import DatastoreUnavailable, open_syncer
+    from pyfelix.confd.watcher import ConfdLoop, ConfdReconciler, run_until
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import threading
 
-from agent.datastore import DatastoreLocation, make_syncer
-from agent.syncer.api import DatastoreError, RawUpdate, Syncer, SyncStatus
-from agent.syncer.client import DatastoreClientError
+from pyfelix.agent.datastore import DatastoreLocation, make_syncer
+from pyfelix.agent.syncer.api import DatastoreError, RawUpdate, Syncer, SyncStatus
+from pyfelix.agent.syncer.client import DatastoreClientError
 
 
 class DatastoreUnavailable(RuntimeError):
@@ -58,7 +58,7 @@ def read_once(location: DatastoreLocation, *,
               timeout: float = 30.0) -> tuple[list[RawUpdate], list[DatastoreError]]:
     """The datastore's current resources (sorted by key) and the errors met listing them."""
     if location.backend == "file":
-        from agent.syncer.file import load_path
+        from pyfelix.agent.syncer.file import load_path
 
         try:
             return load_path(location.path)

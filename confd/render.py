@@ -18,9 +18,9 @@ from functools import cache
 
 import jinja2
 
-from agent.syncer.api import RawUpdate
-from confd.bgp_config import DEFAULT_INTERFACE_PREFIX, BirdConfig, compute_bird_config
-from confd.bgp_view import state_from_updates
+from pyfelix.agent.syncer.api import RawUpdate
+from pyfelix.confd.bgp_config import DEFAULT_INTERFACE_PREFIX, BirdConfig, compute_bird_config
+from pyfelix.confd.bgp_view import state_from_updates
 
 TEMPLATE_NAME = "bird.conf.j2"
 
@@ -28,7 +28,7 @@ TEMPLATE_NAME = "bird.conf.j2"
 @cache
 def _environment() -> jinja2.Environment:
     return jinja2.Environment(
-        loader=jinja2.PackageLoader("confd", "templates"),
+        loader=jinja2.PackageLoader("pyfelix.confd", "templates"),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,

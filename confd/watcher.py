@@ -42,12 +42,12 @@ from pathlib import Path
 
 from prometheus_client import Counter
 
-from agent.atomic_file import StagedFile
-from agent.syncer.api import DatastoreError, RawUpdate, Syncer, SyncStatus
-from confd.bgp_config import DEFAULT_INTERFACE_PREFIX, ConfdError, compute_bird_config
-from confd.bgp_view import BGPView
-from confd.bird import BirdResult, BirdTools
-from confd.render import render_bird_config
+from pyfelix.agent.atomic_file import StagedFile
+from pyfelix.agent.syncer.api import DatastoreError, RawUpdate, Syncer, SyncStatus
+from pyfelix.confd.bgp_config import DEFAULT_INTERFACE_PREFIX, ConfdError, compute_bird_config
+from pyfelix.confd.bgp_view import BGPView
+from pyfelix.confd.bird import BirdResult, BirdTools
+from pyfelix.confd.render import render_bird_config
 
 log = logging.getLogger(__name__)
 

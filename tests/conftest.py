@@ -21,7 +21,7 @@ os.environ.setdefault("FELIX_LOGSEVERITYSYS", "none")
 
 @pytest.fixture(autouse=True)
 def _no_machine_log_sinks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    import agent.daemon as daemon
+    import pyfelix.agent.daemon as daemon
 
     original = daemon.log_sinks
 

@@ -7,7 +7,7 @@ import gc
 import pytest
 from prometheus_client import REGISTRY
 
-from agent.gc_policy import GcPolicy
+from pyfelix.agent.gc_policy import GcPolicy
 
 
 class RecordingGc:

@@ -28,7 +28,7 @@ import errno
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent.bpf import syscall
+from pyfelix.agent.bpf import syscall
 
 HOOK_PARENTS = {"ingress": "ffff:fff2", "egress": "ffff:fff3"}
 TC_PRIO = 1

@@ -30,12 +30,12 @@ import struct
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from agent.bpf.maps import cls_chains as cls_chains_map
-from agent.bpf.maps import cls_l4 as l4_map
-from agent.bpf.maps import cls_tries as tries_map
-from agent.bpf.maps import cls_words as words_map
-from agent.bpf.maps import rules as rules_map
-from agent.bpf.maps.rules import Action, RuleRecord
+from pyfelix.agent.bpf.maps import cls_chains as cls_chains_map
+from pyfelix.agent.bpf.maps import cls_l4 as l4_map
+from pyfelix.agent.bpf.maps import cls_tries as tries_map
+from pyfelix.agent.bpf.maps import cls_words as words_map
+from pyfelix.agent.bpf.maps import rules as rules_map
+from pyfelix.agent.bpf.maps.rules import Action, RuleRecord
 
 MAX_WORDS = 512  # must match CLS_MAX_WORDS
 MAX_RECORDS = MAX_WORDS * 64

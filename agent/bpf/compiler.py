@@ -48,22 +48,22 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent import proto
-from agent.bpf import classifier as cls
-from agent.bpf.maps import cls_chains as cls_chains_map
-from agent.bpf.maps import cls_tries as cls_tries_map
-from agent.bpf.maps import cls_words as cls_words_map
-from agent.bpf.maps import config as config_map
-from agent.bpf.maps import counters as counters_map
-from agent.bpf.maps import endpoints as endpoints_map
-from agent.bpf.maps import ids as ids_map
-from agent.bpf.maps import ipsets as ipsets_map
-from agent.bpf.maps import rules as rules_map
-from agent.bpf.maps import untracked as untracked_map
-from agent.bpf.maps import wep_sources as sources_map
-from agent.bpf.maps.base import MapFullError
-from agent.bpf.maps.ids import IdKind
-from agent.bpf.maps.rules import (
+from pyfelix.agent import proto
+from pyfelix.agent.bpf import classifier as cls
+from pyfelix.agent.bpf.maps import cls_chains as cls_chains_map
+from pyfelix.agent.bpf.maps import cls_tries as cls_tries_map
+from pyfelix.agent.bpf.maps import cls_words as cls_words_map
+from pyfelix.agent.bpf.maps import config as config_map
+from pyfelix.agent.bpf.maps import counters as counters_map
+from pyfelix.agent.bpf.maps import endpoints as endpoints_map
+from pyfelix.agent.bpf.maps import ids as ids_map
+from pyfelix.agent.bpf.maps import ipsets as ipsets_map
+from pyfelix.agent.bpf.maps import rules as rules_map
+from pyfelix.agent.bpf.maps import untracked as untracked_map
+from pyfelix.agent.bpf.maps import wep_sources as sources_map
+from pyfelix.agent.bpf.maps.base import MapFullError
+from pyfelix.agent.bpf.maps.ids import IdKind
+from pyfelix.agent.bpf.maps.rules import (
     NAMED_PORT_SLOTS,
     PORT_SLOTS,
     SET_CHECKS,

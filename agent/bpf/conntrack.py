@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.bpf.maps import conntrack as ct_map
+from pyfelix.agent.bpf.maps import conntrack as ct_map
 
 
 @dataclass(frozen=True)

@@ -42,11 +42,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.bpf import syscall
-from agent.bpf.maps import ALL_MAPS, BY_NAME
-from agent.bpf.maps.base import BpfMap, MapParams, layout_mismatch
-from agent.bpf.maps.conntrack import DEFAULT_TIMEOUTS, Timeouts
-from agent.bpf.maps.rules import DEFAULT_RULES_PER_PROG
+from pyfelix.agent.bpf import syscall
+from pyfelix.agent.bpf.maps import ALL_MAPS, BY_NAME
+from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, layout_mismatch
+from pyfelix.agent.bpf.maps.conntrack import DEFAULT_TIMEOUTS, Timeouts
+from pyfelix.agent.bpf.maps.rules import DEFAULT_RULES_PER_PROG
 
 log = logging.getLogger(__name__)
 

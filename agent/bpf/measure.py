@@ -1,7 +1,7 @@
 """Quick cost figures for the tc programs, measured with BPF_PROG_TEST_RUN.
 
 Role: the measurement core a `bpf-verdict` benchmark can call (`measure_verdicts(loaded)`),
-and a standalone run: `python -m agent.bpf.measure` (root; builds its own pin directory
+and a standalone run: `python -m pyfelix.agent.bpf.measure` (root; builds its own pin directory
 under /sys/fs/bpf and removes it). Nothing here asserts a target: it reports.
 
 What is measured (the kernel's mean ns per run over `repeat` runs, one endpoint on the
@@ -31,12 +31,12 @@ import secrets
 import sys
 from typing import Any
 
-from agent import proto as p
-from agent.bpf import packets
-from agent.bpf.compiler import PolicyCompiler, PolicyState
-from agent.bpf.loader import BuildConfig, LoadedDataplane, load_dataplane, remove_pin_dir
-from agent.bpf.maps import ep_by_ifindex as ep_array
-from agent.bpf.testrun import TC_ACT_OK, TC_ACT_SHOT, run_tc
+from pyfelix.agent import proto as p
+from pyfelix.agent.bpf import packets
+from pyfelix.agent.bpf.compiler import PolicyCompiler, PolicyState
+from pyfelix.agent.bpf.loader import BuildConfig, LoadedDataplane, load_dataplane, remove_pin_dir
+from pyfelix.agent.bpf.maps import ep_by_ifindex as ep_array
+from pyfelix.agent.bpf.testrun import TC_ACT_OK, TC_ACT_SHOT, run_tc
 
 LOOPBACK_IFINDEX = 1
 # room for a 10,000-rule chain beside the previous one, and two classifier instances of
@@ -161,7 +161,7 @@ def harness_samples(packet: bytes, *, samples: int, repeat: int) -> list[int]:
     """Kernel means of the `return 0` tc program on `packet` (see harness_ns above)."""
     import os
 
-    from agent.bpf.syscall import load_return_zero_tc_prog
+    from pyfelix.agent.bpf.syscall import load_return_zero_tc_prog
 
     fd = load_return_zero_tc_prog()
     try:

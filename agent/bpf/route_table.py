@@ -25,9 +25,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent import proto
-from agent.bpf.maps import routes as routes_map
-from agent.bpf.maps.routes import RouteFlags
+from pyfelix.agent import proto
+from pyfelix.agent.bpf.maps import routes as routes_map
+from pyfelix.agent.bpf.maps.routes import RouteFlags
 
 _INPUTS = (proto.RouteUpdate, proto.RouteRemove, proto.IPAMPoolUpdate, proto.IPAMPoolRemove,
            proto.HostMetadataUpdate, proto.HostMetadataRemove)

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from agent.bpf.syscall import TestRunOutput, prog_test_run
+from pyfelix.agent.bpf.syscall import TestRunOutput, prog_test_run
 
 TC_ACT_OK = 0
 TC_ACT_SHOT = 2

@@ -13,10 +13,10 @@ Role (docs/ARCHITECTURE.md section 4; Felix's `felix/calc`): single-threaded, no
 Imports only the model, selectors, syncer API and `proto`: never the dataplane.
 """
 
-from agent.calc.event_sequencer import EventSequencer
-from agent.calc.expected_dataplane import ExpectedDataplane, OrderingViolation
-from agent.calc.graph import CalcGraph, build_calc_graph
-from agent.calc.pipeline import CalcPipeline
+from pyfelix.agent.calc.event_sequencer import EventSequencer
+from pyfelix.agent.calc.expected_dataplane import ExpectedDataplane, OrderingViolation
+from pyfelix.agent.calc.graph import CalcGraph, build_calc_graph
+from pyfelix.agent.calc.pipeline import CalcPipeline
 
 __all__ = [
     "CalcGraph",

@@ -27,19 +27,19 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from agent.calc.dispatcher import (
+from pyfelix.agent.calc.dispatcher import (
     ENDPOINT_KINDS,
     KIND_PROFILE,
     POLICY_KINDS,
     CalcUpdate,
     Dispatcher,
 )
-from agent.calc.labels import LabelInheritIndex, labels_and_parents
-from agent.calc.selector_index import SelectorIndex
-from agent.calc.selectors import applies_to
-from agent.calc.set_index import discard_member
-from agent.model import NetworkPolicy, Profile
-from agent.syncer.api import ResourceKey
+from pyfelix.agent.calc.labels import LabelInheritIndex, labels_and_parents
+from pyfelix.agent.calc.selector_index import SelectorIndex
+from pyfelix.agent.calc.selectors import applies_to
+from pyfelix.agent.calc.set_index import discard_member
+from pyfelix.agent.model import NetworkPolicy, Profile
+from pyfelix.agent.syncer.api import ResourceKey
 
 
 class RulesListener(Protocol):

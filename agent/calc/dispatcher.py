@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.model import HostEndpoint, NetworkPolicy, NetworkSet, Resource, WorkloadEndpoint
-from agent.syncer.api import ResourceKey, SyncStatus
+from pyfelix.agent.model import HostEndpoint, NetworkPolicy, NetworkSet, Resource, WorkloadEndpoint
+from pyfelix.agent.syncer.api import ResourceKey, SyncStatus
 
 log = logging.getLogger(__name__)
 

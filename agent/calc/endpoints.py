@@ -13,9 +13,9 @@ Role: pure functions used by the event sequencer (and by `pyfelix calc` to name 
 
 from __future__ import annotations
 
-from agent import proto
-from agent.calc.policy_resolver import EndpointTiers
-from agent.model import HostEndpoint, WorkloadEndpoint
+from pyfelix.agent import proto
+from pyfelix.agent.calc.policy_resolver import EndpointTiers
+from pyfelix.agent.model import HostEndpoint, WorkloadEndpoint
 
 
 def workload_id(wep: WorkloadEndpoint) -> proto.WorkloadEndpointID:

@@ -29,11 +29,11 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from agent import proto
-from agent.calc.endpoints import host_message, workload_message
-from agent.calc.policy_resolver import EndpointTiers
-from agent.model import HostEndpoint, WorkloadEndpoint
-from agent.syncer.api import ResourceKey
+from pyfelix.agent import proto
+from pyfelix.agent.calc.endpoints import host_message, workload_message
+from pyfelix.agent.calc.policy_resolver import EndpointTiers
+from pyfelix.agent.model import HostEndpoint, WorkloadEndpoint
+from pyfelix.agent.syncer.api import ResourceKey
 
 log = logging.getLogger(__name__)
 

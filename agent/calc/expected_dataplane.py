@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent import proto
+from pyfelix.agent import proto
 
 
 class OrderingViolation(AssertionError):

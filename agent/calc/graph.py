@@ -24,17 +24,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.calc.active_rules import ActiveRulesCalculator
-from agent.calc.dispatcher import Dispatcher, LocalEndpointFilter, UpdateNormaliser
-from agent.calc.ipset_index import IPSetMemberIndex
-from agent.calc.passthru import ConfigBatcher, HostIPPassthru, IPPoolPassthru
-from agent.calc.policy_resolver import PolicyResolver
-from agent.calc.profile_decoder import ProfileDecoder
-from agent.calc.route_resolver import RouteResolver
-from agent.calc.rule_scanner import RuleScanner
-from agent.calc.services import ServiceIndex
-from agent.calc.vxlan_resolver import VXLANResolver
-from agent.syncer.api import SyncStatus
+from pyfelix.agent.calc.active_rules import ActiveRulesCalculator
+from pyfelix.agent.calc.dispatcher import Dispatcher, LocalEndpointFilter, UpdateNormaliser
+from pyfelix.agent.calc.ipset_index import IPSetMemberIndex
+from pyfelix.agent.calc.passthru import ConfigBatcher, HostIPPassthru, IPPoolPassthru
+from pyfelix.agent.calc.policy_resolver import PolicyResolver
+from pyfelix.agent.calc.profile_decoder import ProfileDecoder
+from pyfelix.agent.calc.route_resolver import RouteResolver
+from pyfelix.agent.calc.rule_scanner import RuleScanner
+from pyfelix.agent.calc.services import ServiceIndex
+from pyfelix.agent.calc.vxlan_resolver import VXLANResolver
+from pyfelix.agent.syncer.api import SyncStatus
 
 
 @dataclass

@@ -35,16 +35,16 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent.calc.dispatcher import (
+from pyfelix.agent.calc.dispatcher import (
     ENDPOINT_KINDS,
     NETWORK_SET_KINDS,
     CalcUpdate,
     Dispatcher,
 )
-from agent.calc.labels import LabelInheritIndex, labels_and_parents
-from agent.calc.rule_scanner import IPSetSpec
-from agent.calc.selector_index import SelectorIndex
-from agent.model import HostEndpoint, NetworkSet, WorkloadEndpoint
+from pyfelix.agent.calc.labels import LabelInheritIndex, labels_and_parents
+from pyfelix.agent.calc.rule_scanner import IPSetSpec
+from pyfelix.agent.calc.selector_index import SelectorIndex
+from pyfelix.agent.model import HostEndpoint, NetworkSet, WorkloadEndpoint
 
 
 class IPSetSink(Protocol):

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from agent.calc.selectors import (
+from pyfelix.agent.calc.selectors import (
     LABEL_NAMESPACE,
     LABEL_ORCHESTRATOR,
     LABEL_SERVICE_ACCOUNT,
@@ -30,7 +30,7 @@ from agent.calc.selectors import (
     NAMESPACE_PROFILE_PREFIX,
     SERVICE_ACCOUNT_LABEL_PREFIX,
 )
-from agent.model import HostEndpoint, NetworkSet, WorkloadEndpoint
+from pyfelix.agent.model import HostEndpoint, NetworkSet, WorkloadEndpoint
 
 Labels = dict[str, str]
 LabelsCallback = Callable[[Hashable, Labels | None], None]

@@ -22,8 +22,8 @@ from __future__ import annotations
 import ipaddress
 from typing import Protocol
 
-from agent import proto
-from agent.calc.dispatcher import (
+from pyfelix.agent import proto
+from pyfelix.agent.calc.dispatcher import (
     KIND_CLUSTER_INFORMATION,
     KIND_FELIX_CONFIGURATION,
     KIND_IP_POOL,
@@ -31,8 +31,8 @@ from agent.calc.dispatcher import (
     CalcUpdate,
     Dispatcher,
 )
-from agent.model import ClusterInformation, IPPool, Node
-from agent.syncer.api import ResourceKey, SyncStatus
+from pyfelix.agent.model import ClusterInformation, IPPool, Node
+from pyfelix.agent.syncer.api import ResourceKey, SyncStatus
 
 GLOBAL_CONFIG_NAME = "default"
 

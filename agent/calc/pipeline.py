@@ -41,9 +41,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from agent.calc.event_sequencer import EventSequencer
-from agent.calc.graph import CalcGraph, build_calc_graph
-from agent.syncer.api import DatastoreError, RawUpdate, SyncStatus
+from pyfelix.agent.calc.event_sequencer import EventSequencer
+from pyfelix.agent.calc.graph import CalcGraph, build_calc_graph
+from pyfelix.agent.syncer.api import DatastoreError, RawUpdate, SyncStatus
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class CalcPipeline:
         if heartbeat_interval <= 0:
             raise ValueError("CalcPipeline: heartbeat_interval must be > 0")
         if validator is None:
-            from agent.validator import Validator
+            from pyfelix.agent.validator import Validator
 
             validator = Validator()
         self.hostname = hostname

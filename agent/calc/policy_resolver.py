@@ -31,17 +31,17 @@ import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent import proto
-from agent.calc.dispatcher import (
+from pyfelix.agent import proto
+from pyfelix.agent.calc.dispatcher import (
     ENDPOINT_KINDS,
     KIND_TIER,
     POLICY_KINDS,
     CalcUpdate,
     Dispatcher,
 )
-from agent.calc.set_index import discard_member
-from agent.model import NetworkPolicy, Tier
-from agent.syncer.api import ResourceKey
+from pyfelix.agent.calc.set_index import discard_member
+from pyfelix.agent.model import NetworkPolicy, Tier
+from pyfelix.agent.syncer.api import ResourceKey
 
 DEFAULT_TIER = "default"
 DEFAULT_TIER_ORDER = 1_000_000.0

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from agent.calc.dispatcher import KIND_PROFILE, CalcUpdate, Dispatcher
-from agent.calc.selectors import (
+from pyfelix.agent.calc.dispatcher import KIND_PROFILE, CalcUpdate, Dispatcher
+from pyfelix.agent.calc.selectors import (
     NAMESPACE_LABEL_PREFIX,
     NAMESPACE_PROFILE_PREFIX,
     SERVICE_ACCOUNT_LABEL_PREFIX,

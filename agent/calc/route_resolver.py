@@ -29,8 +29,8 @@ from __future__ import annotations
 import ipaddress
 from typing import Any, Protocol
 
-from agent import proto
-from agent.calc.dispatcher import (
+from pyfelix.agent import proto
+from pyfelix.agent.calc.dispatcher import (
     KIND_BLOCK_AFFINITY,
     KIND_IP_POOL,
     KIND_NODE,
@@ -38,10 +38,10 @@ from agent.calc.dispatcher import (
     CalcUpdate,
     Dispatcher,
 )
-from agent.calc.passthru import host_ipv4_of
-from agent.calc.set_index import discard_member
-from agent.model import BlockAffinity, IPPool, WorkloadEndpoint
-from agent.syncer.api import ResourceKey
+from pyfelix.agent.calc.passthru import host_ipv4_of
+from pyfelix.agent.calc.set_index import discard_member
+from pyfelix.agent.model import BlockAffinity, IPPool, WorkloadEndpoint
+from pyfelix.agent.syncer.api import ResourceKey
 
 LOCAL_WORKLOAD = "local_workload"
 REMOTE_WORKLOAD = "remote_workload"

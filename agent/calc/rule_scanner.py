@@ -36,12 +36,12 @@ import hashlib
 from dataclasses import dataclass
 from typing import Protocol
 
-from agent import proto
-from agent.calc.selectors import ALL, rule_side_selectors
-from agent.model import NetworkPolicy, Profile
-from agent.model.rules import Port, Rule
-from agent.selector import Selector, parse
-from agent.syncer.api import ResourceKey
+from pyfelix.agent import proto
+from pyfelix.agent.calc.selectors import ALL, rule_side_selectors
+from pyfelix.agent.model import NetworkPolicy, Profile
+from pyfelix.agent.model.rules import Port, Rule
+from pyfelix.agent.selector import Selector, parse
+from pyfelix.agent.syncer.api import ResourceKey
 
 PROTOCOL_NAMES = {6: "tcp", 17: "udp", 132: "sctp", 136: "udplite"}
 IPSET_TYPE_NET = "net"

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
 
-from agent.calc.selectors import NAMESPACE_LABEL_PREFIX, SERVICE_ACCOUNT_LABEL_PREFIX
-from agent.calc.set_index import discard_member
-from agent.selector import Selector
+from pyfelix.agent.calc.selectors import NAMESPACE_LABEL_PREFIX, SERVICE_ACCOUNT_LABEL_PREFIX
+from pyfelix.agent.calc.set_index import discard_member
+from pyfelix.agent.selector import Selector
 
 MatchCallback = Callable[[Hashable, Hashable], None]
 

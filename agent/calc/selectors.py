@@ -20,8 +20,8 @@ Easy to get wrong: "" means "no constraint" (no IP set at all), whereas `parse("
 
 from __future__ import annotations
 
-from agent.model import NetworkPolicy
-from agent.model.labels import (
+from pyfelix.agent.model import NetworkPolicy
+from pyfelix.agent.model.labels import (
     LABEL_NAMESPACE,
     LABEL_ORCHESTRATOR,
     LABEL_SERVICE_ACCOUNT,
@@ -30,9 +30,9 @@ from agent.model.labels import (
     SERVICE_ACCOUNT_LABEL_PREFIX,
     SERVICE_ACCOUNT_PROFILE_PREFIX,
 )
-from agent.model.policy_selectors import entity_selector, policy_selector
-from agent.model.rules import EntityRule
-from agent.selector import Selector, parse
+from pyfelix.agent.model.policy_selectors import entity_selector, policy_selector
+from pyfelix.agent.model.rules import EntityRule
+from pyfelix.agent.selector import Selector, parse
 
 ALL = "all()"
 

@@ -36,10 +36,10 @@ import logging
 from collections import defaultdict
 from typing import Protocol
 
-from agent import proto
-from agent.calc.dispatcher import CalcUpdate, Dispatcher
-from agent.model import EndpointSlice, Service, ServicePort
-from agent.syncer.api import ResourceKey
+from pyfelix.agent import proto
+from pyfelix.agent.calc.dispatcher import CalcUpdate, Dispatcher
+from pyfelix.agent.model import EndpointSlice, Service, ServicePort
+from pyfelix.agent.syncer.api import ResourceKey
 
 log = logging.getLogger(__name__)
 

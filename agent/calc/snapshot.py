@@ -19,12 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agent.calc.expected_dataplane import ExpectedDataplane
-from agent.calc.pipeline import CalcPipeline
-from agent.syncer.api import SyncStatus
+from pyfelix.agent.calc.expected_dataplane import ExpectedDataplane
+from pyfelix.agent.calc.pipeline import CalcPipeline
+from pyfelix.agent.syncer.api import SyncStatus
 
 if TYPE_CHECKING:
-    from agent.datastore import DatastoreLocation
+    from pyfelix.agent.datastore import DatastoreLocation
 
 
 class CalcTimeout(RuntimeError):
@@ -49,13 +49,13 @@ def compute(datastore: DatastoreLocation, hostname: str, *,
     Raises `agent.syncer.client.DatastoreClientError` if the datastore refuses,
     FileNotFoundError for a missing path, `CalcTimeout` if in-sync is not reached.
     """
-    from agent.datastore import make_syncer
+    from pyfelix.agent.datastore import make_syncer
 
     state = ExpectedDataplane(strict=False)
     state.record = False
     pipeline = CalcPipeline(hostname, state)
     if datastore.backend == "file":
-        from agent.syncer.file import load_path
+        from pyfelix.agent.syncer.file import load_path
 
         updates, errors = load_path(datastore.path)
         for error in errors:

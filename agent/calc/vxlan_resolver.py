@@ -32,11 +32,11 @@ import ipaddress
 import logging
 from typing import Protocol
 
-from agent import proto
-from agent.calc.dispatcher import KIND_IP_POOL, KIND_NODE, CalcUpdate, Dispatcher
-from agent.calc.passthru import host_ipv4_of
-from agent.model import IPPool, Node
-from agent.syncer.api import ResourceKey
+from pyfelix.agent import proto
+from pyfelix.agent.calc.dispatcher import KIND_IP_POOL, KIND_NODE, CalcUpdate, Dispatcher
+from pyfelix.agent.calc.passthru import host_ipv4_of
+from pyfelix.agent.model import IPPool, Node
+from pyfelix.agent.syncer.api import ResourceKey
 
 log = logging.getLogger(__name__)
 

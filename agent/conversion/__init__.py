@@ -3,7 +3,7 @@
 See `agent.conversion.k8s` for the rules. Entry point: `to_calico(resource)`.
 """
 
-from agent.conversion.k8s import (
+from pyfelix.agent.conversion.k8s import (
     DEFAULT_INTERFACE_PREFIX,
     k8s_policy_to_calico,
     label_selector_to_calico,

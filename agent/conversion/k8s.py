@@ -51,7 +51,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 
-from agent.model import (
+from pyfelix.agent.model import (
     EndpointPort,
     EntityRule,
     K8sNetworkPolicy,
@@ -70,7 +70,7 @@ from agent.model import (
     ServiceAccount,
     WorkloadEndpoint,
 )
-from agent.model.labels import (
+from pyfelix.agent.model.labels import (
     K8S_POLICY_PREFIX,
     LABEL_NAME,
     LABEL_NAMESPACE,
@@ -82,8 +82,8 @@ from agent.model.labels import (
     SERVICE_ACCOUNT_LABEL_PREFIX,
     SERVICE_ACCOUNT_PROFILE_PREFIX,
 )
-from agent.model.rules import PROTOCOL_NAMES
-from agent.syncer.api import ResourceKey
+from pyfelix.agent.model.rules import PROTOCOL_NAMES
+from pyfelix.agent.syncer.api import ResourceKey
 
 DEFAULT_INTERFACE_PREFIX = "cali"
 WORKLOAD_HASH_DIGITS = 11

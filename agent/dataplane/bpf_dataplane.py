@@ -43,8 +43,8 @@ import logging
 import subprocess
 from collections.abc import Callable
 
-from agent.bpf import syscall
-from agent.bpf.loader import (
+from pyfelix.agent.bpf import syscall
+from pyfelix.agent.bpf.loader import (
     BuildConfig,
     LoadedDataplane,
     LoaderError,
@@ -52,22 +52,22 @@ from agent.bpf.loader import (
     resolve_pin_dir,
     sweep_stale_build_pins,
 )
-from agent.bpf.maps import conntrack as ct_map
-from agent.bpf.maps import counters as counters_map
-from agent.bpf.maps import nat_counters as nat_counters_map
-from agent.bpf.maps.base import BpfMap
-from agent.config import Config
-from agent.dataplane.errors import DataplaneUnavailable
-from agent.dataplane.manager import Manager
-from agent.dataplane.managers import bpf_metrics
-from agent.dataplane.managers.bpf_attach import BpfAttachManager, ProgramRef
-from agent.dataplane.managers.bpf_conntrack import BpfConntrackManager
-from agent.dataplane.managers.bpf_guard import BpfGuardManager
-from agent.dataplane.managers.bpf_nat import BpfNatManager
-from agent.dataplane.managers.bpf_policy import BpfPolicyManager
-from agent.dataplane.managers.bpf_routes import BpfRouteManager
-from agent.shims.netlink import netlink_lister
-from agent.shims.nft_guard import GuardError, NftGuard
+from pyfelix.agent.bpf.maps import conntrack as ct_map
+from pyfelix.agent.bpf.maps import counters as counters_map
+from pyfelix.agent.bpf.maps import nat_counters as nat_counters_map
+from pyfelix.agent.bpf.maps.base import BpfMap
+from pyfelix.agent.config import Config
+from pyfelix.agent.dataplane.errors import DataplaneUnavailable
+from pyfelix.agent.dataplane.manager import Manager
+from pyfelix.agent.dataplane.managers import bpf_metrics
+from pyfelix.agent.dataplane.managers.bpf_attach import BpfAttachManager, ProgramRef
+from pyfelix.agent.dataplane.managers.bpf_conntrack import BpfConntrackManager
+from pyfelix.agent.dataplane.managers.bpf_guard import BpfGuardManager
+from pyfelix.agent.dataplane.managers.bpf_nat import BpfNatManager
+from pyfelix.agent.dataplane.managers.bpf_policy import BpfPolicyManager
+from pyfelix.agent.dataplane.managers.bpf_routes import BpfRouteManager
+from pyfelix.agent.shims.netlink import netlink_lister
+from pyfelix.agent.shims.nft_guard import GuardError, NftGuard
 
 log = logging.getLogger(__name__)
 

@@ -27,15 +27,15 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 
-from agent.dataplane.events import (
+from pyfelix.agent.dataplane.events import (
     IFACE_ABSENT,
     IFACE_DOWN,
     IFACE_UP,
     InterfaceAddrsUpdate,
     InterfaceUpdate,
 )
-from agent.shims.clock import Clock, SystemClock
-from agent.shims.netlink import (
+from pyfelix.agent.shims.clock import Clock, SystemClock
+from pyfelix.agent.shims.netlink import (
     Address,
     AddrEvent,
     EventsOverflow,
@@ -83,11 +83,11 @@ class InterfaceMonitor:
 
     def _ensure_shims(self) -> None:
         if self._events is None:
-            from agent.shims.netlink import PyRoute2Events
+            from pyfelix.agent.shims.netlink import PyRoute2Events
 
             self._events = PyRoute2Events(self._netns)
         if self._netlink is None:
-            from agent.shims.netlink import PyRoute2Netlink
+            from pyfelix.agent.shims.netlink import PyRoute2Netlink
 
             self._netlink = PyRoute2Netlink(self._netns)
 

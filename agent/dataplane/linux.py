@@ -68,21 +68,21 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from agent.config import DEFAULT_FAILSAFE_IN, DEFAULT_FAILSAFE_OUT, Config
-from agent.dataplane.ifacemonitor import InterfaceMonitor
-from agent.dataplane.iptables.hostendpoints import Failsafes, parse_failsafe_ports
-from agent.dataplane.loop import DataplaneLoop
-from agent.dataplane.manager import Manager
-from agent.dataplane.managers.bpf_cleanup import BpfCleanupManager
-from agent.dataplane.managers.endpoint_status import EndpointStatusManager, Report
-from agent.dataplane.managers.hostips import HostIPsManager, InterfaceMatcher
-from agent.dataplane.managers.ipsets import IPSetsManager
-from agent.dataplane.managers.iptables import IptablesManager
-from agent.dataplane.managers.nat import NatOutgoingManager
-from agent.dataplane.managers.routes import ROUTE_PROTOCOL, RouteManager
-from agent.dataplane.managers.sysctls import SysctlManager
-from agent.dataplane.managers.vxlan import DEFAULT_PORT, DEFAULT_VNI, VXLANManager
-from agent.shims.nft_guard import NftGuard
+from pyfelix.agent.config import DEFAULT_FAILSAFE_IN, DEFAULT_FAILSAFE_OUT, Config
+from pyfelix.agent.dataplane.ifacemonitor import InterfaceMonitor
+from pyfelix.agent.dataplane.iptables.hostendpoints import Failsafes, parse_failsafe_ports
+from pyfelix.agent.dataplane.loop import DataplaneLoop
+from pyfelix.agent.dataplane.manager import Manager
+from pyfelix.agent.dataplane.managers.bpf_cleanup import BpfCleanupManager
+from pyfelix.agent.dataplane.managers.endpoint_status import EndpointStatusManager, Report
+from pyfelix.agent.dataplane.managers.hostips import HostIPsManager, InterfaceMatcher
+from pyfelix.agent.dataplane.managers.ipsets import IPSetsManager
+from pyfelix.agent.dataplane.managers.iptables import IptablesManager
+from pyfelix.agent.dataplane.managers.nat import NatOutgoingManager
+from pyfelix.agent.dataplane.managers.routes import ROUTE_PROTOCOL, RouteManager
+from pyfelix.agent.dataplane.managers.sysctls import SysctlManager
+from pyfelix.agent.dataplane.managers.vxlan import DEFAULT_PORT, DEFAULT_VNI, VXLANManager
+from pyfelix.agent.shims.nft_guard import NftGuard
 
 
 @dataclass(frozen=True)

@@ -44,9 +44,9 @@ from collections.abc import Callable, Sequence
 
 from prometheus_client import Counter, Gauge, Summary
 
-from agent.dataplane.manager import Manager
-from agent.proto import DatastoreReady, InSync
-from agent.shims.clock import Clock, SystemClock
+from pyfelix.agent.dataplane.manager import Manager
+from pyfelix.agent.proto import DatastoreReady, InSync
+from pyfelix.agent.shims.clock import Clock, SystemClock
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +122,12 @@ class DataplaneLoop:
         self._heartbeat_interval = heartbeat_interval
         self._datastore_in_sync = False
         self.paused = False  # ClusterInformation datastoreReady false
+        # settled(): every message enqueued so far dispatched AND applied by a successful
+        # round (an empty queue alone says nothing while a round is being applied)
+        self._enqueued = 0
+        self._enqueued_lock = threading.Lock()
+        self._dispatched = 0
+        self._applied = 0
         self._dirty = False
         self._consecutive_failures = 0
         self._next_retry_at: float | None = None
@@ -135,7 +141,15 @@ class DataplaneLoop:
 
     def enqueue(self, msg: object) -> None:
         """Thread-safe: called by the calc graph's sequencer and the interface monitor."""
+        with self._enqueued_lock:
+            self._enqueued += 1
         self.queue.put(msg)
+
+    def settled(self) -> bool:
+        """Every message enqueued so far is in the kernel: dispatched to the managers and
+        applied by a successful round, none pending. (The queue being empty is not enough:
+        the loop drains it before it dispatches and applies.)"""
+        return not self._dirty and self._applied == self._enqueued
 
     # --- thread ----------------------------------------------------------------------------
 
@@ -184,6 +198,7 @@ class DataplaneLoop:
             BATCH_SIZE.observe(len(batch))
             for msg in batch:
                 self._dispatch(msg)
+            self._dispatched += len(batch)
             self._dirty = True
         now = self._clock.monotonic()
         if now >= self._next_resync_at:
@@ -191,11 +206,16 @@ class DataplaneLoop:
                 manager.request_resync()
             self._next_resync_at = now + self._resync_interval
             self._dirty = True
+        if not self._dirty:
+            self._applied = self._dispatched  # nothing to write for what came
         if not self._datastore_in_sync or not self._dirty or self.paused:
             return False
         if self._next_retry_at is not None and now < self._next_retry_at:
             return False
+        upto = self._dispatched
         self._apply_round()
+        if not self._dirty:
+            self._applied = upto
         return True
 
     def _drain(self, timeout: float) -> list[object]:

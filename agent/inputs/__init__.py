@@ -20,10 +20,10 @@ Modules: `limits` (limits, errors), `structure` (the per-document check), `yaml_
 `json_docs`. Imports nothing from the agent but the selector language's nesting limit.
 """
 
-from agent.inputs.json_docs import decode_json, decode_json_document, decode_json_documents
-from agent.inputs.limits import LIMITS, InputError, InputLimits, InputSyntaxError
-from agent.inputs.structure import Document, InputProblem, check_document, describe
-from agent.inputs.yaml_docs import decode_yaml_documents
+from pyfelix.agent.inputs.json_docs import decode_json, decode_json_document, decode_json_documents
+from pyfelix.agent.inputs.limits import LIMITS, InputError, InputLimits, InputSyntaxError
+from pyfelix.agent.inputs.structure import Document, InputProblem, check_document, describe
+from pyfelix.agent.inputs.yaml_docs import decode_yaml_documents
 
 __all__ = [
     "LIMITS",

@@ -25,7 +25,7 @@ import secrets
 from collections.abc import Iterator
 from typing import Any
 
-from agent.inputs.limits import (
+from pyfelix.agent.inputs.limits import (
     DUPLICATE_KEY,
     LIMITS,
     InputError,
@@ -35,7 +35,7 @@ from agent.inputs.limits import (
     too_deep,
     too_many_digits,
 )
-from agent.inputs.structure import Document, InputProblem, check_document, describe
+from pyfelix.agent.inputs.structure import Document, InputProblem, check_document, describe
 
 _DEEP_KEY = f"\x00pyfelix-cut-{secrets.token_hex(12)}"
 _DEEP_MARKER = json.dumps({_DEEP_KEY: 0})

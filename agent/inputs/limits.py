@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agent.selector import MAX_NESTING
+from pyfelix.agent.selector import MAX_NESTING
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agent.inputs.limits import (
+from pyfelix.agent.inputs.limits import (
     LIMITS,
     InputError,
     InputLimits,

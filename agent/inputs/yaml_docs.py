@@ -36,7 +36,7 @@ import yaml
 from yaml.constructor import ConstructorError
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from agent.inputs.limits import (
+from pyfelix.agent.inputs.limits import (
     DUPLICATE_KEY,
     LIMITS,
     InputError,
@@ -46,7 +46,7 @@ from agent.inputs.limits import (
     too_deep,
     too_many_digits,
 )
-from agent.inputs.structure import Document, InputProblem, check_document, field_path
+from pyfelix.agent.inputs.structure import Document, InputProblem, check_document, field_path
 
 _BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _MERGE_TAG = "tag:yaml.org,2002:merge"

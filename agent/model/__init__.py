@@ -14,9 +14,9 @@ Invariants: every model object is a frozen dataclass holding tuples (hashable, s
 between threads and stages); `parse_resource` raises only `ValidationError`.
 """
 
-from agent.model.base import Metadata, Resource
-from agent.model.fields import ValidationError
-from agent.model.infrastructure import (
+from pyfelix.agent.model.base import Metadata, Resource
+from pyfelix.agent.model.fields import ValidationError
+from pyfelix.agent.model.infrastructure import (
     BGPConfiguration,
     BGPPeer,
     BlockAffinity,
@@ -28,7 +28,7 @@ from agent.model.infrastructure import (
     NodeBGP,
     PrefixAdvertisement,
 )
-from agent.model.kubernetes import (
+from pyfelix.agent.model.kubernetes import (
     ContainerPort,
     IPBlock,
     K8sNetworkPolicy,
@@ -41,8 +41,8 @@ from agent.model.kubernetes import (
     Pod,
     ServiceAccount,
 )
-from agent.model.policy_selectors import entity_selector, inherited_labels, policy_selector
-from agent.model.resources import (
+from pyfelix.agent.model.policy_selectors import entity_selector, inherited_labels, policy_selector
+from pyfelix.agent.model.resources import (
     IPNAT,
     K8S_KINDS,
     KNOWN_KINDS,
@@ -55,8 +55,8 @@ from agent.model.resources import (
     WorkloadEndpoint,
     parse_resource,
 )
-from agent.model.rules import EntityRule, ICMPMatch, Port, Rule, ServiceAccountMatch
-from agent.model.services import (
+from pyfelix.agent.model.rules import EntityRule, ICMPMatch, Port, Rule, ServiceAccountMatch
+from pyfelix.agent.model.services import (
     EndpointSlice,
     Service,
     ServicePort,

@@ -22,10 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.model.fields import Fields, ValidationError
-from agent.model.names import is_dns_label, is_dns_subdomain, qualified_name_problem
-from agent.model.rules import normalise_ip, parse_net
-from agent.syncer.api import ResourceKey, key_of
+from pyfelix.agent.model.fields import Fields, ValidationError
+from pyfelix.agent.model.names import is_dns_label, is_dns_subdomain, qualified_name_problem
+from pyfelix.agent.model.rules import normalise_ip, parse_net
+from pyfelix.agent.syncer.api import ResourceKey, key_of
 
 # Calico's policy name rules (libcalico-go validator).
 _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"

@@ -28,8 +28,8 @@ import reprlib
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
-from agent.inputs.limits import LIMITS, too_many_members
-from agent.model.names import is_decimal, label_value_problem, qualified_name_problem
+from pyfelix.agent.inputs.limits import LIMITS, too_many_members
+from pyfelix.agent.model.names import is_decimal, label_value_problem, qualified_name_problem
 
 # More digits than any field we read can hold (uint32 AS numbers have 10); also keeps
 # Python's int() far below its 4300-digit conversion limit.

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from agent.model.base import (
+from pyfelix.agent.model.base import (
     Metadata,
     Resource,
     ip_address_field,
@@ -29,10 +29,10 @@ from agent.model.base import (
     node_name,
     optional_ip,
 )
-from agent.model.fields import Fields
-from agent.model.names import is_decimal
-from agent.model.rules import parse_net, parse_selector
-from agent.syncer.api import ResourceKey
+from pyfelix.agent.model.fields import Fields
+from pyfelix.agent.model.names import is_decimal
+from pyfelix.agent.model.rules import parse_net, parse_selector
+from pyfelix.agent.syncer.api import ResourceKey
 
 _MAX_AS_NUMBER = 4294967295
 # Used with fullmatch only (`$` would accept a trailing newline); ASCII digits only.

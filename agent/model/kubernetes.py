@@ -26,24 +26,24 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from agent.inputs.limits import LIMITS
-from agent.model.base import Metadata, Resource, optional_ip
-from agent.model.fields import Fields
-from agent.model.names import (
+from pyfelix.agent.inputs.limits import LIMITS
+from pyfelix.agent.model.base import Metadata, Resource, optional_ip
+from pyfelix.agent.model.fields import Fields
+from pyfelix.agent.model.names import (
     is_decimal,
     is_dns_subdomain,
     is_port_name,
     label_value_problem,
     qualified_name_problem,
 )
-from agent.model.rules import (
+from pyfelix.agent.model.rules import (
     check_rule_count,
     check_selector_total,
     normalise_ip,
     parse_net,
     protocol_number,
 )
-from agent.syncer.api import ResourceKey
+from pyfelix.agent.syncer.api import ResourceKey
 
 
 @dataclass(frozen=True)

@@ -32,19 +32,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from agent.model.labels import (
+from pyfelix.agent.model.labels import (
     LABEL_NAMESPACE,
     LABEL_SERVICE_ACCOUNT,
     NAMESPACE_LABEL_PREFIX,
     SERVICE_ACCOUNT_LABEL_PREFIX,
 )
-from agent.model.rules import EntityRule, ServiceAccountMatch
-from agent.selector import parse
-from agent.selector.canonical import normalise, render
-from agent.selector.nodes import All, And, Compare, Has, InSet, Node, Not, Op, Or
+from pyfelix.agent.model.rules import EntityRule, ServiceAccountMatch
+from pyfelix.agent.selector import parse
+from pyfelix.agent.selector.canonical import normalise, render
+from pyfelix.agent.selector.nodes import All, And, Compare, Has, InSet, Node, Not, Op, Or
 
 if TYPE_CHECKING:
-    from agent.model.resources import NetworkPolicy
+    from pyfelix.agent.model.resources import NetworkPolicy
 
 
 def prefix_keys(node: Node, prefix: str) -> Node:

@@ -35,8 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.kinds import CALICO_API, KIND_BY_NAME, KIND_K8S_NETWORK_POLICY, KINDS
-from agent.model.base import (
+from pyfelix.agent.kinds import CALICO_API, KIND_BY_NAME, KIND_K8S_NETWORK_POLICY, KINDS
+from pyfelix.agent.model.base import (
     Metadata,
     Resource,
     check_key_fields,
@@ -50,8 +50,8 @@ from agent.model.base import (
     shown_key,
     with_labels,
 )
-from agent.model.fields import Fields, ValidationError, describe_value
-from agent.model.infrastructure import (
+from pyfelix.agent.model.fields import Fields, ValidationError, describe_value
+from pyfelix.agent.model.infrastructure import (
     parse_bgp_configuration,
     parse_bgp_peer,
     parse_block_affinity,
@@ -61,20 +61,20 @@ from agent.model.infrastructure import (
     parse_ip_pool,
     parse_kubernetes_node,
 )
-from agent.model.kubernetes import (
+from pyfelix.agent.model.kubernetes import (
     parse_kubernetes_network_policy,
     parse_namespace,
     parse_pod,
     parse_service_account,
 )
-from agent.model.labels import (
+from pyfelix.agent.model.labels import (
     DEFAULT_TIER,
     DEFAULT_TIER_ORDER,
     LABEL_NAMESPACE,
     LABEL_ORCHESTRATOR,
 )
-from agent.model.names import is_dns_label, is_interface_name, is_port_name
-from agent.model.rules import (
+from pyfelix.agent.model.names import is_dns_label, is_interface_name, is_port_name
+from pyfelix.agent.model.rules import (
     Rule,
     check_rule_count,
     check_selector_text,
@@ -86,8 +86,8 @@ from agent.model.rules import (
     parse_selector,
     protocol_number,
 )
-from agent.model.services import parse_endpoint_slice, parse_service
-from agent.syncer.api import ResourceKey, key_of
+from pyfelix.agent.model.services import parse_endpoint_slice, parse_service
+from pyfelix.agent.syncer.api import ResourceKey, key_of
 
 # The Kubernetes form of each kind that has one (the kind catalogue's non-CRD resources: v1
 # Pod, Namespace, ServiceAccount, Node and networking.k8s.io/v1 NetworkPolicy).

@@ -34,10 +34,10 @@ import socket
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from agent import selector
-from agent.inputs.limits import LIMITS
-from agent.model.fields import Fields, checked_int, describe_value
-from agent.model.names import is_decimal, is_port_name
+from pyfelix.agent import selector
+from pyfelix.agent.inputs.limits import LIMITS
+from pyfelix.agent.model.fields import Fields, checked_int, describe_value
+from pyfelix.agent.model.names import is_decimal, is_port_name
 
 ACTIONS = ("Allow", "Deny", "Log", "Pass")
 PROTOCOL_NUMBERS = {"TCP": 6, "UDP": 17, "ICMP": 1, "ICMPv6": 58, "SCTP": 132, "UDPLite": 136}

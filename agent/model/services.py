@@ -30,10 +30,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from agent.model.base import Metadata, Resource, ip_address_field
-from agent.model.fields import Fields
-from agent.model.names import is_dns_subdomain, is_port_name
-from agent.syncer.api import ResourceKey
+from pyfelix.agent.model.base import Metadata, Resource, ip_address_field
+from pyfelix.agent.model.fields import Fields
+from pyfelix.agent.model.names import is_dns_subdomain, is_port_name
+from pyfelix.agent.syncer.api import ResourceKey
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 DEFAULT_AFFINITY_TIMEOUT = 10800  # seconds, Kubernetes' default for ClientIP affinity

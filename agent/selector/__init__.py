@@ -38,12 +38,12 @@ import functools
 import hashlib
 from collections.abc import Mapping
 
-from agent.selector.analysis import Requirements, referenced_keys, required_labels
-from agent.selector.canonical import normalise, render
-from agent.selector.compiler import Evaluator, compile_evaluator
-from agent.selector.errors import SelectorError
-from agent.selector.nodes import NAMESPACE_LABEL, Node
-from agent.selector.parser import MAX_NESTING, parse_tree
+from pyfelix.agent.selector.analysis import Requirements, referenced_keys, required_labels
+from pyfelix.agent.selector.canonical import normalise, render
+from pyfelix.agent.selector.compiler import Evaluator, compile_evaluator
+from pyfelix.agent.selector.errors import SelectorError
+from pyfelix.agent.selector.nodes import NAMESPACE_LABEL, Node
+from pyfelix.agent.selector.parser import MAX_NESTING, parse_tree
 
 __all__ = [
     "MAX_NESTING",

@@ -26,7 +26,7 @@ Derivation (negation tracked with a flag, i.e. De Morgan applied during the walk
 
 from __future__ import annotations
 
-from agent.selector.nodes import (
+from pyfelix.agent.selector.nodes import (
     NAMESPACE_LABEL,
     All,
     And,

@@ -30,7 +30,7 @@ reverse.
 
 from __future__ import annotations
 
-from agent.selector.nodes import All, And, Compare, Global, Has, InSet, Node, Not, Op, Or
+from pyfelix.agent.selector.nodes import All, And, Compare, Global, Has, InSet, Node, Not, Op, Or
 
 _NOTHING = Not(All())
 _VALUE_TESTS = (Op.CONTAINS, Op.STARTS_WITH, Op.ENDS_WITH)

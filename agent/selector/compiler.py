@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from agent.selector.nodes import (
+from pyfelix.agent.selector.nodes import (
     NAMESPACE_LABEL,
     All,
     And,

@@ -32,8 +32,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from agent.selector.errors import SelectorError
-from agent.selector.nodes import All, And, Compare, Global, Has, InSet, Node, Not, Op, Or
+from pyfelix.agent.selector.errors import SelectorError
+from pyfelix.agent.selector.nodes import All, And, Compare, Global, Has, InSet, Node, Not, Op, Or
 
 #: Maximum depth of nested parentheses and negations.
 MAX_NESTING = 64

@@ -24,7 +24,7 @@ import socket
 from dataclasses import dataclass
 from typing import Protocol
 
-from agent.shims.netlink import NetlinkError
+from pyfelix.agent.shims.netlink import NetlinkError
 
 AF_INET = socket.AF_INET
 AF_BRIDGE = socket.AF_BRIDGE
@@ -127,7 +127,7 @@ class PyRoute2LinkNetlink:
         if netns is None:
             self._ipr = IPRoute()
         else:
-            from agent.shims.cmd import netns_path
+            from pyfelix.agent.shims.cmd import netns_path
 
             self._ipr = IPRoute(netns=netns_path(netns), flags=0)  # flags=0: never create
 

@@ -170,7 +170,7 @@ class PyRoute2Netlink:
         if netns is None:
             self._ipr = IPRoute()
         else:
-            from agent.shims.cmd import netns_path
+            from pyfelix.agent.shims.cmd import netns_path
 
             self._ipr = IPRoute(netns=netns_path(netns), flags=0)  # flags=0: never create it
 
@@ -244,7 +244,7 @@ class PyRoute2Events:
         else:
             from pyroute2 import netns as pyroute2_netns
 
-            from agent.shims.cmd import netns_path
+            from pyfelix.agent.shims.cmd import netns_path
 
             sock = pyroute2_netns.create_socket(
                 netns_path(netns), socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_ROUTE, flags=0

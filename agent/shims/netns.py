@@ -21,7 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from agent.shims.cmd import netns_path
+from pyfelix.agent.shims.cmd import netns_path
 
 T = TypeVar("T")
 

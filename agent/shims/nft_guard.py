@@ -36,7 +36,7 @@ import json
 import logging
 from collections.abc import Iterable, Sequence
 
-from agent.shims.cmd import CommandError, CommandRunner, NetnsCommandRunner
+from pyfelix.agent.shims.cmd import CommandError, CommandRunner, NetnsCommandRunner
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
-from agent.shims.netns import NetnsThread
+from pyfelix.agent.shims.netns import NetnsThread
 
 PROC_SYS = "/proc/sys"
 

@@ -4,9 +4,9 @@
 `open_status_store(location)`), `reporter` (the StatusReporter thread). See each module.
 """
 
-from agent.status.records import EndpointStatus, NodeStatus, StatusSnapshot
-from agent.status.reporter import StatusReporter
-from agent.status.stores import StatusStoreError, open_status_store
+from pyfelix.agent.status.records import EndpointStatus, NodeStatus, StatusSnapshot
+from pyfelix.agent.status.reporter import StatusReporter
+from pyfelix.agent.status.stores import StatusStoreError, open_status_store
 
 __all__ = ["EndpointStatus", "NodeStatus", "StatusReporter", "StatusSnapshot",
            "StatusStoreError", "open_status_store"]

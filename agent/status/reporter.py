@@ -22,8 +22,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from agent.status.records import EndpointStatus, NodeStatus
-from agent.status.stores import StatusStore, StatusStoreError
+from pyfelix.agent.status.records import EndpointStatus, NodeStatus
+from pyfelix.agent.status.stores import StatusStore, StatusStoreError
 
 log = logging.getLogger(__name__)
 

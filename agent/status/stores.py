@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 from urllib.parse import quote
 
-from agent.status.records import (
+from pyfelix.agent.status.records import (
     WORKLOAD,
     EndpointStatus,
     NodeStatus,
@@ -42,8 +42,8 @@ from agent.status.records import (
 )
 
 if TYPE_CHECKING:
-    from agent.datastore import DatastoreLocation
-    from agent.syncer.etcd_conn import EtcdConfig, EtcdConnection
+    from pyfelix.agent.datastore import DatastoreLocation
+    from pyfelix.agent.syncer.etcd_conn import EtcdConfig, EtcdConnection
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -177,7 +177,7 @@ class EtcdStatusStore:
 
     def __init__(self, config: EtcdConfig, *, ttl: float = 90.0) -> None:
         # imported here: gRPC is loaded only by an agent that reports status into etcd
-        from agent.syncer.etcd_conn import EndpointRotation, EtcdError
+        from pyfelix.agent.syncer.etcd_conn import EndpointRotation, EtcdError
 
         self._failure = EtcdError
         self._endpoints = EndpointRotation(config)
@@ -288,7 +288,7 @@ def open_status_store(location: DatastoreLocation, *,
     if location.backend == "file":
         return FileStatusStore(location.path)
     if location.backend == "etcd3":
-        from agent.syncer.etcd_conn import EtcdConfig
+        from pyfelix.agent.syncer.etcd_conn import EtcdConfig
 
         return EtcdStatusStore(EtcdConfig.from_options(location.endpoints), ttl=ttl)
     log.info("status reporting is not supported with the %s datastore", location.backend)

@@ -15,10 +15,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.status.stores import StatusStoreError, open_status_store
+from pyfelix.agent.status.stores import StatusStoreError, open_status_store
 
 if TYPE_CHECKING:
-    from agent.datastore import DatastoreLocation
+    from pyfelix.agent.datastore import DatastoreLocation
 
 AGENT_FIELDS = ("hostname", "dataplane", "calc_in_sync", "dataplane_in_sync", "idle",
                 "rounds_applied", "failures", "endpoints", "policies", "profiles", "ipsets",

@@ -22,7 +22,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent.kinds import KIND_K8S_NETWORK_POLICY, NAMESPACED_KINDS
+from pyfelix.agent.kinds import KIND_K8S_NETWORK_POLICY, NAMESPACED_KINDS
 
 
 class SyncStatus(enum.Enum):

@@ -26,8 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent.kinds import CLI_KINDS, KindInfo, kind_named
-from agent.syncer.api import DatastoreError, ResourceKey, key_of
+from pyfelix.agent.kinds import CLI_KINDS, KindInfo, kind_named
+from pyfelix.agent.syncer.api import DatastoreError, ResourceKey, key_of
 
 # --------------------------------------------------------------------------------------------
 # Errors

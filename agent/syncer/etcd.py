@@ -57,15 +57,15 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from agent.syncer.api import (
+from pyfelix.agent.syncer.api import (
     DatastoreError,
     RawUpdate,
     ResourceKey,
     SyncerCallbacks,
     SyncStatus,
 )
-from agent.syncer.backoff import Backoff
-from agent.syncer.etcd_conn import (
+from pyfelix.agent.syncer.backoff import Backoff
+from pyfelix.agent.syncer.etcd_conn import (
     EndpointRotation,
     EtcdCompacted,
     EtcdConfig,
@@ -73,8 +73,8 @@ from agent.syncer.etcd_conn import (
     EtcdError,
     WatchStream,
 )
-from agent.syncer.etcd_keys import ETCD_ROOT, EtcdKeyError, decode_value, parse_etcd_key
-from agent.syncer.metrics import (
+from pyfelix.agent.syncer.etcd_keys import ETCD_ROOT, EtcdKeyError, decode_value, parse_etcd_key
+from pyfelix.agent.syncer.metrics import (
     DATASTORE_PARSE_ERRORS,
     DATASTORE_RESYNCS,
     RESYNC_COMPACTED,

@@ -35,7 +35,7 @@ from typing import Any
 import grpc
 from pyetcd import etcdrpc
 
-from agent.syncer.client import DatastoreURLError
+from pyfelix.agent.syncer.client import DatastoreURLError
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 _GRPC_OPTIONS = [

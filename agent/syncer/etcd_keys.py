@@ -30,9 +30,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agent.inputs import InputError, decode_json_document
-from agent.kinds import ETCD_ROOT, KINDS, KindInfo
-from agent.syncer.api import ResourceKey, key_of
+from pyfelix.agent.inputs import InputError, decode_json_document
+from pyfelix.agent.kinds import ETCD_ROOT, KINDS, KindInfo
+from pyfelix.agent.syncer.api import ResourceKey, key_of
 
 _BY_KIND = {info.kind: info for info in KINDS}
 _BY_DIRECTORY_PLURAL = {(info.etcd_directory, info.plural): info for info in KINDS}

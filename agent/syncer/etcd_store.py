@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from agent.syncer.api import DatastoreError, ResourceKey
-from agent.syncer.client import (
+from pyfelix.agent.syncer.api import DatastoreError, ResourceKey
+from pyfelix.agent.syncer.client import (
     ApplyResult,
     DatastoreClientError,
     DatastoreUnavailable,
@@ -33,14 +33,14 @@ from agent.syncer.client import (
     Validator,
     minimal_validate,
 )
-from agent.syncer.etcd_conn import (
+from pyfelix.agent.syncer.etcd_conn import (
     EndpointRotation,
     EtcdConfig,
     EtcdConnection,
     EtcdError,
     EtcdUnavailable,
 )
-from agent.syncer.etcd_keys import (
+from pyfelix.agent.syncer.etcd_keys import (
     ETCD_ROOT,
     EtcdKeyError,
     decode_value,
@@ -49,7 +49,7 @@ from agent.syncer.etcd_keys import (
     kind_prefix,
     parse_etcd_key,
 )
-from agent.syncer.write_checks import checked_documents
+from pyfelix.agent.syncer.write_checks import checked_documents
 
 TXN_CHUNK = 100  # etcd's default --max-txn-ops is 128
 CONFLICT_RETRIES = 3

@@ -68,14 +68,14 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 
-from agent.inputs import (
+from pyfelix.agent.inputs import (
     Document,
     InputError,
     InputSyntaxError,
     decode_json_documents,
     decode_yaml_documents,
 )
-from agent.syncer.api import (
+from pyfelix.agent.syncer.api import (
     DatastoreError,
     RawUpdate,
     ResourceKey,
@@ -83,7 +83,7 @@ from agent.syncer.api import (
     SyncStatus,
     key_of,
 )
-from agent.syncer.inotify import (
+from pyfelix.agent.syncer.inotify import (
     IN_ATTRIB,
     IN_CREATE,
     IN_DELETE,
@@ -97,7 +97,7 @@ from agent.syncer.inotify import (
     InotifyEvent,
     InotifyUnavailable,
 )
-from agent.syncer.metrics import DATASTORE_PARSE_ERRORS
+from pyfelix.agent.syncer.metrics import DATASTORE_PARSE_ERRORS
 
 log = logging.getLogger(__name__)
 

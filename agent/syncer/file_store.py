@@ -42,16 +42,16 @@ from typing import Any
 
 import yaml
 
-from agent.inputs import InputSyntaxError, decode_yaml_documents
-from agent.syncer.api import DatastoreError, ResourceKey, key_of
-from agent.syncer.client import (
+from pyfelix.agent.inputs import InputSyntaxError, decode_yaml_documents
+from pyfelix.agent.syncer.api import DatastoreError, ResourceKey, key_of
+from pyfelix.agent.syncer.client import (
     ApplyResult,
     DatastoreClientError,
     ResourceNotFound,
     Validator,
     minimal_validate,
 )
-from agent.syncer.file import (
+from pyfelix.agent.syncer.file import (
     JSON_SUFFIX,
     RESOURCE_SUFFIXES,
     DatastoreTree,
@@ -62,7 +62,7 @@ from agent.syncer.file import (
     parse_text,
     path_order,
 )
-from agent.syncer.write_checks import checked_documents
+from pyfelix.agent.syncer.write_checks import checked_documents
 
 _YamlLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _YamlDumper: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)

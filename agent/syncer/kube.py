@@ -57,9 +57,9 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from agent.inputs import InputError, check_document
-from agent.kinds import ResourceType
-from agent.syncer.api import (
+from pyfelix.agent.inputs import InputError, check_document
+from pyfelix.agent.kinds import ResourceType
+from pyfelix.agent.syncer.api import (
     DatastoreError,
     RawUpdate,
     ResourceKey,
@@ -67,9 +67,9 @@ from agent.syncer.api import (
     SyncStatus,
     key_of,
 )
-from agent.syncer.backoff import Backoff
-from agent.syncer.client import DatastoreClientError
-from agent.syncer.kube_api import (
+from pyfelix.agent.syncer.backoff import Backoff
+from pyfelix.agent.syncer.client import DatastoreClientError
+from pyfelix.agent.syncer.kube_api import (
     KubeAPI,
     KubeError,
     KubeGone,
@@ -77,8 +77,8 @@ from agent.syncer.kube_api import (
     KubeNotFound,
     WatchStream,
 )
-from agent.syncer.kube_resources import RESOURCE_TYPES, to_document
-from agent.syncer.metrics import (
+from pyfelix.agent.syncer.kube_resources import RESOURCE_TYPES, to_document
+from pyfelix.agent.syncer.metrics import (
     DATASTORE_PARSE_ERRORS,
     DATASTORE_RESYNCS,
     RESYNC_ERROR,

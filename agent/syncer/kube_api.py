@@ -35,8 +35,8 @@ from typing import Any
 import kubernetes
 import urllib3
 
-from agent.inputs import decode_json
-from agent.kinds import ResourceType
+from pyfelix.agent.inputs import decode_json
+from pyfelix.agent.kinds import ResourceType
 
 WATCH_READ_MARGIN = 30.0
 # Levels around the objects: {"object": obj}; {"items": [obj, ...]}.

@@ -39,7 +39,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from agent.kinds import CALICO_API, CRD_GROUP_VERSION, KINDS, ResourceType
+from pyfelix.agent.kinds import CALICO_API, CRD_GROUP_VERSION, KINDS, ResourceType
 
 CALICO_METADATA_ANNOTATION = "projectcalico.org/metadata"
 _KEPT_METADATA = ("name", "namespace", "labels", "annotations")

@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agent.inputs import InputError, check_document
-from agent.syncer.api import DatastoreError, ResourceKey, key_of
-from agent.syncer.client import (
+from pyfelix.agent.inputs import InputError, check_document
+from pyfelix.agent.syncer.api import DatastoreError, ResourceKey, key_of
+from pyfelix.agent.syncer.client import (
     ApplyResult,
     DatastoreClientError,
     DatastoreUnavailable,
@@ -32,7 +32,7 @@ from agent.syncer.client import (
     Validator,
     minimal_validate,
 )
-from agent.syncer.kube_api import (
+from pyfelix.agent.syncer.kube_api import (
     KubeAPI,
     KubeConflict,
     KubeError,
@@ -40,14 +40,14 @@ from agent.syncer.kube_api import (
     KubeNotFound,
     KubeUnavailable,
 )
-from agent.syncer.kube_resources import (
+from pyfelix.agent.syncer.kube_resources import (
     CRD_TYPES,
     ResourceType,
     crd_type,
     to_crd_object,
     to_document,
 )
-from agent.syncer.write_checks import checked_documents
+from pyfelix.agent.syncer.write_checks import checked_documents
 
 CONFLICT_RETRIES = 3
 _CRD_KINDS = ", ".join(sorted(rtype.kind for rtype in CRD_TYPES))

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from agent.syncer.api import ResourceKey, key_of
-from agent.syncer.client import InvalidResources, Validator
+from pyfelix.agent.syncer.api import ResourceKey, key_of
+from pyfelix.agent.syncer.client import InvalidResources, Validator
 
 BackendCheck = Callable[[ResourceKey, Mapping[str, Any]], None]
 

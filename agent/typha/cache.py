@@ -41,9 +41,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from agent.syncer.api import DatastoreError, RawUpdate, ResourceKey, SyncStatus
-from agent.typha import metrics
-from agent.typha.protocol import (
+from pyfelix.agent.syncer.api import DatastoreError, RawUpdate, ResourceKey, SyncStatus
+from pyfelix.agent.typha import metrics
+from pyfelix.agent.typha.protocol import (
     SNAPSHOT_BEGIN,
     SNAPSHOT_CHUNK,
     SNAPSHOT_END,

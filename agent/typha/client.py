@@ -68,15 +68,21 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from agent.syncer.api import DatastoreError, RawUpdate, ResourceKey, SyncerCallbacks, SyncStatus
-from agent.typha.discovery import (
+from pyfelix.agent.syncer.api import (
+    DatastoreError,
+    RawUpdate,
+    ResourceKey,
+    SyncerCallbacks,
+    SyncStatus,
+)
+from pyfelix.agent.typha.discovery import (
     Discovery,
     DiscoveryError,
     StaticDiscovery,
     discovery_from_env,
     split_address,
 )
-from agent.typha.protocol import (
+from pyfelix.agent.typha.protocol import (
     COMPRESSION_NONE,
     DECODER_RESTART,
     DEFAULT_MAX_FRAME_BYTES,
@@ -103,7 +109,7 @@ from agent.typha.protocol import (
     encode_message,
     require,
 )
-from agent.typha.tls import ClientTLS, client_tls_from_env
+from pyfelix.agent.typha.tls import ClientTLS, client_tls_from_env
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from agent.typha.server import HealthListenError, ServerConfig, TyphaServer
-from agent.typha.tls import TLSConfigError
+from pyfelix.agent.typha.server import HealthListenError, ServerConfig, TyphaServer
+from pyfelix.agent.typha.tls import TLSConfigError
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def run(config: ServerConfig, syncer_factory: Callable[[str], Any], *,
         on_started: Callable[[str, int], None] | None = None) -> None:
     """Serve until a signal. `start_errors`: the caller's own error types that mean "could
     not start" (e.g. the datastore client's)."""
-    from agent import metrics
+    from pyfelix.agent import metrics
 
     server = TyphaServer(syncer_factory, config)
     try:

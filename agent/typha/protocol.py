@@ -41,7 +41,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from agent.syncer.api import RawUpdate, ResourceKey, SyncStatus
+from pyfelix.agent.syncer.api import RawUpdate, ResourceKey, SyncStatus
 
 PROTOCOL_VERSION = 1
 SUPPORTED_PROTOCOL_VERSIONS: tuple[int, ...] = (1,)

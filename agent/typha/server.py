@@ -79,18 +79,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.health import HealthAggregator, HealthServer
-from agent.kinds import BGP_KINDS
-from agent.syncer.api import Syncer, SyncStatus
-from agent.typha import metrics
-from agent.typha.cache import (
+from pyfelix.agent.health import HealthAggregator, HealthServer
+from pyfelix.agent.kinds import BGP_KINDS
+from pyfelix.agent.syncer.api import Syncer, SyncStatus
+from pyfelix.agent.typha import metrics
+from pyfelix.agent.typha.cache import (
     DEFAULT_MAX_LOG_BYTES,
     DEFAULT_MAX_LOG_ENTRIES,
     Breadcrumb,
     SnapshotCache,
     batch_frames,
 )
-from agent.typha.protocol import (
+from pyfelix.agent.typha.protocol import (
     CLIENT_HELLO,
     CLIENT_MAX_FRAME_BYTES,
     CLIENT_MESSAGE_TYPES,
@@ -118,7 +118,7 @@ from agent.typha.protocol import (
     require,
     server_hello,
 )
-from agent.typha.tls import ServerTLS
+from pyfelix.agent.typha.tls import ServerTLS
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ import sys
 
 import click
 
-from agent.datastore import DatastoreLocation
-from cli.params import DATASTORE
+from pyfelix.agent.datastore import DatastoreLocation
+from pyfelix.cli.params import DATASTORE
 
 
 @click.command("agent")
@@ -34,9 +34,9 @@ def command(datastore: DatastoreLocation | None, hostname: str, config_file: str
       FELIX_DATASTORETYPE=etcdv3 FELIX_ETCDENDPOINTS=http://10.0.0.1:2379 \
         pyfelix agent --hostname n1
     """
-    from agent.config import ConfigError
-    from agent.daemon import EXIT_CONFIG, AgentOptions, DataplaneUnavailable, run_agent
-    from agent.syncer.client import DatastoreClientError
+    from pyfelix.agent.config import ConfigError
+    from pyfelix.agent.daemon import EXIT_CONFIG, AgentOptions, DataplaneUnavailable, run_agent
+    from pyfelix.agent.syncer.client import DatastoreClientError
 
     try:
         code = run_agent(AgentOptions(datastore=datastore, hostname=hostname,

@@ -12,11 +12,11 @@ import sys
 
 import click
 
-from agent.datastore import DatastoreLocation, open_datastore
-from agent.syncer.api import RawUpdate
-from agent.syncer.client import DatastoreClientError
-from agent.syncer.file import load_path, load_text
-from cli.params import DATASTORE, DATASTORE_HELP
+from pyfelix.agent.datastore import DatastoreLocation, open_datastore
+from pyfelix.agent.syncer.api import RawUpdate
+from pyfelix.agent.syncer.client import DatastoreClientError
+from pyfelix.agent.syncer.file import load_path, load_text
+from pyfelix.cli.params import DATASTORE, DATASTORE_HELP
 
 
 def read_input(filename: str, *, not_done: str, empty: str) -> list[RawUpdate]:
@@ -42,7 +42,7 @@ def read_input(filename: str, *, not_done: str, empty: str) -> list[RawUpdate]:
 
 def _validate(doc: object) -> None:
     """Full validation (the agent's own): a document the agent would reject is not written."""
-    from agent.validator import validate_document
+    from pyfelix.agent.validator import validate_document
 
     validate_document(doc)
 

@@ -1,6 +1,6 @@
 """`pyfelix bench [NAME ...] [-o table|json]`: run registered benchmarks, print their figures.
 
-Adds no logic: `agent.bench.run` measures, `agent.bench.report` formats. JSON output is
+Adds no logic: `bench.run` measures, `bench.report` formats. JSON output is
 `{"<bench>": {"<figure>": n}}` (contract in docs/ARCHITECTURE.md section 11), plus
 `"notes": {"<bench>": {"<name>": "text"}}` when a benchmark left notes (e.g. why one point
 of a sweep has no figure). Exit status:
@@ -14,9 +14,9 @@ import json
 
 import click
 
-from agent.bench import BenchSettings, UnknownBenchmarkError, known_benchmarks, run
-from agent.bench.registry import NOTES_KEY
-from agent.bench.report import text_table
+from pyfelix.bench import BenchSettings, UnknownBenchmarkError, known_benchmarks, run
+from pyfelix.bench.registry import NOTES_KEY
+from pyfelix.bench.report import text_table
 
 
 @click.command("bench")

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from agent.bpf.maps import BY_NAME
+from pyfelix.agent.bpf.maps import BY_NAME
 
 DEFAULT_PIN_DIR = "/sys/fs/bpf/pyfelix"
 
@@ -62,7 +62,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def _resolved(pin_dir: str) -> str:
-    from agent.bpf.loader import LoaderError, resolve_pin_dir
+    from pyfelix.agent.bpf.loader import LoaderError, resolve_pin_dir
 
     try:
         return str(resolve_pin_dir(pin_dir, mount=False))
@@ -72,9 +72,9 @@ def _resolved(pin_dir: str) -> str:
 
 def read_rows(map_name: str, pin_dir: str) -> list[dict[str, Any]]:
     """The library call behind `dump` (raises click errors with the pin path named)."""
-    from agent.bpf.maps import conntrack as ct_map
-    from agent.bpf.maps import dump_pinned
-    from agent.bpf.maps.base import BpfMap
+    from pyfelix.agent.bpf.maps import conntrack as ct_map
+    from pyfelix.agent.bpf.maps import dump_pinned
+    from pyfelix.agent.bpf.maps.base import BpfMap
 
     path = _resolved(pin_dir)
     try:
@@ -83,7 +83,7 @@ def read_rows(map_name: str, pin_dir: str) -> list[dict[str, Any]]:
                 return ct_map.dump(m, now_ns=ct_map.now_ns())
         rows = dump_pinned(map_name, path)
         if map_name == "global_counters":
-            from agent.shims.nft_guard import guard_counter_rows
+            from pyfelix.agent.shims.nft_guard import guard_counter_rows
 
             rows += guard_counter_rows()
         return rows
@@ -154,9 +154,9 @@ def cleanup(pin_dir: str) -> None:
       pyfelix bpf cleanup
       ip netns exec NODE pyfelix bpf cleanup --pin-dir /sys/fs/bpf/mynode
     """
-    from agent.dataplane.managers.bpf_cleanup import BpfCleanupManager
-    from agent.proto import InSync
-    from agent.shims.nft_guard import NftGuard
+    from pyfelix.agent.dataplane.managers.bpf_cleanup import BpfCleanupManager
+    from pyfelix.agent.proto import InSync
+    from pyfelix.agent.shims.nft_guard import NftGuard
 
     manager = BpfCleanupManager(pin_dir, remove_guard=NftGuard().remove, retry_initial=0.0)
     manager.on_update(InSync())
@@ -186,7 +186,7 @@ def nat_dump(output: str, pin_dir: str) -> None:
       pyfelix bpf nat dump
       pyfelix bpf nat dump -o json --pin-dir /sys/fs/bpf/pyfelix
     """
-    from agent.bpf.maps import nat_pinned
+    from pyfelix.agent.bpf.maps import nat_pinned
 
     path = _resolved(pin_dir)
     try:
@@ -219,7 +219,7 @@ def summary(output: str, pin_dir: str) -> None:
       pyfelix bpf summary
       pyfelix bpf summary -o json --pin-dir /sys/fs/bpf/pyfelix
     """
-    from agent.bpf.maps import summary_pinned
+    from pyfelix.agent.bpf.maps import summary_pinned
 
     rows = summary_pinned(_resolved(pin_dir))
     if output == "json":
@@ -227,7 +227,7 @@ def summary(output: str, pin_dir: str) -> None:
     else:
         click.echo(table([_summary_cells(row) for row in rows]))
         try:
-            from agent.bpf.maps import nat_summary_pinned
+            from pyfelix.agent.bpf.maps import nat_summary_pinned
 
             nat = nat_summary_pinned(_resolved(pin_dir))
             click.echo(f"\nservices: {nat['frontends']} frontends "

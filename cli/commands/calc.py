@@ -14,8 +14,8 @@ from typing import Any
 
 import click
 
-from agent.datastore import DatastoreLocation
-from cli.params import DATASTORE, DATASTORE_HELP
+from pyfelix.agent.datastore import DatastoreLocation
+from pyfelix.cli.params import DATASTORE, DATASTORE_HELP
 
 _MEMBERS_SHOWN = 4
 
@@ -73,13 +73,13 @@ def command(datastore: DatastoreLocation, hostname: str, output: str, timeout: f
       pyfelix calc --datastore ./resources --hostname node1
       pyfelix calc --datastore cluster.yaml --hostname node1 -o json
     """
-    from agent.calc.snapshot import CalcTimeout, compute
-    from agent.syncer.client import DatastoreClientError
+    from pyfelix.agent.calc.snapshot import CalcTimeout, compute
+    from pyfelix.agent.syncer.client import DatastoreClientError
 
     # The validator logs each rejected document; they are printed below, once, instead.
     # (The level is restored afterwards: run in-process, e.g. by a test, the command must
     # not silence the agent's loggers for whatever runs next.)
-    agent_log = logging.getLogger("agent")
+    agent_log = logging.getLogger("pyfelix.agent")
     level = agent_log.level
     agent_log.setLevel(logging.ERROR)
     try:

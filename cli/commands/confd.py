@@ -11,8 +11,8 @@ from typing import Any
 
 import click
 
-from agent.datastore import DatastoreLocation
-from cli.params import DATASTORE, DATASTORE_HELP
+from pyfelix.agent.datastore import DatastoreLocation
+from pyfelix.cli.params import DATASTORE, DATASTORE_HELP
 
 HOSTNAME_HELP = "This node's name (its Node resource). Env: NODENAME."
 
@@ -48,7 +48,7 @@ def _require(datastore: DatastoreLocation | None,
 
 def _run_loop(datastore: DatastoreLocation | None, hostname: str | None, interface_prefix: str,
               bird_socket: str, config_file: str, prometheus_port: int) -> None:
-    from confd.daemon import ConfdStartError, run
+    from pyfelix.confd.daemon import ConfdStartError, run
 
     datastore, hostname = _require(datastore, hostname)
     try:
@@ -112,9 +112,9 @@ def render_command(datastore: DatastoreLocation | None, hostname: str | None, in
       pyfelix confd render --datastore ./resources --hostname node1
       pyfelix confd render --datastore ./resources --hostname node1 --check > bird.conf
     """
-    from confd.bgp_config import ConfdError
-    from confd.datastore import DatastoreUnavailable, read_once
-    from confd.render import render_from_updates
+    from pyfelix.confd.bgp_config import ConfdError
+    from pyfelix.confd.datastore import DatastoreUnavailable, read_once
+    from pyfelix.confd.render import render_from_updates
 
     datastore, hostname = _require(datastore, hostname)
     try:
@@ -134,7 +134,7 @@ def render_command(datastore: DatastoreLocation | None, hostname: str | None, in
 def _check_text(text: str) -> None:
     import tempfile
 
-    from confd.bird import BirdTools
+    from pyfelix.confd.bird import BirdTools
 
     with tempfile.NamedTemporaryFile("w", suffix=".conf") as staged:
         staged.write(text)

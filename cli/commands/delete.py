@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import click
 
-from agent.datastore import DatastoreLocation, open_datastore
-from agent.syncer.api import ResourceKey
-from agent.syncer.client import DatastoreClientError, resolve_kind
-from cli.commands.apply import read_input
-from cli.params import DATASTORE, DATASTORE_HELP
+from pyfelix.agent.datastore import DatastoreLocation, open_datastore
+from pyfelix.agent.syncer.api import ResourceKey
+from pyfelix.agent.syncer.client import DatastoreClientError, resolve_kind
+from pyfelix.cli.commands.apply import read_input
+from pyfelix.cli.params import DATASTORE, DATASTORE_HELP
 
 
 def _keys_from_file(filename: str) -> list[ResourceKey]:

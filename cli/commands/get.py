@@ -14,9 +14,9 @@ from typing import Any
 import click
 import yaml
 
-from agent.datastore import DatastoreLocation, open_datastore
-from agent.syncer.client import DatastoreClientError, KindInfo, resolve_kind
-from cli.params import DATASTORE, DATASTORE_HELP
+from pyfelix.agent.datastore import DatastoreLocation, open_datastore
+from pyfelix.agent.syncer.client import DatastoreClientError, KindInfo, resolve_kind
+from pyfelix.cli.params import DATASTORE, DATASTORE_HELP
 
 
 def _as_list(info: KindInfo, docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -40,7 +40,7 @@ def _table(info: KindInfo, docs: list[dict[str, Any]]) -> str:
 def _print_status(datastore: DatastoreLocation, hostname: str | None, output: str) -> None:
     """Felix's status records (node records with TTL, endpoint up/down/error) as written by
     the agents into the datastore; the same view as `pyfelix status --datastore`."""
-    from agent.status.view import collect, render
+    from pyfelix.agent.status.view import collect, render
 
     status = collect(datastore=datastore, hostname=hostname)
     if output == "json":

@@ -1,6 +1,6 @@
 """`pyfelix lab`: build scenarios in network namespaces, probe them, tear them down.
 
-Subcommands call `agent.lab` and only format: `run` (probe table or JSON, exit 1 on any
+Subcommands call `lab` and only format: `run` (probe table or JSON, exit 1 on any
 `expect` mismatch), `sweep` (remove stale lab runs), `demo` (the built-in scenario as a
 connectivity matrix). Progress and notices go to stderr so `-o json` stdout stays parseable.
 """
@@ -47,7 +47,7 @@ def _format_table(headers: list[str], rows: list[list[str]]) -> str:
 
 def _run_lab(scenario: Any, **options: Any) -> Any:
     """Run a scenario; on SIGINT/SIGTERM report and exit 130/143 after teardown."""
-    from agent.lab.runner import LabInterrupted, LabTeardownError, run_scenario
+    from pyfelix.lab.runner import LabInterrupted, LabTeardownError, run_scenario
 
     try:
         return run_scenario(scenario, progress=_stderr, **options)
@@ -112,7 +112,7 @@ def run_command(
       pyfelix lab run my.yaml --probe-timeout 0.5
       pyfelix lab run my.yaml --dataplane iptables --typha
     """
-    from agent.lab.scenario import ScenarioError, load_scenario
+    from pyfelix.lab.scenario import ScenarioError, load_scenario
 
     try:
         scenario = load_scenario(scenario_file)
@@ -125,7 +125,7 @@ def run_command(
     if no_agent:
         _stderr(NO_AGENT_NOTICE)
     else:
-        from agent.lab.agents import AgentProcesses
+        from pyfelix.lab.agents import AgentProcesses
 
         agents = AgentProcesses(dataplane, interface_prefix=_interface_prefix(),
                                 bgp=False if static_routes else None, typha=typha)
@@ -176,7 +176,7 @@ def sweep_command(orphans: bool, output: str) -> None:
       pyfelix lab sweep --orphans -o json
     """
     _require_root()
-    from agent.lab.runstate import sweep_stale_runs
+    from pyfelix.lab.runstate import sweep_stale_runs
 
     report = sweep_stale_runs(include_orphans=orphans)
     if output == "json":
@@ -202,7 +202,7 @@ def conformance_command(args: tuple[str, ...]) -> None:
     Options are the suite's own (`pyfelix lab conformance --help`): --dataplane, --case,
     --nodes, -o json, --list, --emit-scenario.
     """
-    from agent.lab.conformance.__main__ import main
+    from pyfelix.lab.conformance.__main__ import main
 
     if "--list" not in args and "--help" not in args:
         _require_root()
@@ -217,7 +217,7 @@ def demo_command(dataplane: str, probe_timeout: float) -> None:
     """Run the built-in demo: who can reach whom before and after policy, and the maps.
 
     Two nodes (BGP between them), four pods in three namespaces, one Kubernetes
-    NetworkPolicy (agent/lab/scenarios/demo.yaml). Prints the connectivity matrix with no
+    NetworkPolicy (pyfelix/lab/scenarios/demo.yaml). Prints the connectivity matrix with no
     policy, then with the policy enforced by real agents, then each node's BPF maps.
 
     \b
@@ -225,9 +225,9 @@ def demo_command(dataplane: str, probe_timeout: float) -> None:
       pyfelix lab demo
       pyfelix lab demo --dataplane iptables
     """
-    from agent.lab.demo import DEMO_SCENARIO, run_demo
-    from agent.lab.runner import LabInterrupted
-    from agent.lab.scenario import load_scenario
+    from pyfelix.lab.demo import DEMO_SCENARIO, run_demo
+    from pyfelix.lab.runner import LabInterrupted
+    from pyfelix.lab.scenario import load_scenario
 
     _require_root()
     scenario = load_scenario(DEMO_SCENARIO)

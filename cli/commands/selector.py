@@ -12,7 +12,7 @@ import json
 
 import click
 
-from agent.selector import Selector, SelectorError, parse
+from pyfelix.agent.selector import Selector, SelectorError, parse
 
 EXIT_NO_MATCH = 1
 EXIT_INVALID = 2

@@ -13,8 +13,8 @@ import json
 
 import click
 
-from agent.datastore import DatastoreLocation
-from cli.params import DATASTORE
+from pyfelix.agent.datastore import DatastoreLocation
+from pyfelix.cli.params import DATASTORE
 
 
 @click.command("status")
@@ -42,13 +42,13 @@ def command(datastore: DatastoreLocation | None, hostname: str | None, status_fi
       pyfelix status --status-file /run/pyfelix/status.json --bird-socket /run/bird.ctl
       pyfelix status --datastore ./resources --hostname node1 --check
     """
-    from agent.status.view import collect, render
+    from pyfelix.agent.status.view import collect, render
 
     if check and not (hostname and datastore):
         raise click.UsageError("--check needs --hostname and --datastore")
     bgp = None
     if bird_socket:
-        from confd.bird import BirdTools
+        from pyfelix.confd.bird import BirdTools
 
         bgp = BirdTools().protocols(bird_socket)
     status = collect(datastore=datastore, status_file=status_file, hostname=hostname, bgp=bgp)

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import click
 
-from agent.datastore import DatastoreLocation
-from agent.typha.server import (
+from pyfelix.agent.datastore import DatastoreLocation
+from pyfelix.agent.typha.server import (
     DEFAULT_HANDSHAKE_TIMEOUT,
     DEFAULT_HEALTH_PORT,
     DEFAULT_MAX_PENDING_HANDSHAKES,
 )
-from cli.params import DATASTORE
+from pyfelix.cli.params import DATASTORE
 
 SECURITY_HELP = (
     "refusing to start: give TLS settings (--ca-file, --cert-file, --key-file and "
@@ -121,12 +121,12 @@ def command(datastore: DatastoreLocation, listen: str, insecure: bool, ca_file: 
           --ca-file ca.crt --cert-file typha.crt --key-file typha.key \\
           --client-cn pyfelix-node --metrics-port 9093
     """
-    from agent.datastore import make_syncer
-    from agent.logs import configure_logging
-    from agent.syncer.client import DatastoreClientError
-    from agent.typha.daemon import TyphaStartError, run
-    from agent.typha.server import ServerConfig
-    from agent.typha.tls import ServerTLS, TLSConfigError
+    from pyfelix.agent.datastore import make_syncer
+    from pyfelix.agent.logs import configure_logging
+    from pyfelix.agent.syncer.client import DatastoreClientError
+    from pyfelix.agent.typha.daemon import TyphaStartError, run
+    from pyfelix.agent.typha.server import ServerConfig
+    from pyfelix.agent.typha.tls import ServerTLS, TLSConfigError
 
     host, port = _listen_address(listen)
     tls_given = any((ca_file, cert_file, key_file, client_cn, client_uri_san))

@@ -7,15 +7,15 @@ import json
 
 import pytest
 
-from agent.bench.agent_memory import (
+from pyfelix.agent.conversion.k8s import to_calico
+from pyfelix.agent.inputs.limits import LIMITS
+from pyfelix.agent.model import WorkloadEndpoint, parse_resource
+from pyfelix.bench.agent_memory import (
     PODS_PER_FILE,
     cluster_documents,
     remote_pod,
     slope,
 )
-from agent.conversion.k8s import to_calico
-from agent.inputs.limits import LIMITS
-from agent.model import WorkloadEndpoint, parse_resource
 
 
 def test_remote_pods_become_remote_workload_endpoints():

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import agent.bench.registry as registry_module
-from agent.bench import (
+import pyfelix.bench.registry as registry_module
+from pyfelix.bench import (
     BenchContext,
     BenchmarkRegistrationError,
     BenchSettings,
@@ -23,9 +23,9 @@ from agent.bench import (
     resolve,
     run,
 )
-from agent.bench.report import main as report_main
-from agent.bench.report import markdown_table, rows, text_table
-from cli.main import cli
+from pyfelix.bench.report import main as report_main
+from pyfelix.bench.report import markdown_table, rows, text_table
+from pyfelix.cli.main import cli
 
 
 @pytest.fixture
@@ -149,7 +149,7 @@ def test_discovery_imports_modules_and_a_broken_one_breaks_only_itself(
     (root / "working.py").write_text(
         textwrap.dedent(
             """
-            from agent.bench import benchmark
+            from pyfelix.bench import benchmark
 
             @benchmark("working")
             def working(ctx):
@@ -186,8 +186,8 @@ def test_selector_bench_runs_and_reports_positive_figures() -> None:
 
 
 def test_selector_bench_workload_is_what_it_claims() -> None:
-    from agent.bench.selector import BENCH_SELECTOR, LABELS_PER_SET, label_sets
-    from agent.selector import parse
+    from pyfelix.agent.selector import parse
+    from pyfelix.bench.selector import BENCH_SELECTOR, LABELS_PER_SET, label_sets
 
     selector = parse(BENCH_SELECTOR)
     assert BENCH_SELECTOR.count("&&") == 4  # five terms

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from agent.bench import dataplane_compare
-from agent.bench.dataplane_compare import ComparePlan, PointResult, compare, policy_documents
-from agent.bench.registry import BenchContext, BenchSettings
-from agent.inputs.limits import LIMITS
-from agent.model import parse_resource
+from pyfelix.agent.inputs.limits import LIMITS
+from pyfelix.agent.model import parse_resource
+from pyfelix.bench import dataplane_compare
+from pyfelix.bench.dataplane_compare import ComparePlan, PointResult, compare, policy_documents
+from pyfelix.bench.registry import BenchContext, BenchSettings
 
 
 def test_policy_documents_hold_n_never_matching_rules_then_the_client_allow():

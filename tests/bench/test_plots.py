@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.bench import plots
-from agent.bench.report import main as report_main
+from pyfelix.bench import plots
+from pyfelix.bench.report import main as report_main
 
 RESULTS = {
     "bpf-verdict": {"first_packet_ns_1": 160.0, "first_packet_ns_1000": 9000.0,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.bench import typha
-from agent.bench.registry import BenchContext, BenchSettings
+from pyfelix.bench import typha
+from pyfelix.bench.registry import BenchContext, BenchSettings
 
 
 def fake_run(plan: typha.TyphaBenchPlan) -> dict[str, float]:

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from agent.bench import BenchSettings, known_benchmarks, run
+from pyfelix.bench import BenchSettings, known_benchmarks, run
 
 BPF_BENCHES = ("bpf-verdict", "map-sync", "policy-latency", "restart", "dataplane-compare",
                "policy-programming", "agent-memory", "services")
@@ -63,8 +63,8 @@ def test_services_figures(leaves_nothing, tmp_path):
     """Both parts of the services benchmark, kept short: the first-packet figures in quick
     mode, and the connection rate through a ClusterIP with 10 Services on both dataplanes
     (the full benchmark repeats that for 1,000 and 10,000)."""
-    from agent.bench.registry import BenchContext
-    from agent.bench.services import build_conn_rate, first_packet_figures, measure_conn_rates
+    from pyfelix.bench.registry import BenchContext
+    from pyfelix.bench.services import build_conn_rate, first_packet_figures, measure_conn_rates
 
     f = first_packet_figures(BenchContext(BenchSettings.quick()))
     for n in (10, 1000, 10000):

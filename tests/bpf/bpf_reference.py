@@ -16,10 +16,10 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from agent import proto
-from agent.bpf.compiler import PolicyState
-from agent.bpf.maps import ipsets as ipsets_map
-from agent.bpf.maps.rules import Action, PortMatch, RuleRecord
+from pyfelix.agent import proto
+from pyfelix.agent.bpf.compiler import PolicyState
+from pyfelix.agent.bpf.maps import ipsets as ipsets_map
+from pyfelix.agent.bpf.maps.rules import Action, PortMatch, RuleRecord
 
 PORT_PROTOS = (6, 17, 132)
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import errno
 from dataclasses import dataclass, field
 
-from agent.bpf.attach import AttachError, InterfaceGone, TcFilter
-from agent.bpf.maps import ALL_MAPS
-from agent.bpf.maps.base import FakeMap
+from pyfelix.agent.bpf.attach import AttachError, InterfaceGone, TcFilter
+from pyfelix.agent.bpf.maps import ALL_MAPS
+from pyfelix.agent.bpf.maps.base import FakeMap
 
 
 def fake_maps(**sizes: int) -> dict[str, FakeMap]:

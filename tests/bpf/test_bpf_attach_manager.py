@@ -8,10 +8,10 @@ import logging
 
 import pytest
 
-from agent import proto as p
-from agent.bpf.attach import AttachError, TcFilter, filter_name
-from agent.dataplane.events import IFACE_ABSENT, IFACE_DOWN, IFACE_UP, InterfaceUpdate
-from agent.dataplane.managers.bpf_attach import BpfAttachManager, ProgramRef
+from pyfelix.agent import proto as p
+from pyfelix.agent.bpf.attach import AttachError, TcFilter, filter_name
+from pyfelix.agent.dataplane.events import IFACE_ABSENT, IFACE_DOWN, IFACE_UP, InterfaceUpdate
+from pyfelix.agent.dataplane.managers.bpf_attach import BpfAttachManager, ProgramRef
 from tests.bpf.fakes import FakeAttacher
 
 FROM = ProgramRef(fd=101, prog_id=501, name="calico_from_wep")
@@ -172,7 +172,7 @@ def test_close_closes_the_attacher_and_releases_the_build():
 
 
 def test_xdp_for_a_host_endpoint_known_by_its_expected_ips():
-    from agent.dataplane.events import InterfaceAddrsUpdate
+    from pyfelix.agent.dataplane.events import InterfaceAddrsUpdate
 
     m, fake, _ = setup()
     fake.add_link("eth1", 3)
@@ -255,7 +255,7 @@ def test_xdp_generic_only_when_allowed(caplog):
     fake.links["eth0"].xdp_modes_supported = ("generic",)
     m.on_update(p.InSync())
     m.on_update(UNTRACKED_ETH0)
-    with caplog.at_level(logging.WARNING, logger="agent.dataplane.managers.bpf_attach"):
+    with caplog.at_level(logging.WARNING, logger="pyfelix.agent.dataplane.managers.bpf_attach"):
         m.apply()  # not an error: iptables' raw chains enforce the untracked policy
     assert fake.links["eth0"].xdp_prog_id == 0
     assert "GenericXDPEnabled is false" in caplog.text

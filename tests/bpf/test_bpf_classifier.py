@@ -17,11 +17,11 @@ import random
 
 import pytest
 
-from agent import proto as p
-from agent.bpf import classifier as cls
-from agent.bpf import compiler as c
-from agent.bpf.maps import rules as rules_map
-from agent.bpf.maps.rules import Action, PortMatch, RuleRecord, SetCheck
+from pyfelix.agent import proto as p
+from pyfelix.agent.bpf import classifier as cls
+from pyfelix.agent.bpf import compiler as c
+from pyfelix.agent.bpf.maps import rules as rules_map
+from pyfelix.agent.bpf.maps.rules import Action, PortMatch, RuleRecord, SetCheck
 from tests.bpf.bpf_reference import Pkt, expected_verdict
 
 WID = p.WorkloadEndpointID("k8s", "default/a", "eth0")

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 
-from agent.bpf.maps import BY_NAME
-from cli.commands.bpf import table
-from cli.main import cli
+from pyfelix.agent.bpf.maps import BY_NAME
+from pyfelix.cli.commands.bpf import table
+from pyfelix.cli.main import cli
 
 
 def test_help_lists_every_map_with_examples():
@@ -62,7 +62,7 @@ def test_summary_has_help_and_names_a_missing_pin_dir(tmp_path):
 
 
 def test_summary_table_marks_figures_that_do_not_apply():
-    from cli.commands.bpf import _summary_cells
+    from pyfelix.cli.commands.bpf import _summary_cells
 
     counters = {"map": "rule_counters", "type": "percpu_array", "max_entries": 16,
                 "entries": None, "fill_pct": None}

@@ -8,15 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent import proto as p
-from agent.bpf import compiler as c
-from agent.bpf.maps import endpoints as endpoints_map
-from agent.bpf.maps import ids as ids_map
-from agent.bpf.maps import ipsets as ipsets_map
-from agent.bpf.maps import rules as rules_map
-from agent.bpf.maps import untracked as untracked_map
-from agent.bpf.maps.base import FakeMap
-from agent.bpf.maps.rules import Action
+from pyfelix.agent import proto as p
+from pyfelix.agent.bpf import compiler as c
+from pyfelix.agent.bpf.maps import endpoints as endpoints_map
+from pyfelix.agent.bpf.maps import ids as ids_map
+from pyfelix.agent.bpf.maps import ipsets as ipsets_map
+from pyfelix.agent.bpf.maps import rules as rules_map
+from pyfelix.agent.bpf.maps import untracked as untracked_map
+from pyfelix.agent.bpf.maps.base import FakeMap
+from pyfelix.agent.bpf.maps.rules import Action
 from tests.bpf.bpf_reference import Pkt, Trie, expected_verdict, walk_chain
 
 WID = p.WorkloadEndpointID("k8s", "default/pod1", "eth0")

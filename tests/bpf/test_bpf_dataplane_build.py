@@ -8,13 +8,13 @@ import threading
 import pytest
 from prometheus_client import REGISTRY
 
-from agent.bpf.conntrack import ConntrackCleaner
-from agent.bpf.maps import conntrack as ct_map
-from agent.bpf.maps.base import FakeMap
-from agent.config import load_config
-from agent.dataplane import bpf_dataplane
-from agent.dataplane.errors import DataplaneUnavailable
-from agent.dataplane.managers.bpf_conntrack import BpfConntrackManager
+from pyfelix.agent.bpf.conntrack import ConntrackCleaner
+from pyfelix.agent.bpf.maps import conntrack as ct_map
+from pyfelix.agent.bpf.maps.base import FakeMap
+from pyfelix.agent.config import load_config
+from pyfelix.agent.dataplane import bpf_dataplane
+from pyfelix.agent.dataplane.errors import DataplaneUnavailable
+from pyfelix.agent.dataplane.managers.bpf_conntrack import BpfConntrackManager
 
 NS = 1_000_000_000
 

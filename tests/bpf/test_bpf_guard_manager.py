@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agent.dataplane.managers.bpf_guard import BpfGuardManager
-from agent.shims.nft_guard import install_script
+from pyfelix.agent.dataplane.managers.bpf_guard import BpfGuardManager
+from pyfelix.agent.shims.nft_guard import install_script
 
 
 @dataclass

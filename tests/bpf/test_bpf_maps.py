@@ -11,22 +11,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.bpf import classifier
-from agent.bpf.conntrack import ConntrackCleaner
-from agent.bpf.maps import ALL_MAPS
-from agent.bpf.maps import cls_l4 as cls_l4_map
-from agent.bpf.maps import cls_tries as cls_tries_map
-from agent.bpf.maps import config as config_map
-from agent.bpf.maps import conntrack as ct_map
-from agent.bpf.maps import counters as counters_map
-from agent.bpf.maps import endpoints as endpoints_map
-from agent.bpf.maps import ids as ids_map
-from agent.bpf.maps import ipsets as ipsets_map
-from agent.bpf.maps import routes as routes_map
-from agent.bpf.maps import rules as rules_map
-from agent.bpf.maps import untracked as untracked_map
-from agent.bpf.maps.base import FakeMap, MapFullError
-from agent.bpf.maps.rules import Action, PortMatch, RuleRecord, SetCheck
+from pyfelix.agent.bpf import classifier
+from pyfelix.agent.bpf.conntrack import ConntrackCleaner
+from pyfelix.agent.bpf.maps import ALL_MAPS
+from pyfelix.agent.bpf.maps import cls_l4 as cls_l4_map
+from pyfelix.agent.bpf.maps import cls_tries as cls_tries_map
+from pyfelix.agent.bpf.maps import config as config_map
+from pyfelix.agent.bpf.maps import conntrack as ct_map
+from pyfelix.agent.bpf.maps import counters as counters_map
+from pyfelix.agent.bpf.maps import endpoints as endpoints_map
+from pyfelix.agent.bpf.maps import ids as ids_map
+from pyfelix.agent.bpf.maps import ipsets as ipsets_map
+from pyfelix.agent.bpf.maps import routes as routes_map
+from pyfelix.agent.bpf.maps import rules as rules_map
+from pyfelix.agent.bpf.maps import untracked as untracked_map
+from pyfelix.agent.bpf.maps.base import FakeMap, MapFullError
+from pyfelix.agent.bpf.maps.rules import Action, PortMatch, RuleRecord, SetCheck
 
 INCLUDE = Path(__file__).resolve().parents[2] / "bpf" / "include"
 
@@ -226,7 +226,7 @@ def test_conntrack_cleaner_deletes_only_expired_flows():
 
 
 def test_loader_assembles_one_text_with_each_header_once_and_checks_its_config(tmp_path):
-    from agent.bpf import loader
+    from pyfelix.agent.bpf import loader
 
     text = loader.assemble_source()
     for header in INCLUDE.glob("*.h"):
@@ -255,7 +255,7 @@ def test_loader_assembles_one_text_with_each_header_once_and_checks_its_config(t
     ("6.18.44-fc-v595", True), ("5.11.0", True), ("5.15.0-91-generic", True),
     ("5.10.0-23-amd64", False), ("4.19.0", False), ("not-a-version", False)])
 def test_coarse_conntrack_clock_only_on_kernels_that_have_it(release: str, coarse: bool):
-    from agent.bpf import loader
+    from pyfelix.agent.bpf import loader
 
     assert loader.kernel_has_ktime_coarse(release) is coarse
     flags = loader.BuildConfig(pin_dir="/x", ktime_coarse=coarse).cflags("abc")
@@ -263,7 +263,7 @@ def test_coarse_conntrack_clock_only_on_kernels_that_have_it(release: str, coars
 
 
 def test_remove_pin_dir_never_follows_symlinks(tmp_path):
-    from agent.bpf import loader
+    from pyfelix.agent.bpf import loader
 
     outside = tmp_path / "outside"
     outside.mkdir()

@@ -7,13 +7,13 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from agent import proto
-from agent.bpf.maps import nat_affinity as aff_map
-from agent.bpf.maps import nat_backend as be_map
-from agent.bpf.maps import nat_frontend as fe_map
-from agent.bpf.maps import nat_vip_filter as filter_map
-from agent.bpf.maps.base import FakeMap
-from agent.dataplane.managers.bpf_nat import BpfNatManager
+from pyfelix.agent import proto
+from pyfelix.agent.bpf.maps import nat_affinity as aff_map
+from pyfelix.agent.bpf.maps import nat_backend as be_map
+from pyfelix.agent.bpf.maps import nat_frontend as fe_map
+from pyfelix.agent.bpf.maps import nat_vip_filter as filter_map
+from pyfelix.agent.bpf.maps.base import FakeMap
+from pyfelix.agent.dataplane.managers.bpf_nat import BpfNatManager
 
 B = proto.ServiceBackend
 
@@ -191,7 +191,7 @@ def test_vip_filter_bit_is_set_before_the_frontend_and_cleared_after_it() -> Non
 
 
 def test_nat_drops_are_in_the_drop_metric() -> None:
-    from agent.dataplane.managers.bpf_metrics import DropCollector
+    from pyfelix.agent.dataplane.managers.bpf_metrics import DropCollector
 
     collector = DropCollector()
     collector.set_sources(global_counters=lambda: {"policy_denied": 2}, guard=None,

@@ -7,15 +7,15 @@ from __future__ import annotations
 import pytest
 from prometheus_client import REGISTRY
 
-from agent import proto as p
-from agent.bpf.maps import endpoints as endpoints_map
-from agent.bpf.maps import ids as ids_map
-from agent.bpf.maps import ipsets as ipsets_map
-from agent.bpf.maps import rules as rules_map
-from agent.bpf.maps.base import FakeMap
-from agent.bpf.maps.ids import IdKind
-from agent.dataplane.events import IFACE_ABSENT, IFACE_UP, InterfaceUpdate
-from agent.dataplane.managers.bpf_policy import BpfPolicyManager
+from pyfelix.agent import proto as p
+from pyfelix.agent.bpf.maps import endpoints as endpoints_map
+from pyfelix.agent.bpf.maps import ids as ids_map
+from pyfelix.agent.bpf.maps import ipsets as ipsets_map
+from pyfelix.agent.bpf.maps import rules as rules_map
+from pyfelix.agent.bpf.maps.base import FakeMap
+from pyfelix.agent.bpf.maps.ids import IdKind
+from pyfelix.agent.dataplane.events import IFACE_ABSENT, IFACE_UP, InterfaceUpdate
+from pyfelix.agent.dataplane.managers.bpf_policy import BpfPolicyManager
 from tests.bpf.fakes import fake_maps, total_writes
 
 IFACES = {"cali1": 11, "cali2": 12, "cali3": 13, "eth0": 2}
@@ -279,7 +279,7 @@ def test_bad_message_is_logged_not_raised():
 
 
 def test_untracked_denies_of_a_host_endpoint_known_by_its_expected_ips():
-    from agent.bpf.maps import untracked as untracked_map
+    from pyfelix.agent.bpf.maps import untracked as untracked_map
 
     maps = fake_maps()
     m = BpfPolicyManager(maps, list_interfaces=lambda: (dict(IFACES), {
@@ -296,7 +296,7 @@ def test_untracked_denies_of_a_host_endpoint_known_by_its_expected_ips():
 
 
 def test_small_ifindexes_are_mirrored_in_the_array_and_cleared_with_their_endpoint():
-    from agent.bpf.maps import ep_by_ifindex as ep_array
+    from pyfelix.agent.bpf.maps import ep_by_ifindex as ep_array
 
     maps = fake_maps(ep_by_ifindex=12)  # cali1 (ifindex 11) fits, cali2 (12) does not
     m = manager(maps)
@@ -323,7 +323,7 @@ def test_small_ifindexes_are_mirrored_in_the_array_and_cleared_with_their_endpoi
 
 
 def test_a_restarted_manager_clears_the_array_slot_of_an_endpoint_gone_while_it_was_down():
-    from agent.bpf.maps import ep_by_ifindex as ep_array
+    from pyfelix.agent.bpf.maps import ep_by_ifindex as ep_array
 
     maps = fake_maps()
     first = manager(maps)

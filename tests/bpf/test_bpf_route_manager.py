@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from agent import proto as p
-from agent.bpf.maps import routes as routes_map
-from agent.bpf.route_table import RouteInputs, compile_routes
-from agent.dataplane.events import IFACE_ABSENT, IFACE_UP, InterfaceAddrsUpdate, InterfaceUpdate
-from agent.dataplane.managers.bpf_routes import BpfRouteManager
+from pyfelix.agent import proto as p
+from pyfelix.agent.bpf.maps import routes as routes_map
+from pyfelix.agent.bpf.route_table import RouteInputs, compile_routes
+from pyfelix.agent.dataplane.events import (
+    IFACE_ABSENT,
+    IFACE_UP,
+    InterfaceAddrsUpdate,
+    InterfaceUpdate,
+)
+from pyfelix.agent.dataplane.managers.bpf_routes import BpfRouteManager
 from tests.bpf.fakes import fake_maps
 
 

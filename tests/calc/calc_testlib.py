@@ -18,9 +18,9 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.calc import CalcPipeline, ExpectedDataplane
-from agent.calc.rule_scanner import named_port_ip_set, selector_ip_set
-from agent.syncer.api import RawUpdate, ResourceKey, SyncStatus, key_of
+from pyfelix.agent.calc import CalcPipeline, ExpectedDataplane
+from pyfelix.agent.calc.rule_scanner import named_port_ip_set, selector_ip_set
+from pyfelix.agent.syncer.api import RawUpdate, ResourceKey, SyncStatus, key_of
 
 HOST = "node1"
 CALICO = "projectcalico.org/v3"
@@ -242,7 +242,7 @@ def observe(dp: ExpectedDataplane, expect: Expect) -> dict[str, Any]:
 
 
 def summary_label(endpoint_id: Any) -> str:
-    from agent.calc.expected_dataplane import endpoint_label
+    from pyfelix.agent.calc.expected_dataplane import endpoint_label
 
     return endpoint_label(endpoint_id)
 

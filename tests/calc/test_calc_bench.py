@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from itertools import islice
 
-from agent.bench import BenchContext, BenchSettings, known_benchmarks
-from agent.bench.calc_sync import (
+from pyfelix.bench import BenchContext, BenchSettings, known_benchmarks
+from pyfelix.bench.calc_sync import (
     CHURN_BATCH,
     calc_sync_figures,
     churn_batches,

@@ -23,7 +23,7 @@ from calc_testlib import (
 )
 from click.testing import CliRunner
 
-from cli.main import cli
+from pyfelix.cli.main import cli
 
 DOCS = [
     profile("open", ingress=[ALLOW], egress=[ALLOW]),

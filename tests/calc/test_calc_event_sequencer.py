@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from calc_testlib import wep
 
-from agent import proto
-from agent.calc import EventSequencer, ExpectedDataplane, OrderingViolation
-from agent.calc.policy_resolver import EndpointTiers
-from agent.model import parse_resource
-from agent.syncer.api import ResourceKey
+from pyfelix.agent import proto
+from pyfelix.agent.calc import EventSequencer, ExpectedDataplane, OrderingViolation
+from pyfelix.agent.calc.policy_resolver import EndpointTiers
+from pyfelix.agent.model import parse_resource
+from pyfelix.agent.syncer.api import ResourceKey
 
 RULE_USING_S1 = proto.Rule(action="allow", src_ip_set_ids=("s1",))
 POLICY = proto.Policy(inbound_rules=(RULE_USING_S1,))

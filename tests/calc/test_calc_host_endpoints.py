@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from calc_testlib import gnp, hep
 
-from agent import proto
-from agent.calc import CalcPipeline, ExpectedDataplane
-from agent.syncer.api import RawUpdate, SyncStatus, key_of
+from pyfelix.agent import proto
+from pyfelix.agent.calc import CalcPipeline, ExpectedDataplane
+from pyfelix.agent.syncer.api import RawUpdate, SyncStatus, key_of
 
 ALLOW = [{"action": "Allow"}]
 

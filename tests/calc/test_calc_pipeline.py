@@ -18,10 +18,10 @@ from calc_testlib import (
     wep,
 )
 
-from agent import proto
-from agent.calc import CalcPipeline, ExpectedDataplane
-from agent.syncer.api import DatastoreError, RawUpdate, SyncStatus, key_of
-from agent.syncer.file import FileSyncer
+from pyfelix.agent import proto
+from pyfelix.agent.calc import CalcPipeline, ExpectedDataplane
+from pyfelix.agent.syncer.api import DatastoreError, RawUpdate, SyncStatus, key_of
+from pyfelix.agent.syncer.file import FileSyncer
 
 
 class LockedState(ExpectedDataplane):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from calc_testlib import gnp, named, np, profile, sel
 
-from agent import proto
-from agent.calc.rule_scanner import DENY_ALL, convert_policy, convert_profile
-from agent.model import parse_resource
+from pyfelix.agent import proto
+from pyfelix.agent.calc.rule_scanner import DENY_ALL, convert_policy, convert_profile
+from pyfelix.agent.model import parse_resource
 
 
 def _policy(doc: dict) -> tuple[proto.Policy, dict]:

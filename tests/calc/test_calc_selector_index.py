@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.calc.labels import LabelInheritIndex
-from agent.calc.selector_index import SelectorIndex
-from agent.selector import parse
+from pyfelix.agent.calc.labels import LabelInheritIndex
+from pyfelix.agent.calc.selector_index import SelectorIndex
+from pyfelix.agent.selector import parse
 
 KEYS = ["app", "role", "env", "projectcalico.org/namespace"]
 VALUES = ["a", "b", "c"]

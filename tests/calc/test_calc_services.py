@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent import proto
-from agent.calc import CalcPipeline, ExpectedDataplane
-from agent.syncer.api import RawUpdate, SyncStatus, key_of
+from pyfelix.agent import proto
+from pyfelix.agent.calc import CalcPipeline, ExpectedDataplane
+from pyfelix.agent.syncer.api import RawUpdate, SyncStatus, key_of
 
 B = proto.ServiceBackend
 

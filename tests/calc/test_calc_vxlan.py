@@ -8,10 +8,10 @@ import random
 
 from calc_testlib import ip_pool, node, wep
 
-from agent import proto
-from agent.calc import CalcPipeline, ExpectedDataplane
-from agent.calc.vxlan_resolver import derived_vtep_mac
-from agent.syncer.api import RawUpdate, SyncStatus, key_of
+from pyfelix.agent import proto
+from pyfelix.agent.calc import CalcPipeline, ExpectedDataplane
+from pyfelix.agent.calc.vxlan_resolver import derived_vtep_mac
+from pyfelix.agent.syncer.api import RawUpdate, SyncStatus, key_of
 
 
 def _pipeline(docs: list[dict], order_seed: int | None = None

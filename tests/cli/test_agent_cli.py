@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 
-from cli.main import cli
+from pyfelix.cli.main import cli
 
 
 def test_unknown_datastore_scheme_is_a_clear_error() -> None:

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.syncer.api import RawUpdate, SyncerCallbacks, SyncStatus, key_of
-from confd.bird import BirdResult
+from pyfelix.agent.syncer.api import RawUpdate, SyncerCallbacks, SyncStatus, key_of
+from pyfelix.confd.bird import BirdResult
 
 API = "projectcalico.org/v3"
 

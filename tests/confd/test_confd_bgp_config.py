@@ -15,15 +15,15 @@ from confd_fakes import (
     upd,
 )
 
-from agent.model import BGPConfiguration, Metadata, PrefixAdvertisement
-from agent.syncer.api import ResourceKey
-from confd.bgp_config import (
+from pyfelix.agent.model import BGPConfiguration, Metadata, PrefixAdvertisement
+from pyfelix.agent.syncer.api import ResourceKey
+from pyfelix.confd.bgp_config import (
     BirdConfig,
     ConfdError,
     compute_bird_config,
     parse_duration_seconds,
 )
-from confd.bgp_view import state_from_updates
+from pyfelix.confd.bgp_view import state_from_updates
 
 
 def compute(docs: list[dict], hostname: str = "node1") -> BirdConfig:

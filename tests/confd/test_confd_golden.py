@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.datastore import DatastoreLocation
-from confd.datastore import read_once
-from confd.render import render_from_updates
+from pyfelix.agent.datastore import DatastoreLocation
+from pyfelix.confd.datastore import read_once
+from pyfelix.confd.render import render_from_updates
 
 REPO = Path(__file__).resolve().parents[2]
 CASES = REPO / "tests" / "confd" / "cases"

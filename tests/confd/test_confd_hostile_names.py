@@ -16,10 +16,10 @@ import yaml
 from click.testing import CliRunner
 from confd_fakes import doc_node, doc_peer
 
-from agent.syncer.api import RawUpdate, key_of
-from cli.main import cli
-from confd.bgp_config import ConfdError, compute_bird_config
-from confd.bgp_view import state_from_updates
+from pyfelix.agent.syncer.api import RawUpdate, key_of
+from pyfelix.cli.main import cli
+from pyfelix.confd.bgp_config import ConfdError, compute_bird_config
+from pyfelix.confd.bgp_view import state_from_updates
 
 HOSTILE = [doc_node("node7\n", "198.18.0.7/15"),
            doc_peer("peer1\n", peerIP="198.19.0.1", asNumber=64513)]

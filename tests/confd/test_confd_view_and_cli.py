@@ -9,10 +9,10 @@ import yaml
 from click.testing import CliRunner
 from confd_fakes import delete, doc_node, doc_peer, doc_pool, upd
 
-from agent.syncer.api import RawUpdate, ResourceKey
-from cli.main import cli
-from confd.bgp_view import BGPView
-from confd.bird import parse_show_protocols
+from pyfelix.agent.syncer.api import RawUpdate, ResourceKey
+from pyfelix.cli.main import cli
+from pyfelix.confd.bgp_view import BGPView
+from pyfelix.confd.bird import parse_show_protocols
 
 REPO = Path(__file__).resolve().parents[2]
 

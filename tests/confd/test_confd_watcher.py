@@ -25,9 +25,9 @@ from confd_fakes import (
 )
 from prometheus_client import REGISTRY
 
-from agent.syncer.api import SyncStatus
-from confd.bird import BirdTools
-from confd.watcher import ConfdLoop, ConfdReconciler, Outcome
+from pyfelix.agent.syncer.api import SyncStatus
+from pyfelix.confd.bird import BirdTools
+from pyfelix.confd.watcher import ConfdLoop, ConfdReconciler, Outcome
 
 
 def counter(name: str) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.config import ConfigError, attribute_name, load_config
+from pyfelix.agent.config import ConfigError, attribute_name, load_config
 
 
 def test_defaults_are_felixs() -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from agent.config import load_config
-from agent.datastore import DatastoreLocation, parse_datastore_url
-from agent.felix_datastore import etcd_tls_environ, felix_datastore_location
-from agent.syncer.client import DatastoreURLError
+from pyfelix.agent.config import load_config
+from pyfelix.agent.datastore import DatastoreLocation, parse_datastore_url
+from pyfelix.agent.felix_datastore import etcd_tls_environ, felix_datastore_location
+from pyfelix.agent.syncer.client import DatastoreURLError
 
 
 def _location(env: dict[str, str]) -> DatastoreLocation:

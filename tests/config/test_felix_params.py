@@ -8,15 +8,15 @@ import logging
 import pytest
 from prometheus_client import REGISTRY
 
-from agent import config as config_module
-from agent.config import (
+from pyfelix.agent import config as config_module
+from pyfelix.agent.config import (
     NOT_IMPLEMENTED,
     PARAMS,
     ConfigError,
     load_config,
     note_not_implemented,
 )
-from agent.felix_params import (
+from pyfelix.agent.felix_params import (
     FELIX_PARAMS,
     FELIX_PARAMS_BY_KEY,
     LIVE_IN_FELIX,
@@ -170,7 +170,7 @@ def test_restart_rule_is_felixs() -> None:
 def test_not_implemented_warned_once_and_counted(caplog) -> None:
     config_module._warned_not_implemented.discard("IpInIpMtu")
     config = load_config(environ={"FELIX_IPINIPMTU": "1440"})
-    with caplog.at_level(logging.WARNING, logger="agent.config"):
+    with caplog.at_level(logging.WARNING, logger="pyfelix.agent.config"):
         note_not_implemented(config)
         note_not_implemented(config)
     warnings = [r for r in caplog.records if "IpInIpMtu" in r.getMessage()]

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from agent import selector
-from agent.conversion import (
+from pyfelix.agent import selector
+from pyfelix.agent.conversion import (
     k8s_policy_to_calico,
     label_selector_to_calico,
     namespace_to_profile,
@@ -24,8 +24,7 @@ from agent.conversion import (
     workload_endpoint_name,
     workload_interface_name,
 )
-from agent.lab import naming as lab_naming
-from agent.model import (
+from pyfelix.agent.model import (
     EndpointPort,
     EntityRule,
     K8sNetworkPolicy,
@@ -42,7 +41,8 @@ from agent.model import (
     parse_resource,
     policy_selector,
 )
-from agent.syncer.api import ResourceKey
+from pyfelix.agent.syncer.api import ResourceKey
+from pyfelix.lab import naming as lab_naming
 from tests.model.examples import by_kind
 
 # --- names ------------------------------------------------------------------------------------

@@ -20,9 +20,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent import selector
-from agent.conversion import k8s_policy_to_calico, to_calico
-from agent.model import (
+from pyfelix.agent import selector
+from pyfelix.agent.conversion import k8s_policy_to_calico, to_calico
+from pyfelix.agent.model import (
     K8sNetworkPolicy,
     LabelSelector,
     Profile,
@@ -133,8 +133,8 @@ def test_converted_peer_selects_what_kubernetes_selects(peer: dict[str, Any], po
 @given(sel=label_selectors, labels=label_sets)
 def test_converted_pod_selector_matches_like_kubernetes(sel: dict[str, Any],
                                                          labels: dict[str, str]) -> None:
-    from agent.conversion import label_selector_to_calico
-    from agent.model.kubernetes import LabelSelectorRequirement
+    from pyfelix.agent.conversion import label_selector_to_calico
+    from pyfelix.agent.model.kubernetes import LabelSelectorRequirement
 
     model = LabelSelector(
         tuple(sorted(sel.get("matchLabels", {}).items())),

@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from agent import daemon
-from agent.config import ConfigError
-from agent.daemon import DATASTORE_REPORTER, Agent, AgentOptions
-from agent.datastore import open_datastore, parse_datastore_url
-from agent.health import HealthAggregator
-from agent.syncer.backoff import Backoff
-from agent.syncer.client import DatastoreClientError, DatastoreUnavailable
+from pyfelix.agent import daemon
+from pyfelix.agent.config import ConfigError
+from pyfelix.agent.daemon import DATASTORE_REPORTER, Agent, AgentOptions
+from pyfelix.agent.datastore import open_datastore, parse_datastore_url
+from pyfelix.agent.health import HealthAggregator
+from pyfelix.agent.syncer.backoff import Backoff
+from pyfelix.agent.syncer.client import DatastoreClientError, DatastoreUnavailable
 
 
 class _FlakyDatastore:
@@ -65,7 +65,7 @@ def test_unreachable_datastore_is_retried_with_backoff_then_config_is_read(
     fake = _FlakyDatastore(failures=5)
     agent = _agent(monkeypatch, fake)
     health = fake.health = _health()
-    with caplog.at_level(logging.INFO, logger="agent.daemon"):
+    with caplog.at_level(logging.INFO, logger="pyfelix.agent.daemon"):
         config = agent.wait_for_datastore_config(health)
     assert config is not None and config.log_severity_screen == "Warning"  # datastore layer
     assert len(fake.calls) == 6
@@ -203,8 +203,8 @@ def test_etcd_client_reports_no_endpoint_answering_as_unavailable(tmp_path: Any)
     """The real etcd client (no server: unix sockets that do not exist) raises the
     retryable error the agent waits on."""
     missing = [f"unix:{tmp_path}/no-etcd-{i}:1" for i in range(2)]
-    from agent.syncer.etcd_conn import EtcdConfig
-    from agent.syncer.etcd_store import EtcdDatastore
+    from pyfelix.agent.syncer.etcd_conn import EtcdConfig
+    from pyfelix.agent.syncer.etcd_store import EtcdDatastore
 
     store = EtcdDatastore(EtcdConfig(tuple(missing), request_timeout=2.0))
     try:
@@ -221,8 +221,8 @@ def test_etcd_client_reports_no_endpoint_answering_as_unavailable(tmp_path: Any)
 ])
 def test_kubernetes_errors_split_into_unavailable_and_refused(error: Any,
                                                               retryable: bool) -> None:
-    from agent.syncer.kube_api import KubeUnavailable, http_error
-    from agent.syncer.kube_store import _client_error
+    from pyfelix.agent.syncer.kube_api import KubeUnavailable, http_error
+    from pyfelix.agent.syncer.kube_store import _client_error
 
     exc = (KubeUnavailable("GET https://10.0.0.1:6443/api: connection refused")
            if error == "unavailable" else http_error(error, "{}", "GET /apis/x"))

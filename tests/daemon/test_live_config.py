@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import load_config
-from agent.daemon import Agent, AgentOptions
-from agent.datastore import DatastoreLocation
-from agent.health import HealthAggregator
-from agent.logs import configure_logging
+from pyfelix.agent.config import load_config
+from pyfelix.agent.daemon import Agent, AgentOptions
+from pyfelix.agent.datastore import DatastoreLocation
+from pyfelix.agent.health import HealthAggregator
+from pyfelix.agent.logs import configure_logging
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def agent(tmp_path: Path):
     health.register("dataplane", timeout=90.0)
     health.register("calc-graph", timeout=60.0)
     agent._health = health
-    from agent.daemon import log_sinks
+    from pyfelix.agent.daemon import log_sinks
 
     configure_logging(log_sinks(agent.config))
     yield agent

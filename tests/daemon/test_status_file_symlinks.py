@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from agent import atomic_file
-from agent.atomic_file import StagedFile, write_atomically
-from agent.daemon import StatusWriter
-from agent.syncer.api import SyncStatus
-from confd.watcher import ConfdReconciler, Outcome
+from pyfelix.agent import atomic_file
+from pyfelix.agent.atomic_file import StagedFile, write_atomically
+from pyfelix.agent.daemon import StatusWriter
+from pyfelix.agent.syncer.api import SyncStatus
+from pyfelix.confd.watcher import ConfdReconciler, Outcome
 
 VICTIM_TEXT = "precious: must not change\n"
 
@@ -123,7 +123,7 @@ def test_every_name_taken_fails_the_write_without_stopping_the_agent(
     for name in names:
         (run_dir / name).symlink_to(victim)
     _fixed_names(monkeypatch, names)
-    with caplog.at_level(logging.WARNING, logger="agent.daemon"):
+    with caplog.at_level(logging.WARNING, logger="pyfelix.agent.daemon"):
         writer = _write_status(run_dir / "status.json")  # does not raise
     assert victim.read_text() == VICTIM_TEXT
     assert not (run_dir / "status.json").exists()
@@ -137,7 +137,7 @@ def test_every_name_taken_fails_the_write_without_stopping_the_agent(
 def test_a_directory_at_the_status_path_is_reported_not_fatal(
         run_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     (run_dir / "status.json").mkdir()
-    with caplog.at_level(logging.WARNING, logger="agent.daemon"):
+    with caplog.at_level(logging.WARNING, logger="pyfelix.agent.daemon"):
         _write_status(run_dir / "status.json")
     assert (run_dir / "status.json").is_dir()
     assert _leftovers(run_dir, set()) == []
@@ -170,13 +170,13 @@ class _AcceptingBird:
         self.checked: list[str] = []
 
     def check(self, path: object) -> object:
-        from confd.bird import BirdResult
+        from pyfelix.confd.bird import BirdResult
 
         self.checked.append(Path(str(path)).read_text())
         return BirdResult(True, "")
 
     def configure(self, socket_path: object) -> object:
-        from confd.bird import BirdResult
+        from pyfelix.confd.bird import BirdResult
 
         return BirdResult(True, "Reconfigured")
 
@@ -187,7 +187,7 @@ def _node(name: str, address: str) -> dict[str, object]:
 
 
 def _reconciled(run_dir: Path) -> tuple[ConfdReconciler, Path]:
-    from agent.syncer.api import RawUpdate, key_of
+    from pyfelix.agent.syncer.api import RawUpdate, key_of
 
     config = run_dir / "bird.conf"
     reconciler = ConfdReconciler("node1", config, run_dir / "bird.ctl",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from agent.dataplane.managers.ipsets import IPSetsManager
-from agent.dataplane.managers.iptables import IptablesManager
-from agent.proto import InSync, WorkloadEndpoint, WorkloadEndpointID, WorkloadEndpointUpdate
+from pyfelix.agent.dataplane.managers.ipsets import IPSetsManager
+from pyfelix.agent.dataplane.managers.iptables import IptablesManager
+from pyfelix.agent.proto import InSync, WorkloadEndpoint, WorkloadEndpointID, WorkloadEndpointUpdate
 from tests.fakes.commands import FakeCommands
 from tests.fakes.netfilter import Packet, PacketWalker
 

@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
-from agent import proto as p
-from agent.bpf.attach import AttachError, InterfaceGone, TcFilter, filter_name
-from agent.dataplane.linux import LinuxDataplaneConfig, linux_managers
-from agent.dataplane.loop import DataplaneLoop
-from agent.dataplane.manager import ManagerBase
-from agent.dataplane.managers.bpf_cleanup import (
+from pyfelix.agent import proto as p
+from pyfelix.agent.bpf.attach import AttachError, InterfaceGone, TcFilter, filter_name
+from pyfelix.agent.dataplane.linux import LinuxDataplaneConfig, linux_managers
+from pyfelix.agent.dataplane.loop import DataplaneLoop
+from pyfelix.agent.dataplane.manager import ManagerBase
+from pyfelix.agent.dataplane.managers.bpf_cleanup import (
     BpfCleanupManager,
     PinRemoval,
     locate_pin_dir,
@@ -37,7 +37,7 @@ from tests.bpf.fakes import FakeAttacher
 from tests.fakes.clock import FakeClock
 
 REPO = Path(__file__).resolve().parents[2]
-LOGGER = "agent.dataplane.managers.bpf_cleanup"
+LOGGER = "pyfelix.agent.dataplane.managers.bpf_cleanup"
 
 OURS_IN = TcFilter(1, 1, "bpf", filter_name("calico_from_wep", 501))
 OURS_OUT = TcFilter(1, 1, "bpf", filter_name("calico_to_wep", 502))
@@ -532,7 +532,7 @@ def test_linux_managers_add_it_last_in_iptables_mode_with_a_pin_dir():
     assert "bpf-cleanup" not in names(LinuxDataplaneConfig(bpf_pin_dir="/sys/fs/bpf/x",
                                                            bpf_mode=True))
     assert "bpf-cleanup" not in names(LinuxDataplaneConfig())
-    from agent.config import load_config
+    from pyfelix.agent.config import load_config
 
     config = load_config(environ={"FELIX_BPFPINDIR": "/sys/fs/bpf/n1"})
     assert LinuxDataplaneConfig.from_config(config, bpf_mode=False).bpf_pin_dir == \
@@ -540,8 +540,8 @@ def test_linux_managers_add_it_last_in_iptables_mode_with_a_pin_dir():
 
 
 def test_daemon_passes_bpf_pin_dir():
-    from agent.config import load_config
-    from agent.daemon import build_iptables_managers
+    from pyfelix.agent.config import load_config
+    from pyfelix.agent.daemon import build_iptables_managers
 
     managers = build_iptables_managers(
         load_config(environ={"FELIX_BPFPINDIR": "/sys/fs/bpf/node7"}))
@@ -566,11 +566,11 @@ NO_BCC_SCRIPT = textwrap.dedent("""
     sys.meta_path.insert(0, BlockBcc())
     sys.modules.pop("bcc", None)
 
-    from agent import proto
-    from agent.config import load_config
-    from agent.daemon import select_managers
+    from pyfelix.agent import proto
+    from pyfelix.agent.config import load_config
+    from pyfelix.agent.daemon import select_managers
     from tests.bpf.fakes import FakeAttacher
-    from agent.bpf.attach import TcFilter
+    from pyfelix.agent.bpf.attach import TcFilter
 
     pin_dir = sys.argv[1]
     mode, managers = select_managers(load_config(environ={

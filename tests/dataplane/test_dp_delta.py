@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from agent.dataplane.delta import DeltaTracker
+from pyfelix.agent.dataplane.delta import DeltaTracker
 
 
 def _check_invariants(t: DeltaTracker[str, int], desired: dict, dataplane: dict) -> None:

@@ -18,18 +18,23 @@ from dataclasses import replace
 
 import pytest
 
-from agent.dataplane.events import IFACE_ABSENT, IFACE_UP, InterfaceAddrsUpdate, InterfaceUpdate
-from agent.dataplane.iptables.hostendpoints import Failsafes, parse_failsafe_ports
-from agent.dataplane.iptables.names import (
+from pyfelix.agent.dataplane.events import (
+    IFACE_ABSENT,
+    IFACE_UP,
+    InterfaceAddrsUpdate,
+    InterfaceUpdate,
+)
+from pyfelix.agent.dataplane.iptables.hostendpoints import Failsafes, parse_failsafe_ports
+from pyfelix.agent.dataplane.iptables.names import (
     CALC_IPSET_PREFIXES,
     IPSET_TYPE_NET,
     ipset_name,
     policy_chain_name,
 )
-from agent.dataplane.managers.hostips import HostIPsManager
-from agent.dataplane.managers.ipsets import IPSetsManager
-from agent.dataplane.managers.iptables import IptablesManager
-from agent.proto import (
+from pyfelix.agent.dataplane.managers.hostips import HostIPsManager
+from pyfelix.agent.dataplane.managers.ipsets import IPSetsManager
+from pyfelix.agent.dataplane.managers.iptables import IptablesManager
+from pyfelix.agent.proto import (
     ActivePolicyRemove,
     ActivePolicyUpdate,
     ActiveProfileUpdate,

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from agent.dataplane.events import InterfaceAddrsUpdate
-from agent.dataplane.managers.hostips import HostIPsManager, HostIPsTracker, InterfaceMatcher
-from agent.proto import InSync
+from pyfelix.agent.dataplane.events import InterfaceAddrsUpdate
+from pyfelix.agent.dataplane.managers.hostips import (
+    HostIPsManager,
+    HostIPsTracker,
+    InterfaceMatcher,
+)
+from pyfelix.agent.proto import InSync
 from tests.fakes.commands import FakeCommands
 
 
@@ -57,7 +61,7 @@ def test_manager_programs_the_set_and_repairs_drift() -> None:
 
 
 def test_calc_ipsets_manager_leaves_fixed_name_sets_alone() -> None:
-    from agent.dataplane.managers.ipsets import IPSetsManager
+    from pyfelix.agent.dataplane.managers.ipsets import IPSetsManager
 
     cmds = FakeCommands()
     hostips = HostIPsManager(runner=cmds)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agent.dataplane.events import InterfaceAddrsUpdate, InterfaceUpdate
-from agent.dataplane.ifacemonitor import InterfaceMonitor
+from pyfelix.agent.dataplane.events import InterfaceAddrsUpdate, InterfaceUpdate
+from pyfelix.agent.dataplane.ifacemonitor import InterfaceMonitor
 from tests.fakes.clock import FakeClock
 from tests.fakes.netlink import FakeNetlink
 
@@ -55,7 +55,7 @@ def test_events_become_changes_only() -> None:
 
 
 def test_rename_reports_old_name_absent() -> None:
-    from agent.shims.netlink import Link, LinkEvent
+    from pyfelix.agent.shims.netlink import Link, LinkEvent
 
     nl = FakeNetlink()
     out: list = []

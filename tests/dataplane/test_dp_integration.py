@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import random
 
-from agent.dataplane.ifacemonitor import InterfaceMonitor
-from agent.dataplane.loop import DataplaneLoop
-from agent.dataplane.managers.ipsets import IPSetsManager
-from agent.dataplane.managers.iptables import IptablesManager
-from agent.dataplane.managers.routes import ROUTE_PROTOCOL, RouteManager
-from agent.dataplane.managers.sysctls import SysctlManager
-from agent.proto import (
+from pyfelix.agent.dataplane.ifacemonitor import InterfaceMonitor
+from pyfelix.agent.dataplane.loop import DataplaneLoop
+from pyfelix.agent.dataplane.managers.ipsets import IPSetsManager
+from pyfelix.agent.dataplane.managers.iptables import IptablesManager
+from pyfelix.agent.dataplane.managers.routes import ROUTE_PROTOCOL, RouteManager
+from pyfelix.agent.dataplane.managers.sysctls import SysctlManager
+from pyfelix.agent.proto import (
     ActivePolicyRemove,
     ActivePolicyUpdate,
     InSync,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 import random
 
-from agent.proto import (
+from pyfelix.agent.proto import (
     ActivePolicyUpdate,
     ActiveProfileUpdate,
     IPSetUpdate,

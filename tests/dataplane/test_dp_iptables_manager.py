@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.dataplane.iptables.names import ipset_name
-from agent.dataplane.iptables.restore import (
+from pyfelix.agent.dataplane.iptables.names import ipset_name
+from pyfelix.agent.dataplane.iptables.restore import (
     BACKENDS,
     IptablesBinaries,
     IptablesError,
@@ -14,8 +14,8 @@ from agent.dataplane.iptables.restore import (
     detect_backend,
     parse_save,
 )
-from agent.dataplane.managers.ipsets import IPSetError
-from agent.proto import (
+from pyfelix.agent.dataplane.managers.ipsets import IPSetError
+from pyfelix.agent.proto import (
     ActivePolicyRemove,
     ActivePolicyUpdate,
     ActiveProfileUpdate,
@@ -100,8 +100,8 @@ def test_restart_adopts_kernel_state_without_writing() -> None:
     # a new agent (new managers) over the same kernel
     h2 = Harness()
     h2.cmds = h.cmds
-    from agent.dataplane.managers.ipsets import IPSetsManager
-    from agent.dataplane.managers.iptables import IptablesManager
+    from pyfelix.agent.dataplane.managers.ipsets import IPSetsManager
+    from pyfelix.agent.dataplane.managers.iptables import IptablesManager
 
     h2.ipsets = IPSetsManager(runner=h.cmds)
     h2.iptables = IptablesManager(runner=h.cmds)
@@ -112,8 +112,8 @@ def test_restart_adopts_kernel_state_without_writing() -> None:
 def test_stale_chains_and_sets_removed_only_after_insync() -> None:
     h = Harness()
     h.sync(_state())
-    from agent.dataplane.managers.ipsets import IPSetsManager
-    from agent.dataplane.managers.iptables import IptablesManager
+    from pyfelix.agent.dataplane.managers.ipsets import IPSetsManager
+    from pyfelix.agent.dataplane.managers.iptables import IptablesManager
 
     ipsets, iptables = IPSetsManager(runner=h.cmds), IptablesManager(runner=h.cmds)
     one_endpoint = [OPEN, endpoint("cali0", "10.65.0.1", profiles=["open"])]
@@ -265,7 +265,7 @@ def test_backend_autodetection_prefers_what_the_namespace_uses(
 def test_legacy_backend_programs_the_legacy_table_only() -> None:
     cmds = FakeCommands()
     cmds.backends["legacy"].chains["INPUT"] = ["-j ACCEPT"]
-    from agent.dataplane.managers.iptables import IptablesManager
+    from pyfelix.agent.dataplane.managers.iptables import IptablesManager
 
     m = IptablesManager(runner=cmds)
     m.on_update(InSync())
@@ -276,7 +276,7 @@ def test_legacy_backend_programs_the_legacy_table_only() -> None:
 
 def test_table_refuses_chains_that_are_not_ours() -> None:
     t = IptablesTable(FakeCommands(), binaries=IptablesBinaries())
-    from agent.dataplane.iptables.chains import Chain
+    from pyfelix.agent.dataplane.iptables.chains import Chain
 
     with pytest.raises(ValueError, match="does not start with"):
         t.set_chain(Chain("KUBE-X", ("-j ACCEPT",)))
@@ -333,7 +333,7 @@ def test_table_remove_all_takes_out_every_chain_and_insert_of_ours_only() -> Non
 def test_ipsets_only_mode_programs_the_wanted_sets_and_follows_the_selection() -> None:
     """BPF mode's IP-sets manager: `only` picks the sets in the kernel; the rest are kept
     (deltas included) and appear whole when wanted; unwanted ones go in phase 2."""
-    from agent.dataplane.managers.ipsets import IPSetsManager
+    from pyfelix.agent.dataplane.managers.ipsets import IPSetsManager
 
     cmds = FakeCommands()
     wanted: set[str] = {"a"}
@@ -374,7 +374,7 @@ def test_ipsets_only_mode_programs_the_wanted_sets_and_follows_the_selection() -
 
 
 def test_ipsets_one_restore_for_both_families_and_a_single_family_manager_skips() -> None:
-    from agent.dataplane.managers.ipsets import IPSetsManager
+    from pyfelix.agent.dataplane.managers.ipsets import IPSetsManager
 
     cmds = FakeCommands()
     m = IPSetsManager(runner=cmds)

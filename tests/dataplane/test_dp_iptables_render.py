@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from agent.dataplane.iptables.chains import Chain
-from agent.dataplane.iptables.names import MAX_CHAIN_NAME
-from agent.dataplane.iptables.render import RenderError, RuleRenderer
-from agent.proto import (
+from pyfelix.agent.dataplane.iptables.chains import Chain
+from pyfelix.agent.dataplane.iptables.names import MAX_CHAIN_NAME
+from pyfelix.agent.dataplane.iptables.render import RenderError, RuleRenderer
+from pyfelix.agent.proto import (
     ActivePolicyUpdate,
     ActiveProfileUpdate,
     ConfigUpdate,

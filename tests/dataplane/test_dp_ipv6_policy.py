@@ -10,25 +10,25 @@ import random
 
 import pytest
 
-from agent.dataplane.iptables.ipv6 import (
+from pyfelix.agent.dataplane.iptables.ipv6 import (
     ICMPV6_FROM_HOST,
     ICMPV6_TO_HOST,
     ipv6_base_chain_inserts,
     ipv6_workload_static_chains,
 )
-from agent.dataplane.iptables.names import COMMENT_SPOOFED_SOURCE
-from agent.dataplane.iptables.render import RuleRenderer
-from agent.dataplane.iptables.restore import (
+from pyfelix.agent.dataplane.iptables.names import COMMENT_SPOOFED_SOURCE
+from pyfelix.agent.dataplane.iptables.render import RuleRenderer
+from pyfelix.agent.dataplane.iptables.restore import (
     BACKENDS,
     BACKENDS6,
     IptablesBinaries,
     IptablesError,
     parse_save,
 )
-from agent.dataplane.loop import DataplaneLoop
-from agent.dataplane.managers.ipsets import IPSetsManager
-from agent.dataplane.managers.iptables import IptablesManager
-from agent.proto import (
+from pyfelix.agent.dataplane.loop import DataplaneLoop
+from pyfelix.agent.dataplane.managers.ipsets import IPSetsManager
+from pyfelix.agent.dataplane.managers.iptables import IptablesManager
+from pyfelix.agent.proto import (
     ActivePolicyUpdate,
     ActiveProfileUpdate,
     InSync,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent.config import ConfigError, load_config
-from agent.dataplane.linux import LinuxDataplane, LinuxDataplaneConfig
-from agent.dataplane.managers.iptables import IptablesManager
+from pyfelix.agent.config import ConfigError, load_config
+from pyfelix.agent.dataplane.linux import LinuxDataplane, LinuxDataplaneConfig
+from pyfelix.agent.dataplane.managers.iptables import IptablesManager
 
 
 def test_manager_order_in_both_modes_and_bpf_mode_iptables_for_host_endpoints_only() -> None:

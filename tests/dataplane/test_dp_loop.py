@@ -9,9 +9,9 @@ import time
 import pytest
 from prometheus_client import REGISTRY
 
-from agent.dataplane.loop import DataplaneLoop
-from agent.dataplane.manager import ManagerBase
-from agent.proto import InSync, IPSetRemove
+from pyfelix.agent.dataplane.loop import DataplaneLoop
+from pyfelix.agent.dataplane.manager import ManagerBase
+from pyfelix.agent.proto import InSync, IPSetRemove
 from tests.fakes.clock import FakeClock
 
 
@@ -296,7 +296,7 @@ def test_a_failing_heartbeat_does_not_stop_the_loop() -> None:
 def test_datastore_not_ready_pauses_every_kernel_write_until_ready() -> None:
     """ClusterInformation datastoreReady false (DatastoreReady(False)): no apply round, not
     even a resync; the desired state still follows; ready again -> one round writes it."""
-    from agent.proto import DatastoreReady
+    from pyfelix.agent.proto import DatastoreReady
 
     journal: list[str] = []
     a = RecordingManager("a", journal)
@@ -319,7 +319,7 @@ def test_datastore_not_ready_pauses_every_kernel_write_until_ready() -> None:
 
 
 def test_paused_from_the_start_never_applies() -> None:
-    from agent.proto import DatastoreReady
+    from pyfelix.agent.proto import DatastoreReady
 
     journal: list[str] = []
     a = RecordingManager("a", journal)
@@ -328,3 +328,53 @@ def test_paused_from_the_start_never_applies() -> None:
         loop.enqueue(msg)
     assert loop.run_once() is False
     assert journal == [] and not loop.in_sync.is_set()
+
+
+class _BlockingManager(ManagerBase):
+    """apply() waits until released: a round that takes a while."""
+
+    name = "blocking"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.fail = False
+
+    def on_update(self, msg: object) -> None:
+        pass
+
+    def apply(self) -> None:
+        self.entered.set()
+        assert self.release.wait(10)
+        if self.fail:
+            raise RuntimeError("injected")
+
+
+def test_settled_only_once_every_enqueued_message_is_applied() -> None:
+    """The queue is empty while a drained batch is being applied: `settled()` must not say
+    so (the agent's status file reports idle from it, and the lab probes on idle)."""
+    manager = _BlockingManager()
+    clock = FakeClock()
+    loop = DataplaneLoop([manager], clock=clock, rng=random.Random(1))
+    assert loop.settled()
+    loop.enqueue(InSync())
+    assert not loop.settled()  # enqueued, not yet taken
+    worker = threading.Thread(target=loop.run_once, args=(1.0,))
+    worker.start()
+    assert manager.entered.wait(5)
+    assert loop.queue.empty() and not loop.settled()  # drained, round still running
+    manager.release.set()
+    worker.join(5)
+    assert loop.settled()
+    # a failed round leaves the work pending: not settled until a round succeeds
+    manager.entered.clear()
+    manager.fail = True
+    loop.enqueue(IPSetRemove("s"))
+    loop.run_once(1.0)
+    assert not loop.settled()
+    manager.fail = False
+    assert loop.next_retry_at is not None
+    clock.advance(loop.next_retry_at - clock.monotonic())
+    loop.run_once(0.0)
+    assert loop.settled()

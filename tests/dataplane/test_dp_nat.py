@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent.dataplane.managers.nat import NatOutgoingManager
-from agent.proto import InSync, IPAMPoolRemove, IPAMPoolUpdate
-from agent.shims.cmd import CommandError
+from pyfelix.agent.dataplane.managers.nat import NatOutgoingManager
+from pyfelix.agent.proto import InSync, IPAMPoolRemove, IPAMPoolUpdate
+from pyfelix.agent.shims.cmd import CommandError
 from tests.fakes.commands import FakeCommands
 from tests.fakes.netfilter import Packet, PacketWalker
 

@@ -7,9 +7,9 @@ import errno
 
 import pytest
 
-from agent.dataplane.events import InterfaceUpdate
-from agent.dataplane.managers.routes import ROUTE_PROTOCOL, RouteError, RouteManager
-from agent.proto import (
+from pyfelix.agent.dataplane.events import InterfaceUpdate
+from pyfelix.agent.dataplane.managers.routes import ROUTE_PROTOCOL, RouteError, RouteManager
+from pyfelix.agent.proto import (
     InSync,
     RouteRemove,
     RouteUpdate,
@@ -18,8 +18,8 @@ from agent.proto import (
     WorkloadEndpointRemove,
     WorkloadEndpointUpdate,
 )
-from agent.shims.link_netlink import AF_INET, Neighbour
-from agent.shims.netlink import RT_SCOPE_LINK, Route
+from pyfelix.agent.shims.link_netlink import AF_INET, Neighbour
+from pyfelix.agent.shims.netlink import RT_SCOPE_LINK, Route
 from tests.fakes.link_netlink import FakeLinkNetlink
 from tests.fakes.netlink import FakeNetlink
 
@@ -210,7 +210,7 @@ def test_bad_address_is_skipped_with_the_rest_programmed(nl: FakeNetlink) -> Non
 
 
 def test_ipv6_workload_addresses_get_host_routes(nl: FakeNetlink) -> None:
-    from agent.shims.netlink import AF_INET6
+    from pyfelix.agent.shims.netlink import AF_INET6
 
     nl.add_link("cali1")
     m = RouteManager(netlink=nl)

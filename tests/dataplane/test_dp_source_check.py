@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from agent.dataplane.iptables.names import (
+from pyfelix.agent.dataplane.iptables.names import (
     CHAIN_PREROUTING,
     CHAIN_WL_SRC_DISPATCH,
     COMMENT_SPOOFED_SOURCE,
@@ -17,9 +17,9 @@ from agent.dataplane.iptables.names import (
     MAX_CHAIN_NAME,
     source_check_chain_name,
 )
-from agent.dataplane.iptables.render import RuleRenderer, allowed_ipv4_sources
-from agent.dataplane.managers.iptables import IptablesManager
-from agent.proto import (
+from pyfelix.agent.dataplane.iptables.render import RuleRenderer, allowed_ipv4_sources
+from pyfelix.agent.dataplane.managers.iptables import IptablesManager
+from pyfelix.agent.proto import (
     ActivePolicyUpdate,
     ActiveProfileUpdate,
     HostEndpoint,

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.dataplane.events import IFACE_ABSENT, InterfaceAddrsUpdate, InterfaceUpdate
-from agent.dataplane.linux import LinuxDataplane
-from agent.dataplane.managers.endpoint_status import EndpointStatusManager
-from agent.datastore import DatastoreLocation, parse_datastore_url
-from agent.proto import (
+from pyfelix.agent.dataplane.events import IFACE_ABSENT, InterfaceAddrsUpdate, InterfaceUpdate
+from pyfelix.agent.dataplane.linux import LinuxDataplane
+from pyfelix.agent.dataplane.managers.endpoint_status import EndpointStatusManager
+from pyfelix.agent.datastore import DatastoreLocation, parse_datastore_url
+from pyfelix.agent.proto import (
     HostEndpoint,
     HostEndpointID,
     HostEndpointRemove,
@@ -22,9 +22,9 @@ from agent.proto import (
     WorkloadEndpointRemove,
     WorkloadEndpointUpdate,
 )
-from agent.status import StatusReporter, open_status_store
-from agent.status.records import EndpointStatus, NodeStatus, StatusRecordError
-from agent.status.stores import FileStatusStore, StatusStoreError, etcd_endpoint_key
+from pyfelix.agent.status import StatusReporter, open_status_store
+from pyfelix.agent.status.records import EndpointStatus, NodeStatus, StatusRecordError
+from pyfelix.agent.status.stores import FileStatusStore, StatusStoreError, etcd_endpoint_key
 
 WL = WorkloadEndpointID("k8s", "shop/web-1", "eth0")
 
@@ -228,7 +228,7 @@ def test_no_status_store_for_kubernetes() -> None:
 def _cli(*args: str) -> tuple[int, str]:
     from click.testing import CliRunner
 
-    from cli.main import cli
+    from pyfelix.cli.main import cli
 
     result = CliRunner().invoke(cli, ["status", *args])
     return result.exit_code, result.output

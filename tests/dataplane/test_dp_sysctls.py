@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent.dataplane.events import InterfaceUpdate
-from agent.dataplane.managers.sysctls import SysctlError, SysctlManager
-from agent.proto import (
+from pyfelix.agent.dataplane.events import InterfaceUpdate
+from pyfelix.agent.dataplane.managers.sysctls import SysctlError, SysctlManager
+from pyfelix.agent.proto import (
     WorkloadEndpoint,
     WorkloadEndpointID,
     WorkloadEndpointRemove,

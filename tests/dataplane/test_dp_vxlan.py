@@ -6,9 +6,9 @@ import errno
 
 import pytest
 
-from agent.dataplane.events import InterfaceAddrsUpdate
-from agent.dataplane.managers.vxlan import VXLAN_ROUTE_PROTOCOL, VXLANError, VXLANManager
-from agent.proto import (
+from pyfelix.agent.dataplane.events import InterfaceAddrsUpdate
+from pyfelix.agent.dataplane.managers.vxlan import VXLAN_ROUTE_PROTOCOL, VXLANError, VXLANManager
+from pyfelix.agent.proto import (
     InSync,
     IPAMPoolUpdate,
     RouteRemove,
@@ -16,7 +16,7 @@ from agent.proto import (
     VXLANTunnelEndpointRemove,
     VXLANTunnelEndpointUpdate,
 )
-from agent.shims.link_netlink import AF_INET, Neighbour, VXLANInfo
+from pyfelix.agent.shims.link_netlink import AF_INET, Neighbour, VXLANInfo
 from tests.fakes.link_netlink import FakeLinkNetlink
 
 MAC1, MAC2, MAC3 = "02:00:00:00:00:01", "02:00:00:00:00:02", "02:00:00:00:00:03"

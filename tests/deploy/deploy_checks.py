@@ -33,7 +33,7 @@ from typing import Any
 import click
 import yaml
 
-from cli.main import COMMANDS, cli
+from pyfelix.cli.main import COMMANDS, cli
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY_DIR = REPO / "deploy"

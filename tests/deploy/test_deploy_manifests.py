@@ -47,9 +47,9 @@ from deploy_checks import (
 )
 from kubernetes_validate.utils import all_versions
 
-from agent.config import ConfigError, load_config
-from agent.model import KNOWN_KINDS
-from agent.syncer.kube_resources import (
+from pyfelix.agent.config import ConfigError, load_config
+from pyfelix.agent.model import KNOWN_KINDS
+from pyfelix.agent.syncer.kube_resources import (
     DERIVED_KINDS,
     NODE_READ_TYPES,
     RESOURCE_TYPES,
@@ -491,7 +491,7 @@ def test_typha_probes_hit_the_health_endpoint_its_environment_enables(
         assert str(http["port"]) == env["TYPHA_HEALTHPORT"]
         assert http["host"] == env["TYPHA_HEALTHHOST"]
     # every TYPHA_* setting in the manifest is one `pyfelix typha` reads
-    from cli.main import cli
+    from pyfelix.cli.main import cli
 
     command = cli.get_command(cli.make_context("pyfelix", [], resilient_parsing=True), "typha")
     assert command is not None

@@ -42,11 +42,11 @@ from deploy_checks import (
     load_vmlab,
 )
 
-from agent.config import load_config
-from agent.model import parse_resource
-from agent.syncer.file import load_path, load_text
-from confd.bird import BirdTools
-from confd.render import render_from_updates
+from pyfelix.agent.config import load_config
+from pyfelix.agent.model import parse_resource
+from pyfelix.agent.syncer.file import load_path, load_text
+from pyfelix.confd.bird import BirdTools
+from pyfelix.confd.render import render_from_updates
 
 UNITS_DIR = VAGRANT_DIR / "systemd"
 DEMO_DIR = VAGRANT_DIR / "demo"

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from deploy_checks import VAGRANT_DIR, load_documents, load_vmlab
 
-from agent.lab.netns import list_netns
-from agent.lab.probe import Prober
-from agent.lab.scenario import ProbeSpec
-from agent.lab.servers import PodServers
+from pyfelix.lab.netns import list_netns
+from pyfelix.lab.probe import Prober
+from pyfelix.lab.scenario import ProbeSpec
+from pyfelix.lab.servers import PodServers
 
 vmlab = load_vmlab()
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agent.shims.cmd import CommandError, CommandResult
+from pyfelix.agent.shims.cmd import CommandError, CommandResult
 from tests.fakes.ipset import FakeIpset, FakeIpsetError
 from tests.fakes.iptables import FakeIptables, FakeIptablesError
 

@@ -18,14 +18,14 @@ import errno
 import ipaddress
 from dataclasses import replace
 
-from agent.shims.link_netlink import (
+from pyfelix.agent.shims.link_netlink import (
     AF_INET,
     LinkDetail,
     Neighbour,
     OverlayRoute,
     VXLANInfo,
 )
-from agent.shims.netlink import NetlinkError
+from pyfelix.agent.shims.netlink import NetlinkError
 
 
 class FakeLinkNetlink:

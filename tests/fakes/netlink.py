@@ -13,7 +13,7 @@ from __future__ import annotations
 import errno
 from dataclasses import replace
 
-from agent.shims.netlink import (
+from pyfelix.agent.shims.netlink import (
     AF_INET,
     Address,
     AddrEvent,

@@ -14,9 +14,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agent.calc.expected_dataplane import ExpectedDataplane
-from agent.calc.pipeline import CalcPipeline
-from agent.syncer.api import Syncer
+from pyfelix.agent.calc.expected_dataplane import ExpectedDataplane
+from pyfelix.agent.calc.pipeline import CalcPipeline
+from pyfelix.agent.syncer.api import Syncer
 
 HOSTNAME = "node-a"
 

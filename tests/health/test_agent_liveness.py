@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import Config
-from agent.daemon import Agent, AgentOptions
-from agent.dataplane.manager import ManagerBase
-from agent.datastore import DatastoreLocation
+from pyfelix.agent.config import Config
+from pyfelix.agent.daemon import Agent, AgentOptions
+from pyfelix.agent.dataplane.manager import ManagerBase
+from pyfelix.agent.datastore import DatastoreLocation
 
 TIMEOUT = 1.0  # FELIX_HEALTHTIMEOUTOVERRIDES below
 

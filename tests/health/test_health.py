@@ -6,7 +6,7 @@ import json
 import urllib.error
 import urllib.request
 
-from agent.health import HealthAggregator, HealthServer, report_interval
+from pyfelix.agent.health import HealthAggregator, HealthServer, report_interval
 
 
 class Clock:

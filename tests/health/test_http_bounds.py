@@ -18,8 +18,8 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import REGISTRY
 
-from agent import metrics
-from agent.health import HealthAggregator, HealthServer
+from pyfelix.agent import metrics
+from pyfelix.agent.health import HealthAggregator, HealthServer
 
 CAP = 8
 READ_TIMEOUT = 1.0

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.lab.datastore import LabDatastore, LabDatastoreError, topology_documents
-from agent.lab.scenario import ResourceRef, parse_scenario
-from agent.lab.topology import plan_topology
+from pyfelix.lab.datastore import LabDatastore, LabDatastoreError, topology_documents
+from pyfelix.lab.scenario import ResourceRef, parse_scenario
+from pyfelix.lab.topology import plan_topology
 
 
 @pytest.fixture

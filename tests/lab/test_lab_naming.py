@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.lab import naming
+from pyfelix.lab import naming
 
 
 def test_run_ids_are_fresh_and_recognised_in_namespace_names() -> None:

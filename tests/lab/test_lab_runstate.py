@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.lab import naming
-from agent.lab.runstate import RunState, run_is_alive, sweep_stale_runs
+from pyfelix.lab import naming
+from pyfelix.lab.runstate import RunState, run_is_alive, sweep_stale_runs
 
 
 def test_a_held_run_is_alive_and_release_removes_its_directory(tmp_path: Path) -> None:

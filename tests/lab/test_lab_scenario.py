@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from agent.lab.demo import DEMO_SCENARIO, connectivity_matrix, matrix_probes, with_matrix_probes
-from agent.lab.probe import ProbeResult
-from agent.lab.scenario import (
+from pyfelix.lab.demo import DEMO_SCENARIO, connectivity_matrix, matrix_probes, with_matrix_probes
+from pyfelix.lab.probe import ProbeResult
+from pyfelix.lab.scenario import (
     ResourceRef,
     ScenarioError,
     load_scenario,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent import proto
-from agent.lab.services import frontends_for, generated_slices, kube_proxy_restore
+from pyfelix.agent import proto
+from pyfelix.lab.services import frontends_for, generated_slices, kube_proxy_restore
 
 
 def pod(name: str, ip: str, labels: dict[str, str], ports: list[dict[str, Any]] | None = None,

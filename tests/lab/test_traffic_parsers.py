@@ -1,4 +1,4 @@
-"""Parsing the C tools' outputs (agent.lab.traffic). The samples in traffic_samples/ are real
+"""Parsing the C tools' outputs (lab.traffic). The samples in traffic_samples/ are real
 outputs of Debian 12's wrk 4.1.0, sockperf 3.7 and iperf3 3.12, captured between two
 namespaces on this project's machine (including failures: refused connections, a server
 killed mid-run, an nginx answering 404)."""
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.lab import traffic
-from agent.lab.traffic import ToolRunError, parse_iperf3, parse_sockperf, parse_wrk
+from pyfelix.lab import traffic
+from pyfelix.lab.traffic import ToolRunError, parse_iperf3, parse_sockperf, parse_wrk
 
 SAMPLES = Path(__file__).parent / "traffic_samples"
 

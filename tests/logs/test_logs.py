@@ -6,7 +6,7 @@ import io
 import logging
 import socket
 
-from agent.logs import LogSinks, configure_logging, log_fields
+from pyfelix.agent.logs import LogSinks, configure_logging, log_fields
 
 
 def test_fields_are_appended_and_quoted() -> None:

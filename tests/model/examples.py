@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from agent.syncer.api import key_of
+from pyfelix.agent.syncer.api import key_of
 
 EXAMPLES_YAML = r"""
 apiVersion: projectcalico.org/v3

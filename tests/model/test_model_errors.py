@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from agent.model import ValidationError, parse_resource
+from pyfelix.agent.model import ValidationError, parse_resource
 from tests.model.examples import by_kind
 
 Doc = dict[str, Any]

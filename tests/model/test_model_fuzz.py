@@ -9,9 +9,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent import selector
-from agent.conversion import to_calico
-from agent.model import (
+from pyfelix.agent import selector
+from pyfelix.agent.conversion import to_calico
+from pyfelix.agent.model import (
     NetworkPolicy,
     Profile,
     Resource,

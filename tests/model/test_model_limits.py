@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from agent.model import ValidationError, parse_resource
-from agent.syncer.api import RawUpdate, key_of
-from agent.validator import Validator
+from pyfelix.agent.model import ValidationError, parse_resource
+from pyfelix.agent.syncer.api import RawUpdate, key_of
+from pyfelix.agent.validator import Validator
 from tests.model.examples import by_kind
 
 CALICO = "projectcalico.org/v3"

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from agent.model import Node, ValidationError, parse_resource
+from pyfelix.agent.model import Node, ValidationError, parse_resource
 from tests.model.examples import by_kind
 
 Setter = Callable[[dict[str, Any], str], None]

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from agent.model import (
+from pyfelix.agent.model import (
     KNOWN_KINDS,
     BGPConfiguration,
     BGPPeer,
@@ -25,7 +25,7 @@ from agent.model import (
     WorkloadEndpoint,
     parse_resource,
 )
-from agent.syncer.api import ResourceKey
+from pyfelix.agent.syncer.api import ResourceKey
 from tests.model.examples import by_kind, documents, load
 
 

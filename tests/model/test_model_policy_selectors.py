@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from agent import selector
-from agent.model import (
+from pyfelix.agent import selector
+from pyfelix.agent.model import (
     EntityRule,
     NetworkPolicy,
     ServiceAccountMatch,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from agent.model import (
+from pyfelix.agent.model import (
     EntityRule,
     ICMPMatch,
     NetworkPolicy,

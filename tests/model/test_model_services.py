@@ -9,12 +9,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from agent.model import EndpointSlice, Service, ServicePort, SliceEndpoint, ValidationError
-from agent.model import parse_resource as parse
-from agent.syncer.api import RawUpdate, ResourceKey
-from agent.syncer.etcd_keys import etcd_key, parse_etcd_key
-from agent.validator import Validator
-from cli.main import cli
+from pyfelix.agent.model import EndpointSlice, Service, ServicePort, SliceEndpoint, ValidationError
+from pyfelix.agent.model import parse_resource as parse
+from pyfelix.agent.syncer.api import RawUpdate, ResourceKey
+from pyfelix.agent.syncer.etcd_keys import etcd_key, parse_etcd_key
+from pyfelix.agent.validator import Validator
+from pyfelix.cli.main import cli
 from tests.model.examples import by_kind
 
 

@@ -19,9 +19,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from agent.bpf import packets
-from agent.lab.netns import in_netns
-from agent.shims.netns import NetnsThread
+from pyfelix.agent.bpf import packets
+from pyfelix.agent.shims.netns import NetnsThread
+from pyfelix.lab.netns import in_netns
 
 TCP, UDP = socket.IPPROTO_TCP, socket.IPPROTO_UDP
 ETH_P_ALL = 0x0003

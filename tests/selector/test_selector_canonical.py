@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from agent.selector import NAMESPACE_LABEL, parse, unique_id_of
+from pyfelix.agent.selector import NAMESPACE_LABEL, parse, unique_id_of
 
 # groups of texts that must share one canonical form; the first is that form
 EQUIVALENT: list[list[str]] = [

@@ -6,8 +6,8 @@ import json
 
 from click.testing import CliRunner
 
-from agent.selector import parse
-from cli.main import cli
+from pyfelix.agent.selector import parse
+from pyfelix.cli.main import cli
 
 
 def run(*args: str):

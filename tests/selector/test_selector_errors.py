@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.selector import MAX_NESTING, SelectorError, parse
+from pyfelix.agent.selector import MAX_NESTING, SelectorError, parse
 
 # text, 0-based position of the error, a fragment of "expected", a fragment of "found"
 ERRORS: list[tuple[str, int, str, str]] = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.selector import NAMESPACE_LABEL, Selector, SelectorError, parse
+from pyfelix.agent.selector import NAMESPACE_LABEL, Selector, SelectorError, parse
 
 WEB = {"app": "web", "tier": "frontend", "app.kubernetes.io/name": "shop", "x-y_z": "1"}
 
@@ -143,7 +143,7 @@ def test_non_string_input_is_a_selector_error() -> None:
 
 
 def test_evaluation_never_goes_back_to_the_parser(monkeypatch: pytest.MonkeyPatch) -> None:
-    from agent.selector import parser
+    from pyfelix.agent.selector import parser
 
     selector = parse("tier in {'frontend', 'db'} && !has(quarantine) && app starts with 'w'")
 

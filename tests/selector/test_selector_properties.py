@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from agent.selector import MAX_NESTING, NAMESPACE_LABEL, parse
+from pyfelix.agent.selector import MAX_NESTING, NAMESPACE_LABEL, parse
 
 # keys include prefixes, the namespace label, odd characters and words the grammar uses
 KEYS = ["a", "b", "app.kubernetes.io/name", NAMESPACE_LABEL, "x-y_z", "in", "has", "not", "1.x"]

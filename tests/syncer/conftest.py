@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from syncer_testlib import Recorder
 
-from agent.syncer.file import FileSyncer
+from pyfelix.agent.syncer.file import FileSyncer
 
 SyncerFactory = Callable[..., tuple[FileSyncer, Recorder]]
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from agent.syncer.api import DatastoreError, RawUpdate, ResourceKey, SyncStatus
+from pyfelix.agent.syncer.api import DatastoreError, RawUpdate, ResourceKey, SyncStatus
 
 CALICO = "projectcalico.org/v3"
 

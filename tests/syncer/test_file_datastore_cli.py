@@ -11,11 +11,16 @@ import yaml
 from click.testing import CliRunner
 from syncer_testlib import gnp, gnp_key, netpol, write, yaml_docs
 
-from agent.datastore import DatastoreLocation, make_syncer, open_datastore, parse_datastore_url
-from agent.syncer.api import ResourceKey
-from agent.syncer.client import DatastoreClientError, DatastoreURLError, resolve_kind
-from agent.syncer.file import FileSyncer, load_path
-from cli.main import cli
+from pyfelix.agent.datastore import (
+    DatastoreLocation,
+    make_syncer,
+    open_datastore,
+    parse_datastore_url,
+)
+from pyfelix.agent.syncer.api import ResourceKey
+from pyfelix.agent.syncer.client import DatastoreClientError, DatastoreURLError, resolve_kind
+from pyfelix.agent.syncer.file import FileSyncer, load_path
+from pyfelix.cli.main import cli
 
 
 def run(*args: str, stdin: str | None = None) -> tuple[int, str, str]:
@@ -142,8 +147,8 @@ def test_factories_pick_the_backend(tmp_path: Path) -> None:
     assert isinstance(syncer, FileSyncer)
     store = open_datastore(DatastoreLocation.file(tmp_path))
     assert store.description == f"file datastore {tmp_path}"
-    from agent.syncer.etcd import EtcdSyncer
-    from agent.typha.client import TyphaSyncer
+    from pyfelix.agent.syncer.etcd import EtcdSyncer
+    from pyfelix.agent.typha.client import TyphaSyncer
 
     assert isinstance(make_syncer(parse_datastore_url("etcd3://127.0.0.1:2379")), EtcdSyncer)
     typha = parse_datastore_url("typha://127.0.0.1:5473")

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from syncer_testlib import gnp, gnp_key, netpol, write, yaml_docs
 
-from agent.syncer.api import ResourceKey
-from agent.syncer.file import ResourceIndex, load_path, load_text, parse_text
+from pyfelix.agent.syncer.api import ResourceKey
+from pyfelix.agent.syncer.file import ResourceIndex, load_path, load_text, parse_text
 
 
 def keys_of(updates: list) -> list[ResourceKey]:

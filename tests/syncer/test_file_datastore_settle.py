@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from syncer_testlib import Recorder, gnp, gnp_key, write, yaml_docs
 
-from agent.syncer.file import FileSyncer, WriteTracker, is_resource_file_name
-from agent.syncer.inotify import (
+from pyfelix.agent.syncer.file import FileSyncer, WriteTracker, is_resource_file_name
+from pyfelix.agent.syncer.inotify import (
     IN_ATTRIB,
     IN_CLOSE_WRITE,
     IN_CREATE,

@@ -14,10 +14,10 @@ import pytest
 from prometheus_client import REGISTRY
 from syncer_testlib import gnp, gnp_key, netpol, settle, write, yaml_docs
 
-from agent.syncer import file as file_module
-from agent.syncer.api import ResourceKey, SyncStatus
-from agent.syncer.file import FileSyncer
-from agent.syncer.inotify import InotifyUnavailable
+from pyfelix.agent.syncer import file as file_module
+from pyfelix.agent.syncer.api import ResourceKey, SyncStatus
+from pyfelix.agent.syncer.file import FileSyncer
+from pyfelix.agent.syncer.inotify import InotifyUnavailable
 
 
 def test_status_sequence_and_initial_snapshot(tmp_path: Path, start_syncer, watch_mode) -> None:

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from syncer_testlib import Recorder, gnp, gnp_key, netpol, write, yaml_docs
 
-from agent.syncer.api import ResourceKey
-from agent.syncer.client import DatastoreClientError, InvalidResources, ResourceNotFound
-from agent.syncer.file import FileSyncer, load_path
-from agent.syncer.file_store import FileDatastore
+from pyfelix.agent.syncer.api import ResourceKey
+from pyfelix.agent.syncer.client import DatastoreClientError, InvalidResources, ResourceNotFound
+from pyfelix.agent.syncer.file import FileSyncer, load_path
+from pyfelix.agent.syncer.file_store import FileDatastore
 
 
 def state(path: Path) -> dict[ResourceKey, dict]:

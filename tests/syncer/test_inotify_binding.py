@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.syncer import inotify
-from agent.syncer.inotify import Inotify, InotifyEvent, parse_events
+from pyfelix.agent.syncer import inotify
+from pyfelix.agent.syncer.inotify import Inotify, InotifyEvent, parse_events
 
 
 def read_until(watcher: Inotify, wanted: int, timeout: float = 5.0) -> list[InotifyEvent]:

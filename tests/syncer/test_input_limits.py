@@ -24,9 +24,9 @@ from click.testing import CliRunner
 from prometheus_client import REGISTRY
 from syncer_testlib import gnp, gnp_key, write, yaml_docs
 
-from agent.syncer.api import ResourceKey
-from agent.syncer.file import load_path, parse_text
-from cli.main import cli
+from pyfelix.agent.syncer.api import ResourceKey
+from pyfelix.agent.syncer.file import load_path, parse_text
+from pyfelix.cli.main import cli
 
 DEEP = 200_000
 

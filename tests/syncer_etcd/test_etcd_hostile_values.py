@@ -10,7 +10,7 @@ unusable value. Same fake etcd as test_etcd_rejected_values.py.
 
 from __future__ import annotations
 
-from agent.syncer.etcd_keys import decode_value, encode_value, etcd_key
+from pyfelix.agent.syncer.etcd_keys import decode_value, encode_value, etcd_key
 from tests.syncer.syncer_testlib import gnp, gnp_key
 from tests.syncer_etcd.test_etcd_rejected_values import (
     FakeEtcd,

@@ -16,9 +16,9 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
-from agent.syncer.etcd import DELETE_EVENT, EtcdSyncer
-from agent.syncer.etcd_conn import EtcdConfig
-from agent.syncer.etcd_keys import encode_value, etcd_key
+from pyfelix.agent.syncer.etcd import DELETE_EVENT, EtcdSyncer
+from pyfelix.agent.syncer.etcd_conn import EtcdConfig
+from pyfelix.agent.syncer.etcd_keys import encode_value, etcd_key
 from tests.syncer.syncer_testlib import Recorder, gnp, gnp_key
 
 GOOD = etcd_key(gnp_key("good")).encode()

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from agent.kinds import KIND_K8S_NETWORK_POLICY, KINDS
-from agent.syncer.api import ResourceKey
-from agent.syncer.backoff import Backoff
-from agent.syncer.client import DatastoreURLError
-from agent.syncer.etcd import _CatchUp
-from agent.syncer.etcd_conn import EtcdConfig, prefix_end
-from agent.syncer.etcd_keys import (
+from pyfelix.agent.kinds import KIND_K8S_NETWORK_POLICY, KINDS
+from pyfelix.agent.syncer.api import ResourceKey
+from pyfelix.agent.syncer.backoff import Backoff
+from pyfelix.agent.syncer.client import DatastoreURLError
+from pyfelix.agent.syncer.etcd import _CatchUp
+from pyfelix.agent.syncer.etcd_conn import EtcdConfig, prefix_end
+from pyfelix.agent.syncer.etcd_keys import (
     ETCD_ROOT,
     EtcdKeyError,
     decode_value,
@@ -152,8 +152,8 @@ def test_catch_up_waits_for_every_changed_and_vanished_key() -> None:
 
 
 def test_factories_build_from_url_parts_and_reject_bad_tls(tmp_path: Path) -> None:
-    from agent.syncer.etcd import EtcdSyncer, make_etcd_syncer
-    from agent.syncer.etcd_store import EtcdDatastore, open_etcd_datastore
+    from pyfelix.agent.syncer.etcd import EtcdSyncer, make_etcd_syncer
+    from pyfelix.agent.syncer.etcd_store import EtcdDatastore, open_etcd_datastore
 
     syncer = make_etcd_syncer(["127.0.0.1:2379", "127.0.0.1:22379"], page_size=10)
     assert isinstance(syncer, EtcdSyncer)
@@ -168,7 +168,7 @@ def test_factories_build_from_url_parts_and_reject_bad_tls(tmp_path: Path) -> No
 def test_watch_streams_require_a_leader() -> None:
     """Every watch carries etcd's require-leader metadata, so a member cut off from its
     quorum ends the stream instead of holding it idle (the cluster test shows why)."""
-    from agent.syncer.etcd_conn import WatchStream
+    from pyfelix.agent.syncer.etcd_conn import WatchStream
 
     class FakeCall:
         def __iter__(self) -> Any:

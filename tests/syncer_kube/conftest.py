@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from agent.syncer.backoff import Backoff
-from agent.syncer.kube import KubeSyncer, WatchOptions
-from agent.syncer.kube_api import KubeAPI
+from pyfelix.agent.syncer.backoff import Backoff
+from pyfelix.agent.syncer.kube import KubeSyncer, WatchOptions
+from pyfelix.agent.syncer.kube_api import KubeAPI
 from tests.fakes_kube.server import FakeKubeAPIServer
 from tests.privileged.etcd.etcd_testlib import TimedRecorder
 

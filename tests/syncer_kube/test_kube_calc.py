@@ -10,11 +10,11 @@ from pathlib import Path
 
 import yaml
 
-from agent.calc.snapshot import compute
-from agent.datastore import DatastoreLocation
-from agent.syncer.kube import KubeSyncer
-from agent.syncer.kube_api import KubeAPI
-from agent.syncer.kube_resources import to_crd_object
+from pyfelix.agent.calc.snapshot import compute
+from pyfelix.agent.datastore import DatastoreLocation
+from pyfelix.agent.syncer.kube import KubeSyncer
+from pyfelix.agent.syncer.kube_api import KubeAPI
+from pyfelix.agent.syncer.kube_resources import to_crd_object
 from tests.fakes_kube.calc_scenario import (
     HOSTNAME,
     PODS,

@@ -18,8 +18,8 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
-from agent.syncer.kube import WatchOptions, _TypeWatcher
-from agent.syncer.kube_api import WatchStream
+from pyfelix.agent.syncer.kube import WatchOptions, _TypeWatcher
+from pyfelix.agent.syncer.kube_api import WatchStream
 from tests.fakes_kube.server import FakeKubeAPIServer
 from tests.syncer_kube.conftest import SyncerFactory
 from tests.syncer_kube.test_kube_syncer import CRD, GNPS, crd_gnp, gnp_key

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from agent.kinds import KIND_K8S_NETWORK_POLICY
-from agent.syncer.api import key_of
-from agent.syncer.kube_resources import (
+from pyfelix.agent.kinds import KIND_K8S_NETWORK_POLICY
+from pyfelix.agent.syncer.api import key_of
+from pyfelix.agent.syncer.kube_resources import (
     CRD_TYPES,
     KUBERNETES_TYPES,
     RESOURCE_TYPES,

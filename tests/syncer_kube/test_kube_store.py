@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from agent.syncer.api import ResourceKey
-from agent.syncer.client import DatastoreClientError, InvalidResources, ResourceNotFound
-from agent.syncer.kube_api import KubeAPI
-from agent.syncer.kube_store import KubeDatastore
+from pyfelix.agent.syncer.api import ResourceKey
+from pyfelix.agent.syncer.client import DatastoreClientError, InvalidResources, ResourceNotFound
+from pyfelix.agent.syncer.kube_api import KubeAPI
+from pyfelix.agent.syncer.kube_store import KubeDatastore
 from tests.fakes_kube.server import FakeKubeAPIServer
 from tests.syncer_kube.conftest import SyncerFactory
 
@@ -110,8 +110,8 @@ def test_what_apply_writes_the_syncer_reads_back(fake_kube: FakeKubeAPIServer,
 
 def test_factories_load_credentials_or_say_where_they_looked(
         fake_kube: FakeKubeAPIServer, tmp_path: Any) -> None:
-    from agent.syncer.kube import KubeSyncer, make_kube_syncer
-    from agent.syncer.kube_store import open_kube_datastore
+    from pyfelix.agent.syncer.kube import KubeSyncer, make_kube_syncer
+    from pyfelix.agent.syncer.kube_store import open_kube_datastore
 
     kubeconfig = fake_kube.write_kubeconfig(str(tmp_path / "kc"))
     assert isinstance(make_kube_syncer(kubeconfig=kubeconfig, page_size=10), KubeSyncer)

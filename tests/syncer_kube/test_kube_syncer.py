@@ -19,10 +19,10 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
-from agent.kinds import KIND_K8S_NETWORK_POLICY, ResourceType
-from agent.syncer.api import ResourceKey, SyncStatus
-from agent.syncer.kube_api import KubeAPI
-from agent.syncer.kube_resources import RESOURCE_TYPES
+from pyfelix.agent.kinds import KIND_K8S_NETWORK_POLICY, ResourceType
+from pyfelix.agent.syncer.api import ResourceKey, SyncStatus
+from pyfelix.agent.syncer.kube_api import KubeAPI
+from pyfelix.agent.syncer.kube_resources import RESOURCE_TYPES
 from tests.fakes_kube.server import DEFAULT_TYPES, FakeCluster, FakeKubeAPIServer
 from tests.syncer_kube.conftest import SyncerFactory
 

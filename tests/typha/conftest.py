@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from typha_testlib import FileStore, Recorder
 
-from agent.syncer.file import FileSyncer
-from agent.typha.client import TyphaSyncer
-from agent.typha.server import ServerConfig, TyphaServer
+from pyfelix.agent.syncer.file import FileSyncer
+from pyfelix.agent.typha.client import TyphaSyncer
+from pyfelix.agent.typha.server import ServerConfig, TyphaServer
 
 ServerFactory = Callable[..., TyphaServer]
 ClientFactory = Callable[..., tuple[TyphaSyncer, Recorder]]

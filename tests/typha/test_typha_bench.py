@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.bench import BenchSettings, run
+from pyfelix.bench import BenchSettings, run
 
 pytestmark = pytest.mark.privileged
 

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from typha_testlib import gnp, ippool, wep
 
-from agent.kinds import BGP_KINDS
-from agent.syncer.api import RawUpdate, SyncStatus, key_of
-from agent.typha.cache import SnapshotCache
-from agent.typha.protocol import SERVER_MESSAGE_TYPES, FrameReader, MessageDecoder
+from pyfelix.agent.kinds import BGP_KINDS
+from pyfelix.agent.syncer.api import RawUpdate, SyncStatus, key_of
+from pyfelix.agent.typha.cache import SnapshotCache
+from pyfelix.agent.typha.protocol import SERVER_MESSAGE_TYPES, FrameReader, MessageDecoder
 
 
 class FakeClock:
@@ -185,7 +185,7 @@ def test_snapshot_status_follows_the_syncer() -> None:
 
 
 def test_batches_merge_runs_of_kv_entries_and_keep_status_order() -> None:
-    from agent.typha.cache import batch_frames
+    from pyfelix.agent.typha.cache import batch_frames
 
     cache = SnapshotCache("felix")
     cache.on_updates(put(gnp("a")))

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from typha_testlib import CALICO, FileStore, gnp, ippool, wep
 
-from agent.calc.expected_dataplane import ExpectedDataplane
-from agent.calc.pipeline import CalcPipeline
-from agent.calc.snapshot import compute
-from agent.datastore import DatastoreLocation
-from agent.syncer.api import ResourceKey
+from pyfelix.agent.calc.expected_dataplane import ExpectedDataplane
+from pyfelix.agent.calc.pipeline import CalcPipeline
+from pyfelix.agent.calc.snapshot import compute
+from pyfelix.agent.datastore import DatastoreLocation
+from pyfelix.agent.syncer.api import ResourceKey
 
 NODE = "node1"
 

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 from typha_testlib import FileStore, free_port, gnp, ippool, wait_until
 
-from cli.main import cli
+from pyfelix.cli.main import cli
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -81,7 +81,7 @@ def test_health_endpoints_from_the_typha_environment(store: FileStore) -> None:
     store.put(gnp("a"))
     health_port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "typha", "--datastore", str(store.root),
+        [sys.executable, "-m", "pyfelix.cli.main", "typha", "--datastore", str(store.root),
          "--listen", f"127.0.0.1:{free_port()}", "--insecure"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": str(REPO), "TYPHA_HEALTHENABLED": "true",
@@ -113,7 +113,7 @@ def test_serves_clients_and_stops_on_sigterm(store: FileStore, start_client) -> 
     port = free_port()
     metrics_port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "typha", "--datastore", str(store.root),
+        [sys.executable, "-m", "pyfelix.cli.main", "typha", "--datastore", str(store.root),
          "--listen", f"127.0.0.1:{port}", "--insecure", "--metrics-port", str(metrics_port),
          "--metrics-host", "127.0.0.1"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

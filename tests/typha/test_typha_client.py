@@ -10,9 +10,9 @@ import time
 import pytest
 from typha_testlib import FileStore, gnp
 
-from agent.syncer.api import SyncStatus
-from agent.typha.client import TyphaConfigError, make_typha_syncer
-from agent.typha.discovery import DiscoveryError, KubernetesServiceDiscovery
+from pyfelix.agent.syncer.api import SyncStatus
+from pyfelix.agent.typha.client import TyphaConfigError, make_typha_syncer
+from pyfelix.agent.typha.discovery import DiscoveryError, KubernetesServiceDiscovery
 
 
 class ClosingListener:

@@ -9,8 +9,8 @@ import threading
 from prometheus_client import REGISTRY
 from typha_testlib import FileStore, Recorder, bgp_peer, gnp, ippool, node, wait_until, wep
 
-from agent.kinds import BGP_KINDS
-from agent.syncer.api import ResourceKey, SyncStatus
+from pyfelix.agent.kinds import BGP_KINDS
+from pyfelix.agent.syncer.api import ResourceKey, SyncStatus
 
 FELIX_CLIENTS = 24
 BGP_CLIENTS = 8

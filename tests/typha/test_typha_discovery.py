@@ -10,7 +10,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
-from agent.typha.discovery import (
+from pyfelix.agent.typha.discovery import (
     DiscoveryError,
     KubernetesServiceDiscovery,
     StaticDiscovery,

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from typha_testlib import bgp_peer, gnp, ippool, node, wep
 
-from agent.kinds import BGP_KINDS
-from agent.syncer.api import ResourceKey, SyncStatus, key_of
-from agent.syncer.backoff import Backoff
-from agent.syncer.etcd import EtcdSyncer
-from agent.syncer.etcd_store import EtcdDatastore
+from pyfelix.agent.kinds import BGP_KINDS
+from pyfelix.agent.syncer.api import ResourceKey, SyncStatus, key_of
+from pyfelix.agent.syncer.backoff import Backoff
+from pyfelix.agent.syncer.etcd import EtcdSyncer
+from pyfelix.agent.syncer.etcd_store import EtcdDatastore
 from tests.privileged.etcd.etcd_server import ETCD_BINARY, EtcdServer
 
 pytestmark = pytest.mark.privileged

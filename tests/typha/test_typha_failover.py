@@ -25,13 +25,13 @@ from conftest import file_syncer_factory
 from test_typha_wire import fake_server  # noqa: F401 (a fixture)
 from typha_testlib import CALICO, FileStore, Recorder, gnp, ippool, wait_until, wep
 
-from agent.calc.expected_dataplane import ExpectedDataplane
-from agent.calc.pipeline import CalcPipeline
-from agent.calc.snapshot import compute
-from agent.datastore import DatastoreLocation
-from agent.syncer.api import DatastoreError, RawUpdate, ResourceKey, SyncStatus
-from agent.typha.client import ClientState, StreamFollower
-from agent.typha.protocol import encode_kv, encode_message, error_message
+from pyfelix.agent.calc.expected_dataplane import ExpectedDataplane
+from pyfelix.agent.calc.pipeline import CalcPipeline
+from pyfelix.agent.calc.snapshot import compute
+from pyfelix.agent.datastore import DatastoreLocation
+from pyfelix.agent.syncer.api import DatastoreError, RawUpdate, ResourceKey, SyncStatus
+from pyfelix.agent.typha.client import ClientState, StreamFollower
+from pyfelix.agent.typha.protocol import encode_kv, encode_message, error_message
 
 NODE = "node1"
 POLICY = "GlobalNetworkPolicy"
@@ -311,7 +311,7 @@ def test_a_server_refusing_the_version_is_logged_and_the_next_one_used(
     current = start_server()
     refusing = f"127.0.0.1:{newer.address[1]}"
     serving = f"127.0.0.1:{current.address[1]}"
-    with caplog.at_level(logging.WARNING, logger="agent.typha.client"):
+    with caplog.at_level(logging.WARNING, logger="pyfelix.agent.typha.client"):
         client, rec = start_client([refusing, serving])
         rec.wait_converged(store.expected())
     assert client.connected_to == serving

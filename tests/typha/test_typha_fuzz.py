@@ -33,9 +33,9 @@ from prometheus_client import REGISTRY
 from test_typha_wire import fake_server  # noqa: F401 (a fixture)
 from typha_testlib import Recorder, frame_bytes, gnp
 
-from agent.syncer.api import RawUpdate, ResourceKey
-from agent.typha.client import ClientConnection, ClientState, HelloRefused, ServerClosed
-from agent.typha.protocol import (
+from pyfelix.agent.syncer.api import RawUpdate, ResourceKey
+from pyfelix.agent.typha.client import ClientConnection, ClientState, HelloRefused, ServerClosed
+from pyfelix.agent.typha.protocol import (
     FRAME_HEADER,
     MAX_ERROR_CHARS,
     SERVER_MESSAGE_TYPES,

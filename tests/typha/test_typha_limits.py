@@ -13,9 +13,9 @@ from prometheus_client import REGISTRY
 from typha_certs import NODE_CN, SERVER_CN, make_pki
 from typha_testlib import FileStore, RawClient, gnp, wait_until
 
-from agent.typha import server as typha_server
-from agent.typha.protocol import client_hello, encode_message
-from agent.typha.tls import ClientTLS, ServerTLS
+from pyfelix.agent.typha import server as typha_server
+from pyfelix.agent.typha.protocol import client_hello, encode_message
+from pyfelix.agent.typha.tls import ClientTLS, ServerTLS
 
 
 def _dropped(reason: str) -> float:

@@ -8,8 +8,8 @@ import zlib
 import pytest
 from typha_testlib import frame_bytes, json_frame
 
-from agent.syncer.api import RawUpdate, ResourceKey
-from agent.typha.protocol import (
+from pyfelix.agent.syncer.api import RawUpdate, ResourceKey
+from pyfelix.agent.typha.protocol import (
     CLIENT_MESSAGE_TYPES,
     SERVER_MESSAGE_TYPES,
     FrameReader,

@@ -8,7 +8,7 @@ import pytest
 from typha_certs import NODE_CN, NODE_URI, PKI, SERVER_CN, SERVER_URI, Pair, make_pki
 from typha_testlib import FileStore, gnp
 
-from agent.typha.tls import ClientTLS, ServerTLS, TLSConfigError, client_tls_from_env
+from pyfelix.agent.typha.tls import ClientTLS, ServerTLS, TLSConfigError, client_tls_from_env
 
 
 @pytest.fixture(scope="module")

@@ -26,8 +26,8 @@ from typha_testlib import (
     wait_until,
 )
 
-from agent.syncer.api import RawUpdate, ResourceKey, SyncStatus
-from agent.typha.protocol import (
+from pyfelix.agent.syncer.api import RawUpdate, ResourceKey, SyncStatus
+from pyfelix.agent.typha.protocol import (
     FrameReader,
     MessageDecoder,
     client_hello,

@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from agent.syncer.api import DatastoreError, RawUpdate, ResourceKey, SyncStatus, key_of
-from agent.typha.protocol import (
+from pyfelix.agent.syncer.api import DatastoreError, RawUpdate, ResourceKey, SyncStatus, key_of
+from pyfelix.agent.typha.protocol import (
     FRAME_HEADER,
     SERVER_MESSAGE_TYPES,
     FrameReader,

@@ -32,11 +32,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent import selector
-from agent.model import ValidationError, parse_resource
-from agent.syncer.api import RawUpdate, key_of
-from agent.syncer.file import parse_text
-from agent.validator import Validator, validate_document
+from pyfelix.agent import selector
+from pyfelix.agent.model import ValidationError, parse_resource
+from pyfelix.agent.syncer.api import RawUpdate, key_of
+from pyfelix.agent.syncer.file import parse_text
+from pyfelix.agent.validator import Validator, validate_document
 from tests.model.examples import documents
 from tests.model.test_model_fuzz import junk, mutated_documents
 
@@ -180,7 +180,7 @@ def test_json_text_through_the_file_datastore_and_the_validator(text: str) -> No
 @given(json_texts, st.booleans())
 def test_json_text_as_an_etcd_value_and_a_kubernetes_transport(text: str,
                                                                 as_bytes: bool) -> None:
-    from agent.inputs import InputError, check_document, decode_json, decode_json_document
+    from pyfelix.agent.inputs import InputError, check_document, decode_json, decode_json_document
 
     data: bytes | str = text.encode("utf-8", "surrogatepass") if as_bytes else text
     try:
@@ -262,7 +262,7 @@ def test_structured_documents_into_the_validator(doc: Any) -> None:
 @fuzz(400)
 @given(hostile_documents())
 def test_structured_documents_through_the_per_object_check(doc: Any) -> None:
-    from agent.inputs import InputError, check_document
+    from pyfelix.agent.inputs import InputError, check_document
 
     try:
         check_document(doc)

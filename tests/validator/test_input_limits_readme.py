@@ -7,8 +7,8 @@ import dataclasses
 import re
 from pathlib import Path
 
-from agent.inputs import LIMITS
-from agent.inputs.limits import MAX_SELECTOR_NESTING
+from pyfelix.agent.inputs import LIMITS
+from pyfelix.agent.inputs.limits import MAX_SELECTOR_NESTING
 from tests.model import test_model_limits
 
 README = Path(__file__).resolve().parents[2] / "README.md"

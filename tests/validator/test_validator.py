@@ -8,15 +8,15 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from agent.model import (
+from pyfelix.agent.model import (
     NetworkPolicy,
     Node,
     Profile,
     ValidationError,
     WorkloadEndpoint,
 )
-from agent.syncer.api import RawUpdate, ResourceKey, key_of
-from agent.validator import ValidatedUpdate, Validator, validate_document
+from pyfelix.agent.syncer.api import RawUpdate, ResourceKey, key_of
+from pyfelix.agent.validator import ValidatedUpdate, Validator, validate_document
 from tests.model.examples import by_kind
 
 POD_WEP = ResourceKey("WorkloadEndpoint", "prod", "node1-k8s-api--7d9f8--abcde-eth0")
@@ -56,12 +56,12 @@ def test_invalid_document_becomes_a_counted_logged_delete(caplog: pytest.LogCapt
     bad = by_kind("GlobalNetworkPolicy", "host-protect")
     bad["spec"]["ingress"][0]["action"] = "Accept"
     before = errors_counted("GlobalNetworkPolicy")
-    with caplog.at_level(logging.WARNING, logger="agent.validator"):
+    with caplog.at_level(logging.WARNING, logger="pyfelix.agent.validator"):
         updates = put(validator, bad, "policies.yaml#2")
     assert updates == [ValidatedUpdate(key_of(bad), None, "policies.yaml#2")]
     assert errors_counted("GlobalNetworkPolicy") == before + 1
     # the validator's own record (a metrics scrape may log from elsewhere meanwhile)
-    message = [r for r in caplog.records if r.name == "agent.validator"][-1].getMessage()
+    message = [r for r in caplog.records if r.name == "pyfelix.agent.validator"][-1].getMessage()
     assert "GlobalNetworkPolicy(host-protect)" in message
     assert "spec.ingress[0].action" in message and "policies.yaml#2" in message
     assert "spec.ingress[0].action" in validator.errors[key_of(bad)]

@@ -14,10 +14,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.conversion import to_calico
-from agent.model import Resource, ValidationError, parse_resource
-from agent.syncer.api import RawUpdate, ResourceKey, key_of
-from agent.validator import Validator
+from pyfelix.agent.conversion import to_calico
+from pyfelix.agent.model import Resource, ValidationError, parse_resource
+from pyfelix.agent.syncer.api import RawUpdate, ResourceKey, key_of
+from pyfelix.agent.validator import Validator
 from tests.model.examples import by_kind
 
 

@@ -18,7 +18,7 @@ Subcommands (run as root with the project's venv Python, /opt/pyfelix/.venv/bin/
 Inputs: Pod documents (`spec.nodeName`, `status.podIP`, container ports) of the cluster file.
 Outputs: namespaces `pfdemo-<namespace>.<pod>` with eth0 = the pod IP, host-side veths named
 as Calico names them (`cali` + 11 hex digits of sha1("<namespace>.<pod>"),
-`agent.lab.naming.workload_interface_name`), /32 routes to local pods; probe results.
+`lab.naming.workload_interface_name`), /32 routes to local pods; probe results.
 
 Invariants: only namespaces named `pfdemo-*` are created or deleted, `down` removes what
 `up` created (deleting a namespace deletes its veth and the host route with it), `up` is
@@ -47,7 +47,7 @@ from typing import Any
 
 import yaml
 
-from agent.lab.naming import workload_interface_name
+from pyfelix.lab.naming import workload_interface_name
 
 NETNS_PREFIX = "pfdemo-"
 POD_IFNAME = "eth0"
@@ -196,7 +196,7 @@ def cmd_up(pods: Sequence[DemoPod], node: str, cluster: Path) -> None:
 
 
 def cmd_serve(pods: Sequence[DemoPod], node: str) -> None:
-    from agent.lab.servers import PodServers
+    from pyfelix.lab.servers import PodServers
 
     servers = PodServers()
     stop_signals = {signal.SIGTERM, signal.SIGINT}
@@ -223,8 +223,8 @@ def cmd_down(pods: Sequence[DemoPod], node: str) -> None:
 
 
 def cmd_probe(pods: Sequence[DemoPod], node: str, output: str) -> None:
-    from agent.lab.probe import Prober
-    from agent.lab.scenario import ProbeSpec
+    from pyfelix.lab.probe import Prober
+    from pyfelix.lab.scenario import ProbeSpec
 
     sources = local_pods(pods, node)
     probes = [ProbeSpec(source.key, target.key, target.ip, port, protocol)

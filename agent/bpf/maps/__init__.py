@@ -5,7 +5,7 @@ is what `pyfelix bpf <map> dump` needs: plain, JSON-ready rows, read without BCC
 
 from __future__ import annotations
 
-from agent.bpf.maps import (
+from pyfelix.agent.bpf.maps import (
     cls_chains,
     cls_l4,
     cls_tries,
@@ -28,7 +28,7 @@ from agent.bpf.maps import (
     untracked,
     wep_sources,
 )
-from agent.bpf.maps.base import ARRAY_TYPES, BATCH_TYPES, BpfMap, MapLayoutError, MapParams
+from pyfelix.agent.bpf.maps.base import ARRAY_TYPES, BATCH_TYPES, BpfMap, MapLayoutError, MapParams
 
 ALL_MAPS: tuple[MapParams, ...] = (
     ipsets.PARAMS,

@@ -27,8 +27,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from agent.bpf import syscall
-from agent.bpf.syscall import BpfError
+from pyfelix.agent.bpf import syscall
+from pyfelix.agent.bpf.syscall import BpfError
 
 
 class MapType(enum.IntEnum):

@@ -13,7 +13,7 @@ import ctypes
 import os
 import struct
 
-from agent.bpf.maps.base import BpfMap, MapParams, MapType
+from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, MapType
 
 PARAMS = MapParams(
     name="cls_chains", map_type=MapType.ARRAY, key_type=ctypes.c_uint32,

@@ -13,7 +13,7 @@ import ctypes
 import os
 import struct
 
-from agent.bpf.maps.base import BpfMap, MapParams, MapType
+from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, MapType
 
 LEVEL_PROTO = 0  # must match CLS_L4_PROTO
 LEVEL_TYPE = 1  # must match CLS_L4_TYPE

@@ -17,7 +17,7 @@ import ipaddress
 import os
 import struct
 
-from agent.bpf.maps.base import BpfMap, MapParams, MapType
+from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, MapType
 
 FIXED_BITS = 64  # must match CLS_TRIE_FIXED_BITS
 SIDE_SADDR = 0  # must match CLS_SIDE_*

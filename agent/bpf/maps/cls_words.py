@@ -16,7 +16,7 @@ import ctypes
 import os
 import struct
 
-from agent.bpf.maps.base import BpfMap, MapParams, MapType
+from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, MapType
 
 HEADER_WORDS = 5
 VEC_ALL = 0xFFFFFFFF  # must match CLS_VEC_ALL

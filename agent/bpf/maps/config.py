@@ -14,7 +14,7 @@ import enum
 import os
 import struct
 
-from agent.bpf.maps.base import BpfMap, MapParams, MapType
+from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, MapType
 
 
 class EndpointToHostAction(enum.IntEnum):

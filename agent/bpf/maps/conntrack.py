@@ -17,7 +17,7 @@ import struct
 import time
 from dataclasses import asdict, dataclass
 
-from agent.bpf.maps.base import BpfMap, MapParams, MapType, be32_to_ip, ip_to_be32
+from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, MapType, be32_to_ip, ip_to_be32
 
 IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP = 1, 6, 17
 NS_PER_S = 1_000_000_000

@@ -18,7 +18,7 @@ import enum
 import os
 import struct
 
-from agent.bpf.maps.base import BpfMap, MapParams, MapType, percpu_slots
+from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, MapType, percpu_slots
 
 
 class GlobalCounter(enum.IntEnum):

@@ -10,7 +10,7 @@ import ctypes
 import os
 import struct
 
-from agent.bpf.maps.base import BpfMap, MapParams, MapType
+from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, MapType
 
 FLAG_ADMIN_DOWN = 0x01  # must match EP_F_ADMIN_DOWN
 

@@ -21,8 +21,8 @@ import os
 import struct
 from collections.abc import Mapping
 
-from agent.bpf.maps import endpoints
-from agent.bpf.maps.base import BpfMap, MapParams, MapType
+from pyfelix.agent.bpf.maps import endpoints
+from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, MapType
 
 FLAG_PRESENT = 0x02  # must match EP_F_PRESENT
 

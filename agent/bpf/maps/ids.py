@@ -15,7 +15,7 @@ import hashlib
 import os
 import struct
 
-from agent.bpf.maps.base import BpfMap, MapParams, MapType
+from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, MapType
 
 NAME_LEN = 120  # must match ID_NAME_LEN
 

@@ -19,7 +19,7 @@ import socket
 import struct
 import sys
 
-from agent.bpf.maps.base import BpfMap, MapParams, MapType, be32_to_ip, ip_to_be32
+from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, MapType, be32_to_ip, ip_to_be32
 
 KEY_FIXED_BITS = 64  # must match IPSET_KEY_FIXED_BITS
 PROTOCOLS = {"tcp": 6, "udp": 17, "sctp": 132}

@@ -7,7 +7,7 @@ import ctypes
 import os
 import struct
 
-from agent.bpf.maps.base import BpfMap, MapParams, MapType, be32_to_ip, ip_to_be32
+from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, MapType, be32_to_ip, ip_to_be32
 
 
 class Key(ctypes.Structure):

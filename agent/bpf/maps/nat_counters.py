@@ -7,7 +7,7 @@ import ctypes
 import enum
 import struct
 
-from agent.bpf.maps.base import BpfMap, MapParams, MapType, percpu_slots
+from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, MapType, percpu_slots
 
 
 class NatCounter(enum.IntEnum):

@@ -12,8 +12,8 @@ import enum
 import os
 import struct
 
-from agent.bpf.maps.base import BpfMap, MapParams, MapType, be32_to_ip, ip_to_be32
-from agent.bpf.maps.nat_frontend import PROTOCOL_NAMES
+from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, MapType, be32_to_ip, ip_to_be32
+from pyfelix.agent.bpf.maps.nat_frontend import PROTOCOL_NAMES
 
 
 class Kind(enum.IntEnum):

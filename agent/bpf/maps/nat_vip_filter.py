@@ -9,7 +9,7 @@ import ipaddress
 import struct
 from collections.abc import Iterable
 
-from agent.bpf.maps.base import BpfMap, MapParams, MapType
+from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, MapType
 
 PARAMS = MapParams(
     name="nat_vip_filter", map_type=MapType.ARRAY, key_type=ctypes.c_uint32,

@@ -18,7 +18,7 @@ import os
 import struct
 from dataclasses import dataclass
 
-from agent.bpf.maps.base import BpfMap, MapParams, MapType
+from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, MapType
 
 PORT_SLOTS = 8  # must match RULE_PORT_SLOTS
 SET_CHECKS = 6  # must match RULE_SET_CHECKS

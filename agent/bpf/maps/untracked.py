@@ -12,7 +12,7 @@ import ipaddress
 import os
 import struct
 
-from agent.bpf.maps.base import BpfMap, MapParams, MapType, be32_to_ip, ip_to_be32
+from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, MapType, be32_to_ip, ip_to_be32
 
 KEY_FIXED_BITS = 32  # must match UNTRACKED_KEY_FIXED_BITS
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agent.dataplane.iptables.names import HASH_COMMENT_PREFIX, MAX_CHAIN_NAME, short_hash
+from pyfelix.agent.dataplane.iptables.names import HASH_COMMENT_PREFIX, MAX_CHAIN_NAME, short_hash
 
 RULE_HASH_LENGTH = 16
 

@@ -51,10 +51,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from agent.config import FAILSAFE_PROTOCOLS
-from agent.config import parse_proto_ports as parse_failsafe_ports
-from agent.dataplane.iptables.chains import Chain
-from agent.dataplane.iptables.names import (
+from pyfelix.agent.config import FAILSAFE_PROTOCOLS
+from pyfelix.agent.config import parse_proto_ports as parse_failsafe_ports
+from pyfelix.agent.dataplane.iptables.chains import Chain
+from pyfelix.agent.dataplane.iptables.names import (
     CHAIN_FAILSAFE_IN,
     CHAIN_FAILSAFE_OUT,
     CHAIN_FROM_HEP_FORWARD_DISPATCH,
@@ -66,8 +66,8 @@ from agent.dataplane.iptables.names import (
     CHAIN_WL_SRC_DISPATCH,
     host_endpoint_chain_name,
 )
-from agent.dataplane.iptables.render import RuleRenderer, match_mark, set_mark
-from agent.proto import HostEndpoint, PolicyID, TierInfo
+from pyfelix.agent.dataplane.iptables.render import RuleRenderer, match_mark, set_mark
+from pyfelix.agent.proto import HostEndpoint, PolicyID, TierInfo
 
 FILTER, MANGLE, RAW = "filter", "mangle", "raw"
 NOTRACK = "-j CT --notrack"
@@ -91,7 +91,7 @@ class Failsafes:
 
 def default_failsafes() -> Failsafes:
     """Felix's default FailsafeInboundHostPorts / FailsafeOutboundHostPorts."""
-    from agent.config import DEFAULT_FAILSAFE_IN, DEFAULT_FAILSAFE_OUT
+    from pyfelix.agent.config import DEFAULT_FAILSAFE_IN, DEFAULT_FAILSAFE_OUT
 
     return Failsafes(parse_failsafe_ports(DEFAULT_FAILSAFE_IN),
                      parse_failsafe_ports(DEFAULT_FAILSAFE_OUT))

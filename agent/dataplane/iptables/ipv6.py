@@ -33,8 +33,8 @@ failsafes (the host's IPv6 is not policed), the IPVS rules.
 
 from __future__ import annotations
 
-from agent.dataplane.iptables.chains import Chain
-from agent.dataplane.iptables.names import (
+from pyfelix.agent.dataplane.iptables.chains import Chain
+from pyfelix.agent.dataplane.iptables.names import (
     CHAIN_FORWARD,
     CHAIN_FROM_WL_DISPATCH,
     CHAIN_INPUT,
@@ -42,7 +42,7 @@ from agent.dataplane.iptables.names import (
     CHAIN_TO_WL_DISPATCH,
     CHAIN_WL_TO_HOST,
 )
-from agent.dataplane.iptables.render import (
+from pyfelix.agent.dataplane.iptables.render import (
     ENDPOINT_TO_HOST_ACTIONS,
     RuleRenderer,
     match_mark,

@@ -77,8 +77,8 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from agent.dataplane.iptables.chains import Chain
-from agent.dataplane.iptables.names import (
+from pyfelix.agent.dataplane.iptables.chains import Chain
+from pyfelix.agent.dataplane.iptables.names import (
     CHAIN_FORWARD,
     CHAIN_FROM_HEP_FORWARD_DISPATCH,
     CHAIN_FROM_HOST_DISPATCH,
@@ -104,8 +104,8 @@ from agent.dataplane.iptables.names import (
     reason_comment,
     source_check_chain_name,
 )
-from agent.proto import Policy as ProtoPolicy
-from agent.proto import PolicyID, PortRange, Profile, Rule, TierInfo, WorkloadEndpoint
+from pyfelix.agent.proto import Policy as ProtoPolicy
+from pyfelix.agent.proto import PolicyID, PortRange, Profile, Rule, TierInfo, WorkloadEndpoint
 
 log = logging.getLogger(__name__)
 

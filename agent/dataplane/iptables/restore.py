@@ -42,10 +42,10 @@ import os
 import re
 from dataclasses import dataclass
 
-from agent.dataplane.delta import DeltaTracker
-from agent.dataplane.iptables.chains import Chain, rule_hashes, with_comment
-from agent.dataplane.iptables.names import CHAIN_PREFIX, HASH_COMMENT_PREFIX
-from agent.shims.cmd import CommandError, CommandRunner
+from pyfelix.agent.dataplane.delta import DeltaTracker
+from pyfelix.agent.dataplane.iptables.chains import Chain, rule_hashes, with_comment
+from pyfelix.agent.dataplane.iptables.names import CHAIN_PREFIX, HASH_COMMENT_PREFIX
+from pyfelix.agent.shims.cmd import CommandError, CommandRunner
 
 log = logging.getLogger(__name__)
 

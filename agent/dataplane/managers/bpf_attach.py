@@ -46,8 +46,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agent import proto
-from agent.bpf.attach import (
+from pyfelix.agent import proto
+from pyfelix.agent.bpf.attach import (
     FILTER_NAME_PREFIX,
     TC_HANDLE,
     TC_PRIO,
@@ -57,10 +57,10 @@ from agent.bpf.attach import (
     InterfaceGone,
     filter_name,
 )
-from agent.dataplane.events import IFACE_ABSENT, InterfaceAddrsUpdate, InterfaceUpdate
-from agent.dataplane.manager import ManagerBase
-from agent.dataplane.managers import bpf_metrics as metrics
-from agent.dataplane.managers.hostips import resolve_host_endpoints
+from pyfelix.agent.dataplane.events import IFACE_ABSENT, InterfaceAddrsUpdate, InterfaceUpdate
+from pyfelix.agent.dataplane.manager import ManagerBase
+from pyfelix.agent.dataplane.managers import bpf_metrics as metrics
+from pyfelix.agent.dataplane.managers.hostips import resolve_host_endpoints
 
 log = logging.getLogger(__name__)
 
@@ -378,7 +378,7 @@ class BpfAttachManager(ManagerBase):
             if self._attacher_factory is not None:
                 self._attacher = self._attacher_factory()
             else:
-                from agent.bpf.attach import PyRoute2Attacher
+                from pyfelix.agent.bpf.attach import PyRoute2Attacher
 
                 self._attacher = PyRoute2Attacher()
         return self._attacher

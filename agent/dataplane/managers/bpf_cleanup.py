@@ -97,12 +97,12 @@ from dataclasses import dataclass, field
 
 from prometheus_client import Counter
 
-from agent import proto
-from agent.bpf.attach import XDP_PROG_NAME, Attacher, AttachError, InterfaceGone
-from agent.bpf.loader import BUILD_PIN_PREFIXES, HOST_ROOT, bpffs_mount_of
-from agent.bpf.maps import ALL_MAPS
-from agent.dataplane.manager import ManagerBase
-from agent.shims.clock import Clock, SystemClock
+from pyfelix.agent import proto
+from pyfelix.agent.bpf.attach import XDP_PROG_NAME, Attacher, AttachError, InterfaceGone
+from pyfelix.agent.bpf.loader import BUILD_PIN_PREFIXES, HOST_ROOT, bpffs_mount_of
+from pyfelix.agent.bpf.maps import ALL_MAPS
+from pyfelix.agent.dataplane.manager import ManagerBase
+from pyfelix.agent.shims.clock import Clock, SystemClock
 
 log = logging.getLogger(__name__)
 
@@ -435,7 +435,7 @@ class BpfCleanupManager(ManagerBase):
             if self._attacher_factory is not None:
                 self._attacher = self._attacher_factory()
             else:
-                from agent.bpf.attach import PyRoute2Attacher
+                from pyfelix.agent.bpf.attach import PyRoute2Attacher
 
                 self._attacher = PyRoute2Attacher(self._netns)
         return self._attacher

@@ -21,10 +21,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from agent.bpf.conntrack import CleanStats, ConntrackCleaner
-from agent.bpf.maps import conntrack as ct_map
-from agent.dataplane.manager import ManagerBase
-from agent.dataplane.managers import bpf_metrics as metrics
+from pyfelix.agent.bpf.conntrack import CleanStats, ConntrackCleaner
+from pyfelix.agent.bpf.maps import conntrack as ct_map
+from pyfelix.agent.dataplane.manager import ManagerBase
+from pyfelix.agent.dataplane.managers import bpf_metrics as metrics
 
 log = logging.getLogger(__name__)
 

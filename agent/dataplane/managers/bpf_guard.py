@@ -31,9 +31,9 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from agent.dataplane.manager import ManagerBase
-from agent.proto import InSync
-from agent.shims.nft_guard import NftGuard
+from pyfelix.agent.dataplane.manager import ManagerBase
+from pyfelix.agent.proto import InSync
+from pyfelix.agent.shims.nft_guard import NftGuard
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from agent.dataplane.events import IFACE_ABSENT, InterfaceAddrsUpdate, InterfaceUpdate
+from pyfelix.agent.dataplane.events import IFACE_ABSENT, InterfaceAddrsUpdate, InterfaceUpdate
 
 # a dump: ({name: ifindex}, {name: addresses as CIDR strings})
 InterfaceDump = tuple[dict[str, int], dict[str, frozenset[str]]]

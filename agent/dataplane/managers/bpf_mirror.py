@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from agent.bpf.maps.base import ARRAY_TYPES, MapFullError
-from agent.dataplane.delta import DeltaTracker
-from agent.dataplane.managers import bpf_metrics as metrics
+from pyfelix.agent.bpf.maps.base import ARRAY_TYPES, MapFullError
+from pyfelix.agent.dataplane.delta import DeltaTracker
+from pyfelix.agent.dataplane.managers import bpf_metrics as metrics
 
 
 class MapMirror(DeltaTracker[bytes, bytes]):

@@ -42,14 +42,14 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from agent import proto
-from agent.bpf.maps import nat_affinity as aff_map
-from agent.bpf.maps import nat_backend as be_map
-from agent.bpf.maps import nat_frontend as fe_map
-from agent.bpf.maps import nat_vip_filter as filter_map
-from agent.dataplane.manager import ManagerBase
-from agent.dataplane.managers import bpf_metrics as metrics
-from agent.dataplane.managers.bpf_mirror import MapMirror
+from pyfelix.agent import proto
+from pyfelix.agent.bpf.maps import nat_affinity as aff_map
+from pyfelix.agent.bpf.maps import nat_backend as be_map
+from pyfelix.agent.bpf.maps import nat_frontend as fe_map
+from pyfelix.agent.bpf.maps import nat_vip_filter as filter_map
+from pyfelix.agent.dataplane.manager import ManagerBase
+from pyfelix.agent.dataplane.managers import bpf_metrics as metrics
+from pyfelix.agent.dataplane.managers.bpf_mirror import MapMirror
 
 log = logging.getLogger(__name__)
 

@@ -56,8 +56,8 @@ import struct
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from agent import proto
-from agent.bpf.compiler import (
+from pyfelix.agent import proto
+from pyfelix.agent.bpf.compiler import (
     AdoptedState,
     CompiledDataplane,
     CompileError,
@@ -65,19 +65,19 @@ from agent.bpf.compiler import (
     PolicyCompiler,
     PolicyState,
 )
-from agent.bpf.maps import cls_chains as cls_chains_map
-from agent.bpf.maps import counters as counters_map
-from agent.bpf.maps import ep_by_ifindex as ep_array
-from agent.bpf.maps import ipsets as ipsets_map
-from agent.bpf.maps.base import MapFullError
-from agent.bpf.maps.ids import IdKind
-from agent.bpf.maps.rules import max_chain_records
-from agent.dataplane.events import InterfaceAddrsUpdate, InterfaceUpdate
-from agent.dataplane.manager import ManagerBase
-from agent.dataplane.managers import bpf_metrics as metrics
-from agent.dataplane.managers.bpf_ifaces import InterfaceTable, Lister
-from agent.dataplane.managers.bpf_mirror import MapMirror
-from agent.dataplane.managers.hostips import resolve_host_endpoints
+from pyfelix.agent.bpf.maps import cls_chains as cls_chains_map
+from pyfelix.agent.bpf.maps import counters as counters_map
+from pyfelix.agent.bpf.maps import ep_by_ifindex as ep_array
+from pyfelix.agent.bpf.maps import ipsets as ipsets_map
+from pyfelix.agent.bpf.maps.base import MapFullError
+from pyfelix.agent.bpf.maps.ids import IdKind
+from pyfelix.agent.bpf.maps.rules import max_chain_records
+from pyfelix.agent.dataplane.events import InterfaceAddrsUpdate, InterfaceUpdate
+from pyfelix.agent.dataplane.manager import ManagerBase
+from pyfelix.agent.dataplane.managers import bpf_metrics as metrics
+from pyfelix.agent.dataplane.managers.bpf_ifaces import InterfaceTable, Lister
+from pyfelix.agent.dataplane.managers.bpf_mirror import MapMirror
+from pyfelix.agent.dataplane.managers.hostips import resolve_host_endpoints
 
 log = logging.getLogger(__name__)
 

@@ -26,13 +26,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from agent import proto
-from agent.bpf.route_table import RouteInputs, compile_routes
-from agent.dataplane.events import InterfaceAddrsUpdate, InterfaceUpdate
-from agent.dataplane.manager import ManagerBase
-from agent.dataplane.managers import bpf_metrics as metrics
-from agent.dataplane.managers.bpf_ifaces import InterfaceTable, Lister
-from agent.dataplane.managers.bpf_mirror import MapMirror
+from pyfelix.agent import proto
+from pyfelix.agent.bpf.route_table import RouteInputs, compile_routes
+from pyfelix.agent.dataplane.events import InterfaceAddrsUpdate, InterfaceUpdate
+from pyfelix.agent.dataplane.manager import ManagerBase
+from pyfelix.agent.dataplane.managers import bpf_metrics as metrics
+from pyfelix.agent.dataplane.managers.bpf_ifaces import InterfaceTable, Lister
+from pyfelix.agent.dataplane.managers.bpf_mirror import MapMirror
 
 log = logging.getLogger(__name__)
 

@@ -24,10 +24,15 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable
 
-from agent.dataplane.events import IFACE_ABSENT, IFACE_UP, InterfaceAddrsUpdate, InterfaceUpdate
-from agent.dataplane.iptables.names import valid_iface_name
-from agent.dataplane.manager import ManagerBase
-from agent.proto import (
+from pyfelix.agent.dataplane.events import (
+    IFACE_ABSENT,
+    IFACE_UP,
+    InterfaceAddrsUpdate,
+    InterfaceUpdate,
+)
+from pyfelix.agent.dataplane.iptables.names import valid_iface_name
+from pyfelix.agent.dataplane.manager import ManagerBase
+from pyfelix.agent.proto import (
     HostEndpoint,
     HostEndpointID,
     HostEndpointRemove,

@@ -19,15 +19,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from agent.dataplane.delta import DeltaTracker
-from agent.dataplane.managers.ipsets import (
+from pyfelix.agent.dataplane.delta import DeltaTracker
+from pyfelix.agent.dataplane.managers.ipsets import (
     IPSetError,
     IPSetState,
     normalise_member,
     parse_ipset_save,
     restore_lines,
 )
-from agent.shims.cmd import CommandError, CommandRunner
+from pyfelix.agent.shims.cmd import CommandError, CommandRunner
 
 log = logging.getLogger(__name__)
 

@@ -28,12 +28,12 @@ import logging
 import re
 from collections.abc import Iterable, Mapping
 
-from agent.dataplane.events import InterfaceAddrsUpdate
-from agent.dataplane.iptables.names import IPSET_THIS_HOST
-from agent.dataplane.manager import ManagerBase
-from agent.dataplane.managers.fixed_ipsets import FixedIPSets
-from agent.proto import HostEndpoint, HostEndpointID, InSync
-from agent.shims.cmd import CommandRunner, NetnsCommandRunner
+from pyfelix.agent.dataplane.events import InterfaceAddrsUpdate
+from pyfelix.agent.dataplane.iptables.names import IPSET_THIS_HOST
+from pyfelix.agent.dataplane.manager import ManagerBase
+from pyfelix.agent.dataplane.managers.fixed_ipsets import FixedIPSets
+from pyfelix.agent.proto import HostEndpoint, HostEndpointID, InSync
+from pyfelix.agent.shims.cmd import CommandRunner, NetnsCommandRunner
 
 log = logging.getLogger(__name__)
 

@@ -42,8 +42,8 @@ import socket
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from agent.dataplane.delta import DeltaTracker
-from agent.dataplane.iptables.names import (
+from pyfelix.agent.dataplane.delta import DeltaTracker
+from pyfelix.agent.dataplane.iptables.names import (
     CALC_IPSET_PREFIXES,
     CALC_IPSET_PREFIXES6,
     IPSET_PREFIX6,
@@ -52,9 +52,9 @@ from agent.dataplane.iptables.names import (
     KERNEL_IPSET_TYPES,
     ipset_name,
 )
-from agent.dataplane.manager import ManagerBase
-from agent.proto import InSync, IPSetDeltaUpdate, IPSetRemove, IPSetUpdate
-from agent.shims.cmd import CommandError, CommandRunner, NetnsCommandRunner
+from pyfelix.agent.dataplane.manager import ManagerBase
+from pyfelix.agent.proto import InSync, IPSetDeltaUpdate, IPSetRemove, IPSetUpdate
+from pyfelix.agent.shims.cmd import CommandError, CommandRunner, NetnsCommandRunner
 
 log = logging.getLogger(__name__)
 

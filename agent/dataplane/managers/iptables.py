@@ -72,9 +72,9 @@ from __future__ import annotations
 import ipaddress
 import logging
 
-from agent.dataplane.events import IFACE_ABSENT, InterfaceAddrsUpdate, InterfaceUpdate
-from agent.dataplane.iptables.chains import Chain
-from agent.dataplane.iptables.hostendpoints import (
+from pyfelix.agent.dataplane.events import IFACE_ABSENT, InterfaceAddrsUpdate, InterfaceUpdate
+from pyfelix.agent.dataplane.iptables.chains import Chain
+from pyfelix.agent.dataplane.iptables.hostendpoints import (
     FILTER,
     MANGLE,
     RAW,
@@ -85,24 +85,27 @@ from agent.dataplane.iptables.hostendpoints import (
     host_endpoint_profile_ids,
     parse_failsafe_ports,
 )
-from agent.dataplane.iptables.ipv6 import ipv6_base_chain_inserts, ipv6_workload_static_chains
-from agent.dataplane.iptables.names import IPSET_ALL_VXLAN, valid_iface_name
-from agent.dataplane.iptables.render import (
+from pyfelix.agent.dataplane.iptables.ipv6 import (
+    ipv6_base_chain_inserts,
+    ipv6_workload_static_chains,
+)
+from pyfelix.agent.dataplane.iptables.names import IPSET_ALL_VXLAN, valid_iface_name
+from pyfelix.agent.dataplane.iptables.render import (
     ENDPOINT_TO_HOST_ACTIONS,
     Marks,
     RuleRenderer,
 )
-from agent.dataplane.iptables.restore import (
+from pyfelix.agent.dataplane.iptables.restore import (
     IptablesBinaries,
     IptablesError,
     IptablesTable,
     apply_tables,
     detect_backend,
 )
-from agent.dataplane.manager import ManagerBase
-from agent.dataplane.managers.fixed_ipsets import FixedIPSets
-from agent.dataplane.managers.hostips import KUBE_IPVS_INTERFACE, resolve_host_endpoints
-from agent.proto import (
+from pyfelix.agent.dataplane.manager import ManagerBase
+from pyfelix.agent.dataplane.managers.fixed_ipsets import FixedIPSets
+from pyfelix.agent.dataplane.managers.hostips import KUBE_IPVS_INTERFACE, resolve_host_endpoints
+from pyfelix.agent.proto import (
     ActivePolicyRemove,
     ActivePolicyUpdate,
     ActiveProfileRemove,
@@ -123,7 +126,7 @@ from agent.proto import (
     WorkloadEndpointRemove,
     WorkloadEndpointUpdate,
 )
-from agent.shims.cmd import CommandRunner, NetnsCommandRunner
+from pyfelix.agent.shims.cmd import CommandRunner, NetnsCommandRunner
 
 log = logging.getLogger(__name__)
 

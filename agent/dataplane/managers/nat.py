@@ -30,18 +30,18 @@ from __future__ import annotations
 import ipaddress
 import logging
 
-from agent.dataplane.iptables.chains import Chain
-from agent.dataplane.iptables.names import (
+from pyfelix.agent.dataplane.iptables.chains import Chain
+from pyfelix.agent.dataplane.iptables.names import (
     CHAIN_NAT_OUTGOING,
     CHAIN_POSTROUTING,
     IPSET_ALL_POOLS,
     IPSET_MASQ_POOLS,
 )
-from agent.dataplane.iptables.restore import IptablesBinaries, IptablesTable, detect_backend
-from agent.dataplane.manager import ManagerBase
-from agent.dataplane.managers.fixed_ipsets import FixedIPSets
-from agent.proto import InSync, IPAMPoolRemove, IPAMPoolUpdate
-from agent.shims.cmd import CommandRunner, NetnsCommandRunner
+from pyfelix.agent.dataplane.iptables.restore import IptablesBinaries, IptablesTable, detect_backend
+from pyfelix.agent.dataplane.manager import ManagerBase
+from pyfelix.agent.dataplane.managers.fixed_ipsets import FixedIPSets
+from pyfelix.agent.proto import InSync, IPAMPoolRemove, IPAMPoolUpdate
+from pyfelix.agent.shims.cmd import CommandRunner, NetnsCommandRunner
 
 log = logging.getLogger(__name__)
 

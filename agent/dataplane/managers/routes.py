@@ -42,10 +42,10 @@ import ipaddress
 import logging
 from dataclasses import dataclass
 
-from agent.dataplane.delta import DeltaTracker
-from agent.dataplane.events import IFACE_UP, InterfaceUpdate
-from agent.dataplane.manager import ManagerBase
-from agent.proto import (
+from pyfelix.agent.dataplane.delta import DeltaTracker
+from pyfelix.agent.dataplane.events import IFACE_UP, InterfaceUpdate
+from pyfelix.agent.dataplane.manager import ManagerBase
+from pyfelix.agent.proto import (
     InSync,
     RouteRemove,
     RouteUpdate,
@@ -53,9 +53,9 @@ from agent.proto import (
     WorkloadEndpointRemove,
     WorkloadEndpointUpdate,
 )
-from agent.shims.link_netlink import AF_INET as NEIGH_AF_INET
-from agent.shims.link_netlink import LinkNetlink, Neighbour
-from agent.shims.netlink import (
+from pyfelix.agent.shims.link_netlink import AF_INET as NEIGH_AF_INET
+from pyfelix.agent.shims.link_netlink import LinkNetlink, Neighbour
+from pyfelix.agent.shims.netlink import (
     AF_INET,
     AF_INET6,
     RT_SCOPE_LINK,
@@ -125,7 +125,7 @@ class RouteManager(ManagerBase):
     @property
     def netlink(self) -> Netlink:
         if self._netlink is None:
-            from agent.shims.netlink import PyRoute2Netlink
+            from pyfelix.agent.shims.netlink import PyRoute2Netlink
 
             self._netlink = PyRoute2Netlink(self._netns)
         return self._netlink
@@ -133,7 +133,7 @@ class RouteManager(ManagerBase):
     @property
     def neighbours(self) -> LinkNetlink:
         if self._neighbours is None:
-            from agent.shims.link_netlink import PyRoute2LinkNetlink
+            from pyfelix.agent.shims.link_netlink import PyRoute2LinkNetlink
 
             self._neighbours = PyRoute2LinkNetlink(self._netns)
         return self._neighbours

@@ -33,17 +33,17 @@ import errno
 import ipaddress
 import logging
 
-from agent.dataplane.delta import DeltaTracker
-from agent.dataplane.events import IFACE_ABSENT, InterfaceUpdate
-from agent.dataplane.manager import ManagerBase
-from agent.proto import (
+from pyfelix.agent.dataplane.delta import DeltaTracker
+from pyfelix.agent.dataplane.events import IFACE_ABSENT, InterfaceUpdate
+from pyfelix.agent.dataplane.manager import ManagerBase
+from pyfelix.agent.proto import (
     InSync,
     WorkloadEndpoint,
     WorkloadEndpointID,
     WorkloadEndpointRemove,
     WorkloadEndpointUpdate,
 )
-from agent.shims.sysctl import Sysctls
+from pyfelix.agent.shims.sysctl import Sysctls
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class SysctlManager(ManagerBase):
     @property
     def sysctls(self) -> Sysctls:
         if self._sysctls is None:
-            from agent.shims.sysctl import ProcSysctls
+            from pyfelix.agent.shims.sysctl import ProcSysctls
 
             self._sysctls = ProcSysctls(self._netns)
         return self._sysctls

@@ -41,10 +41,10 @@ import ipaddress
 import logging
 from dataclasses import dataclass
 
-from agent.dataplane.delta import DeltaTracker
-from agent.dataplane.events import InterfaceAddrsUpdate
-from agent.dataplane.manager import ManagerBase
-from agent.proto import (
+from pyfelix.agent.dataplane.delta import DeltaTracker
+from pyfelix.agent.dataplane.events import InterfaceAddrsUpdate
+from pyfelix.agent.dataplane.manager import ManagerBase
+from pyfelix.agent.proto import (
     InSync,
     IPAMPoolRemove,
     IPAMPoolUpdate,
@@ -53,7 +53,7 @@ from agent.proto import (
     VXLANTunnelEndpointRemove,
     VXLANTunnelEndpointUpdate,
 )
-from agent.shims.link_netlink import (
+from pyfelix.agent.shims.link_netlink import (
     AF_BRIDGE,
     AF_INET,
     LinkDetail,
@@ -62,7 +62,7 @@ from agent.shims.link_netlink import (
     OverlayRoute,
     VXLANInfo,
 )
-from agent.shims.netlink import NetlinkError
+from pyfelix.agent.shims.netlink import NetlinkError
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class VXLANManager(ManagerBase):
     @property
     def netlink(self) -> LinkNetlink:
         if self._netlink is None:
-            from agent.shims.link_netlink import PyRoute2LinkNetlink
+            from pyfelix.agent.shims.link_netlink import PyRoute2LinkNetlink
 
             self._netlink = PyRoute2LinkNetlink(self._netns)
         return self._netlink

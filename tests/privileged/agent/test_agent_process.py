@@ -80,7 +80,7 @@ def start_agent(netns: str, datastore: Path, env: dict[str, str],
     extra = ["--config-file", str(config_file)] if config_file is not None else []
     with open(log, "wb") as out:
         return subprocess.Popen(
-            ["ip", "netns", "exec", netns, sys.executable, "-m", "cli.main", "agent",
+            ["ip", "netns", "exec", netns, sys.executable, "-m", "pyfelix.cli.main", "agent",
              "--datastore", str(datastore), "--hostname", "node1", *extra],
             cwd=REPO, env={**os.environ, **own_pin_dir(), **env}, stdout=out,
             stderr=subprocess.STDOUT)
@@ -136,12 +136,12 @@ def test_health_metrics_and_sigterm(netns: str, tmp_path: Path) -> None:
         frozen = re.search(r"^pyfelix_gc_frozen_objects (\S+)$", metrics, re.M)
         assert frozen and float(frozen.group(1)) > 1000, "GC policy did not settle"
         # Felix's status reporting: this node's record in the datastore while it runs
-        check = subprocess.run([sys.executable, "-m", "cli.main", "status", "--datastore",
+        check = subprocess.run([sys.executable, "-m", "pyfelix.cli.main", "status", "--datastore",
                                 str(datastore), "--hostname", "node1", "--check"],
                                cwd=REPO, capture_output=True, text=True, timeout=30)
         assert check.returncode == 0, check.stdout + check.stderr
         assert (datastore / ".status" / "nodes" / "node1.json").exists()
-        got = subprocess.run([sys.executable, "-m", "cli.main", "get", "status", "node1",
+        got = subprocess.run([sys.executable, "-m", "pyfelix.cli.main", "get", "status", "node1",
                               "--datastore", str(datastore), "-o", "json"],
                              cwd=REPO, capture_output=True, text=True, timeout=30)
         assert got.returncode == 0, got.stderr
@@ -172,7 +172,7 @@ def test_bad_config_is_one_clear_error(netns: str, tmp_path: Path, env: dict[str
                                        fragment: str) -> None:
     datastore = tmp_path / "ds"
     datastore.mkdir()
-    done = in_ns(netns, sys.executable, "-m", "cli.main", "agent", "--datastore",
+    done = in_ns(netns, sys.executable, "-m", "pyfelix.cli.main", "agent", "--datastore",
                  str(datastore), "--hostname", "node1", cwd=REPO,
                  env={**os.environ, **own_pin_dir(), **env})
     assert done.returncode == 2

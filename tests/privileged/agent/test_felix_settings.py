@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.config import NOT_IMPLEMENTED
-from agent.felix_params import FELIX_PARAMS, FELIX_PARAMS_BY_KEY
+from pyfelix.agent.config import NOT_IMPLEMENTED
+from pyfelix.agent.felix_params import FELIX_PARAMS, FELIX_PARAMS_BY_KEY
 from tests.privileged.agent.test_agent_process import (
     POLICY,
     REPO,
@@ -95,13 +95,13 @@ def run_and_check(netns_name: str, tmp_path: Path, env: dict[str, str],
         assert agent.poll() is None, (tmp_path / "agent.log").read_text()[-3000:]
         assert "cali-tw-cali0123456789a" in in_ns(netns_name, "iptables-save", "-t",
                                                   "filter").stdout
-        shown = subprocess.run([sys.executable, "-m", "cli.main", "status", "--status-file",
+        shown = subprocess.run([sys.executable, "-m", "pyfelix.cli.main", "status", "--status-file",
                                 str(status_path), "-o", "json"], cwd=REPO,
                                capture_output=True, text=True, timeout=30)
         assert shown.returncode == 0, shown.stderr
         listed = json.loads(shown.stdout)["agent"]["not_implemented"]
         assert set(listed.split(",")) == expected
-        table = subprocess.run([sys.executable, "-m", "cli.main", "status", "--status-file",
+        table = subprocess.run([sys.executable, "-m", "pyfelix.cli.main", "status", "--status-file",
                                 str(status_path)], cwd=REPO, capture_output=True, text=True,
                                timeout=30).stdout
         assert "not_implemented" in table and all(name in table for name in expected)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent import proto as p
-from agent.bpf.compiler import CompiledDataplane, PolicyCompiler, PolicyState
-from agent.bpf.loader import LoadedDataplane
-from agent.bpf.maps import counters as counters_map
-from agent.bpf.maps.base import ARRAY_TYPES, BpfMap
-from agent.bpf.route_table import RouteInputs, compile_routes
-from agent.bpf.testrun import TC_ACT_OK, TC_ACT_SHOT, NetnsThread, run_tc, run_xdp
+from pyfelix.agent import proto as p
+from pyfelix.agent.bpf.compiler import CompiledDataplane, PolicyCompiler, PolicyState
+from pyfelix.agent.bpf.loader import LoadedDataplane
+from pyfelix.agent.bpf.maps import counters as counters_map
+from pyfelix.agent.bpf.maps.base import ARRAY_TYPES, BpfMap
+from pyfelix.agent.bpf.route_table import RouteInputs, compile_routes
+from pyfelix.agent.bpf.testrun import TC_ACT_OK, TC_ACT_SHOT, NetnsThread, run_tc, run_xdp
 
 HOOK_PROGRAMS = {"from": "calico_from_wep", "to": "calico_to_wep"}
 DEFAULT_ADDRESSES = {"d1": ("10.65.0.1/32",), "d2": ("10.65.0.2/32",)}

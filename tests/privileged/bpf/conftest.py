@@ -19,8 +19,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.bpf.loader import BuildConfig, LoadedDataplane, load_dataplane, remove_pin_dir
-from agent.bpf.testrun import NetnsThread
+from pyfelix.agent.bpf.loader import BuildConfig, LoadedDataplane, load_dataplane, remove_pin_dir
+from pyfelix.agent.bpf.testrun import NetnsThread
 from tests.privileged.bpf.bpf_harness import Harness, reset_maps
 
 IFACES = ("d1", "d2", "d3", "d4")

@@ -9,10 +9,10 @@ import secrets
 import subprocess
 from collections.abc import Iterable, Iterator
 
-from agent import proto as p
-from agent.bpf.loader import remove_pin_dir
-from agent.bpf.testrun import NetnsThread
-from agent.config import Config, load_config
+from pyfelix.agent import proto as p
+from pyfelix.agent.bpf.loader import remove_pin_dir
+from pyfelix.agent.bpf.testrun import NetnsThread
+from pyfelix.agent.config import Config, load_config
 
 
 def sh(*argv: str) -> str:

@@ -14,9 +14,9 @@ import random
 
 import pytest
 
-from agent import proto as p
-from agent.bpf import classifier as cls
-from agent.bpf import packets as pk
+from pyfelix.agent import proto as p
+from pyfelix.agent.bpf import classifier as cls
+from pyfelix.agent.bpf import packets as pk
 from tests.bpf.bpf_reference import Pkt, expected_verdict
 from tests.bpf.test_bpf_classifier import (
     SETS,

@@ -35,12 +35,12 @@ from pathlib import Path
 
 import pytest
 
-from agent import proto as p
-from agent.bpf import syscall
-from agent.bpf.attach import HOOK_PARENTS, XDP_FLAGS_SKB_MODE
-from agent.bpf.maps.base import MapType
-from agent.dataplane.bpf_dataplane import build_bpf_managers
-from agent.dataplane.managers.bpf_cleanup import (
+from pyfelix.agent import proto as p
+from pyfelix.agent.bpf import syscall
+from pyfelix.agent.bpf.attach import HOOK_PARENTS, XDP_FLAGS_SKB_MODE
+from pyfelix.agent.bpf.maps.base import MapType
+from pyfelix.agent.dataplane.bpf_dataplane import build_bpf_managers
+from pyfelix.agent.dataplane.managers.bpf_cleanup import (
     BpfCleanupManager,
     locate_pin_dir,
     remove_our_pins,
@@ -175,7 +175,7 @@ def test_iptables_agent_removes_our_programs_and_pins_and_keeps_foreign_ones(
     # nsenter --net keeps our mount namespace (the pins' bpffs), as the lab runs agents
     with open(log_path, "wb") as log_file:
         agent = subprocess.Popen(
-            ["nsenter", f"--net=/run/netns/{node.name}", sys.executable, "-m", "cli.main",
+            ["nsenter", f"--net=/run/netns/{node.name}", sys.executable, "-m", "pyfelix.cli.main",
              "agent", "--datastore", str(datastore), "--hostname", "node1"],
             cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log_file,
             stderr=subprocess.STDOUT)
@@ -276,7 +276,7 @@ def test_on_bpffs_only_our_pins_go_and_a_link_to_the_root_is_refused(
     assert at_root <= set(os.listdir("/sys/fs/bpf"))  # others' pins may come, none went
 
     assert locate_pin_dir(pin_dir) == pin_dir
-    with caplog.at_level("WARNING", logger="agent.dataplane.managers.bpf_cleanup"):
+    with caplog.at_level("WARNING", logger="pyfelix.agent.dataplane.managers.bpf_cleanup"):
         cleanup = BpfCleanupManager(pin_dir, attacher=FakeAttacher())
         cleanup.on_update(p.InSync())
         cleanup.finish_apply()

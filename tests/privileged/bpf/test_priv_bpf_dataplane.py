@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
-from agent import proto as p
-from agent.bpf.maps import BY_NAME
-from agent.bpf.maps.base import BpfMap
-from agent.dataplane.bpf_dataplane import build_bpf_managers
-from agent.dataplane.loop import DataplaneLoop
+from pyfelix.agent import proto as p
+from pyfelix.agent.bpf.maps import BY_NAME
+from pyfelix.agent.bpf.maps.base import BpfMap
+from pyfelix.agent.dataplane.bpf_dataplane import build_bpf_managers
+from pyfelix.agent.dataplane.loop import DataplaneLoop
 from tests.privileged.bpf.node_testlib import (
     Node,
     allow_all_workloads,
@@ -81,7 +81,7 @@ def writes() -> float:
 
 
 def dump(pin_dir: str, map_name: str) -> list[dict]:
-    done = subprocess.run([sys.executable, "-m", "cli.main", "bpf", map_name, "dump", "-o",
+    done = subprocess.run([sys.executable, "-m", "pyfelix.cli.main", "bpf", map_name, "dump", "-o",
                            "json", "--pin-dir", pin_dir], cwd=REPO, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -174,7 +174,7 @@ def test_generic_xdp_where_the_driver_has_no_native_hook(node: Node) -> None:
     """GenericXDPEnabled: a build with it puts calico_xdp in generic mode on a bridge device
     (a bridge: no native XDP) and native on a veth. Its own pin directory and an interface prefix no
     workload has, so the module's first build keeps its programs."""
-    from agent.dataplane.managers.bpf_attach import BpfAttachManager
+    from pyfelix.agent.dataplane.managers.bpf_attach import BpfAttachManager
 
     with own_pin_dir("dp-generic") as generic_pins:
         _generic_xdp(node, small_maps_config(generic_pins, FELIX_GENERICXDPENABLED="true",
@@ -208,7 +208,7 @@ def _generic_xdp(node: Node, config, attach_type) -> None:
 
 
 def test_new_interface_gets_programs_through_loop_and_monitor(node: Node, first_build: list):
-    from agent.dataplane.ifacemonitor import InterfaceMonitor
+    from pyfelix.agent.dataplane.ifacemonitor import InterfaceMonitor
 
     def start() -> tuple[DataplaneLoop, InterfaceMonitor]:
         loop = DataplaneLoop(first_build, resync_interval=60)

@@ -14,15 +14,15 @@ import time
 
 import pytest
 
-from agent import proto as p
-from agent.bpf import packets as pk
-from agent.bpf import syscall
-from agent.bpf.compiler import PolicyCompiler, PolicyState
-from agent.bpf.loader import BuildConfig, load_dataplane, prepare_pins, remove_pin_dir
-from agent.bpf.maps import ALL_MAPS, BY_NAME, endpoints, ipsets
-from agent.bpf.maps import conntrack as ct_map
-from agent.bpf.maps.base import BpfMap, MapFullError, MapParams, MapType
-from agent.bpf.testrun import TC_ACT_OK, run_tc
+from pyfelix.agent import proto as p
+from pyfelix.agent.bpf import packets as pk
+from pyfelix.agent.bpf import syscall
+from pyfelix.agent.bpf.compiler import PolicyCompiler, PolicyState
+from pyfelix.agent.bpf.loader import BuildConfig, load_dataplane, prepare_pins, remove_pin_dir
+from pyfelix.agent.bpf.maps import ALL_MAPS, BY_NAME, endpoints, ipsets
+from pyfelix.agent.bpf.maps import conntrack as ct_map
+from pyfelix.agent.bpf.maps.base import BpfMap, MapFullError, MapParams, MapType
+from pyfelix.agent.bpf.testrun import TC_ACT_OK, run_tc
 
 pytestmark = pytest.mark.privileged
 
@@ -164,9 +164,9 @@ def test_full_map_raises_map_full_error_naming_the_map(map_type, key_size, flags
 def test_every_map_dumps_json_ready_rows_from_its_pin(loaded, harness, pin_dir):
     import json
 
-    from agent import proto as p
-    from agent.bpf import packets as pk
-    from agent.bpf.maps import BY_NAME, dump_pinned
+    from pyfelix.agent import proto as p
+    from pyfelix.agent.bpf import packets as pk
+    from pyfelix.agent.bpf.maps import BY_NAME, dump_pinned
 
     h = harness
     h.apply(p.IPSetUpdate("s:x", "net", frozenset({"10.1.0.0/16"})),
@@ -205,9 +205,9 @@ def test_every_map_dumps_json_ready_rows_from_its_pin(loaded, harness, pin_dir):
 
 def test_conntrack_cleaner_on_the_real_map(loaded, harness):
 
-    from agent import proto as p
-    from agent.bpf import packets as pk
-    from agent.bpf.conntrack import ConntrackCleaner
+    from pyfelix.agent import proto as p
+    from pyfelix.agent.bpf import packets as pk
+    from pyfelix.agent.bpf.conntrack import ConntrackCleaner
 
     h = harness
     h.apply(p.ActiveProfileUpdate("all", p.Profile(outbound_rules=(p.Rule("allow"),))),
@@ -226,7 +226,7 @@ def test_conntrack_cleaner_on_the_real_map(loaded, harness):
 
 
 def test_sweep_removes_only_other_builds_pins():
-    from agent.bpf.loader import sweep_stale_build_pins
+    from pyfelix.agent.bpf.loader import sweep_stale_build_pins
 
     pin_dir = f"/sys/fs/bpf/pyfelix-test-{secrets.token_hex(4)}"
     os.makedirs(pin_dir)
@@ -252,7 +252,7 @@ def test_summary_counts_what_each_pinned_map_holds(harness, pin_dir):
     # policy churn: the chains move (make before break) and the old records stay behind
     h.apply(p.ActivePolicyUpdate(p.PolicyID("default", "in"), p.Policy(inbound_rules=(
         p.Rule("allow", protocol=6, src_ip_set_ids=("clients",)), p.Rule("deny")))))
-    done = subprocess.run([sys.executable, "-m", "cli.main", "bpf", "summary", "-o", "json",
+    done = subprocess.run([sys.executable, "-m", "pyfelix.cli.main", "bpf", "summary", "-o", "json",
                            "--pin-dir", pin_dir], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     rows = {row["map"]: row for row in json.loads(done.stdout)}
@@ -269,7 +269,7 @@ def test_summary_counts_what_each_pinned_map_holds(harness, pin_dir):
     assert rows["rules"]["fill_pct"] == round(100 * in_use / maps["rules"].max_entries, 1)
     assert rows["rule_counters"]["entries"] is None  # counters: every slot always exists
     assert rows["config"]["entries"] is None
-    table = subprocess.run([sys.executable, "-m", "cli.main", "bpf", "summary",
+    table = subprocess.run([sys.executable, "-m", "pyfelix.cli.main", "bpf", "summary",
                             "--pin-dir", pin_dir], capture_output=True, text=True, timeout=60)
     assert table.returncode == 0 and table.stdout.splitlines()[0].split()[:2] == ["MAP", "TYPE"]
 

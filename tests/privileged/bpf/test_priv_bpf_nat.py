@@ -13,11 +13,11 @@ from collections import Counter
 
 import pytest
 
-from agent import proto as p
-from agent.bpf import packets as pk
-from agent.bpf.maps import nat_counters
-from agent.bpf.testrun import TC_ACT_OK, run_tc
-from agent.dataplane.managers.bpf_nat import BpfNatManager
+from pyfelix.agent import proto as p
+from pyfelix.agent.bpf import packets as pk
+from pyfelix.agent.bpf.maps import nat_counters
+from pyfelix.agent.bpf.testrun import TC_ACT_OK, run_tc
+from pyfelix.agent.dataplane.managers.bpf_nat import BpfNatManager
 from tests.privileged.bpf.bpf_harness import HOOK_PROGRAMS, Harness
 
 pytestmark = pytest.mark.privileged
@@ -191,7 +191,7 @@ def test_cli_nat_dump_and_summary(harness: Harness) -> None:
 
     from click.testing import CliRunner
 
-    from cli.main import cli
+    from pyfelix.cli.main import cli
 
     h = harness
     program(h, frontends=(web(B, C, affinity=30),
@@ -297,8 +297,8 @@ def test_icmp_errors_about_a_service_flow_are_translated_back(harness: Harness) 
 
 
 def test_affinity_entries_expire_after_their_timeout(harness: Harness) -> None:
-    from agent.bpf.maps import nat_affinity as aff_map
-    from agent.bpf.maps.conntrack import now_ns
+    from pyfelix.agent.bpf.maps import nat_affinity as aff_map
+    from pyfelix.agent.bpf.maps.conntrack import now_ns
 
     h = harness
     nat = program(h, frontends=(web(B, affinity=30),))

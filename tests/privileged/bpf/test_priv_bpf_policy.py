@@ -13,12 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent import proto as p
-from agent.bpf import packets as pk
-from agent.bpf.maps import conntrack as ct_map
-from agent.bpf.maps import endpoints as endpoints_map
-from agent.bpf.maps import ep_by_ifindex as ep_array
-from agent.bpf.maps import rules as rules_map
+from pyfelix.agent import proto as p
+from pyfelix.agent.bpf import packets as pk
+from pyfelix.agent.bpf.maps import conntrack as ct_map
+from pyfelix.agent.bpf.maps import endpoints as endpoints_map
+from pyfelix.agent.bpf.maps import ep_by_ifindex as ep_array
+from pyfelix.agent.bpf.maps import rules as rules_map
 from tests.bpf.bpf_reference import Pkt, expected_verdict
 from tests.bpf.test_bpf_compiler import SETS, rules
 from tests.privileged.bpf.bpf_harness import Harness
@@ -575,7 +575,7 @@ def test_more_classifier_steps_than_the_tail_call_limit_fail_closed(harness):
     every word has candidates in both fields but none in their AND, for 300 words. The
     program gives up after 33 runs x CLS_STEPS_PER_PROG steps and drops (counted);
     the Python mirror of the program says the same."""
-    from agent.bpf import classifier as cls
+    from pyfelix.agent.bpf import classifier as cls
 
     h = harness
     rules_ = []
@@ -600,7 +600,7 @@ def test_more_classifier_steps_than_the_tail_call_limit_fail_closed(harness):
 
 
 def test_a_chain_without_a_classifier_fails_closed(harness):
-    from agent.bpf.maps import cls_chains as cls_chains_map
+    from pyfelix.agent.bpf.maps import cls_chains as cls_chains_map
 
     h = harness
     ingress_policy(h, p.Rule("allow"))
@@ -616,7 +616,7 @@ def test_a_chain_without_a_classifier_fails_closed(harness):
 
 
 def test_xdp_drops_untracked_denied_sources_early(harness):
-    from agent.bpf.testrun import XDP_DROP, XDP_PASS
+    from pyfelix.agent.bpf.testrun import XDP_DROP, XDP_PASS
 
     h = harness
     h.apply(p.IPSetUpdate("s:bad", "net", frozenset({"203.0.113.0/24"})),

@@ -34,9 +34,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.datastore import DatastoreLocation, make_syncer
-from confd.bird import BirdInstance, BirdTools
-from confd.watcher import ConfdLoop, ConfdReconciler
+from pyfelix.agent.datastore import DatastoreLocation, make_syncer
+from pyfelix.confd.bird import BirdInstance, BirdTools
+from pyfelix.confd.watcher import ConfdLoop, ConfdReconciler
 
 pytestmark = pytest.mark.privileged
 

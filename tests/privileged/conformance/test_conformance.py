@@ -1,6 +1,6 @@
 """The network-policy conformance suite on every conformant dataplane (real agents, real lab).
 
-`CONFORMANT_DATAPLANES` (agent.lab.conformance) lists the dataplanes run here; each listed
+`CONFORMANT_DATAPLANES` (lab.conformance) lists the dataplanes run here; each listed
 one RUNS (a broken one fails, it is never skipped). Per dataplane: one lab, one agent, one
 step per case, the whole 9x8 matrix per case; the test passes only with zero mismatches and
 prints the figures (cases passed, probes, seconds) whether it passes or not. A sample of the
@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from agent.lab.conformance import ALL_CASES, CONFORMANT_DATAPLANES, CROSS_NODE_SAMPLE
-from agent.lab.conformance.__main__ import run_conformance
-from agent.lab.conformance.case import select_cases
-from agent.lab.conformance.suite import run_dataplane
-from agent.lab.runner import NoAgents
+from pyfelix.lab.conformance import ALL_CASES, CONFORMANT_DATAPLANES, CROSS_NODE_SAMPLE
+from pyfelix.lab.conformance.__main__ import run_conformance
+from pyfelix.lab.conformance.case import select_cases
+from pyfelix.lab.conformance.suite import run_dataplane
+from pyfelix.lab.runner import NoAgents
 
 pytestmark = pytest.mark.privileged
 

@@ -21,20 +21,21 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.bpf.packets import checksum
-from agent.lab.conformance import ALL_CASES
-from agent.lab.conformance.case import Case, check_cases, select_cases
-from agent.lab.conformance.matrix import Cell, CellResult, expected_cells, truth_table
-from agent.lab.conformance.plan import PlanError, build_plan, plan_steps
-from agent.lab.conformance.probes import (
+from pyfelix.agent.bpf.packets import checksum
+from pyfelix.agent.model.resources import parse_resource
+from pyfelix.lab.conformance import ALL_CASES
+from pyfelix.lab.conformance.case import Case, check_cases, select_cases
+from pyfelix.lab.conformance.matrix import Cell, CellResult, expected_cells, truth_table
+from pyfelix.lab.conformance.plan import PlanError, build_plan, plan_steps
+from pyfelix.lab.conformance.probes import (
     FlowIds,
     classify,
     echo_request,
 )
-from agent.lab.conformance.report import ConformanceReport
-from agent.lab.conformance.resources import knp, labels, ref_of
-from agent.lab.conformance.suite import CaseOutcome, DataplaneOutcome
-from agent.lab.conformance.world import (
+from pyfelix.lab.conformance.report import ConformanceReport
+from pyfelix.lab.conformance.resources import knp, labels, ref_of
+from pyfelix.lab.conformance.suite import CaseOutcome, DataplaneOutcome
+from pyfelix.lab.conformance.world import (
     ALL_POD_KEYS,
     ICMP_ECHO,
     TCP_80,
@@ -44,8 +45,7 @@ from agent.lab.conformance.world import (
     pod_ip,
     scenario_data,
 )
-from agent.lab.scenario import parse_scenario
-from agent.model.resources import parse_resource
+from pyfelix.lab.scenario import parse_scenario
 
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -307,7 +307,7 @@ def test_cell_target_ip() -> None:
 
 
 def test_command_line_without_a_lab(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    from agent.lab.conformance.__main__ import main
+    from pyfelix.lab.conformance.__main__ import main
 
     assert main(["--list", "--case", "k8s-policy-update"]) == 0
     listed = capsys.readouterr().out.splitlines()

@@ -63,7 +63,7 @@ class CountingRunner:
     """A real NetnsCommandRunner that also counts the commands it ran, by binary."""
 
     def __init__(self, netns: str) -> None:
-        from agent.shims.cmd import NetnsCommandRunner
+        from pyfelix.agent.shims.cmd import NetnsCommandRunner
 
         self._inner = NetnsCommandRunner(netns)
         self.netns = netns

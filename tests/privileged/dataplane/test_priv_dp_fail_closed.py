@@ -31,10 +31,10 @@ from collections.abc import Callable
 
 import pytest
 
-from agent.dataplane.iptables.names import COMMENT_SPOOFED_SOURCE
-from agent.dataplane.iptables.restore import BACKENDS, BACKENDS6
-from agent.dataplane.linux import LinuxDataplane, LinuxDataplaneConfig
-from agent.proto import (
+from pyfelix.agent.dataplane.iptables.names import COMMENT_SPOOFED_SOURCE
+from pyfelix.agent.dataplane.iptables.restore import BACKENDS, BACKENDS6
+from pyfelix.agent.dataplane.linux import LinuxDataplane, LinuxDataplaneConfig
+from pyfelix.agent.proto import (
     ActiveProfileUpdate,
     InSync,
     Profile,
@@ -43,7 +43,7 @@ from agent.proto import (
     WorkloadEndpointID,
     WorkloadEndpointUpdate,
 )
-from agent.shims.netns import NetnsThread
+from pyfelix.agent.shims.netns import NetnsThread
 from tests.privileged.dataplane.dp_netns import in_ns
 from tests.privileged.packet_probe import TCP, UDP, RawSender, Sniffer
 

@@ -18,11 +18,11 @@ import time
 
 import pytest
 
-from agent.dataplane.iptables.restore import BACKENDS, parse_save
-from agent.dataplane.linux import LinuxDataplane, LinuxDataplaneConfig
-from agent.dataplane.managers.ipsets import IPSetsManager
-from agent.dataplane.managers.iptables import IptablesManager
-from agent.proto import (
+from pyfelix.agent.dataplane.iptables.restore import BACKENDS, parse_save
+from pyfelix.agent.dataplane.linux import LinuxDataplane, LinuxDataplaneConfig
+from pyfelix.agent.dataplane.managers.ipsets import IPSetsManager
+from pyfelix.agent.dataplane.managers.iptables import IptablesManager
+from pyfelix.agent.proto import (
     ActivePolicyUpdate,
     ActiveProfileUpdate,
     InSync,
@@ -37,7 +37,7 @@ from agent.proto import (
     WorkloadEndpointID,
     WorkloadEndpointUpdate,
 )
-from agent.shims.netns import NetnsThread
+from pyfelix.agent.shims.netns import NetnsThread
 from tests.privileged.dataplane.dp_netns import CountingRunner, in_ns
 
 pytestmark = pytest.mark.privileged

@@ -12,11 +12,11 @@ import time
 import pytest
 from pyroute2 import IPRoute
 
-from agent.dataplane.ifacemonitor import InterfaceMonitor
-from agent.dataplane.loop import DataplaneLoop
-from agent.dataplane.managers.routes import ROUTE_PROTOCOL, RouteManager
-from agent.dataplane.managers.sysctls import SysctlManager
-from agent.proto import InSync, WorkloadEndpoint, WorkloadEndpointID, WorkloadEndpointUpdate
+from pyfelix.agent.dataplane.ifacemonitor import InterfaceMonitor
+from pyfelix.agent.dataplane.loop import DataplaneLoop
+from pyfelix.agent.dataplane.managers.routes import ROUTE_PROTOCOL, RouteManager
+from pyfelix.agent.dataplane.managers.sysctls import SysctlManager
+from pyfelix.agent.proto import InSync, WorkloadEndpoint, WorkloadEndpointID, WorkloadEndpointUpdate
 from tests.privileged.dataplane.dp_netns import in_ns
 
 pytestmark = pytest.mark.privileged
@@ -152,9 +152,9 @@ def test_route_table_protocol_marks_the_routes_and_scopes_what_is_ours(make_netn
     (LinuxDataplaneConfig.from_config -> linux_managers): workload routes carry it, a stale
     route with it is removed after InSync, and one with the default protocol 80 is someone
     else's."""
-    from agent.config import load_config
-    from agent.dataplane.linux import LinuxDataplaneConfig, linux_managers
-    from agent.dataplane.managers.routes import RouteManager as Routes
+    from pyfelix.agent.config import load_config
+    from pyfelix.agent.dataplane.linux import LinuxDataplaneConfig, linux_managers
+    from pyfelix.agent.dataplane.managers.routes import RouteManager as Routes
 
     host, wl = make_netns(), make_netns()
     _add_veth(host, wl, "cali3a")

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from agent.syncer.backoff import Backoff
-from agent.syncer.etcd import EtcdSyncer
-from agent.syncer.etcd_conn import EtcdConfig
+from pyfelix.agent.syncer.backoff import Backoff
+from pyfelix.agent.syncer.etcd import EtcdSyncer
+from pyfelix.agent.syncer.etcd_conn import EtcdConfig
 from tests.privileged.etcd.etcd_server import ETCD_BINARY, EtcdServer
 from tests.privileged.etcd.etcd_testlib import TimedRecorder
 

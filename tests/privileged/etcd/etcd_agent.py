@@ -23,8 +23,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from agent.dataplane.iptables.names import policy_chain_name
-from agent.lab.netns import in_netns
+from pyfelix.agent.dataplane.iptables.names import policy_chain_name
+from pyfelix.lab.netns import in_netns
 from tests.privileged.etcd.etcd_server import DIE_WITH_PARENT
 from tests.privileged.etcd.etcd_testlib import CALICO, namespace, pod
 from tests.privileged.reliability.harness import scrape_metrics
@@ -77,7 +77,7 @@ class EtcdAgent:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 ["ip", "netns", "exec", self.netns, *DIE_WITH_PARENT, sys.executable, "-m",
-                 "cli.main", "agent", *datastore, "--hostname", NODE],
+                 "pyfelix.cli.main", "agent", *datastore, "--hostname", NODE],
                 cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True)
 

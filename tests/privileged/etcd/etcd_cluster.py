@@ -39,7 +39,7 @@ from pathlib import Path
 import grpc
 from pyetcd import etcdrpc
 
-from agent.syncer.etcd_conn import EtcdConfig, EtcdConnection, EtcdError
+from pyfelix.agent.syncer.etcd_conn import EtcdConfig, EtcdConnection, EtcdError
 from tests.privileged.etcd.etcd_server import DIE_WITH_PARENT, ETCD_BINARY
 
 SOCKET_NAME = "client:1"  # etcd's unix URL must look like host:port

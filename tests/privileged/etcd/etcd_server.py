@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.syncer.etcd_conn import EtcdConfig, EtcdConnection, EtcdError, EtcdTLS
+from pyfelix.agent.syncer.etcd_conn import EtcdConfig, EtcdConnection, EtcdError, EtcdTLS
 
 ETCD_BINARY = "/usr/bin/etcd"
 _counter = 0

@@ -8,9 +8,9 @@ import json
 import time
 from typing import Any
 
-from agent.syncer.api import RawUpdate, ResourceKey, SyncStatus
-from agent.syncer.etcd_conn import EtcdConfig, EtcdConnection
-from agent.syncer.etcd_keys import ETCD_ROOT, parse_etcd_key
+from pyfelix.agent.syncer.api import RawUpdate, ResourceKey, SyncStatus
+from pyfelix.agent.syncer.etcd_conn import EtcdConfig, EtcdConnection
+from pyfelix.agent.syncer.etcd_keys import ETCD_ROOT, parse_etcd_key
 from tests.syncer.syncer_testlib import Recorder
 
 CALICO = "projectcalico.org/v3"

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.calc.snapshot import compute
-from agent.datastore import DatastoreLocation
-from agent.syncer.etcd import EtcdSyncer
-from agent.syncer.etcd_store import EtcdDatastore
-from agent.syncer.file import load_path
-from agent.validator import validate_document
+from pyfelix.agent.calc.snapshot import compute
+from pyfelix.agent.datastore import DatastoreLocation
+from pyfelix.agent.syncer.etcd import EtcdSyncer
+from pyfelix.agent.syncer.etcd_store import EtcdDatastore
+from pyfelix.agent.syncer.file import load_path
+from pyfelix.agent.validator import validate_document
 from tests.fakes_kube.calc_scenario import HOSTNAME, calc_summary, write_file_datastore
 from tests.privileged.etcd.etcd_server import EtcdServer
 

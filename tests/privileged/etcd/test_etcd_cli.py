@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cli.main import cli
+from pyfelix.cli.main import cli
 from tests.fakes_kube.calc_scenario import HOSTNAME, write_file_datastore
 from tests.privileged.etcd.etcd_server import EtcdServer
 from tests.privileged.etcd.etcd_testlib import etcd_contents

@@ -59,12 +59,12 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from agent.conversion.k8s import workload_interface_name
-from agent.syncer.api import ResourceKey, SyncStatus
-from agent.syncer.etcd import EtcdSyncer
-from agent.syncer.etcd_conn import EndpointRotation, EtcdConfig, EtcdConnection, EtcdError
-from agent.syncer.etcd_keys import ETCD_ROOT, encode_value, etcd_key
-from agent.syncer.etcd_store import EtcdDatastore
+from pyfelix.agent.conversion.k8s import workload_interface_name
+from pyfelix.agent.syncer.api import ResourceKey, SyncStatus
+from pyfelix.agent.syncer.etcd import EtcdSyncer
+from pyfelix.agent.syncer.etcd_conn import EndpointRotation, EtcdConfig, EtcdConnection, EtcdError
+from pyfelix.agent.syncer.etcd_keys import ETCD_ROOT, encode_value, etcd_key
+from pyfelix.agent.syncer.etcd_store import EtcdDatastore
 from tests.privileged.etcd.etcd_agent import (
     BPFFS,
     PEER_IFACE,

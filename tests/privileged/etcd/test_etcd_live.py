@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.syncer.api import ResourceKey, SyncStatus
-from agent.syncer.client import DatastoreClientError, InvalidResources, ResourceNotFound
-from agent.syncer.etcd_conn import EtcdConfig, EtcdConnection, EtcdTLS
-from agent.syncer.etcd_keys import encode_value, etcd_key
-from agent.syncer.etcd_store import EtcdDatastore
-from agent.syncer.file import load_path
+from pyfelix.agent.syncer.api import ResourceKey, SyncStatus
+from pyfelix.agent.syncer.client import DatastoreClientError, InvalidResources, ResourceNotFound
+from pyfelix.agent.syncer.etcd_conn import EtcdConfig, EtcdConnection, EtcdTLS
+from pyfelix.agent.syncer.etcd_keys import encode_value, etcd_key
+from pyfelix.agent.syncer.etcd_store import EtcdDatastore
+from pyfelix.agent.syncer.file import load_path
 from tests.privileged.etcd.conftest import ServerFactory, SyncerFactory
 from tests.privileged.etcd.etcd_server import EtcdServer, free_port
 from tests.privileged.etcd.etcd_testlib import (

@@ -17,10 +17,10 @@ import pyetcd
 import pytest
 from prometheus_client import REGISTRY
 
-from agent.syncer.api import ResourceKey, SyncStatus
-from agent.syncer.etcd_conn import EtcdConnection
-from agent.syncer.etcd_keys import encode_value, etcd_key
-from agent.syncer.etcd_store import EtcdDatastore
+from pyfelix.agent.syncer.api import ResourceKey, SyncStatus
+from pyfelix.agent.syncer.etcd_conn import EtcdConnection
+from pyfelix.agent.syncer.etcd_keys import encode_value, etcd_key
+from pyfelix.agent.syncer.etcd_store import EtcdDatastore
 from tests.privileged.etcd.conftest import SyncerFactory
 from tests.privileged.etcd.etcd_server import EtcdServer
 from tests.privileged.etcd.etcd_testlib import (

@@ -13,9 +13,9 @@ import pyetcd
 import pytest
 from prometheus_client import REGISTRY
 
-from agent.syncer.api import SyncStatus
-from agent.syncer.etcd_conn import EtcdConfig, EtcdConnection
-from agent.syncer.etcd_keys import encode_value, etcd_key
+from pyfelix.agent.syncer.api import SyncStatus
+from pyfelix.agent.syncer.etcd_conn import EtcdConfig, EtcdConnection
+from pyfelix.agent.syncer.etcd_keys import encode_value, etcd_key
 from tests.privileged.etcd.conftest import SyncerFactory
 from tests.privileged.etcd.etcd_server import EtcdServer
 from tests.privileged.etcd.etcd_testlib import current_revision, gnp, gnp_key

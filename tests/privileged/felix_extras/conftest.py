@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.lab import naming
-from agent.lab.runstate import run_is_alive
+from pyfelix.lab import naming
+from pyfelix.lab.runstate import run_is_alive
 from tests.privileged.felix_extras.extras_lab import RootSnapshot
 
 # The dataplanes every lab test here runs on (in BPF mode host endpoints and failsafes are

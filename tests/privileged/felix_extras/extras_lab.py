@@ -27,12 +27,12 @@ from typing import Any
 
 from pyroute2 import IPRoute
 
-from agent.lab import naming
-from agent.lab.agents import AgentProcesses
-from agent.lab.netns import create_netns, in_netns, list_netns
-from agent.lab.runner import LabRunner
-from agent.lab.scenario import parse_scenario
-from agent.lab.topology import UNDERLAY_BRIDGE
+from pyfelix.lab import naming
+from pyfelix.lab.agents import AgentProcesses
+from pyfelix.lab.netns import create_netns, in_netns, list_netns
+from pyfelix.lab.runner import LabRunner
+from pyfelix.lab.scenario import parse_scenario
+from pyfelix.lab.topology import UNDERLAY_BRIDGE
 
 CONNECT_TIMEOUT = 1.0
 

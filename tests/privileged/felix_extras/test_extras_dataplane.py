@@ -23,8 +23,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.dataplane.linux import LinuxDataplane, LinuxDataplaneConfig
-from agent.proto import (
+from pyfelix.agent.dataplane.linux import LinuxDataplane, LinuxDataplaneConfig
+from pyfelix.agent.proto import (
     ActivePolicyUpdate,
     ActiveProfileUpdate,
     InSync,
@@ -37,7 +37,7 @@ from agent.proto import (
     WorkloadEndpointID,
     WorkloadEndpointUpdate,
 )
-from agent.shims.netns import NetnsThread
+from pyfelix.agent.shims.netns import NetnsThread
 
 pytestmark = pytest.mark.privileged
 
@@ -222,16 +222,16 @@ def test_host_endpoint_chains_in_all_tables_load_into_the_kernel(namespaces: lis
     failsafes, VXLAN source rules: the real iptables accepts them, and applying the same
     state again runs no restore. In BPF mode (host endpoints only) the same, with no
     workload chain in any table although a workload endpoint is known."""
-    from agent.dataplane.iptables.restore import BACKENDS
-    from agent.dataplane.managers.hostips import HostIPsManager
-    from agent.dataplane.managers.iptables import IptablesManager
-    from agent.proto import (
+    from pyfelix.agent.dataplane.iptables.restore import BACKENDS
+    from pyfelix.agent.dataplane.managers.hostips import HostIPsManager
+    from pyfelix.agent.dataplane.managers.iptables import IptablesManager
+    from pyfelix.agent.proto import (
         HostEndpoint,
         HostEndpointID,
         HostEndpointUpdate,
         VXLANTunnelEndpointUpdate,
     )
-    from agent.shims.cmd import NetnsCommandRunner
+    from pyfelix.agent.shims.cmd import NetnsCommandRunner
 
     ns = namespaces[0]
     runner = NetnsCommandRunner(ns)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.datastore import parse_datastore_url
-from agent.status.stores import EtcdStatusStore, FileStatusStore, open_status_store
+from pyfelix.agent.datastore import parse_datastore_url
+from pyfelix.agent.status.stores import EtcdStatusStore, FileStatusStore, open_status_store
 from tests.privileged.etcd.etcd_server import ETCD_BINARY, EtcdServer
 
 pytestmark = pytest.mark.privileged
@@ -28,8 +28,8 @@ REPO = Path(__file__).resolve().parents[3]
 TTL = 3.0
 REPORTER = f"""
 import signal, sys, threading
-from agent.datastore import parse_datastore_url
-from agent.status import StatusReporter, open_status_store
+from pyfelix.agent.datastore import parse_datastore_url
+from pyfelix.agent.status import StatusReporter, open_status_store
 stop = threading.Event()
 signal.signal(signal.SIGTERM, lambda *_: stop.set())
 store = open_status_store(parse_datastore_url(sys.argv[1]), ttl={TTL})
@@ -138,7 +138,7 @@ def test_etcd_records_appear_and_go_with_the_lease(etcd: EtcdServer) -> None:
 def test_etcd_lease_lost_meanwhile_is_regranted_with_every_record(etcd: EtcdServer) -> None:
     """etcd forgot our lease (restored from backup, or we were paused past the TTL): the next
     node write grants a new lease and puts the endpoint records back too."""
-    from agent.status.records import EndpointStatus, NodeStatus
+    from pyfelix.agent.status.records import EndpointStatus, NodeStatus
 
     store = open_status_store(parse_datastore_url(f"etcd3://{etcd.endpoint}"), ttl=30)
     assert isinstance(store, EtcdStatusStore)

@@ -16,7 +16,7 @@ import json
 
 import pytest
 
-from agent.lab.scenario import ProbeSpec
+from pyfelix.lab.scenario import ProbeSpec
 from tests.privileged.felix_extras.conftest import DATAPLANES
 from tests.privileged.felix_extras.extras_lab import agent_lab, apply_and_sync, run_in
 

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.lab import naming
-from agent.lab.netns import list_netns
-from agent.lab.runstate import run_is_alive
+from pyfelix.lab import naming
+from pyfelix.lab.netns import list_netns
+from pyfelix.lab.runstate import run_is_alive
 
 _LINK_LINE = re.compile(r"^(\d+): ([^:@\s]+)")
 

@@ -24,7 +24,7 @@ DATAPLANES = ["iptables", "bpf"]
 
 def lab_run(scenario: Path, dataplane: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "cli.main", "lab", "run", str(scenario), "-o", "json",
+        [sys.executable, "-m", "pyfelix.cli.main", "lab", "run", str(scenario), "-o", "json",
          "--dataplane", dataplane, "--probe-timeout", "0.5"],
         cwd=REPO, capture_output=True, text=True, timeout=180)
 

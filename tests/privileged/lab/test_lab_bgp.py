@@ -28,7 +28,7 @@ DATAPLANES = ["bpf", "iptables"]
 @pytest.mark.parametrize("dataplane", DATAPLANES)
 def test_two_nodes_over_bgp_with_policy(dataplane: str, root_guard: Any) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "cli.main", "lab", "run", str(SCENARIO), "-o", "json",
+        [sys.executable, "-m", "pyfelix.cli.main", "lab", "run", str(SCENARIO), "-o", "json",
          "--dataplane", dataplane, "--probe-timeout", "0.5"],
         cwd=REPO, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -17,7 +17,7 @@ SCENARIOS = REPO / "tests" / "lab" / "scenarios"
 
 
 def pyfelix(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "pyfelix.cli.main", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
 
 

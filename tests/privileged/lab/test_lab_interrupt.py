@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from agent.lab import naming
-from agent.lab.netns import list_netns
-from agent.lab.runner import LabRunner
-from agent.lab.runstate import sweep_stale_runs
-from agent.lab.scenario import parse_scenario
+from pyfelix.lab import naming
+from pyfelix.lab.netns import list_netns
+from pyfelix.lab.runner import LabRunner
+from pyfelix.lab.runstate import sweep_stale_runs
+from pyfelix.lab.scenario import parse_scenario
 
 pytestmark = pytest.mark.privileged
 
@@ -49,7 +49,7 @@ class LabProcess:
 
     def __init__(self, scenario_file: Path, hold: float = 60.0) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "lab", "run", str(scenario_file),
+            [sys.executable, "-m", "pyfelix.cli.main", "lab", "run", str(scenario_file),
              "--no-agent", "--hold", str(hold), "--probe-timeout", "0.5"],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
@@ -167,8 +167,8 @@ def test_sweep_leaves_a_live_run_alone(root_guard: Any) -> None:
 # will be started), says so, and waits to be killed.
 LAB_WITH_NODE_PROCESS = """\
 import subprocess, sys, time
-from agent.lab.runner import LabRunner
-from agent.lab.scenario import parse_scenario
+from pyfelix.lab.runner import LabRunner
+from pyfelix.lab.scenario import parse_scenario
 scenario = parse_scenario({"namespaces": [{"name": "x"}],
                            "pods": [{"namespace": "x", "name": "a"}]})
 with LabRunner(scenario) as lab:

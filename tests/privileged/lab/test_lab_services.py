@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from agent.lab.agents import AgentProcesses
-from agent.lab.runner import LabRunner
-from agent.lab.scenario import ProbeSpec, load_scenario
+from pyfelix.lab.agents import AgentProcesses
+from pyfelix.lab.runner import LabRunner
+from pyfelix.lab.scenario import ProbeSpec, load_scenario
 
 pytestmark = pytest.mark.privileged
 
@@ -121,8 +121,8 @@ def _served(lab: LabRunner) -> dict[str, int]:
 def test_affinity_and_backend_removed_mid_run(dataplane: str, root_guard: Any) -> None:
     import socket
 
-    from agent.lab.netns import in_netns
-    from agent.lab.scenario import Step, parse_scenario
+    from pyfelix.lab.netns import in_netns
+    from pyfelix.lab.scenario import Step, parse_scenario
 
     scenario = parse_scenario(AFFINITY_SCENARIO)
     with LabRunner(scenario, agents=AgentProcesses(dataplane), dataplane=dataplane,
@@ -185,9 +185,9 @@ def test_bpf_restart_keeps_service_flows_and_service_ids(root_guard: Any) -> Non
     pinned NAT maps (the frontend keeps its service id), and new connections still work."""
     import time
 
-    from agent.bench.restart import HeldFlow, PinKeepingAgents
-    from agent.bpf.maps import nat_pinned
-    from agent.lab.scenario import parse_scenario
+    from pyfelix.agent.bpf.maps import nat_pinned
+    from pyfelix.bench.restart import HeldFlow, PinKeepingAgents
+    from pyfelix.lab.scenario import parse_scenario
 
     scenario = parse_scenario({
         "name": "services-restart", "namespaces": [{"name": "shop"}],

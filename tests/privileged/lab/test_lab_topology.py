@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from agent.lab import naming
-from agent.lab.netns import create_netns, list_netns, read_sysctl, remove_netns
-from agent.lab.runner import LabRunner
-from agent.lab.scenario import ProbeSpec, Scenario, parse_scenario
-from agent.lab.topology import LabTopology
+from pyfelix.lab import naming
+from pyfelix.lab.netns import create_netns, list_netns, read_sysctl, remove_netns
+from pyfelix.lab.runner import LabRunner
+from pyfelix.lab.scenario import ProbeSpec, Scenario, parse_scenario
+from pyfelix.lab.topology import LabTopology
 
 pytestmark = pytest.mark.privileged
 
@@ -47,7 +47,7 @@ def run_namespaces(run_id: str) -> list[str]:
 
 
 def check_wiring(topology: LabTopology) -> None:
-    """What the lab promises inside each namespace (see agent/lab/topology.py)."""
+    """What the lab promises inside each namespace (see pyfelix/lab/topology.py)."""
     assert sorted(run_namespaces(topology.run_id)) == sorted(topology.netns_names)
     assert len(topology.netns_names) == 1 + 2 + 6
     for node in topology.nodes.values():

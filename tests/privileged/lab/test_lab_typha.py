@@ -23,7 +23,7 @@ SCENARIO = REPO / "tests" / "lab" / "scenarios" / "two-node-typha-steps.yaml"
 
 def test_two_nodes_through_typha_follow_policy_changes(root_guard: Any) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "cli.main", "lab", "run", str(SCENARIO), "-o", "json",
+        [sys.executable, "-m", "pyfelix.cli.main", "lab", "run", str(SCENARIO), "-o", "json",
          "--dataplane", "iptables", "--typha", "--probe-timeout", "0.5"],
         cwd=REPO, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -39,6 +39,6 @@ def test_two_nodes_through_typha_follow_policy_changes(root_guard: Any) -> None:
 
 def test_typha_without_agents_is_a_usage_error() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "cli.main", "lab", "run", str(SCENARIO), "--no-agent",
+        [sys.executable, "-m", "pyfelix.cli.main", "lab", "run", str(SCENARIO), "--no-agent",
          "--typha"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--typha" in done.stderr

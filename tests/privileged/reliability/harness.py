@@ -2,7 +2,7 @@
 
 Role: what the reliability tests share.
 - `AgentUnderTest`: a `NodeAgents` for the lab that runs ONE `pyfelix agent` (iptables
-  dataplane) in the single node namespace, like `agent.lab.agents.AgentProcesses`, plus what
+  dataplane) in the single node namespace, like `lab.agents.AgentProcesses`, plus what
   fault tests need: extra environment (a PATH with failing wrappers, short fail-closed bounds),
   `kill9()`, `restart()`, `exit_code()`, the agent's log and its Prometheus metrics (read
   inside the node namespace).
@@ -38,20 +38,20 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.lab.conformance.case import Case
-from agent.lab.conformance.matrix import CellResult, MatrixProber, expected_cells
-from agent.lab.conformance.plan import (
+from pyfelix.lab.conformance.case import Case
+from pyfelix.lab.conformance.matrix import CellResult, MatrixProber, expected_cells
+from pyfelix.lab.conformance.plan import (
     DocKey,
     desired_documents,
     resource_ref,
     step_between,
     world_documents,
 )
-from agent.lab.conformance.world import World, pod_ip, scenario_data
-from agent.lab.netns import in_netns
-from agent.lab.runner import LabRunner
-from agent.lab.scenario import parse_scenario
-from agent.lab.topology import LabTopology
+from pyfelix.lab.conformance.world import World, pod_ip, scenario_data
+from pyfelix.lab.netns import in_netns
+from pyfelix.lab.runner import LabRunner
+from pyfelix.lab.scenario import parse_scenario
+from pyfelix.lab.topology import LabTopology
 
 REPO = Path(__file__).resolve().parents[3]
 METRICS_PORT = 9091
@@ -171,7 +171,7 @@ class AgentUnderTest:
             enter = (["nsenter", f"--net=/run/netns/{self.netns}", "--"]
                      if self.keep_host_mounts else ["ip", "netns", "exec", self.netns])
             self.process = subprocess.Popen(
-                [*enter, sys.executable, "-m", "cli.main", "agent",
+                [*enter, sys.executable, "-m", "pyfelix.cli.main", "agent",
                  "--datastore", self.datastore_argument(), "--hostname", self.node],
                 cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env=env, start_new_session=True)

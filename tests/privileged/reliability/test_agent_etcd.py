@@ -60,13 +60,13 @@ from typing import Any
 
 import pytest
 
-from agent.conversion.k8s import workload_interface_name
-from agent.lab.netns import processes_in_netns
-from agent.syncer.api import ResourceKey
-from agent.syncer.etcd_conn import EtcdConnection
-from agent.syncer.etcd_keys import decode_value, encode_value, etcd_key, parse_etcd_key
-from agent.syncer.etcd_store import EtcdDatastore
-from agent.validator import validate_document
+from pyfelix.agent.conversion.k8s import workload_interface_name
+from pyfelix.agent.syncer.api import ResourceKey
+from pyfelix.agent.syncer.etcd_conn import EtcdConnection
+from pyfelix.agent.syncer.etcd_keys import decode_value, encode_value, etcd_key, parse_etcd_key
+from pyfelix.agent.syncer.etcd_store import EtcdDatastore
+from pyfelix.agent.validator import validate_document
+from pyfelix.lab.netns import processes_in_netns
 from tests.privileged.etcd.etcd_agent import (
     BPFFS,
     PEER_IFACE,

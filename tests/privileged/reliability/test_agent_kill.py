@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from agent.lab.conformance import CASES_BY_NAME
+from pyfelix.lab.conformance import CASES_BY_NAME
 from tests.privileged.reliability.harness import (
     AgentUnderTest,
     Flow,

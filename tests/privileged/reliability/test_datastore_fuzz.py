@@ -33,11 +33,11 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from agent.lab.conformance import ALL_CASES, CASES_BY_NAME
-from agent.lab.conformance.case import Case
-from agent.lab.conformance.resources import k8s_rule, knp, labels, peer, port
-from agent.lab.conformance.world import TCP_80
-from agent.validator import validate_document
+from pyfelix.agent.validator import validate_document
+from pyfelix.lab.conformance import ALL_CASES, CASES_BY_NAME
+from pyfelix.lab.conformance.case import Case
+from pyfelix.lab.conformance.resources import k8s_rule, knp, labels, peer, port
+from pyfelix.lab.conformance.world import TCP_80
 from tests.privileged.reliability.harness import (
     AgentUnderTest,
     ConformanceLab,

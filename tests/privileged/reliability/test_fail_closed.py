@@ -29,12 +29,12 @@ from typing import Any
 
 import pytest
 
-from agent.lab.datastore import topology_documents
-from agent.lab.naming import workload_interface_name
-from agent.lab.netns import create_netns, in_netns
-from agent.lab.runner import LabRunner
-from agent.lab.scenario import parse_scenario
-from agent.shims.nft_guard import NftGuard
+from pyfelix.agent.shims.nft_guard import NftGuard
+from pyfelix.lab.datastore import topology_documents
+from pyfelix.lab.naming import workload_interface_name
+from pyfelix.lab.netns import create_netns, in_netns
+from pyfelix.lab.runner import LabRunner
+from pyfelix.lab.scenario import parse_scenario
 from tests.privileged.packet_probe import TCP, UDP, RawSender, Sniffer
 from tests.privileged.reliability.harness import AgentUnderTest
 

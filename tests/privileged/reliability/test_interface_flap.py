@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from agent.lab.conformance import CASES_BY_NAME
-from agent.lab.conformance.matrix import expected_cells
+from pyfelix.lab.conformance import CASES_BY_NAME
+from pyfelix.lab.conformance.matrix import expected_cells
 from tests.privileged.reliability.harness import (
     AgentUnderTest,
     ConformanceLab,

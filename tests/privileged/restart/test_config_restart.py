@@ -3,7 +3,7 @@ the agent exit 0 and its supervisor (here the test) starts it again, while an es
 TCP connection through the node keeps working; a live parameter's change is applied
 without a restart.
 
-The lab of agent.bench.restart (pods x/a -> x/b:80 allowed) in BPF mode; a HeldFlow from
+The lab of bench.restart (pods x/a -> x/b:80 allowed) in BPF mode; a HeldFlow from
 x/a to x/b:80 exchanges a message every 20 ms for the whole test.
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from agent.bench.restart import SCENARIO, HeldFlow, PinKeepingAgents, _wait_for
-from agent.lab.runner import LabRunner
-from agent.lab.scenario import parse_scenario
+from pyfelix.bench.restart import SCENARIO, HeldFlow, PinKeepingAgents, _wait_for
+from pyfelix.lab.runner import LabRunner
+from pyfelix.lab.scenario import parse_scenario
 from tests.privileged.lab.conftest import RootGuard
 
 pytestmark = pytest.mark.privileged

@@ -1,5 +1,5 @@
 """Restart without disruption: kill -9 of the agent under a held TCP connection, a policy
-deleted while it is down, restart (agent.bench.restart.RestartExperiment).
+deleted while it is down, restart (bench.restart.RestartExperiment).
 
 BPF: the connection is never reset and keeps passing data while no agent runs and after
 the restart; the new agent ADOPTS the pinned state (every id it finds keeps its number, its
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from agent.bench.restart import RestartExperiment
+from pyfelix.bench.restart import RestartExperiment
 from tests.privileged.lab.conftest import RootGuard
 
 pytestmark = pytest.mark.privileged
@@ -36,7 +36,8 @@ def root_guard() -> RootGuard:
 
 
 def dump_ids(pin_dir: Path) -> dict[tuple[str, int], str]:
-    done = subprocess.run([sys.executable, "-m", "cli.main", "bpf", "ids", "dump", "-o", "json",
+    done = subprocess.run([sys.executable, "-m", "pyfelix.cli.main", "bpf", "ids", "dump",
+                           "-o", "json",
                            "--pin-dir", str(pin_dir)], cwd=REPO, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0, done.stderr

@@ -71,7 +71,7 @@ def namespaces() -> Iterator[tuple[str, str]]:
 def spawn(ns: str, args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     with open(log, "wb") as out:
         return subprocess.Popen(["nsenter", f"--net=/run/netns/{ns}", sys.executable, "-m",
-                                 "cli.main", *args], cwd=REPO, stdout=out,
+                                 "pyfelix.cli.main", *args], cwd=REPO, stdout=out,
                                 stderr=subprocess.STDOUT, env={**os.environ, **env})
 
 

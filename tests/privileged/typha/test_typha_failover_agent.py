@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.lab.netns import in_netns
-from agent.lab.runner import LabRunner
-from agent.lab.scenario import parse_scenario
+from pyfelix.lab.netns import in_netns
+from pyfelix.lab.runner import LabRunner
+from pyfelix.lab.scenario import parse_scenario
 from tests.privileged.lab.conftest import RootGuard
 from tests.privileged.lab.conftest import root_guard as root_guard  # the fixture
 from tests.privileged.reliability.harness import AgentUnderTest, dataplane_snapshot
@@ -70,7 +70,7 @@ class TyphaAgent(AgentUnderTest):
 
 def spawn_typha(netns: str, datastore: str, port: int, log: Path,
                 health_port: int | None = None) -> subprocess.Popen[bytes]:
-    args = [sys.executable, "-m", "cli.main", "typha", "--datastore", datastore,
+    args = [sys.executable, "-m", "pyfelix.cli.main", "typha", "--datastore", datastore,
             "--listen", f"127.0.0.1:{port}", "--insecure"]
     if health_port is not None:
         args += ["--health-enabled", "--health-port", str(health_port),
