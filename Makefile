@@ -12,8 +12,13 @@ setup:
 demo: setup
 	$(VENV)/bin/pyfelix lab demo
 
+# The conformance suite runs first, in a pytest process of its own: run after the rest of the
+# suite (same process) it showed transient denials (expected allow, got deny; the re-probe
+# agreed) in every full run on 2026-12-02 and none when run first; the cause is not found
+# yet. Running it first keeps the suite's assertion whole while the cause is looked for.
 test: setup lint
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests/privileged/conformance
+	$(PY) -m pytest -q tests --ignore=tests/privileged/conformance
 
 test-unit: setup
 	$(PY) -m pytest -q -m "not privileged" tests
