@@ -10,7 +10,9 @@ left at Felix's default is dropped.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -35,3 +37,56 @@ def _no_machine_log_sinks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     monkeypatch.setattr(daemon, "log_sinks", test_sinks)
     yield
+
+
+# --- garbage-collector pauses -------------------------------------------------------------
+# Lab tests probe from threads of this process and serve the pods' echo servers from another
+# thread of it, with probe timeouts of about half a second. A full collection of the heap the
+# suite has built by then (about 500 MB after two thirds of it) stops every thread for long
+# enough that a burst of probes times out: the dataplane allowed them, the harness did not
+# get to run. So before each test everything still alive is collected once and frozen
+# (`gc.freeze`: moved out of the collector's view; reference counting still frees it), and
+# a collection during a test scans only what that test allocated. The longest pauses of the
+# session, with the test that was running, are printed at its end.
+
+GC_PAUSE_REPORT_SECONDS = 0.05
+_gc_started: list[float] = []
+_gc_pauses: list[tuple[float, int, str]] = []
+_current_test: list[str] = [""]
+
+
+def _gc_timer(phase: str, info: dict[str, int]) -> None:
+    if phase == "start":
+        _gc_started[:] = [time.perf_counter()]
+    elif _gc_started:
+        pause = time.perf_counter() - _gc_started[0]
+        if pause >= GC_PAUSE_REPORT_SECONDS and _current_test[0]:
+            _gc_pauses.append((pause, info.get("generation", -1), _current_test[0]))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    gc.callbacks.append(_gc_timer)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _current_test[0] = ""  # this collection runs between tests: not reported
+    gc.collect()
+    gc.freeze()
+    _current_test[0] = item.nodeid
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _gc_timer in gc.callbacks:
+        gc.callbacks.remove(_gc_timer)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _gc_pauses:
+        return
+    terminalreporter.write_line(
+        f"garbage-collector pauses >= {GC_PAUSE_REPORT_SECONDS * 1000:.0f} ms: "
+        f"{len(_gc_pauses)}; longest:")
+    for pause, generation, test in sorted(_gc_pauses, reverse=True)[:5]:
+        terminalreporter.write_line(f"  {pause * 1000:.0f} ms (generation {generation}) "
+                                    f"in {test}")

@@ -1588,4 +1588,10 @@ class PolicyCompiler:
         except ValueError as e:
             problems.append(f"config: {e}; using Strict")
             rpf = config_map.RpfMode.STRICT
-        return {config_map.KEY: config_map.encode_value(action, rpf)}
+        try:
+            redirect = config_map.redirect_from_felix(
+                state.config.get("bpfredirecttopeer", "Enabled"))
+        except ValueError as e:
+            problems.append(f"config: {e}; using Disabled")
+            redirect = False
+        return {config_map.KEY: config_map.encode_value(action, rpf, redirect=redirect)}

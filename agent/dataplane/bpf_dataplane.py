@@ -156,7 +156,8 @@ def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
         loaded.maps,
         interface_prefixes=prefixes,
         base_config={"DefaultEndpointToHostAction": str(config.default_endpoint_to_host_action),
-                     "BPFEnforceRPF": str(config.bpf_enforce_rpf)},
+                     "BPFEnforceRPF": str(config.bpf_enforce_rpf),
+                     "BPFRedirectToPeer": str(config.bpf_redirect_to_peer)},
         rules_per_prog=loaded.config.rules_per_prog,
         list_interfaces=netlink_lister(),
     )

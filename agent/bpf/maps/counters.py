@@ -48,6 +48,8 @@ class GlobalCounter(enum.IntEnum):
     ARP_PASSED = 21
     HEP_RPF_DROPPED = 22
     CLASSIFIER_ERROR = 23
+    FASTPATH_REDIRECTED = 24
+    FASTPATH_TTL_EXPIRED = 25
 
 
 EP_DIRECTIONS = ("ingress_allowed", "ingress_denied", "egress_allowed", "egress_denied")
