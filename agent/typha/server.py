@@ -222,13 +222,21 @@ class _PeerClosed(Exception):
 class _Fanout:
     """Loop-side view of one cache: the newest published entry and the waiting writers."""
 
-    def __init__(self, cache: SnapshotCache, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, cache: SnapshotCache, loop: asyncio.AbstractEventLoop, *,
+                 batch_delay: float = 0.0, max_log_entries: int = DEFAULT_MAX_LOG_ENTRIES
+                 ) -> None:
         self.cache = cache
         self.loop = loop
         self.published_seq = cache.latest_seq
-        self._waiters: set[asyncio.Future[None]] = set()
+        self.batch_delay = batch_delay
+        # flush at once (not after batch_delay) when this many entries wait for the flush
+        self.flush_entries = max(max_log_entries // 4, 1)
+        self._flushed_seq = self.published_seq
+        self._flush_handle: asyncio.Handle | None = None
+        self._parked: dict[_Connection, asyncio.Future[None]] = {}
         self._batches: OrderedDict[tuple[int, int, str], bytes] = OrderedDict()
         self.latency = metrics.FANOUT_LATENCY.labels(cache.syncer_type)
+        self.direct_writes = 0  # writes made by flushes, not by connections' coroutines
 
     def publish_threadsafe(self, seq: int) -> None:
         try:
@@ -237,13 +245,49 @@ class _Fanout:
             pass
 
     def _publish(self, seq: int) -> None:
+        """A new entry: flush `batch_delay` after the first entry not yet flushed (the
+        entries that follow within that time go in the same write), or at once when many
+        are waiting."""
         if seq <= self.published_seq:
             return
         self.published_seq = seq
-        waiters, self._waiters = self._waiters, set()
-        for waiter in waiters:
-            if not waiter.done():
+        if self._flush_handle is not None and seq - self._flushed_seq < self.flush_entries:
+            return
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+        if self.batch_delay > 0 and seq - self._flushed_seq < self.flush_entries:
+            self._flush_handle = self.loop.call_later(self.batch_delay, self._flush)
+        else:
+            self._flush_handle = self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Send what was published to every parked connection (caught up, waiting in
+        `wait`). One that keeps up (nothing queued on its socket) gets a plain write from
+        here, the bytes shared by every connection at the same place in the log and with
+        the same compression, and stays parked: no coroutine step per client per update.
+        The others (bytes still queued, behind, closing) are woken and take the normal
+        path of their write loop (flow control, write timeout, 'behind')."""
+        self._flush_handle = None
+        upto = self._flushed_seq = self.published_seq
+        shared: dict[tuple[int, str], _Shared | None] = {}
+        for connection, waiter in list(self._parked.items()):
+            if waiter.done() or connection.next_seq > upto:
+                continue
+            if not connection.write_now(self, upto, shared):
                 waiter.set_result(None)
+
+    def shared_entries(self, next_seq: int, upto: int, compression: str, max_bytes: int,
+                       shared: dict[tuple[int, str], _Shared | None]) -> _Shared | None:
+        """(bytes, the seq after them, the oldest KV entry's arrival) for a connection whose
+        next entry is `next_seq`, computed once per flush for all such connections; None
+        when that entry left the log."""
+        key = (next_seq, compression)
+        if key not in shared:
+            crumbs = self.cache.entries_after(next_seq - 1, upto, max_bytes=max_bytes)
+            shared[key] = None if not crumbs else (
+                self.batch(crumbs, compression), crumbs[-1].seq + 1,
+                next((crumb.created for crumb in crumbs if crumb.kv_count), None))
+        return shared[key]
 
     def batch(self, crumbs: list[Breadcrumb], compression: str) -> bytes:
         """`batch_frames(crumbs)`, shared: clients that are at the same place in the log
@@ -257,16 +301,21 @@ class _Fanout:
                 self._batches.popitem(last=False)
         return data
 
-    async def wait(self, timeout: float) -> None:
-        """Until a new entry is published or `timeout` seconds pass."""
+    async def wait(self, connection: _Connection, timeout: float) -> None:
+        """Park `connection` (caught up) until a flush cannot serve it directly, or
+        `timeout` seconds pass."""
         waiter = self.loop.create_future()
-        self._waiters.add(waiter)
+        self._parked[connection] = waiter
         timer = self.loop.call_later(max(timeout, 0.0), _settle, waiter)
         try:
             await waiter
         finally:
             timer.cancel()
-            self._waiters.discard(waiter)
+            if self._parked.get(connection) is waiter:
+                del self._parked[connection]
+
+
+_Shared = tuple[bytes, int, float | None]  # see _Fanout.shared_entries
 
 
 async def _within(awaitable: Any, timeout: float) -> Any:
@@ -307,6 +356,7 @@ class _Connection:
         self.decoder = MessageDecoder(CLIENT_MESSAGE_TYPES,
                                       max_message_bytes=CLIENT_MAX_FRAME_BYTES * 16)
         self.next_seq = 0
+        self.batch_bytes = max(self.config.max_send_buffer // 4, 1)  # per write of entries
         self.counted = False
         self.pending = True  # accepted, hello not done yet (counted in server.pending_count)
         self.closed = False
@@ -452,7 +502,7 @@ class _Connection:
         log.info("typha: %s got a snapshot of %d keys at update %d", self,
                  snapshot.kv_count, snapshot.seq)
         self.next_seq = snapshot.seq + 1
-        batch_bytes = max(self.config.max_send_buffer // 4, 1)
+        batch_bytes = self.batch_bytes
         next_ping = self.clock() + self.config.ping_interval
         while not self.ending:
             upto = fanout.published_seq
@@ -480,7 +530,32 @@ class _Connection:
                 await self._drain()
                 next_ping = now + self.config.ping_interval
                 continue
-            await fanout.wait(next_ping - now)
+            await fanout.wait(self, next_ping - now)
+
+    def write_now(self, fanout: _Fanout, upto: int,
+                  shared: dict[tuple[int, str], _Shared | None]) -> bool:
+        """From a flush (see `_Fanout._flush`), while parked: write the entries from
+        `next_seq` on at once if the socket has nothing queued (so the bound on queued
+        bytes holds). True when that brought the client up to `upto`; False to leave the
+        rest to the connection's own write loop."""
+        transport = self.writer.transport
+        if self.ending or self.closed or transport.is_closing() \
+                or transport.get_write_buffer_size():
+            return False
+        entries = fanout.shared_entries(self.next_seq, upto, self.compression,
+                                        self.batch_bytes, shared)
+        if entries is None:
+            return False  # behind: the write loop says so
+        data, next_seq, oldest = entries
+        try:
+            self.writer.write(data)
+        except (ConnectionError, OSError, RuntimeError):
+            return False
+        fanout.direct_writes += 1
+        if oldest is not None:
+            fanout.latency.observe(max(self.clock() - oldest, 0.0))
+        self.next_seq = next_seq
+        return next_seq > upto
 
     async def _send_entries(self, fanout: _Fanout, crumbs: list[Breadcrumb]) -> None:
         self._write(fanout.batch(crumbs, self.compression))
@@ -657,7 +732,8 @@ class TyphaServer:
                     max_log_bytes=self.config.max_log_bytes,
                     snapshot_reuse_seconds=self.config.snapshot_reuse_seconds,
                     clock=self.clock)
-                fanout = _Fanout(cache, loop)
+                fanout = _Fanout(cache, loop, batch_delay=self.config.batch_delay,
+                                 max_log_entries=self.config.max_log_entries)
                 cache.on_publish = fanout.publish_threadsafe
                 cache.on_status_change = self._syncer_status_reporter(syncer_type)
                 self.caches[syncer_type] = cache

@@ -46,10 +46,14 @@ With `BenchSettings.quick()` (tests, `pyfelix bench --quick`) the plan shrinks t
 clients (6 and 12) and endpoints; the figures then only show that the path works.
 
 The simulated clients run in `client_processes` processes (2), each with an asyncio loop
-driving the real client's protocol pieces (see `_SimulatedClients`), with the cyclic
-garbage collector off (see `_client_worker`). They, the server,
-etcd and the writer share the machine's 2 cores: the clients' decoding competes with the
-server, so the figures are an upper bound of what the server alone would show.
+(see `_SimulatedClients`), with the cyclic garbage collector off (see `_client_worker`):
+`full_clients` (10) of them are full clients, driving the real client's protocol pieces and
+checked to hold every endpoint at the end (`full_clients` figure); the rest are COUNTING
+clients, which check frame order and sequence numbers and read the churned endpoints'
+generations and write times from the update messages' text, but do not decode snapshot
+chunks (an agent does that on its own node). They, the server, etcd and the writer share
+the machine's 2 cores, so the figures are an upper bound of what the server alone would
+show.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import itertools
+import json
 import math
 import multiprocessing
 import os
@@ -65,12 +70,14 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import urllib.request
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
@@ -90,6 +97,7 @@ HANDSHAKE_RETRIES = 20
 # hello ("try again later"), or did not get to this one's hello in time
 RETRYABLE_REFUSALS = ("server-full", "bad-hello")
 REPO_ROOT = Path(__file__).resolve().parents[2]
+SNAPSHOT_CHUNK_KVS = 1000  # agent.typha.protocol.SNAPSHOT_CHUNK (checked by a test)
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,10 @@ class TyphaBenchPlan:
     # processes the simulated clients are spread over: decoding 500 clients' updates takes
     # about one core of Python, more than one process can give with the server beside it
     client_processes: int = 2
+    # clients that decode everything with the agent's own client code (`ClientState`), and
+    # are checked to hold every endpoint; the others are counting clients (see
+    # `_SimulatedClients`)
+    full_clients: int = 10
     direct_sample: int = 10  # direct etcd syncers started to measure their watches
     sync_timeout: float = 900.0  # bound on the connect phase
     drain_timeout: float = 60.0  # bound on waiting for the last updates
@@ -111,8 +123,8 @@ class TyphaBenchPlan:
     @classmethod
     def quick(cls) -> TyphaBenchPlan:
         return cls(clients=12, endpoints=300, update_rate=50.0, update_seconds=1.0, churn=20,
-                   wave=12, client_processes=1, direct_sample=3, sync_timeout=60.0,
-                   drain_timeout=30.0)
+                   wave=12, client_processes=1, full_clients=4, direct_sample=3,
+                   sync_timeout=60.0, drain_timeout=30.0)
 
 
 CLIENT_SWEEP = (250, 500, 1000)  # `make bench`: one run per count, figures suffixed _<count>
@@ -348,6 +360,7 @@ class _BenchClient:
         self.registry = registry
         self.latencies: list[tuple[float, float]] = []  # (written at, seconds to arrive)
         self.generations: dict[str, int] = {}
+        self.keys: set[str] | None = None  # full clients: the names they hold (checked)
         self.in_sync = False
         self.errors: list[str] = []
 
@@ -360,6 +373,11 @@ class _BenchClient:
         now = time.time()
         for update in updates:
             name = update.key.name
+            if self.keys is not None:
+                if update.value is None:
+                    self.keys.discard(name)
+                else:
+                    self.keys.add(name)
             if update.value is None or not name.startswith(CHURN_PREFIX):
                 continue
             metadata = update.value["metadata"]
@@ -437,10 +455,151 @@ def _churn_in_child(endpoint: str, total: int, plan: TyphaBenchPlan) -> float:
     return float(result.stdout.strip().splitlines()[-1])
 
 
-class _SimulatedClients:
-    """`count` Typha clients on ONE asyncio event loop in one thread.
+_HEAD = re.compile(rb'\{"type":"(\w+)"(?:,"seq":(\d+))?')
+_CHURN_KV = re.compile(
+    r'"k":\["WorkloadEndpoint","[^"]*","(' + CHURN_PREFIX + r'\d+)"\].*?"generation":"(\d+)"'
+    r'.*?"' + re.escape(WRITTEN_AT) + r'":"([^"]+)"')
 
-    Each speaks the protocol with the real client's pieces (`check_server_hello`,
+
+_FRAME_HEADER = struct.Struct("!I")
+
+
+def _frame_json(message: dict[str, Any]) -> bytes:
+    payload = json.dumps(message, separators=(",", ":")).encode()
+    return _FRAME_HEADER.pack(len(payload)) + payload
+
+
+class _CountingConnection:
+    """The protocol state of one COUNTING client (see `_SimulatedClients`): it checks the
+    frames' order and sequence numbers and reads the churned endpoints' generation and
+    write time from the update messages' text, but decodes no snapshot chunk (it only
+    inflates each frame's first bytes to learn its type and sequence number) and keeps no
+    documents. Any departure from the protocol's order raises ValueError."""
+
+    def __init__(self, callbacks: _BenchClient) -> None:
+        self.callbacks = callbacks
+        self.compressed = False
+        self.hello = False
+        self.snapshot_seq: int | None = None
+        self.chunks_expected = 0
+        self.chunks = 0
+        self.last_seq = -1  # the newest sequence number seen after the snapshot
+        self.frames = 0
+
+    def _inflate(self, payload: bytes, limit: int = 0) -> bytes:
+        if not self.compressed:
+            return payload if not limit else payload[:limit]
+        inflater = zlib.decompressobj()
+        return inflater.decompress(payload, limit) if limit else inflater.decompress(payload)
+
+    def handle(self, payload: bytes) -> dict[str, Any] | None:
+        """One payload; returns a message to send back (a pong) or None."""
+        self.frames += 1
+        kind, seq, message, churned = self._parse(payload)
+        if kind == "kvs" and seq is None:  # a snapshot chunk: count it, decode nothing
+            if self.snapshot_seq is None or self.chunks >= self.chunks_expected:
+                raise ValueError(f"frame {self.frames}: unexpected snapshot chunk")
+            self.chunks += 1
+            return None
+        if kind == "server_hello":
+            self.hello = True
+            self.callbacks.registry.hello()
+        elif kind == "decoder_restart":
+            self.compressed = message is not None and message["compression"] == "zlib"
+        elif kind == "snapshot_begin":
+            assert message is not None
+            self.snapshot_seq = int(message["seq"])
+            self.chunks_expected = -(-int(message["kv_count"]) // SNAPSHOT_CHUNK_KVS)
+        elif kind == "snapshot_end":
+            if seq != self.snapshot_seq or self.chunks != self.chunks_expected:
+                raise ValueError(f"snapshot_end at {seq} after {self.chunks} chunks; expected "
+                                 f"{self.snapshot_seq} after {self.chunks_expected}")
+            self.last_seq = seq - 1  # the status at the snapshot's seq follows
+        elif kind in ("kvs", "status"):
+            if seq is None or seq <= self.last_seq or self.last_seq < 0:
+                raise ValueError(f"frame {self.frames}: {kind} with seq {seq} after "
+                                 f"{self.last_seq}")
+            self.last_seq = seq
+            if kind == "status":
+                assert message is not None
+                self.callbacks.on_status(SyncStatus(message["status"]))
+            else:
+                now = time.time()
+                callbacks = self.callbacks
+                for name, generation, written in churned:
+                    if generation:
+                        callbacks.latencies.append((written, now - written))
+                    callbacks.generations[name] = generation
+        elif kind == "ping":
+            assert message is not None
+            return {"type": "pong", "timestamp": message.get("timestamp")}
+        elif kind == "error":
+            assert message is not None
+            if message.get("code") in RETRYABLE_REFUSALS:  # tried again before the hello
+                raise ConnectionError(f"server refused: {message}")
+            raise ValueError(f"server error: {message}")
+        return None
+
+    def _parse(self, payload: bytes) -> _Parsed:
+        """(type, seq, the message unless a kvs, churned endpoints of a kvs). The server
+        sends the same bytes to every client at the same place in its log, so a payload's
+        parse is kept (per process, `_PARSED`) for the other clients that receive the same
+        bytes: the same bytes mean the same thing. Snapshot chunks are not kept (big, and
+        only their first bytes are inflated)."""
+        key = (self.compressed, payload) if len(payload) <= _PARSE_CACHE_MAX_BYTES else None
+        if key is not None:
+            cached = _PARSED.get(key)
+            if cached is not None:
+                return cached
+        head = _HEAD.match(self._inflate(payload, 64))
+        if head is None:
+            raise ValueError(f"frame {self.frames} does not start with a type")
+        kind = head.group(1).decode()
+        seq = int(head.group(2)) if head.group(2) else None
+        message = None
+        churned: list[tuple[str, int, float]] = []
+        if kind == "kvs" and seq is not None:
+            churned = _churned(self._inflate(payload).decode())
+        elif kind != "kvs":
+            message = json.loads(self._inflate(payload))
+        parsed = (kind, seq, message, churned)
+        if key is not None and not (kind == "kvs" and seq is None):
+            if len(_PARSED) >= _PARSE_CACHE_ENTRIES:
+                _PARSED.pop(next(iter(_PARSED)))
+            _PARSED[key] = parsed
+        return parsed
+
+
+_Parsed = tuple[str, "int | None", "dict[str, Any] | None", "list[tuple[str, int, float]]"]
+_PARSED: dict[tuple[bool, bytes], _Parsed] = {}
+_PARSE_CACHE_ENTRIES = 256
+_PARSE_CACHE_MAX_BYTES = 256 * 1024
+
+
+def _churned(text: str) -> list[tuple[str, int, float]]:
+    """(name, generation, written at) of each churned endpoint in a kvs message's text."""
+    found = []
+    for fragment in text.split('{"k":[')[1:]:
+        match = _CHURN_KV.search('"k":[' + fragment)
+        if match is not None:
+            found.append((match.group(1), int(match.group(2)), float(match.group(3))))
+    return found
+
+
+class _SimulatedClients:
+    """`count` Typha clients on ONE asyncio event loop in one thread, of two sorts.
+
+    FULL clients (`TyphaBenchPlan.full_clients` of them, `_client`) decode everything as an
+    agent does; at the end each must hold every endpoint. COUNTING clients (the rest,
+    `_counting_client`, `_CountingConnection`) do what an agent does on its own node only
+    as far as the measurement needs: they check the order and sequence numbers of what
+    they receive and read the churned endpoints' generations and write times from the
+    update messages (so their latencies are real deliveries), but skip decoding snapshot
+    chunks and keep no documents. Decoding 1,000 snapshots of 10,000 documents in two
+    Python processes beside the server would measure those processes, not the server
+    (measured: 250 full clients took 57 s to connect, the decoding starving the hellos).
+
+    A full client speaks the protocol with the real client's pieces (`check_server_hello`,
     `StreamFollower`, `ClientState`: the same decoding, diffing and callbacks as
     `TyphaSyncer`); only the transport differs: a coroutine per connection instead of a
     thread, because 500 threads in one Python process spend their time fighting over the
@@ -461,9 +620,10 @@ class _SimulatedClients:
                                         name="bench-typha-clients")
         self._thread.start()
 
-    def add(self, hostname: str, callbacks: _BenchClient) -> None:
+    def add(self, hostname: str, callbacks: _BenchClient, *, full: bool = True) -> None:
         def create() -> None:
-            self._tasks.append(self._loop.create_task(self._client(hostname, callbacks)))
+            client = self._client if full else self._counting_client
+            self._tasks.append(self._loop.create_task(client(hostname, callbacks)))
 
         self._loop.call_soon_threadsafe(create)
 
@@ -526,6 +686,39 @@ class _SimulatedClients:
                 if writer is not None:
                     writer.close()
 
+    async def _counting_client(self, hostname: str, callbacks: _BenchClient) -> None:
+        """A counting client (`_CountingConnection`): same hello, retries and errors as
+        `_client`, a fraction of its CPU."""
+        for attempt in itertools.count():
+            writer = None
+            connection = _CountingConnection(callbacks)
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                writer.write(_frame_json({"type": "client_hello", "protocol_version": 1,
+                                          "hostname": hostname, "syncer_type": "felix",
+                                          "compression": ["zlib", "none"],
+                                          "client_version": "bench-counting"}))
+                while True:
+                    (length,) = _FRAME_HEADER.unpack(await reader.readexactly(4))
+                    reply = connection.handle(await reader.readexactly(length))
+                    if reply is not None:  # (we never restart our encoder: uncompressed)
+                        writer.write(_frame_json(reply))
+            except asyncio.CancelledError:
+                return
+            except (ConnectionError, OSError, asyncio.IncompleteReadError) as exc:
+                if not connection.hello and attempt < HANDSHAKE_RETRIES:
+                    self.retries += 1
+                    await asyncio.sleep(random.uniform(0.2, 1.0) * min(2 ** attempt, 8))
+                    continue
+                self.errors.append(f"{hostname}: {type(exc).__name__}: {exc}")
+                return
+            except Exception as exc:
+                self.errors.append(f"{hostname}: {type(exc).__name__}: {exc}")
+                return
+            finally:
+                if writer is not None:
+                    writer.close()
+
     def stop(self) -> None:
         async def cancel_all() -> None:
             for task in self._tasks:
@@ -539,8 +732,8 @@ class _SimulatedClients:
         self._loop.close()
 
 
-def _client_worker(port: int, names: list[str], wave: int, pause: float, sync_timeout: float,
-                   conn: Connection) -> None:
+def _client_worker(port: int, names: list[str], full: set[str], wave: int, pause: float,
+                   sync_timeout: float, conn: Connection) -> None:
     """A client process: start `names` in waves of `wave`, `pause` seconds apart (a wave
     does not wait for the previous one's snapshots), report ("hello", n) once every client
     got the server's hello and ("ready", n) once every one is in sync, or ("failed", why);
@@ -560,7 +753,9 @@ def _client_worker(port: int, names: list[str], wave: int, pause: float, sync_ti
         for first in range(0, len(names), wave):
             for name in names[first:first + wave]:
                 callbacks.append(_BenchClient(registry))
-                clients.add(name, callbacks[-1])
+                if name in full:
+                    callbacks[-1].keys = set()
+                clients.add(name, callbacks[-1], full=name in full)
             time.sleep(pause)
         def wait(what: str, done: Callable[[float], bool], count: Callable[[], int]) -> bool:
             """Until `done`; False (after telling the parent) at the deadline or as soon as
@@ -589,8 +784,9 @@ def _client_worker(port: int, names: list[str], wave: int, pause: float, sync_ti
             if all(c.generations.get(k) == g for c in callbacks for k, g in final.items()):
                 break
             time.sleep(0.1)
+        held = [len(c.keys) for c in callbacks if c.keys is not None]
         conn.send(("done", [v for c in callbacks for v in c.latencies], clients.errors,
-                   clients.retries))
+                   clients.retries, held))
         try:
             conn.recv()  # stay connected until the parent has read the server's metrics
         except EOFError:
@@ -612,9 +808,11 @@ class _ClientProcesses:
         pause = plan.wave / plan.connect_rate
         for index in range(count):
             names = [f"bench-{n}" for n in range(index, plan.clients, count)]
+            full = {f"bench-{n}" for n in range(index, min(plan.full_clients, plan.clients),
+                                                count)}
             parent, child = context.Pipe()
             process = context.Process(target=_client_worker, daemon=True,
-                                      args=(port, names, wave, pause, plan.sync_timeout,
+                                      args=(port, names, full, wave, pause, plan.sync_timeout,
                                             child),
                                       name=f"bench-typha-clients-{index}")
             process.start()
@@ -642,20 +840,23 @@ class _ClientProcesses:
         return int(total)
 
     def drain(self, final: dict[str, int], timeout: float
-              ) -> tuple[list[tuple[float, float]], list[str], int]:
-        """(written at, latency) of every delivery, the clients' errors, and how many
-        connections were refused before their hello and tried again."""
+              ) -> tuple[list[tuple[float, float]], list[str], int, list[int]]:
+        """(written at, latency) of every delivery, the clients' errors, how many
+        connections were refused before their hello and tried again, and the number of
+        keys each full client holds."""
         for pipe in self.pipes:
             pipe.send(("drain", final, timeout))
         latencies: list[tuple[float, float]] = []
         errors: list[str] = []
         retries = 0
+        held: list[int] = []
         for pipe in self.pipes:
-            _, got, failures, refused = self._receive(pipe, timeout + 30)
+            _, got, failures, refused, keys = self._receive(pipe, timeout + 30)
             latencies += got
             errors += failures
             retries += refused
-        return latencies, errors, retries
+            held += keys
+        return latencies, errors, retries, held
 
     def stop(self) -> None:
         for pipe in self.pipes:
@@ -693,8 +894,12 @@ def run_typha_bench(plan: TyphaBenchPlan) -> Figures:
         total = round(plan.update_rate * plan.update_seconds)
         achieved_rate = _churn_in_child(etcd.endpoint, total, plan)
         final = {f"{CHURN_PREFIX}{i % plan.churn}": i + 1 for i in range(total)}
-        deliveries, errors, retries = clients.drain(final, plan.drain_timeout)
+        deliveries, errors, retries, held = clients.drain(final, plan.drain_timeout)
         latencies = [latency for _, latency in deliveries]
+        wrong = [keys for keys in held if keys != plan.endpoints]
+        if wrong:
+            raise RuntimeError(f"full clients hold {wrong} keys, not {plan.endpoints}: the "
+                               "content they decoded is wrong")
 
         metrics = server.metrics()
         rss, peak = _rss_mb(server.process.pid)
@@ -704,6 +909,7 @@ def run_typha_bench(plan: TyphaBenchPlan) -> Figures:
         return {
             "clients": float(connected),
             "client_processes": float(len(clients.processes)),
+            "full_clients": float(len(held)),
             "clients_connected_at_end": _sample(metrics, "typha_connections_active",
                                                 'syncer_type="felix"') or 0.0,
             "endpoints": _sample(metrics, "typha_snapshot_size", 'syncer_type="felix"')

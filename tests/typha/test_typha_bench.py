@@ -12,7 +12,8 @@ from pyfelix.bench import BenchSettings, run
 pytestmark = pytest.mark.privileged
 
 FIGURES = {
-    "clients", "client_processes", "clients_connected_at_end", "endpoints", "updates",
+    "clients", "client_processes", "full_clients", "clients_connected_at_end", "endpoints",
+    "updates",
     "update_rate_achieved", "fanout_p50_ms", "fanout_p99_ms", "fanout_max_ms",
     "missing_deliveries", "client_errors", "server_fanout_p99_ms", "server_rss_mb",
     "server_peak_rss_mb", "connect_seconds", "in_sync_seconds", "handshake_retries",
@@ -37,6 +38,7 @@ def test_quick_typha_bench_reports_every_figure() -> None:
         assert 0 < figures[f"fanout_p50_ms_{count}"] <= figures[f"fanout_p99_ms_{count}"]
     assert figures["fanout_p99_ms_12"] == figures["fanout_p99_ms"]
     assert figures["endpoints"] == 300
+    assert figures["full_clients"] == 4  # and each held all 300 endpoints (else an error)
     assert figures["missing_deliveries"] == 0
     assert figures["client_errors"] == 0
     assert 0 < figures["fanout_p50_ms"] <= figures["fanout_p99_ms"] <= figures["fanout_max_ms"]
