@@ -138,6 +138,11 @@ class Snapshot:
     def kv_count(self) -> int:
         return len(self.fragments)
 
+    def encoded(self, compression: str) -> list[bytes] | None:
+        """The frames for `compression` if already encoded (no lock, no waiting), else
+        None."""
+        return self._frames.get(compression)
+
     def frames(self, compression: str) -> list[bytes]:
         """snapshot_begin, kvs chunks, snapshot_end, status: whole frames. The first caller
         per compression encodes; others wait for it and share the result."""
@@ -300,14 +305,17 @@ class SnapshotCache:
             return result
 
     def snapshot(self) -> Snapshot:
-        """The current state as a Snapshot, reusing the last one while it is younger than
-        `snapshot_reuse_seconds` and a client taking it can still catch up from the log."""
+        """The current state as a Snapshot: the last one while nothing changed since (one
+        snapshot, encoded once per compression, per revision: 1,000 clients connecting to
+        an idle cache share one), or while it is younger than `snapshot_reuse_seconds` and
+        a client taking it can still catch up from the log."""
         now = self._clock()
         with self._lock:
             last = self._snapshot
             oldest = self._log[0].seq if self._log else self._seq + 1
-            if (last is not None and now - last.created < self.snapshot_reuse_seconds
-                    and (last.seq == self._seq or last.seq + 1 >= oldest)):
+            if last is not None and (last.seq == self._seq or (
+                    now - last.created < self.snapshot_reuse_seconds
+                    and last.seq + 1 >= oldest)):
                 return last
             snapshot = Snapshot(self.syncer_type, self._seq, self._status,
                                 list(self._fragments.values()), now)

@@ -138,7 +138,7 @@ def test_log_is_bounded_and_a_reader_that_fell_off_is_told() -> None:
     assert len(kept) < 20
 
 
-def test_snapshot_reuse_only_while_young_and_bridgeable() -> None:
+def test_snapshot_reuse_per_revision_or_while_young_and_bridgeable() -> None:
     clock = FakeClock()
     cache = SnapshotCache("felix", max_log_entries=3, snapshot_reuse_seconds=1.0, clock=clock)
     cache.on_updates(put(gnp("a")))
@@ -151,7 +151,9 @@ def test_snapshot_reuse_only_while_young_and_bridgeable() -> None:
     assert cache.snapshot() is not first  # entry 2 left the log: no bridge
     second = cache.snapshot()
     clock.now += 1.5
-    assert cache.snapshot() is not second  # too old
+    assert cache.snapshot() is second  # old, but nothing changed: one snapshot per revision
+    cache.on_updates(put(gnp("f")))
+    assert cache.snapshot() is not second  # too old to bridge with the log
 
 
 def test_kind_filter_and_the_bgp_kinds() -> None:

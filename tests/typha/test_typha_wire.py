@@ -374,3 +374,32 @@ def test_updates_close_together_share_one_message(batch_delay: float, expected: 
             message = raw.message()
         assert [[entry["k"][2] for entry in message["kvs"]]] == expected
         assert message["seq"] == cache.latest_seq  # one message for three log entries
+
+
+def test_a_flush_writes_one_shared_message_to_every_caught_up_client(
+        store: FileStore, start_server) -> None:
+    """Caught-up clients are written by the fan-out's flush itself (`direct_writes`), one
+    write each, with the same merged message (per compression) for all of them."""
+    server = start_server(batch_delay=0.5)
+    cache = server.caches["felix"]
+    fanout = server.fanouts["felix"]
+    wait_until(lambda: cache.status == SyncStatus.IN_SYNC, "the server in sync")
+    clients = [RawClient(server.address) for _ in range(12)]
+    for index, raw in enumerate(clients):
+        raw.hello(compression=("zlib",) if index % 2 else ("none",))
+        raw.messages_until("status")  # the snapshot
+    wait_until(lambda: server.client_count == 12, "every client counted")
+    before = fanout.direct_writes
+    for name in ("a", "b"):  # two log entries within one batch_delay
+        seq = cache.latest_seq
+        store.put(gnp(name))
+        wait_until(lambda seq=seq: cache.latest_seq > seq, "the server logging the write")
+    for raw in clients:
+        message = raw.message()
+        while message["type"] != "kvs":
+            message = raw.message()
+        assert [entry["k"][2] for entry in message["kvs"]] == ["a", "b"]
+        assert message["seq"] == cache.latest_seq
+    assert fanout.direct_writes - before == 12
+    for raw in clients:
+        raw.close()
