@@ -261,7 +261,7 @@ class IPAMPoolRemove:
     id: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RouteUpdate:
     """A route the dataplane should know: local workload /32s and remote hosts' blocks."""
 

@@ -75,7 +75,7 @@ class UpdateNormaliser:
     """Datastore-keyed updates -> resource-keyed `CalcUpdate`s (see module docstring)."""
 
     def __init__(self) -> None:
-        self._produced: dict[Any, tuple[str, ResourceKey]] = {}
+        self._produced: dict[Any, str | tuple[str, ResourceKey]] = {}
 
     def normalise(self, updates: Iterable[Any]) -> list[CalcUpdate]:
         out: list[CalcUpdate] = []
@@ -83,6 +83,8 @@ class UpdateNormaliser:
         for update in updates:
             value = update.value
             previous = produced.get(update.key)
+            if type(previous) is str:  # see below
+                previous = (previous, update.key)
             if value is None:
                 if previous is not None:
                     del produced[update.key]
@@ -95,7 +97,9 @@ class UpdateNormaliser:
             own_key = value.key
             if previous is not None and previous != (kind, own_key):
                 out.append(CalcUpdate(previous[0], previous[1], None))
-            produced[update.key] = (kind, own_key)
+            # just the kind when the resource's own key is the update's (nearly always):
+            # a (kind, key) tuple per resource costs 56 bytes
+            produced[update.key] = kind if own_key == update.key else (kind, own_key)
             out.append(CalcUpdate(kind, own_key, value))
         return out
 

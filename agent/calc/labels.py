@@ -33,6 +33,7 @@ from pyfelix.agent.calc.selectors import (
 from pyfelix.agent.model import HostEndpoint, NetworkSet, WorkloadEndpoint
 
 Labels = dict[str, str]
+MAX_SHARED_KEY_TUPLES = 4096  # distinct label-key sets shared per index (then: unshared)
 LabelsCallback = Callable[[Hashable, Labels | None], None]
 
 
@@ -62,7 +63,11 @@ class LabelInheritIndex:
 
     def __init__(self, on_labels: LabelsCallback) -> None:
         self._on_labels = on_labels
-        self._own: dict[Hashable, Labels] = {}
+        # own labels as (keys, values): the keys tuple shared by every item with the same
+        # label keys (most endpoints of a workload), so an item costs a values tuple, not
+        # a dict (~180 bytes less per endpoint; the effective dict is built from it)
+        self._own: dict[Hashable, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        self._key_tuples: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._parents_of: dict[Hashable, tuple[str, ...]] = {}
         self._items_of_parent: dict[str, set[Hashable]] = {}
         self._parent_labels: dict[str, Labels] = {}
@@ -76,7 +81,10 @@ class LabelInheritIndex:
             for parent in parents:
                 self._items_of_parent.setdefault(parent, set()).add(item)
             self._parents_of[item] = parents
-        self._own[item] = own
+        keys = tuple(own)
+        if len(self._key_tuples) < MAX_SHARED_KEY_TUPLES:
+            keys = self._key_tuples.setdefault(keys, keys)
+        self._own[item] = (keys, tuple(own.values()))
         self._recalculate(item)
 
     def delete_item(self, item: Hashable) -> None:
@@ -112,13 +120,11 @@ class LabelInheritIndex:
                 del self._items_of_parent[parent]
 
     def _recalculate(self, item: Hashable) -> None:
-        own = self._own[item]
-        effective = own
+        keys, values = self._own[item]
+        effective = dict(zip(keys, values, strict=True))
         for parent in self._parents_of.get(item, ()):
             inherited = self._parent_labels.get(parent)
             if inherited:
-                if effective is own:
-                    effective = dict(own)
                 for key, value in inherited.items():
                     effective.setdefault(key, value)
         if self._effective.get(item) != effective:

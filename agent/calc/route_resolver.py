@@ -68,7 +68,9 @@ class Network(tuple):
             value = host >> (32 - prefix) << (32 - prefix)
             if value != host:  # host bits set: let ipaddress render the network
                 return cls((4, value, prefix, str(ipaddress.ip_network(text, strict=False))))
-            return cls((4, value, prefix, f"{a}.{b}.{c}.{d}/{prefix}"))
+            canonical = f"{a}.{b}.{c}.{d}/{prefix}"
+            # the caller's text when it is already canonical: one string, not two
+            return cls((4, value, prefix, text if text == canonical else canonical))
         net = ipaddress.ip_network(text, strict=False)
         return cls((6, int(net.network_address), net.prefixlen, str(net)))
 
@@ -91,14 +93,19 @@ class RouteResolver:
     def __init__(self, hostname: str, sink: RouteSink) -> None:
         self.hostname = hostname
         self._sink = sink
-        self._weps: dict[ResourceKey, tuple[str, tuple[Network, ...], str]] = {}
+        # the endpoints themselves (held by the validator anyway); their ip_networks are
+        # parsed when their routes are computed (a Network per endpoint held here, and a
+        # tuple of what is needed, cost ~280 bytes)
+        self._weps: dict[ResourceKey, WorkloadEndpoint] = {}
         self._weps_of_node: dict[str, set[ResourceKey]] = {}
         self._blocks: dict[ResourceKey, tuple[str, Network]] = {}
         self._blocks_of_node: dict[str, set[ResourceKey]] = {}
         self._host_ips: dict[str, str] = {}
         self._pools: dict[ResourceKey, tuple[Network, IPPool]] = {}
-        self._contrib: dict[Source, dict[str, proto.RouteUpdate]] = {}
-        self._sources_of_dst: dict[str, set[Source]] = {}
+        # a source's routes by destination; a source with ONE route (nearly every endpoint)
+        # keeps just that RouteUpdate (its dst is the key): a dict costs ~180 bytes more
+        self._contrib: dict[Source, dict[str, proto.RouteUpdate] | proto.RouteUpdate] = {}
+        self._sources_of_dst: dict[str, Source | set[Source]] = {}  # see _sources
         self._sent: dict[str, proto.RouteUpdate] = {}
         self._dirty_sources: set[Source] = set()
         self._dirty_dsts: set[str] = set()
@@ -115,10 +122,9 @@ class RouteResolver:
         key, wep = update.key, update.value
         old = self._weps.pop(key, None)
         if old is not None:
-            discard_member(self._weps_of_node, old[0], key)
+            discard_member(self._weps_of_node, old.node, key)
         if isinstance(wep, WorkloadEndpoint):
-            nets = tuple(Network.parse(n) for n in wep.ip_networks)
-            self._weps[key] = (wep.node, nets, wep.interface_name)
+            self._weps[key] = wep
             self._weps_of_node.setdefault(wep.node, set()).add(key)
         self._dirty_sources.add(("wep", key))
 
@@ -185,7 +191,8 @@ class RouteResolver:
             entry = self._weps.get(ident)
             if entry is None:
                 return {}
-            node, nets, iface = entry
+            node, iface = entry.node, entry.interface_name
+            nets = [Network.parse(n) for n in entry.ip_networks]
             if node == self.hostname:
                 return {str(n): self._route(n, LOCAL_WORKLOAD, node, iface) for n in nets}
             blocks = [self._blocks[b][1] for b in self._blocks_of_node.get(node, ())]
@@ -223,10 +230,16 @@ class RouteResolver:
         found = [(k, p) for k, (net, p) in self._pools.items() if dst.within(net)]
         return min(found)[1] if found else None
 
+    def _contribution(self, source: Source) -> dict[str, proto.RouteUpdate]:
+        held = self._contrib.get(source)
+        if held is None:
+            return {}
+        return {held.dst: held} if isinstance(held, proto.RouteUpdate) else held
+
     def _set_contribution(self, source: Source, routes: dict[str, proto.RouteUpdate]) -> None:
-        old = self._contrib.get(source, {})
+        old = self._contribution(source)
         if routes:
-            self._contrib[source] = routes
+            self._contrib[source] = routes if len(routes) != 1 else next(iter(routes.values()))
         else:
             self._contrib.pop(source, None)
         for dst in old.keys() | routes.keys():
@@ -234,13 +247,40 @@ class RouteResolver:
             if before == after:
                 continue
             if after is None:
-                discard_member(self._sources_of_dst, dst, source)
+                self._remove_source(dst, source)
             elif before is None:
-                self._sources_of_dst.setdefault(dst, set()).add(source)
+                self._add_source(dst, source)
             self._dirty_dsts.add(dst)
 
+    # _sources_of_dst: nearly every destination has ONE source (its endpoint): kept as that
+    # source itself, a set only when there are several (a set costs ~200 bytes)
+
+    def _sources(self, dst: str) -> tuple[Source, ...] | set[Source]:
+        held = self._sources_of_dst.get(dst)
+        if held is None:
+            return ()
+        return held if isinstance(held, set) else (held,)
+
+    def _add_source(self, dst: str, source: Source) -> None:
+        held = self._sources_of_dst.get(dst)
+        if held is None:
+            self._sources_of_dst[dst] = source
+        elif isinstance(held, set):
+            held.add(source)
+        elif held != source:
+            self._sources_of_dst[dst] = {held, source}
+
+    def _remove_source(self, dst: str, source: Source) -> None:
+        held = self._sources_of_dst.get(dst)
+        if isinstance(held, set):
+            held.discard(source)
+            if len(held) == 1:
+                self._sources_of_dst[dst] = next(iter(held))
+        elif held == source:
+            del self._sources_of_dst[dst]
+
     def _best_route(self, dst: str) -> proto.RouteUpdate | None:
-        candidates = [self._contrib[s][dst] for s in self._sources_of_dst.get(dst, ())]
+        candidates = [self._contribution(s)[dst] for s in self._sources(dst)]
         if len(candidates) <= 1:
             return candidates[0] if candidates else None
         return min(candidates, key=lambda r: (r.dst_node != self.hostname,

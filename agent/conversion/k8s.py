@@ -49,6 +49,7 @@ validation guarantees keys match the selector key syntax and values carry no quo
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections.abc import Iterable
 
 from pyfelix.agent.model import (
@@ -127,11 +128,13 @@ def workload_endpoint_name(node: str, pod: str, orchestrator: str = ORCHESTRATOR
 
 
 def namespace_profile_name(namespace: str) -> str:
-    return NAMESPACE_PROFILE_PREFIX + namespace
+    # interned: every endpoint of the namespace keeps it
+    return sys.intern(NAMESPACE_PROFILE_PREFIX + namespace)
 
 
 def service_account_profile_name(namespace: str, service_account: str) -> str:
-    return f"{SERVICE_ACCOUNT_PROFILE_PREFIX}{namespace or 'default'}.{service_account}"
+    return sys.intern(f"{SERVICE_ACCOUNT_PROFILE_PREFIX}{namespace or 'default'}."
+                      f"{service_account}")
 
 
 def k8s_policy_name(name: str) -> str:
@@ -161,6 +164,26 @@ def pod_endpoint_key(pod: Pod) -> ResourceKey:
                        workload_endpoint_name(pod.node_name, pod.key.name))
 
 
+# (key, value) label pairs shared between endpoints: most of an endpoint's pairs (its
+# namespace, orchestrator, app, tier...) are the same as thousands of others', and a pair
+# tuple costs 56 bytes. Cleared when full, so it stays bounded and relearns what is common.
+MAX_SHARED_LABEL_PAIRS = 16384
+_label_pairs: dict[tuple[str, str], tuple[str, str]] = {}
+
+
+def shared_label_pairs(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """`tuple(sorted(labels.items()))`, each pair the one already held for an equal pair."""
+    pairs = []
+    for pair in sorted(labels.items()):
+        held = _label_pairs.get(pair)
+        if held is None:
+            if len(_label_pairs) >= MAX_SHARED_LABEL_PAIRS:
+                _label_pairs.clear()
+            held = _label_pairs[pair] = pair
+        pairs.append(held)
+    return tuple(pairs)
+
+
 def _host_network(ip: str) -> str:
     return f"{ip}/128" if ":" in ip else f"{ip}/32"
 
@@ -184,7 +207,7 @@ def pod_to_workload_endpoint(pod: Pod, *, interface_prefix: str = DEFAULT_INTERF
     profiles = [namespace_profile_name(namespace)]
     if sa:
         profiles.append(service_account_profile_name(namespace, sa))
-    meta = Metadata(name=key.name, namespace=namespace, labels=tuple(sorted(labels.items())),
+    meta = Metadata(name=key.name, namespace=namespace, labels=shared_label_pairs(labels),
                     uid=pod.meta.uid, resource_version=pod.meta.resource_version)
     return WorkloadEndpoint(
         key, meta,

@@ -35,7 +35,7 @@ _NP_NAME_RE = re.compile(
 _GNP_NAME_RE = re.compile(rf"({_LABEL}\.)?{_LABEL}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Metadata:
     name: str
     namespace: str = ""
@@ -53,7 +53,7 @@ class Metadata:
         return dict(self.annotations)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Resource:
     key: ResourceKey
     meta: Metadata

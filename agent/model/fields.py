@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import reprlib
+import sys
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
@@ -218,8 +219,11 @@ class Fields:
         return out
 
     def labels(self, key: str) -> dict[str, str]:
-        """A label mapping, keys and values checked as Kubernetes (and Calico) check them."""
-        labels = self.str_map(key)
+        """A label mapping, keys and values checked as Kubernetes (and Calico) check them.
+        Keys are interned (sys.intern): the same few repeat across thousands of resources.
+        (Values are not: many are unique, and an endpoint's label pairs are shared by
+        `conversion.k8s.shared_label_pairs`.)"""
+        labels = {sys.intern(k): v for k, v in self.str_map(key).items()}
         for k, v in labels.items():
             problem = qualified_name_problem(k)
             if problem:

@@ -42,7 +42,7 @@ _DURATION_RE = re.compile(r"([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+")
 _FELIX_SETTING_RE = re.compile(r"[A-Za-z][A-Za-z0-9]*")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class IPPool(Resource):
     cidr: str = ""
     block_size: int = 26
@@ -56,7 +56,7 @@ class IPPool(Resource):
     assignment_mode: str = "Automatic"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeBGP:
     ipv4_address: str = ""  # as written: address/prefix, e.g. "198.18.0.1/15"
     ipv6_address: str = ""
@@ -65,7 +65,7 @@ class NodeBGP:
     ipv4_ipip_tunnel_addr: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Node(Resource):
     """Calico Node (projectcalico.org/v3) or a Kubernetes v1 Node.
 
@@ -80,19 +80,19 @@ class Node(Resource):
     ipv6_vxlan_tunnel_addr: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Community:
     name: str
     value: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PrefixAdvertisement:
     cidr: str
     communities: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class BGPConfiguration(Resource):
     as_number: int | None = None
     node_to_node_mesh_enabled: bool = True
@@ -108,7 +108,7 @@ class BGPConfiguration(Resource):
     bind_mode: str = "None"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class BGPPeer(Resource):
     node: str = ""
     peer_ip: str = ""
@@ -125,14 +125,14 @@ class BGPPeer(Resource):
     reachable_by: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FelixConfiguration(Resource):
     """Free-form Felix settings (spec keys as Calico spells them) -> string values."""
 
     settings: tuple[tuple[str, str], ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ClusterInformation(Resource):
     """Calico's cluster-wide facts; `datastore_ready` False asks every Felix to leave the
     dataplane as it is (datastore being upgraded or restored). None: not stated (ready)."""
@@ -143,7 +143,7 @@ class ClusterInformation(Resource):
     calico_version: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class BlockAffinity(Resource):
     node: str = ""
     cidr: str = ""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +47,7 @@ from pyfelix.agent.model.rules import (
 from pyfelix.agent.syncer.api import ResourceKey
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ContainerPort:
     name: str
     port: int
@@ -55,7 +56,7 @@ class ContainerPort:
     host_ip: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Pod(Resource):
     node_name: str = ""
     pod_ips: tuple[str, ...] = ()
@@ -69,24 +70,24 @@ class Pod(Resource):
     allowed_source_prefixes: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Namespace(Resource):
     pass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ServiceAccount(Resource):
     pass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LabelSelectorRequirement:
     key: str
     operator: str  # In | NotIn | Exists | DoesNotExist
     values: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LabelSelector:
     """A Kubernetes label selector; `None` at the use site means "not given"."""
 
@@ -98,33 +99,33 @@ class LabelSelector:
         return not self.match_labels and not self.match_expressions
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class K8sPort:
     protocol: int = 6
     port: int | str | None = None  # number, name, or None for all ports
     end_port: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class IPBlock:
     cidr: str
     except_: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class K8sPeer:
     pod_selector: LabelSelector | None = None
     namespace_selector: LabelSelector | None = None
     ip_block: IPBlock | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class K8sPolicyRule:
     peers: tuple[K8sPeer, ...] = ()  # empty: all sources/destinations
     ports: tuple[K8sPort, ...] = ()  # empty: all ports
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class K8sNetworkPolicy(Resource):
     pod_selector: LabelSelector = LabelSelector()
     policy_types: tuple[str, ...] = ("Ingress",)
@@ -217,9 +218,9 @@ def parse_pod(top: Fields, key: ResourceKey, meta: Metadata) -> Pod:
                        or "default")
     if not is_dns_subdomain(service_account):
         spec.fail("serviceAccountName", f"{service_account[:80]!r} is not a valid name")
-    return Pod(key, meta, node_name=node_name, pod_ips=_pod_ips(top, meta),
+    return Pod(key, meta, node_name=sys.intern(node_name), pod_ips=_pod_ips(top, meta),
                phase=status.str("phase"), host_network=spec.bool("hostNetwork"),
-               service_account_name=service_account,
+               service_account_name=sys.intern(service_account),
                ports=_container_ports(spec),
                allowed_source_prefixes=_allowed_source_prefixes(top, meta),
                deleted=top.sub("metadata").raw("deletionTimestamp") is not None)

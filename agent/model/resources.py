@@ -98,13 +98,13 @@ K8S_KINDS = frozenset(kind for kind, info in KIND_BY_NAME.items()
 _MAC_RE = re.compile(r"[0-9a-fA-F]{2}([:-][0-9a-fA-F]{2}){5}")  # fullmatch only
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Tier(Resource):
     order: float | None = None
     default_action: str = "Deny"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NetworkPolicy(Resource):
     """Calico NetworkPolicy (namespaced) or, with `is_global`, GlobalNetworkPolicy."""
 
@@ -127,14 +127,14 @@ class NetworkPolicy(Resource):
         return self.key.name if self.is_global else f"{self.key.namespace}/{self.key.name}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Profile(Resource):
     ingress: tuple[Rule, ...] = ()
     egress: tuple[Rule, ...] = ()
     labels_to_apply: tuple[tuple[str, str], ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NetworkSet(Resource):
     """NetworkSet (namespaced) or, with `is_global`, GlobalNetworkSet."""
 
@@ -142,7 +142,7 @@ class NetworkSet(Resource):
     nets: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EndpointPort:
     """A named port of an endpoint (and, for workloads, an optional host port mapping)."""
 
@@ -153,13 +153,13 @@ class EndpointPort:
     host_ip: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class IPNAT:
     internal_ip: str
     external_ip: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WorkloadEndpoint(Resource):
     node: str = ""
     orchestrator: str = "k8s"
@@ -184,7 +184,7 @@ class WorkloadEndpoint(Resource):
         return f"{self.key.namespace}/{self.workload}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class HostEndpoint(Resource):
     node: str = ""
     interface_name: str = ""

@@ -53,7 +53,7 @@ PROTO_ICMPV6 = 58
 _GLOBAL_ONLY_RE = re.compile(r"\s*global\s*\(\s*\)\s*")  # fullmatch only
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Port:
     """A port match: a number or range (`first`..`last`), or a named port (`name`)."""
 
@@ -67,13 +67,13 @@ class Port:
         return str(self.first) if self.first == self.last else f"{self.first}:{self.last}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ICMPMatch:
     type: int | None = None
     code: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ServiceAccountMatch:
     """Match endpoints by service account: any of `names`, and/or by `selector` over the
     service account's labels (both given: both must match)."""
@@ -82,7 +82,7 @@ class ServiceAccountMatch:
     selector: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EntityRule:
     nets: tuple[str, ...] = ()
     not_nets: tuple[str, ...] = ()
@@ -97,7 +97,7 @@ class EntityRule:
         return tuple(p for p in self.ports if p.name)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Rule:
     action: str
     ip_version: int | None = None

@@ -43,7 +43,7 @@ SERVICE_PROTOCOLS = {"TCP": 6, "UDP": 17, "SCTP": 132}
 _DNS1035_RE = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")  # fullmatch only
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ServicePort:
     name: str
     protocol: int  # IP protocol number
@@ -52,7 +52,7 @@ class ServicePort:
     node_port: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Service(Resource):
     type: str = "ClusterIP"
     cluster_ips: tuple[str, ...] = ()  # empty: headless or not allocated
@@ -70,7 +70,7 @@ class Service(Resource):
         return self.session_affinity == "ClientIP"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SliceEndpoint:
     addresses: tuple[str, ...]
     ready: bool = True
@@ -79,14 +79,14 @@ class SliceEndpoint:
     node_name: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SlicePort:
     name: str
     protocol: int
     port: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EndpointSlice(Resource):
     service_name: str = ""
     address_type: str = "IPv4"

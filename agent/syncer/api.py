@@ -19,6 +19,7 @@ has been sent; a relist sends deletes for keys that vanished while the watch was
 from __future__ import annotations
 
 import enum
+import sys
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -31,7 +32,7 @@ class SyncStatus(enum.Enum):
     IN_SYNC = "in-sync"
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, slots=True)
 class ResourceKey:
     """kind (Calico's or Kubernetes' kind name), namespace ("" for cluster-scoped), name."""
 
@@ -45,7 +46,7 @@ class ResourceKey:
         return f"{self.kind}({self.name})"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RawUpdate:
     key: ResourceKey
     value: dict[str, Any] | None
@@ -53,7 +54,7 @@ class RawUpdate:
     revision: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DatastoreError:
     source: str
     message: str
@@ -101,4 +102,6 @@ def key_of(doc: Any) -> ResourceKey:
     # a namespaced kind's document without a namespace is in "default", as calicoctl and
     # kubectl place it
     namespace = (namespace or "default") if kind in NAMESPACED_KINDS else ""
-    return ResourceKey(kind, namespace, name)
+    # kinds and namespaces repeat across many keys: one string object each (sys.intern;
+    # an interned string is freed with its last user)
+    return ResourceKey(sys.intern(kind), sys.intern(namespace), name)
