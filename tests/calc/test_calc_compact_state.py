@@ -1,7 +1,7 @@
 """The calc side's compact per-endpoint state (issue 22, memory per remote endpoint) keeps
 the behaviour of the plain dicts, sets and lists it replaced: label pairs shared between
 endpoints, one-source destinations in the route resolver, one-output/one-owner entries in
-the validator, own labels as (shared keys, values) in the label index."""
+the validator, own labels derived from the effective labels less the (shared) inherited keys."""
 
 from __future__ import annotations
 
@@ -71,8 +71,17 @@ def test_label_index_rebuilds_effective_labels_from_shared_keys() -> None:
     index.update_item("a", {"app": "x", "tier": "web"}, ("kns.ns",))
     index.update_item("b", {"app": "y", "tier": "web"}, ("kns.ns",))
     assert seen["a"] == {"app": "x", "tier": "web", "ns-label": "1"}  # own wins
-    assert index._own["a"][0] is index._own["b"][0]  # one keys tuple for both
+    assert index._inherited["a"] is index._inherited["b"]  # one keys tuple for both
     index.update_parent("kns.ns", {"ns-label": "2"})
     assert seen["b"] == {"app": "y", "tier": "web", "ns-label": "2"}
+    # an own label equal to the parent's stays when the parent's goes
+    index.update_item("c", {"ns-label": "2"}, ("kns.ns",))
+    index.update_parent("kns.ns", None)
+    assert seen["c"] == {"ns-label": "2"}
+    assert seen["b"] == {"app": "y", "tier": "web"}
+    index.update_parent("kns.ns", {"ns-label": "3", "extra": "e"})
+    assert seen["c"] == {"ns-label": "2", "extra": "e"}
+    index.update_item("c", {}, ("kns.ns",))  # its own label removed: the parent's shows
+    assert seen["c"] == {"ns-label": "3", "extra": "e"}
     index.delete_item("a")
-    assert seen["a"] is None and len(index) == 1
+    assert seen["a"] is None and len(index) == 2
