@@ -184,6 +184,20 @@ def shared_label_pairs(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
+_profile_tuples: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
+def _shared_profiles(profiles: tuple[str, ...]) -> tuple[str, ...]:
+    """One tuple for every endpoint with the same profiles (a namespace's, a service
+    account's), bounded like `shared_label_pairs`."""
+    held = _profile_tuples.get(profiles)
+    if held is None:
+        if len(_profile_tuples) >= MAX_SHARED_LABEL_PAIRS:
+            _profile_tuples.clear()
+        held = _profile_tuples[profiles] = profiles
+    return held
+
+
 def _host_network(ip: str) -> str:
     return f"{ip}/128" if ":" in ip else f"{ip}/32"
 
@@ -218,7 +232,7 @@ def pod_to_workload_endpoint(pod: Pod, *, interface_prefix: str = DEFAULT_INTERF
         endpoint=ENDPOINT_NAME,
         interface_name=workload_interface_name(namespace, name, interface_prefix),
         ip_networks=tuple(_host_network(ip) for ip in pod.pod_ips),
-        profiles=tuple(profiles),
+        profiles=_shared_profiles(tuple(profiles)),
         ports=tuple(EndpointPort(p.name, p.protocol, p.port, p.host_port, p.host_ip)
                     for p in pod.ports),
         service_account_name=sa,

@@ -71,7 +71,10 @@ def qualified_name_problem(key: str) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=16384)
+# a small cache: the values that repeat (app, tier, namespace...) stay in it; unique ones
+# (pod-template-hash, per-pod ids) never hit, and a 16,384-entry cache of them cost ~100
+# bytes per endpoint up to 1.7 MB
+@functools.lru_cache(maxsize=1024)
 def label_value_problem(value: str) -> str | None:
     """Why `value` is not a valid label value, or None when it is."""
     if value == "":
