@@ -1594,4 +1594,7 @@ class PolicyCompiler:
         except ValueError as e:
             problems.append(f"config: {e}; using Disabled")
             redirect = False
-        return {config_map.KEY: config_map.encode_value(action, rpf, redirect=redirect)}
+        ctlb_udp = str(state.config.get("bpfconnecttimeloadbalancing", "TCP")).lower() \
+            == "enabled"
+        return {config_map.KEY: config_map.encode_value(action, rpf, redirect=redirect,
+                                                        ctlb_udp=ctlb_udp)}
