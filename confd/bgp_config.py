@@ -49,9 +49,16 @@ its `rr client`. Also rendered: `ttlSecurity` (GTSM: `ttl security on; multihop 
 (`strict bind` on every session), listenPort (local port of every session, and the mesh
 neighbors' port).
 
+Passwords (BGPPeer `spec.password`, BGPConfiguration `spec.nodeMeshPassword`): inline
+`value`, or `secretKeyRef` {name, key}: that key of the v1 Secret of that name in the
+secret namespace (`BGPState.secrets`, see bgp_view). Fail closed: a Secret or key that is
+missing, an empty value, a value BIRD strings cannot hold or one over 80 bytes means the
+peer (or the mesh) is not rendered at all, with a note naming the peer and the Secret; never
+a session that could come up unauthenticated. Notes and errors name Secrets and keys, never
+values; `BGPSession.password` is kept out of repr().
+
 Easy to get wrong: BIRD strings have no escapes, so a password containing `"`, `\\` or a
-line break is refused (the peer is skipped: never an unauthenticated session instead); a
-secretKeyRef password cannot be resolved without Kubernetes and the peer is skipped too.
+line break is refused (as above: the peer is not rendered).
 """
 
 from __future__ import annotations
@@ -59,10 +66,17 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from pyfelix.agent.model import BGPConfiguration, BGPPeer, IPPool, Metadata, Node
+from pyfelix.agent.model import (
+    BGPConfiguration,
+    BGPPeer,
+    IPPool,
+    Metadata,
+    Node,
+    SecretKeyRef,
+)
 from pyfelix.agent.syncer.api import ResourceKey
 from pyfelix.confd.bgp_view import BGPState
 
@@ -73,6 +87,7 @@ DEFAULT_HOLD_TIME = 240  # BIRD's default; keepalive must stay below a third of 
 MAX_GRACEFUL_RESTART_TIME = 4095  # 12-bit field of the BGP graceful restart capability
 SERVICES_PROTOCOL = "pyfelix_services"
 GLOBAL_CONFIG_NAME = "default"
+MAX_PASSWORD_BYTES = 80  # TCP_MD5SIG_MAXKEYLEN; Calico's docs: at most 80 characters
 
 # logSeverityScreen -> (BIRD log classes, `debug protocols` setting)
 _LOG_LEVELS: dict[str, tuple[str, str]] = {
@@ -143,7 +158,7 @@ class BGPSession:
     local_port: int | None  # None: listen on 179
     local_as: int
     passive: bool = False
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)  # never shown by repr/logs
     next_hop_keep: bool = False
     rr_cluster_id: str | None = None  # set: the neighbor is our route reflector client
     graceful_restart_time: int | None = None
@@ -345,6 +360,7 @@ class _Computation:
     def __init__(self, state: BGPState, hostname: str, interface_prefix: str,
                  family: int = 4) -> None:
         self.state = state
+        self.secret_namespace = state.secret_namespace
         self.hostname = hostname
         self.family = family
         self.host_bits = 32 if family == 4 else 128
@@ -565,7 +581,8 @@ class _Computation:
         if not targets:
             return []
         try:
-            password = self._peer_password(peer.password, f"{where}: spec.password")
+            password = self._peer_password(peer.password, peer.password_secret,
+                                           f"{where}: spec.password")
             restart = (parse_duration_seconds(peer.max_restart_time,
                                               f"{where}: spec.maxRestartTime")
                        if peer.max_restart_time else None)
@@ -579,7 +596,8 @@ class _Computation:
                 raise ConfdError(f"{where}: spec.keepaliveTime: {keepalive} s is above 21845 s "
                                  "(the hold time, three keepalives, must fit in 65535 s)")
         except ConfdError as exc:
-            self.note(f"{exc}; peer skipped")
+            self.note(f"{exc}; peer not rendered (no session without its password)"
+                      if "spec.password" in str(exc) else f"{exc}; peer skipped")
             return []
         hold = keepalive * 3 if keepalive and keepalive * 3 > DEFAULT_HOLD_TIME else None
         local_ip: str | None = str(self.address)
@@ -656,14 +674,30 @@ class _Computation:
                                                     f" -> Node({node.key.name})"))
         return sorted(targets.values(), key=lambda t: t.address)  # type: ignore[arg-type,return-value]
 
-    def _peer_password(self, password: str, where: str) -> str | None:
-        if not password:
+    def _peer_password(self, value: str, ref: SecretKeyRef | None,
+                       where: str) -> str | None:
+        """The session's password: inline, or key `ref.key` of Secret `ref.name` in the
+        secret namespace. ConfdError (naming the field and the Secret, never a value) when
+        it cannot be had: the caller then renders no session at all, never one without."""
+        if ref is not None:
+            secret = self.state.secrets.get(ref.name)
+            if secret is None:
+                raise ConfdError(f"{where}.secretKeyRef: Secret {self.secret_namespace}/"
+                                 f"{ref.name} not found (or invalid)")
+            value_or_none = secret.value(ref.key)
+            if value_or_none is None:
+                raise ConfdError(f"{where}.secretKeyRef: Secret {self.secret_namespace}/"
+                                 f"{ref.name} has no key {ref.key!r}")
+            value, where = value_or_none, (f"{where}.secretKeyRef: Secret "
+                                           f"{self.secret_namespace}/{ref.name} key {ref.key}")
+            if not value:
+                raise ConfdError(f"{where}: the value is empty")
+        if not value:
             return None
-        if password.startswith("secret:"):
-            raise ConfdError(f"{where}: secretKeyRef {password[len('secret:'):]} cannot be "
-                             "resolved by confd (no Kubernetes secrets API); give the "
-                             "password as `value`")
-        return _bird_string(password, where)
+        if len(value.encode()) > MAX_PASSWORD_BYTES:
+            raise ConfdError(f"{where}: the password is longer than {MAX_PASSWORD_BYTES} bytes "
+                             "(the kernel's TCP MD5 key limit)")
+        return _bird_string(value, where)
 
     def _rr_client_cluster(self, neighbor_as: int, target_node: Node | None) -> str | None:
         if not self.cluster_id or neighbor_as != self.as_number:
@@ -679,12 +713,14 @@ class _Computation:
         where = f"BGPConfiguration({GLOBAL_CONFIG_NAME})"
         try:
             password = self._peer_password(self.global_config.node_mesh_password,
+                                           self.global_config.node_mesh_password_secret,
                                            f"{where}: spec.nodeMeshPassword")
             restart = (parse_duration_seconds(self.global_config.node_mesh_max_restart_time,
                                               f"{where}: spec.nodeMeshMaxRestartTime")
                        if self.global_config.node_mesh_max_restart_time else None)
         except ConfdError as exc:
-            self.note(f"{exc}; node-to-node mesh not rendered")
+            self.note(f"{exc}; node-to-node mesh not rendered" + (
+                " (no session without its password)" if "nodeMeshPassword" in str(exc) else ""))
             return []
         sessions = []
         for address in sorted(self.nodes_by_address):  # type: ignore[type-var]

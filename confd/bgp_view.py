@@ -1,10 +1,13 @@
 """The BGP syncer view: the datastore as confd sees it.
 
 Role: keep the current, validated BGP-relevant resources (BGPConfiguration, Node, BGPPeer,
-IPPool, BlockAffinity) from a stream of syncer `RawUpdate`s, and hand out immutable
-snapshots (`BGPState`) for `bgp_config.compute_bird_config`.
+IPPool, BlockAffinity, and the v1 Secrets that hold BGP passwords) from a stream of syncer
+`RawUpdate`s, and hand out immutable snapshots (`BGPState`) for
+`bgp_config.compute_bird_config`.
 
-Inputs: `RawUpdate`s (any kind; kinds confd does not use are ignored).
+Inputs: `RawUpdate`s (any kind; kinds confd does not use are ignored; Secrets outside the
+secret namespace, `agent.kinds.secret_namespace()` by default, are ignored: Calico's node
+reads BGP passwords only from the namespace it runs in).
 Outputs: `BGPView.apply()` says whether the BGP state changed; `snapshot()` returns a
 `BGPState`; `problems()` lists the resources that failed validation, with the reason.
 
@@ -25,19 +28,21 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from pyfelix.agent.kinds import BGP_KINDS
+from pyfelix.agent.kinds import BGP_KINDS, secret_namespace
 from pyfelix.agent.model import (
     BGPConfiguration,
     BGPPeer,
     BlockAffinity,
     IPPool,
     Node,
+    Secret,
     ValidationError,
     parse_resource,
 )
 from pyfelix.agent.syncer.api import RawUpdate, ResourceKey
 
 log = logging.getLogger(__name__)
+_default_secret_namespace = secret_namespace
 
 
 
@@ -50,19 +55,24 @@ class BGPState:
     peers: dict[str, BGPPeer] = field(default_factory=dict)
     pools: dict[str, IPPool] = field(default_factory=dict)
     block_affinities: dict[str, BlockAffinity] = field(default_factory=dict)
+    secrets: dict[str, Secret] = field(default_factory=dict)  # of the secret namespace
+    secret_namespace: str = ""
 
 
 class BGPView:
     """Applies raw updates; keeps typed resources and the validation problems."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, secret_namespace: str | None = None) -> None:
         self._resources: dict[ResourceKey, object] = {}
         self._problems: dict[ResourceKey, str] = {}
+        self.secret_namespace = secret_namespace or _default_secret_namespace()
 
     def apply(self, update: RawUpdate) -> bool:
         """Apply one update; True if the BGP state (resources or problems) changed."""
         key = update.key
         if key.kind not in BGP_KINDS:
+            return False
+        if key.kind == "Secret" and key.namespace != self.secret_namespace:
             return False
         before = (self._resources.get(key), self._problems.get(key))
         if update.value is None:
@@ -91,20 +101,21 @@ class BGPView:
         return {k: self._problems[k] for k in sorted(self._problems)}
 
     def snapshot(self) -> BGPState:
-        state = BGPState()
+        state = BGPState(secret_namespace=self.secret_namespace)
         by_kind: dict[str, dict[str, object]] = {
             "BGPConfiguration": state.bgp_configurations, "Node": state.nodes,  # type: ignore[dict-item]
             "BGPPeer": state.peers, "IPPool": state.pools,  # type: ignore[dict-item]
             "BlockAffinity": state.block_affinities,  # type: ignore[dict-item]
+            "Secret": state.secrets,  # type: ignore[dict-item]
         }
         for key in sorted(self._resources):
             by_kind[key.kind][key.name] = self._resources[key]
         return state
 
 
-def state_from_updates(updates: Iterable[RawUpdate]
+def state_from_updates(updates: Iterable[RawUpdate], *, secret_namespace: str | None = None,
                        ) -> tuple[BGPState, dict[ResourceKey, str]]:
     """A snapshot and the validation problems from a one-shot list of updates."""
-    view = BGPView()
+    view = BGPView(secret_namespace=secret_namespace)
     view.apply_all(updates)
     return view.snapshot(), view.problems()

@@ -27,6 +27,7 @@ from pyfelix.agent.model.infrastructure import (
     Node,
     NodeBGP,
     PrefixAdvertisement,
+    SecretKeyRef,
 )
 from pyfelix.agent.model.kubernetes import (
     ContainerPort,
@@ -56,6 +57,7 @@ from pyfelix.agent.model.resources import (
     parse_resource,
 )
 from pyfelix.agent.model.rules import EntityRule, ICMPMatch, Port, Rule, ServiceAccountMatch
+from pyfelix.agent.model.secrets import Secret
 from pyfelix.agent.model.services import (
     EndpointSlice,
     Service,
@@ -100,6 +102,8 @@ __all__ = [
     "Profile",
     "Resource",
     "Rule",
+    "Secret",
+    "SecretKeyRef",
     "Service",
     "ServiceAccount",
     "ServiceAccountMatch",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyfelix.agent.model.base import (
@@ -40,6 +40,8 @@ _STANDARD_COMMUNITY_RE = re.compile(r"([0-9]+):([0-9]+)")
 _LARGE_COMMUNITY_RE = re.compile(r"([0-9]+):([0-9]+):([0-9]+)")
 _DURATION_RE = re.compile(r"([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+")
 _FELIX_SETTING_RE = re.compile(r"[A-Za-z][A-Za-z0-9]*")
+_SECRET_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_SECRET_KEY_RE = re.compile(r"[-._a-zA-Z0-9]{1,253}")
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,19 @@ class PrefixAdvertisement:
 
 
 @dataclass(frozen=True)
+class SecretKeyRef:
+    """`password.secretKeyRef`: key `key` of the Secret `name` in the namespace Calico's node
+    runs in (agent.kinds.secret_namespace); confd resolves it."""
+
+    name: str
+    key: str
+    optional: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.name}/{self.key}"
+
+
+@dataclass(frozen=True)
 class BGPConfiguration(Resource):
     as_number: int | None = None
     node_to_node_mesh_enabled: bool = True
@@ -103,7 +118,8 @@ class BGPConfiguration(Resource):
     service_load_balancer_ips: tuple[str, ...] = ()
     communities: tuple[Community, ...] = ()
     prefix_advertisements: tuple[PrefixAdvertisement, ...] = ()
-    node_mesh_password: str = ""
+    node_mesh_password: str = field(default="", repr=False)  # inline `value` (pyfelix's)
+    node_mesh_password_secret: SecretKeyRef | None = None
     node_mesh_max_restart_time: str = ""
     bind_mode: str = "None"
 
@@ -115,7 +131,9 @@ class BGPPeer(Resource):
     as_number: int | None = None
     node_selector: str = ""
     peer_selector: str = ""
-    password: str = ""
+    password: str = field(default="", repr=False)  # inline `value` (pyfelix's extension)
+    password_secret: SecretKeyRef | None = None  # Calico's `secretKeyRef`
+    filters: tuple[str, ...] = ()  # BGPFilter names, applied in this order
     keep_original_next_hop: bool = False
     source_address: str = "UseNodeIP"
     max_restart_time: str = ""
@@ -348,7 +366,7 @@ def parse_bgp_configuration(spec: Fields, key: ResourceKey, meta: Metadata) -> B
                 item.fail(f"communities[{i}]", f"{c[:40]!r} is neither a defined community "
                           "name nor a community value")
         adverts.append(advert)
-    password = _secret(spec.sub("nodeMeshPassword")) if spec.has("nodeMeshPassword") else ""
+    password, password_secret = _password(spec, "nodeMeshPassword")
     config = BGPConfiguration(
         key, meta,
         as_number=_as_number(spec, "asNumber"),
@@ -363,24 +381,38 @@ def parse_bgp_configuration(spec: Fields, key: ResourceKey, meta: Metadata) -> B
         communities=tuple(communities),
         prefix_advertisements=tuple(adverts),
         node_mesh_password=password,
+        node_mesh_password_secret=password_secret,
         node_mesh_max_restart_time=_duration(spec, "nodeMeshMaxRestartTime"),
         bind_mode=spec.one_of("bindMode", ("None", "NodeIP"), "None"),
     )
-    if not config.node_to_node_mesh_enabled and config.node_mesh_password:
+    if not config.node_to_node_mesh_enabled and (password or password_secret):
         spec.fail("nodeMeshPassword", "cannot be set when nodeToNodeMeshEnabled is false")
     return config
 
 
-def _secret(password: Fields) -> str:
-    """Calico takes a password from a Secret reference; pyfelix also accepts `value` inline."""
+def _password(spec: Fields, name: str) -> tuple[str, SecretKeyRef | None]:
+    """Calico takes a password from a Secret reference (`secretKeyRef`: name, key,
+    optional); pyfelix also accepts `value` inline. Errors never quote the value."""
+    if not spec.has(name):
+        return "", None
+    password = spec.sub(name)
     password.only({"secretKeyRef", "value"})
+    if password.has("value") and password.has("secretKeyRef"):
+        password.fail("", "secretKeyRef and value are mutually exclusive")
     if password.has("value"):
-        return password.str("value")
+        if not isinstance(password.raw("value"), str):
+            password.fail("value", "expected a string")
+        return password.raw("value"), None
     ref = password.sub("secretKeyRef", allowed={"name", "key", "optional"})
-    if ref.has("name"):
-        # Without a Kubernetes API the secret cannot be read here; the BGP syncer resolves it.
-        return f"secret:{ref.str('name')}/{ref.str('key', required=True)}"
-    password.fail("", "expected secretKeyRef (name, key) or value")
+    if not ref.has("name"):
+        password.fail("", "expected secretKeyRef (name, key) or value")
+    secret_name = ref.str("name", required=True)
+    if not _SECRET_NAME_RE.fullmatch(secret_name) or len(secret_name) > 253:
+        ref.fail("name", f"{secret_name[:60]!r} is not a Secret name (a DNS subdomain)")
+    key = ref.str("key", required=True)
+    if not _SECRET_KEY_RE.fullmatch(key):
+        ref.fail("key", f"{key[:60]!r} is not a Secret key (letters, digits, '-', '_', '.')")
+    return "", SecretKeyRef(secret_name, key, ref.bool("optional"))
 
 
 BGP_PEER_FIELDS = frozenset({
@@ -413,7 +445,11 @@ def _peer_ip(spec: Fields) -> tuple[str, int | None]:
 def parse_bgp_peer(spec: Fields, key: ResourceKey, meta: Metadata) -> BGPPeer:
     spec.only(BGP_PEER_FIELDS)
     peer_ip, port = _peer_ip(spec)
-    password = _secret(spec.sub("password")) if spec.has("password") else ""
+    password, password_secret = _password(spec, "password")
+    filters = spec.str_list("filters")
+    for i, name in enumerate(filters):
+        if not _SECRET_NAME_RE.fullmatch(name) or len(name) > 253:
+            spec.fail(f"filters[{i}]", f"{name[:60]!r} is not a BGPFilter name")
     reachable_by = optional_ip(spec, "reachableBy")
     peer = BGPPeer(
         key, meta,
@@ -423,6 +459,8 @@ def parse_bgp_peer(spec: Fields, key: ResourceKey, meta: Metadata) -> BGPPeer:
         node_selector=parse_selector(spec.str("nodeSelector"), spec, "nodeSelector"),
         peer_selector=parse_selector(spec.str("peerSelector"), spec, "peerSelector"),
         password=password,
+        password_secret=password_secret,
+        filters=filters,
         keep_original_next_hop=spec.bool("keepOriginalNextHop"),
         source_address=spec.one_of("sourceAddress", ("UseNodeIP", "None"), "UseNodeIP"),
         max_restart_time=_duration(spec, "maxRestartTime"),

@@ -86,6 +86,7 @@ from pyfelix.agent.model.rules import (
     parse_selector,
     protocol_number,
 )
+from pyfelix.agent.model.secrets import parse_secret
 from pyfelix.agent.model.services import parse_endpoint_slice, parse_service
 from pyfelix.agent.syncer.api import ResourceKey, key_of
 
@@ -467,6 +468,7 @@ _K8S_PARSERS: dict[str, Parser] = {
     "Node": parse_kubernetes_node,
     "Service": parse_service,
     "EndpointSlice": parse_endpoint_slice,
+    "Secret": parse_secret,
 }
 
 

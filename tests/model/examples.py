@@ -211,6 +211,15 @@ kind: BGPPeer
 metadata: {name: mesh-rr}
 spec:
   peerSelector: route-reflector == 'true'
+  password:
+    secretKeyRef: {name: bgp-secrets, key: rr-password}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: bgp-secrets, namespace: kube-system}
+type: Opaque
+data: {rr-password: dmVyeS1zZWNyZXQ=}
+stringData: {tor-password: another-secret}
 ---
 apiVersion: projectcalico.org/v3
 kind: FelixConfiguration

@@ -1,0 +1,141 @@
+"""Two real BIRDs in namespaces this test creates, each driven by a real confd loop over a
+file datastore: BGP passwords from v1 Secrets, BGPFilter, per-service advertisement.
+
+The namespaces, veth, BIRD processes and confd loops come from the `lab` fixture of
+test_priv_confd_bgp (created inside the namespaces, torn down on success and failure, the
+root namespace checked unchanged). The mesh is off: each node has one explicit BGPPeer to
+the other, so what a test changes on one side is all that differs.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import stat
+import time
+from collections.abc import Callable
+
+import pytest
+
+from pyfelix.confd.bird import BirdInstance, BirdTools
+from tests.privileged.confd.test_priv_confd_bgp import (  # noqa: F401  (lab is a fixture)
+    ESTABLISH_BOUND,
+    NODE_IPS,
+    Lab,
+    lab,
+    start_confd,
+    wait_for,
+)
+
+pytestmark = pytest.mark.privileged
+
+SECRET_NAMESPACE = "calico-system"
+RIGHT = "Right-pw-0b7c4e"
+WRONG = "Wrong-pw-93aa1f"
+DOWN_WINDOW = 12.0  # > two of BIRD's connect retries (5 s, template pyfelix_peer)
+
+
+def _doc(kind: str, name: str, spec: dict) -> dict:
+    return {"apiVersion": "projectcalico.org/v3", "kind": kind, "metadata": {"name": name},
+            "spec": spec}
+
+
+def _cluster(peer_specs: dict[str, dict]) -> list[dict]:
+    """Nodes, a pool, mesh off, and one BGPPeer per node towards the other node."""
+    other = {"node1": "node2", "node2": "node1"}
+    docs = [_doc("BGPConfiguration", "default", {"nodeToNodeMeshEnabled": False}),
+            _doc("IPPool", "pods", {"cidr": "10.65.0.0/16"})]
+    for name, ip in NODE_IPS.items():
+        docs.append(_doc("Node", name, {"bgp": {"ipv4Address": f"{ip}/15"}}))
+        docs.append(_doc("BGPPeer", f"{name}-to-{other[name]}", {
+            "node": name, "peerIP": NODE_IPS[other[name]], "asNumber": 64512,
+            **peer_specs.get(name, {})}))
+    return docs
+
+
+def _secret(value: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "bgp-secrets", "namespace": SECRET_NAMESPACE},
+            "type": "Opaque", "data": {"peer": base64.b64encode(value.encode()).decode()}}
+
+
+def _start_birds(lab: Lab) -> None:
+    for node in NODE_IPS:
+        wait_for(f"{node}: first config", (lab.dir / node / "bird.conf").exists, 10)
+    for node in NODE_IPS:
+        bird = BirdInstance(lab.netns[node], lab.dir / node / "bird.conf",
+                            lab.dir / node / "bird.ctl", run_dir=lab.dir / node)
+        lab.birds[node] = bird
+        bird.start()
+
+
+def _session(lab: Lab, node: str) -> str:
+    """The BGP session's state and info on `node` ("" when BIRD has none)."""
+    states = [p for p in BirdTools().protocols(lab.birds[node].socket_path) if p.proto == "BGP"]
+    return " ".join(f"{p.state} {p.info}" for p in states)
+
+
+def _established(lab: Lab, node: str) -> bool:
+    return "Established" in _session(lab, node)
+
+
+def _stays_down(lab: Lab, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for node in NODE_IPS:
+            assert not _established(lab, node), f"{node}: session up with a wrong password"
+        time.sleep(0.2)
+
+
+def _wait_reloaded(lab: Lab, node: str, needle: str, present: bool = True) -> None:
+    wait_for(f"{node}: config {'with' if present else 'without'} {needle!r}",
+             lambda: (needle in (lab.reconcilers[node].applied_text or "")) is present, 10)
+
+
+def test_password_from_secret_up_wrong_down_fixed_up(
+        lab: Lab, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        record_property: Callable[[str, object], None]) -> None:
+    """node1 takes its password from Secret calico-system/bgp-secrets (the namespace comes
+    from NAMESPACE, as calico-node's); node2 has the right one inline. Right -> Established;
+    the Secret changed to a wrong value -> confd reloads BIRD and the session stays down;
+    changed back -> Established again. The value is in bird.conf (0600) only: not in any
+    log record of confd, nor in its errors."""
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("NAMESPACE", SECRET_NAMESPACE)
+    lab.write_resources("cluster", _cluster({
+        "node1": {"password": {"secretKeyRef": {"name": "bgp-secrets", "key": "peer"}}},
+        "node2": {"password": {"value": RIGHT}}}))
+    lab.write_resources("secret", [_secret(RIGHT)])
+    for node in NODE_IPS:
+        start_confd(lab, node)
+    _start_birds(lab)
+    config1 = lab.dir / "node1" / "bird.conf"
+    assert f'password "{RIGHT}";' in config1.read_text()
+    assert stat.S_IMODE(config1.stat().st_mode) == 0o600
+    up = wait_for("right password: Established", lambda: _established(lab, "node1")
+                  and _established(lab, "node2"), ESTABLISH_BOUND)
+    record_property("right_password_to_established_s", round(up, 3))
+
+    lab.write_resources("secret", [_secret(WRONG)])
+    _wait_reloaded(lab, "node1", f'password "{WRONG}";')
+    wait_for("wrong password: session down", lambda: not _established(lab, "node1"), 15)
+    _stays_down(lab, DOWN_WINDOW)
+    assert stat.S_IMODE(config1.stat().st_mode) == 0o600
+
+    start = time.monotonic()
+    lab.write_resources("secret", [_secret(RIGHT)])
+    _wait_reloaded(lab, "node1", f'password "{RIGHT}";')
+    wait_for("password fixed: Established again", lambda: _established(lab, "node1")
+             and _established(lab, "node2"), ESTABLISH_BOUND)
+    record_property("secret_fixed_to_established_s", round(time.monotonic() - start, 3))
+
+    # a missing key: node1 renders no session at all (fail closed) and says why
+    lab.write_resources("secret", [{**_secret(RIGHT), "data": {"other": "eA=="}}])
+    _wait_reloaded(lab, "node1", "neighbor 198.18.0.2", present=False)
+    assert ("BGPPeer(node1-to-node2): spec.password.secretKeyRef: Secret "
+            f"{SECRET_NAMESPACE}/bgp-secrets has no key 'peer'") in caplog.text
+    assert not lab.reconcilers["node1"].last_error
+    for value in (RIGHT, WRONG):
+        assert value not in caplog.text
+        for node in NODE_IPS:
+            assert value not in lab.reconcilers[node].last_error
