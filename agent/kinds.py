@@ -165,6 +165,7 @@ KINDS: tuple[KindInfo, ...] = (
     _calico("IPPool", bgp=True),
     _calico("BGPConfiguration", bgp=True),
     _calico("BGPPeer", bgp=True),
+    _calico("BGPFilter", bgp=True),  # per-peer import/export rules (confd)
     _calico("FelixConfiguration"),
     # Cluster-wide facts; its datastoreReady pauses the dataplane (agent.calc.passthru).
     _calico("ClusterInformation"),

@@ -14,7 +14,7 @@ no `spec.bgp.ipv4Address`, or the global BGPConfiguration / this Node failed val
 anything narrower (one bad peer, one bad community) is skipped and recorded in
 `BirdConfig.notes`, rendered as comments, and logged by the caller.
 
-What is exported to BGP peers (the `pyfelix_export_to_bgp` filter, first match wins):
+What is exported to BGP peers (the `pyfelix_export_rules` function, first match wins):
 1. our service routes (static blackholes for serviceClusterIPs / serviceExternalIPs /
    serviceLoadBalancerIPs of the `default` BGPConfiguration);
 2. this node's IPAM blocks: BlockAffinity resources with `node` = this node, state
@@ -49,6 +49,17 @@ its `rr client`. Also rendered: `ttlSecurity` (GTSM: `ttl security on; multihop 
 (`strict bind` on every session), listenPort (local port of every session, and the mesh
 neighbors' port).
 
+BGPFilter (BGPPeer `spec.filters`, as Calico's confd renders them): per valid BGPFilter,
+direction and family with rules, one BIRD function ('pyfelix_bgpfilter_<name>_import4'...)
+whose statements test the rule's matches (cidr with Equal `=`, NotEqual `!=`, In `~`,
+NotIn `!~`; prefixLength as a prefix set `[ cidr{min,max} ]`; source RemotePeers as
+`source = RTS_BGP`; interface as `ifname ~ "pattern"`; all given must hold) and accept or
+reject, which ends the whole filter. A peer's sessions call its filters' functions in
+spec.filters order, then the default: import accepts, export applies
+`pyfelix_export_rules` (the rules above, which the plain `pyfelix_export_to_bgp` filter
+also calls). A peer naming a BGPFilter that is missing or invalid is not rendered (its
+routes would pass unfiltered), with a note.
+
 Passwords (BGPPeer `spec.password`, BGPConfiguration `spec.nodeMeshPassword`): inline
 `value`, or `secretKeyRef` {name, key}: that key of the v1 Secret of that name in the
 secret namespace (`BGPState.secrets`, see bgp_view). Fail closed: a Secret or key that is
@@ -71,6 +82,8 @@ from typing import Any
 
 from pyfelix.agent.model import (
     BGPConfiguration,
+    BGPFilter,
+    BGPFilterRule,
     BGPPeer,
     IPPool,
     Metadata,
@@ -147,6 +160,18 @@ class CommunityTagging:
 
 
 @dataclass(frozen=True)
+class FilterFunction:
+    """A BGPFilter's rules for one direction and family, as a BIRD function: each statement
+    accepts or rejects (ending the whole filter) when its conditions hold; none holding
+    falls through to the next filter, then to the default (import: accept; export:
+    `pyfelix_export_rules`)."""
+
+    name: str  # a quoted BIRD symbol: 'pyfelix_bgpfilter_<name>_import4'
+    comment: str  # "BGPFilter(name): importV4"
+    statements: tuple[str, ...]  # "if ( net ~ 10.0.0.0/16 ) then accept;", "reject;"
+
+
+@dataclass(frozen=True)
 class BGPSession:
     protocol_name: str  # Mesh_/Node_/Global_ + address with underscores
     comment: str  # where it comes from
@@ -166,6 +191,8 @@ class BGPSession:
     hold_time: int | None = None
     ttl_security_hops: int | None = None  # GTSM: `ttl security on` + `multihop N`
     strict_bind: bool = False  # bindMode NodeIP: listen on the node address only
+    import_functions: tuple[str, ...] = ()  # BGPFilter functions, in spec.filters order
+    export_functions: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -192,6 +219,7 @@ class FamilyConfig:
     export_rules: tuple[PrefixRule, ...]
     sessions: tuple[BGPSession, ...]
     peer_routes: tuple[PeerRoute, ...]
+    filter_functions: tuple[FilterFunction, ...] = ()
 
     @property
     def channel(self) -> str:
@@ -581,6 +609,7 @@ class _Computation:
         if not targets:
             return []
         try:
+            import_functions, export_functions = self._peer_filters(peer, where)
             password = self._peer_password(peer.password, peer.password_secret,
                                            f"{where}: spec.password")
             restart = (parse_duration_seconds(peer.max_restart_time,
@@ -596,8 +625,12 @@ class _Computation:
                 raise ConfdError(f"{where}: spec.keepaliveTime: {keepalive} s is above 21845 s "
                                  "(the hold time, three keepalives, must fit in 65535 s)")
         except ConfdError as exc:
-            self.note(f"{exc}; peer not rendered (no session without its password)"
-                      if "spec.password" in str(exc) else f"{exc}; peer skipped")
+            if "spec.password" in str(exc):
+                self.note(f"{exc}; peer not rendered (no session without its password)")
+            elif "spec.filters" in str(exc):
+                self.note(f"{exc}; peer not rendered (its routes would pass unfiltered)")
+            else:
+                self.note(f"{exc}; peer skipped")
             return []
         hold = keepalive * 3 if keepalive and keepalive * 3 > DEFAULT_HOLD_TIME else None
         local_ip: str | None = str(self.address)
@@ -631,8 +664,51 @@ class _Computation:
                 hold_time=hold,
                 ttl_security_hops=peer.ttl_security or None,
                 strict_bind=self.strict_bind,
+                import_functions=import_functions,
+                export_functions=export_functions,
             ))
         return sessions
+
+    # -- BGPFilter --
+
+    def _filter_rules(self, bgp_filter: BGPFilter, direction: str) -> tuple[BGPFilterRule, ...]:
+        attribute = f"{direction}_v{self.family}"
+        return getattr(bgp_filter, attribute)  # type: ignore[no-any-return]
+
+    def _function_name(self, name: str, direction: str) -> str:
+        # a quoted symbol: BGPFilter names (DNS subdomains) may hold '-' and '.'
+        return f"'pyfelix_bgpfilter_{name}_{direction}{self.family}'"
+
+    def _peer_filters(self, peer: BGPPeer, where: str
+                      ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The filter functions of a peer's sessions of this family, in spec.filters order.
+        A filter that is missing (or invalid) is a ConfdError: the peer is not rendered."""
+        imports: list[str] = []
+        exports: list[str] = []
+        for i, name in enumerate(peer.filters):
+            bgp_filter = self.state.filters.get(name)
+            if bgp_filter is None:
+                raise ConfdError(f"{where}: spec.filters[{i}]: BGPFilter {name!r} not found "
+                                 "(or invalid)")
+            for direction, out in (("import", imports), ("export", exports)):
+                function = self._function_name(name, direction)
+                if self._filter_rules(bgp_filter, direction) and function not in out:
+                    out.append(function)
+        return tuple(imports), tuple(exports)
+
+    def filter_functions(self) -> list[FilterFunction]:
+        """One function per valid BGPFilter and direction with rules of this family."""
+        out = []
+        for name in sorted(self.state.filters):
+            bgp_filter = self.state.filters[name]
+            for direction in ("import", "export"):
+                rules = self._filter_rules(bgp_filter, direction)
+                if rules:
+                    out.append(FilterFunction(
+                        self._function_name(name, direction),
+                        f"BGPFilter({name}): {direction}V{self.family}",
+                        tuple(_filter_statement(rule) for rule in rules)))
+        return out
 
     def _peer_targets(self, peer: BGPPeer, where: str) -> list[_Target]:
         """The neighbors this BGPPeer gives this node (never this node itself).
@@ -813,7 +889,31 @@ def _family_config(comp: _Computation) -> FamilyConfig:
         export_rules=tuple(export_rules),
         sessions=tuple(sessions),
         peer_routes=tuple(sorted(set(comp.peer_routes), key=lambda r: (r.cidr, r.gateway))),
+        filter_functions=tuple(comp.filter_functions()),
     )
+
+
+_MATCH_OPERATORS = {"Equal": "=", "NotEqual": "!=", "In": "~", "NotIn": "!~"}
+
+
+def _filter_statement(rule: BGPFilterRule) -> str:
+    """One BGPFilter rule as a BIRD statement (every match given must hold)."""
+    conditions = []
+    if rule.cidr:
+        operator = _MATCH_OPERATORS[rule.match_operator]
+        if rule.prefix_length is not None:  # In / NotIn only (the model checks)
+            low, high = rule.prefix_length
+            conditions.append(f"net {operator} [ {rule.cidr}{{{low},{high}}} ]")
+        else:
+            conditions.append(f"net {operator} {rule.cidr}")
+    if rule.source == "RemotePeers":
+        conditions.append("source = RTS_BGP")
+    if rule.interface:
+        conditions.append(f'ifname ~ "{rule.interface}"')
+    action = "accept" if rule.action == "Accept" else "reject"
+    if not conditions:
+        return f"{action};"
+    return f"if ( {' && '.join(f'({c})' for c in conditions)} ) then {action};"
 
 
 def _ipv6_items(state: BGPState) -> list[str]:

@@ -1,14 +1,15 @@
 """The BGP syncer view: the datastore as confd sees it.
 
 Role: keep the current, validated BGP-relevant resources (BGPConfiguration, Node, BGPPeer,
-IPPool, BlockAffinity, and the v1 Secrets that hold BGP passwords) from a stream of syncer
-`RawUpdate`s, and hand out immutable snapshots (`BGPState`) for
+IPPool, BlockAffinity, BGPFilter, and the v1 Secrets that hold BGP passwords) from a
+stream of syncer `RawUpdate`s, and hand out immutable snapshots (`BGPState`) for
 `bgp_config.compute_bird_config`.
 
 Inputs: `RawUpdate`s (any kind; kinds confd does not use are ignored; Secrets outside the
 secret namespace, `agent.kinds.secret_namespace()` by default, are ignored: Calico's node
 reads BGP passwords only from the namespace it runs in).
-Outputs: `BGPView.apply()` says whether the BGP state changed; `snapshot()` returns a
+Outputs: `BGPView.apply()` says whether the BGP state changed (a newly invalid document is
+counted in `pyfelix_confd_invalid_resources_total{kind}`); `snapshot()` returns a
 `BGPState`; `problems()` lists the resources that failed validation, with the reason.
 
 Invariants: a document that fails validation is treated as deleted (its last good version is
@@ -28,9 +29,12 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from prometheus_client import Counter
+
 from pyfelix.agent.kinds import BGP_KINDS, secret_namespace
 from pyfelix.agent.model import (
     BGPConfiguration,
+    BGPFilter,
     BGPPeer,
     BlockAffinity,
     IPPool,
@@ -42,6 +46,13 @@ from pyfelix.agent.model import (
 from pyfelix.agent.syncer.api import RawUpdate, ResourceKey
 
 log = logging.getLogger(__name__)
+
+INVALID_RESOURCES = Counter(
+    "pyfelix_confd_invalid_resources_total",
+    "BGP resources confd rejected (each new reason counted once); they are left out of the "
+    "BIRD configuration and named in its notes.",
+    ["kind"],
+)
 _default_secret_namespace = secret_namespace
 
 
@@ -55,6 +66,7 @@ class BGPState:
     peers: dict[str, BGPPeer] = field(default_factory=dict)
     pools: dict[str, IPPool] = field(default_factory=dict)
     block_affinities: dict[str, BlockAffinity] = field(default_factory=dict)
+    filters: dict[str, BGPFilter] = field(default_factory=dict)
     secrets: dict[str, Secret] = field(default_factory=dict)  # of the secret namespace
     secret_namespace: str = ""
 
@@ -87,6 +99,7 @@ class BGPView:
                 message = str(exc) + (f" (from {update.source})" if update.source else "")
                 if self._problems.get(key) != message:
                     log.debug("invalid resource: %s", message)
+                    INVALID_RESOURCES.labels(kind=key.kind).inc()
                 self._problems[key] = message
         return (self._resources.get(key), self._problems.get(key)) != before
 
@@ -106,6 +119,7 @@ class BGPView:
             "BGPConfiguration": state.bgp_configurations, "Node": state.nodes,  # type: ignore[dict-item]
             "BGPPeer": state.peers, "IPPool": state.pools,  # type: ignore[dict-item]
             "BlockAffinity": state.block_affinities,  # type: ignore[dict-item]
+            "BGPFilter": state.filters,  # type: ignore[dict-item]
             "Secret": state.secrets,  # type: ignore[dict-item]
         }
         for key in sorted(self._resources):

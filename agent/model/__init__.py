@@ -18,6 +18,8 @@ from pyfelix.agent.model.base import Metadata, Resource
 from pyfelix.agent.model.fields import ValidationError
 from pyfelix.agent.model.infrastructure import (
     BGPConfiguration,
+    BGPFilter,
+    BGPFilterRule,
     BGPPeer,
     BlockAffinity,
     ClusterInformation,
@@ -71,6 +73,8 @@ __all__ = [
     "K8S_KINDS",
     "KNOWN_KINDS",
     "BGPConfiguration",
+    "BGPFilter",
+    "BGPFilterRule",
     "BGPPeer",
     "BlockAffinity",
     "ClusterInformation",

@@ -533,3 +533,92 @@ def parse_block_affinity(spec: Fields, key: ResourceKey, meta: Metadata) -> Bloc
                          state=spec.one_of("state", ("confirmed", "pending",
                                                      "pendingDeletion"), "confirmed"),
                          deleted=str(deleted).lower() == "true")
+
+
+# --------------------------------------------------------------------------------------------
+# BGPFilter (projectcalico.org/v3): per-peer import/export rules, rendered by confd.
+
+BGP_FILTER_FIELDS = frozenset({"exportV4", "importV4", "exportV6", "importV6"})
+BGP_FILTER_RULE_FIELDS = frozenset({"action", "cidr", "matchOperator", "prefixLength",
+                                    "source", "interface"})
+BGP_FILTER_ACTIONS = ("Accept", "Reject")
+BGP_FILTER_OPERATORS = ("Equal", "NotEqual", "In", "NotIn")
+BGP_FILTER_SOURCES = ("RemotePeers",)
+# Calico's bgpFilterInterface rule: 1-15 of letters, digits, '_', '.', '*', '-'; fullmatch
+_BGP_FILTER_INTERFACE_RE = re.compile(r"[a-zA-Z0-9_.*-]{1,15}")
+
+
+@dataclass(frozen=True)
+class BGPFilterRule:
+    """One rule: every match given must hold (an empty rule always matches)."""
+
+    action: str  # Accept | Reject
+    cidr: str = ""  # normalised network of the list's family; "" with no matchOperator
+    match_operator: str = ""  # Equal | NotEqual | In | NotIn
+    prefix_length: tuple[int, int] | None = None  # (min, max), defaults filled in
+    source: str = ""  # "" or RemotePeers (routes learned from BGP peers)
+    interface: str = ""  # BIRD interface pattern ("eth*")
+
+
+@dataclass(frozen=True)
+class BGPFilter(Resource):
+    export_v4: tuple[BGPFilterRule, ...] = ()
+    import_v4: tuple[BGPFilterRule, ...] = ()
+    export_v6: tuple[BGPFilterRule, ...] = ()
+    import_v6: tuple[BGPFilterRule, ...] = ()
+
+
+def _bgp_filter_rule(item: Fields, family: int) -> BGPFilterRule:
+    if not item.has("action"):
+        item.fail("action", "required: Accept or Reject")
+    action = item.one_of("action", BGP_FILTER_ACTIONS, "")
+    operator = item.str("matchOperator")
+    if operator and operator not in BGP_FILTER_OPERATORS:
+        item.fail("matchOperator", f"{operator[:40]!r} is not one of "
+                  f"{', '.join(BGP_FILTER_OPERATORS)}")
+    cidr = ""
+    if item.has("cidr"):
+        net = parse_net(item.raw("cidr"), item, "cidr")
+        if ipaddress.ip_network(net).version != family:
+            item.fail("cidr", f"{net} is not an IPv{family} CIDR (this is a V{family} list)")
+        cidr = net
+    if bool(cidr) != bool(operator):
+        item.fail("matchOperator" if cidr else "cidr",
+                  "cidr and matchOperator must both be set or both be empty")
+    prefix_length = None
+    if item.has("prefixLength"):
+        if not cidr:
+            item.fail("prefixLength", "cidr is required when prefixLength is set")
+        if operator not in ("In", "NotIn"):
+            item.fail("prefixLength", "needs matchOperator In or NotIn (a length range "
+                      "inside the CIDR)")
+        bits = 32 if family == 4 else 128
+        lengths = item.sub("prefixLength", allowed={"min", "max"})
+        own = ipaddress.ip_network(cidr).prefixlen
+        low = lengths.int("min", None, lo=0, hi=bits)
+        high = lengths.int("max", None, lo=0, hi=bits)
+        low = max(own, low if low is not None else own)
+        high = min(bits, high if high is not None else bits)
+        if low > high:
+            lengths.fail("", f"empty range: from /{low} (the CIDR's own length or min) to "
+                         f"/{high}")
+        prefix_length = (low, high)
+    source = item.str("source")
+    if source and source not in BGP_FILTER_SOURCES:
+        item.fail("source", f"{source[:40]!r} is not one of {', '.join(BGP_FILTER_SOURCES)}")
+    interface = item.str("interface")
+    if interface and not _BGP_FILTER_INTERFACE_RE.fullmatch(interface):
+        item.fail("interface", f"{interface[:40]!r} is not an interface name or pattern "
+                  "(1-15 letters, digits, '_', '.', '-', '*')")
+    return BGPFilterRule(action, cidr, operator, prefix_length, source, interface)
+
+
+def parse_bgp_filter(spec: Fields, key: ResourceKey, meta: Metadata) -> BGPFilter:
+    spec.only(BGP_FILTER_FIELDS)
+
+    def rules(name: str, family: int) -> tuple[BGPFilterRule, ...]:
+        return tuple(_bgp_filter_rule(item, family)
+                     for item in spec.items(name, allowed=BGP_FILTER_RULE_FIELDS))
+
+    return BGPFilter(key, meta, export_v4=rules("exportV4", 4), import_v4=rules("importV4", 4),
+                     export_v6=rules("exportV6", 6), import_v6=rules("importV6", 6))

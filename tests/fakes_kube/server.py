@@ -72,7 +72,7 @@ DEFAULT_TYPES = (
           ("globalnetworksets", "GlobalNetworkSet", False),
           ("networksets", "NetworkSet", True), ("hostendpoints", "HostEndpoint", False),
           ("ippools", "IPPool", False), ("bgpconfigurations", "BGPConfiguration", False),
-          ("bgppeers", "BGPPeer", False),
+          ("bgppeers", "BGPPeer", False), ("bgpfilters", "BGPFilter", False),
           ("felixconfigurations", "FelixConfiguration", False),
           ("blockaffinities", "BlockAffinity", False))),
 )

@@ -214,6 +214,16 @@ spec:
   password:
     secretKeyRef: {name: bgp-secrets, key: rr-password}
 ---
+apiVersion: projectcalico.org/v3
+kind: BGPFilter
+metadata: {name: edge-in}
+spec:
+  importV4:
+    - {action: Accept, matchOperator: In, cidr: 44.0.0.0/16, prefixLength: {min: 20}}
+    - {action: Reject, source: RemotePeers, interface: "eth*"}
+  exportV6:
+    - {action: Reject, matchOperator: NotEqual, cidr: "fd00:9::/64"}
+---
 apiVersion: v1
 kind: Secret
 metadata: {name: bgp-secrets, namespace: kube-system}

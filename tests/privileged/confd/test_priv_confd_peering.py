@@ -2,9 +2,9 @@
 file datastore: BGP passwords from v1 Secrets, BGPFilter, per-service advertisement.
 
 The namespaces, veth, BIRD processes and confd loops come from the `lab` fixture of
-test_priv_confd_bgp (created inside the namespaces, torn down on success and failure, the
-root namespace checked unchanged). The mesh is off: each node has one explicit BGPPeer to
-the other, so what a test changes on one side is all that differs.
+test_priv_confd_bgp (via conftest.py; created inside the namespaces, torn down on success
+and failure, the root namespace checked unchanged). The mesh is off: each node has one
+explicit BGPPeer to the other, so what a test changes on one side is all that differs.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from collections.abc import Callable
 import pytest
 
 from pyfelix.confd.bird import BirdInstance, BirdTools
-from tests.privileged.confd.test_priv_confd_bgp import (  # noqa: F401  (lab is a fixture)
+from tests.privileged.confd.test_priv_confd_bgp import (
     ESTABLISH_BOUND,
     NODE_IPS,
     Lab,
-    lab,
+    route_line,
+    sh,
     start_confd,
     wait_for,
 )
@@ -139,3 +140,59 @@ def test_password_from_secret_up_wrong_down_fixed_up(
         assert value not in caplog.text
         for node in NODE_IPS:
             assert value not in lab.reconcilers[node].last_error
+
+
+def _pod_routes(lab: Lab, node: str, *prefixes: str) -> None:
+    """Pod /32s on a `cali` veth of `node`, as Felix programs them (BIRD learns them)."""
+    ns = lab.netns[node]
+    sh("ip", "-n", ns, "link", "add", "cali0123456789c", "type", "veth", "peer", "name", "podx")
+    sh("ip", "-n", ns, "link", "set", "cali0123456789c", "up")
+    sh("ip", "-n", ns, "link", "set", "podx", "up")
+    for prefix in prefixes:
+        sh("ip", "-n", ns, "route", "add", prefix, "dev", "cali0123456789c")
+
+
+def _bird_has(lab: Lab, node: str, prefix: str) -> bool:
+    text = BirdTools().show_route(lab.birds[node].socket_path, prefix).message
+    return any(line.startswith(prefix) for line in text.splitlines())
+
+
+def test_bgp_filter_keeps_one_cidr_out_and_lets_another_through(lab: Lab) -> None:
+    """node1 exports through a BGPFilter rejecting 10.65.7.0/24; node2 imports through one
+    rejecting /32s inside 10.65.9.0/24. Of three pod routes on node1 only 10.65.8.5 reaches
+    node2's BIRD table and kernel; once the filters are removed from the peers, the two
+    filtered ones arrive too (so it was the filters that kept them out)."""
+    filters = [
+        _doc("BGPFilter", "no-7", {"exportV4": [
+            {"action": "Reject", "matchOperator": "In", "cidr": "10.65.7.0/24"}]}),
+        _doc("BGPFilter", "no-9-hosts", {"importV4": [
+            {"action": "Reject", "matchOperator": "In", "cidr": "10.65.9.0/24",
+             "prefixLength": {"min": 32}}]}),
+    ]
+    lab.write_resources("cluster", _cluster({"node1": {"filters": ["no-7"]},
+                                             "node2": {"filters": ["no-9-hosts"]}}) + filters)
+    for node in NODE_IPS:
+        start_confd(lab, node)
+    _start_birds(lab)
+    assert "'pyfelix_bgpfilter_no-7_export4'();" in (lab.dir / "node1" / "bird.conf").read_text()
+    wait_for("Established", lambda: _established(lab, "node1") and _established(lab, "node2"),
+             ESTABLISH_BOUND)
+    _pod_routes(lab, "node1", "10.65.7.5/32", "10.65.8.5/32", "10.65.9.5/32")
+    ns2 = lab.netns["node2"]
+    wait_for("10.65.8.5 on node 2", lambda: "via 198.18.0.1" in route_line(ns2, "10.65.8.5/32"),
+             10)
+    for prefix in ("10.65.7.5/32", "10.65.9.5/32"):  # learned by node1 at the same scan
+        assert _bird_has(lab, "node1", prefix)
+    time.sleep(3)  # > a kernel scan (2 s) and an update round
+    assert not _bird_has(lab, "node2", "10.65.7.5/32")
+    assert not _bird_has(lab, "node2", "10.65.9.5/32")
+    assert route_line(ns2, "10.65.7.5/32") == route_line(ns2, "10.65.9.5/32") == ""
+    exported = BirdTools().show_route(lab.birds["node1"].socket_path, "export",
+                                      "Node_198_18_0_2").message
+    assert "10.65.8.5/32" in exported and "10.65.9.5/32" in exported
+    assert "10.65.7.5/32" not in exported
+
+    lab.write_resources("cluster", _cluster({}) + filters)
+    for prefix in ("10.65.7.5/32", "10.65.9.5/32"):
+        wait_for(f"{prefix} on node 2 without the filters",
+                 lambda p=prefix: "via 198.18.0.1" in route_line(ns2, p), 15)
