@@ -174,11 +174,12 @@ KINDS: tuple[KindInfo, ...] = (
 )
 
 # Services and their EndpointSlices (the BPF dataplane's service load balancing, as
-# Calico's node reads both for its kube-proxy replacement); also the RBAC the node needs.
+# Calico's node reads both for its kube-proxy replacement; confd too, for the /32s of
+# externalTrafficPolicy Local services); also the RBAC the node needs.
 SERVICE_KINDS: tuple[KindInfo, ...] = (
-    _kubernetes("Service", K8S_CORE_API, "Service", "services", namespaced=True),
+    _kubernetes("Service", K8S_CORE_API, "Service", "services", namespaced=True, bgp=True),
     _kubernetes("EndpointSlice", "discovery.k8s.io/v1", "EndpointSlice", "endpointslices",
-                namespaced=True),
+                namespaced=True, bgp=True),
 )
 KINDS = KINDS + SERVICE_KINDS
 

@@ -16,7 +16,11 @@ anything narrower (one bad peer, one bad community) is skipped and recorded in
 
 What is exported to BGP peers (the `pyfelix_export_rules` function, first match wins):
 1. our service routes (static blackholes for serviceClusterIPs / serviceExternalIPs /
-   serviceLoadBalancerIPs of the `default` BGPConfiguration);
+   serviceLoadBalancerIPs of the `default` BGPConfiguration; and, as Calico's confd, a /32
+   (/128) for each IP of an `externalTrafficPolicy: Local` service that has a ready
+   endpoint on THIS node (EndpointSlice endpoint with nodeName = this node): its cluster
+   IPs when serviceClusterIPs is set, its external / load balancer IPs inside those
+   ranges; withdrawn when the last such endpoint goes);
 2. this node's IPAM blocks: BlockAffinity resources with `node` = this node, state
    `confirmed`, not `deleted`, inside an exported pool: the block itself is exported (BIRD
    originates it as a static blackhole route) and every more specific route inside it is
@@ -205,6 +209,15 @@ class PeerRoute:
 
 
 @dataclass(frozen=True)
+class ServiceRoute:
+    """A /32 (/128) of an externalTrafficPolicy Local service with a ready endpoint on this
+    node, originated (blackhole) and advertised by this node only."""
+
+    cidr: str
+    comment: str  # "Service(ns/name) cluster IP"
+
+
+@dataclass(frozen=True)
 class FamilyConfig:
     """What BIRD does for one IP family: its channel (`ipv4` / `ipv6`), filters, kernel
     protocol, static routes and BGP sessions. IPv6 names carry the suffix "6"
@@ -220,6 +233,7 @@ class FamilyConfig:
     sessions: tuple[BGPSession, ...]
     peer_routes: tuple[PeerRoute, ...]
     filter_functions: tuple[FilterFunction, ...] = ()
+    service_routes: tuple[ServiceRoute, ...] = ()
 
     @property
     def channel(self) -> str:
@@ -357,6 +371,11 @@ def _community_literal(value: str, where: str) -> tuple[bool, str]:
     if any(n > limit for n in numbers):
         raise ConfdError(f"{where}: {value!r} has a part above {limit}")
     return len(parts) == 3, "(" + ", ".join(str(n) for n in numbers) + ")"
+
+
+def _inside(text: str, networks: list[Network]) -> bool:
+    address = ipaddress.ip_address(text)
+    return any(address in net for net in networks)
 
 
 def _cidrs(cidrs: Iterable[str], family: int) -> list[Network]:
@@ -539,6 +558,49 @@ class _Computation:
         cidrs = (*config.service_cluster_ips, *config.service_external_ips,
                  *config.service_load_balancer_ips)
         return sorted(set(_cidrs(cidrs, self.family)))  # type: ignore[type-var]
+
+    def local_service_routes(self) -> list[ServiceRoute]:
+        """/32s (/128s) of the externalTrafficPolicy Local services that have a ready
+        endpoint on this node (as Calico's confd route generator): the cluster IPs when
+        serviceClusterIPs is set, external IPs inside serviceExternalIPs, load balancer IPs
+        inside serviceLoadBalancerIPs. Other nodes advertise the ranges only, so the peers
+        send a Local service's traffic to a node that has an endpoint for it; when the last
+        local endpoint goes (or turns not ready) the /32 is withdrawn."""
+        config = self.global_config
+        cluster_ips = bool(config.service_cluster_ips)  # Calico: set or not, no range check
+        external = _cidrs(config.service_external_ips, self.family)
+        load_balancer = _cidrs(config.service_load_balancer_ips, self.family)
+        if not (cluster_ips or external or load_balancer):
+            return []
+        routes: dict[str, ServiceRoute] = {}
+        for key in sorted(self._services_with_local_endpoints()):
+            service = self.state.services[key]
+            candidates = [
+                *(("cluster IP", ip) for ip in (service.cluster_ips if cluster_ips else ())),
+                *(("external IP", ip) for ip in service.external_ips
+                  if _inside(ip, external)),
+                *(("load balancer IP", ip) for ip in service.load_balancer_ips
+                  if _inside(ip, load_balancer)),
+            ]
+            for what, text in candidates:
+                address = ipaddress.ip_address(text)
+                if address.version == self.family:
+                    cidr = f"{address}/{self.host_bits}"
+                    routes.setdefault(cidr, ServiceRoute(cidr, f"Service({key}) {what}"))
+        return sorted(routes.values(), key=lambda r: ipaddress.ip_network(r.cidr))
+
+    def _services_with_local_endpoints(self) -> set[str]:
+        """Keys ("ns/name") of Local services with a ready endpoint on this node."""
+        out: set[str] = set()
+        for endpoint_slice in self.state.endpoint_slices.values():
+            key = f"{endpoint_slice.key.namespace}/{endpoint_slice.service_name}"
+            service = self.state.services.get(key)
+            if (service is None or not service.external_traffic_local
+                    or service.type == "ExternalName" or not service.cluster_ips):
+                continue
+            if any(e.ready and e.node_name == self.hostname for e in endpoint_slice.endpoints):
+                out.add(key)
+        return out
 
     def community_tagging(self) -> list[CommunityTagging]:
         config = self.global_config
@@ -890,6 +952,7 @@ def _family_config(comp: _Computation) -> FamilyConfig:
         sessions=tuple(sessions),
         peer_routes=tuple(sorted(set(comp.peer_routes), key=lambda r: (r.cidr, r.gateway))),
         filter_functions=tuple(comp.filter_functions()),
+        service_routes=tuple(comp.local_service_routes()),
     )
 
 

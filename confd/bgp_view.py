@@ -1,7 +1,8 @@
 """The BGP syncer view: the datastore as confd sees it.
 
 Role: keep the current, validated BGP-relevant resources (BGPConfiguration, Node, BGPPeer,
-IPPool, BlockAffinity, BGPFilter, and the v1 Secrets that hold BGP passwords) from a
+IPPool, BlockAffinity, BGPFilter, Services and EndpointSlices (for the routes of
+`externalTrafficPolicy: Local` services), and the v1 Secrets that hold BGP passwords) from a
 stream of syncer `RawUpdate`s, and hand out immutable snapshots (`BGPState`) for
 `bgp_config.compute_bird_config`.
 
@@ -37,9 +38,11 @@ from pyfelix.agent.model import (
     BGPFilter,
     BGPPeer,
     BlockAffinity,
+    EndpointSlice,
     IPPool,
     Node,
     Secret,
+    Service,
     ValidationError,
     parse_resource,
 )
@@ -69,6 +72,8 @@ class BGPState:
     filters: dict[str, BGPFilter] = field(default_factory=dict)
     secrets: dict[str, Secret] = field(default_factory=dict)  # of the secret namespace
     secret_namespace: str = ""
+    services: dict[str, Service] = field(default_factory=dict)  # "namespace/name"
+    endpoint_slices: dict[str, EndpointSlice] = field(default_factory=dict)  # "ns/name"
 
 
 class BGPView:
@@ -121,9 +126,13 @@ class BGPView:
             "BlockAffinity": state.block_affinities,  # type: ignore[dict-item]
             "BGPFilter": state.filters,  # type: ignore[dict-item]
             "Secret": state.secrets,  # type: ignore[dict-item]
+            "Service": state.services,  # type: ignore[dict-item]
+            "EndpointSlice": state.endpoint_slices,  # type: ignore[dict-item]
         }
         for key in sorted(self._resources):
-            by_kind[key.kind][key.name] = self._resources[key]
+            name = (f"{key.namespace}/{key.name}" if key.kind in ("Service", "EndpointSlice")
+                    else key.name)  # Secrets: all of one namespace
+            by_kind[key.kind][name] = self._resources[key]
         return state
 
 

@@ -158,7 +158,7 @@ def test_snapshot_reuse_only_while_young_and_bridgeable() -> None:
 def test_kind_filter_and_the_bgp_kinds() -> None:
     # confd's view and Typha's bgp syncer type read the same catalogue entry
     assert {"BGPConfiguration", "BGPPeer", "BGPFilter", "Node", "IPPool", "BlockAffinity",
-            "Secret"} == BGP_KINDS
+            "Secret", "Service", "EndpointSlice"} == BGP_KINDS
     cache = SnapshotCache("bgp", BGP_KINDS)
     cache.on_updates(put(gnp("a"), ippool("p", "10.65.0.0/16"), wep("w")))
     assert set(_state_of(cache)) == {("IPPool", "", "p")}

@@ -196,3 +196,76 @@ def test_bgp_filter_keeps_one_cidr_out_and_lets_another_through(lab: Lab) -> Non
     for prefix in ("10.65.7.5/32", "10.65.9.5/32"):
         wait_for(f"{prefix} on node 2 without the filters",
                  lambda p=prefix: "via 198.18.0.1" in route_line(ns2, p), 15)
+
+
+def _local_service() -> list[dict]:
+    return [
+        _doc("BGPConfiguration", "default", {"nodeToNodeMeshEnabled": False,
+                                             "serviceClusterIPs": [{"cidr": "10.96.0.0/12"}]}),
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "shop"},
+         "spec": {"clusterIP": "10.96.5.10", "externalTrafficPolicy": "Local",
+                  "type": "NodePort", "ports": [{"port": 80, "nodePort": 30080}]}},
+    ]
+
+
+def _slice(endpoints: list[tuple[str, str, bool]]) -> dict:
+    return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "web-1", "namespace": "shop",
+                         "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4", "ports": [{"port": 80, "protocol": "TCP"}],
+            "endpoints": [{"addresses": [ip], "nodeName": node, "conditions": {"ready": ready}}
+                          for ip, node, ready in endpoints]}
+
+
+def _bgp_route_via(lab: Lab, node: str, prefix: str) -> str:
+    """The next hop of `node`'s BGP-learned route for `prefix` in BIRD ("" when none)."""
+    text = BirdTools().show_route(lab.birds[node].socket_path, prefix, "protocol",
+                                  f"Node_{NODE_IPS[_other(node)].replace('.', '_')}").message
+    for line in text.splitlines():
+        if "via" in line:
+            return line.split("via", 1)[1].split()[0]
+    return ""
+
+
+def _other(node: str) -> str:
+    return "node2" if node == "node1" else "node1"
+
+
+def test_local_service_ip_advertised_only_from_the_node_with_its_endpoint(lab: Lab) -> None:
+    """A Local service's /32: node2 has its ready endpoint, so node1's table and kernel have
+    10.96.5.10/32 via node2 and node2 learns no /32 from node1; the endpoint moves to node1:
+    the route flips; the endpoint turns not ready: withdrawn everywhere (the /12 range
+    itself stays advertised by both)."""
+    lab.write_resources("cluster", [d for d in _cluster({}) if d["kind"] != "BGPConfiguration"]
+                        + _local_service())
+    lab.write_resources("slices", [_slice([("10.65.2.5", "node2", True)])])
+    for node in NODE_IPS:
+        start_confd(lab, node)
+    _start_birds(lab)
+    wait_for("Established", lambda: _established(lab, "node1") and _established(lab, "node2"),
+             ESTABLISH_BOUND)
+    ns1, ns2 = lab.netns["node1"], lab.netns["node2"]
+    wait_for("node1 learns 10.96.5.10/32 from node2",
+             lambda: "via 198.18.0.2" in route_line(ns1, "10.96.5.10/32"), 10)
+    assert _bgp_route_via(lab, "node1", "10.96.5.10/32") == "198.18.0.2"
+    wait_for("both learn the other's /12", lambda: _bgp_route_via(lab, "node1", "10.96.0.0/12")
+             == "198.18.0.2" and _bgp_route_via(lab, "node2", "10.96.0.0/12") == "198.18.0.1",
+             10)
+    assert _bgp_route_via(lab, "node2", "10.96.5.10/32") == ""
+    assert route_line(ns2, "10.96.5.10/32") == ""  # node2's own blackhole is not programmed
+
+    lab.write_resources("slices", [_slice([("10.65.2.5", "node2", False),
+                                           ("10.65.1.5", "node1", True)])])
+    wait_for("the /32 moves to node1",
+             lambda: "via 198.18.0.1" in route_line(ns2, "10.96.5.10/32")
+             and route_line(ns1, "10.96.5.10/32") == "", 15)
+    assert _bgp_route_via(lab, "node1", "10.96.5.10/32") == ""
+
+    lab.write_resources("slices", [_slice([("10.65.1.5", "node1", False)])])
+    wait_for("no ready endpoint: withdrawn everywhere",
+             lambda: route_line(ns1, "10.96.5.10/32") == route_line(ns2, "10.96.5.10/32") == ""
+             and not _bgp_route_via(lab, "node1", "10.96.5.10/32")
+             and not _bgp_route_via(lab, "node2", "10.96.5.10/32"), 15)
+    for node in NODE_IPS:
+        assert "10.96.5.10/32" not in (lab.reconcilers[node].applied_text or "")
+    assert _bgp_route_via(lab, "node1", "10.96.0.0/12") == "198.18.0.2"
