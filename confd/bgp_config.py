@@ -816,20 +816,20 @@ class _Computation:
                        where: str) -> str | None:
         """The session's password: inline, or key `ref.key` of Secret `ref.name` in the
         secret namespace. ConfdError (naming the field and the Secret, never a value) when
-        it cannot be had: the caller then renders no session at all, never one without."""
+        it cannot be had: the caller then renders no session at all, never one without
+        (`optional: true` does not relax this: a peer is never rendered unauthenticated
+        because its Secret went missing)."""
         if ref is not None:
+            where = f"{where}.secretKeyRef: Secret {self.secret_namespace}/{ref.name}"
             secret = self.state.secrets.get(ref.name)
             if secret is None:
-                raise ConfdError(f"{where}.secretKeyRef: Secret {self.secret_namespace}/"
-                                 f"{ref.name} not found (or invalid)")
-            value_or_none = secret.value(ref.key)
-            if value_or_none is None:
-                raise ConfdError(f"{where}.secretKeyRef: Secret {self.secret_namespace}/"
-                                 f"{ref.name} has no key {ref.key!r}")
-            value, where = value_or_none, (f"{where}.secretKeyRef: Secret "
-                                           f"{self.secret_namespace}/{ref.name} key {ref.key}")
-            if not value:
-                raise ConfdError(f"{where}: the value is empty")
+                raise ConfdError(f"{where} not found (or invalid)")
+            from_secret = secret.value(ref.key)
+            if from_secret is None:
+                raise ConfdError(f"{where} has no key {ref.key!r}")
+            if not from_secret:
+                raise ConfdError(f"{where} key {ref.key}: the value is empty")
+            value, where = from_secret, f"{where} key {ref.key}"
         if not value:
             return None
         if len(value.encode()) > MAX_PASSWORD_BYTES:

@@ -17,7 +17,10 @@ RBAC: `node_rbac_rules()` is what the node's ClusterRole (deploy/base/clusterrol
 must grant, derived from these tables: `READ_VERBS` on `NODE_READ_TYPES` (the watched
 types). tests/deploy checks the manifest
 against it exactly, so a type added here without its rule (or a rule left behind when a
-type goes) fails the suite.
+type goes) fails the suite. Secrets (BGP passwords, confd only) are read in ONE namespace:
+`namespace_rbac_rules()`, a Role there (deploy/base/role.yaml), never the ClusterRole;
+`resource_types(syncer_type)` gives each syncer its types (the agent's: no Secrets;
+confd's: Secrets of `agent.kinds.secret_namespace()` only).
 
 Conversions (object -> document):
 - Kubernetes kinds: the object as served, with `apiVersion`/`kind` filled in (list

@@ -145,3 +145,27 @@ def test_password_bird_cannot_hold_or_too_long_is_refused_without_echo(
     assert "neighbor 198.19.0.1" not in bird.running_config
     assert "longer than 80 bytes" in caplog.text
     _no_secret_outside_config(caplog, reconciler)
+
+
+def test_mesh_password_from_secret_and_empty_value(
+        setup: tuple[ConfdReconciler, FakeBird, Path],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """nodeMeshPassword.secretKeyRef: resolved like a peer's; missing or empty, the whole
+    mesh is left out (no unauthenticated mesh session)."""
+    reconciler, bird, _config_path = setup
+    mesh = {"apiVersion": "projectcalico.org/v3", "kind": "BGPConfiguration",
+            "metadata": {"name": "default"},
+            "spec": {"nodeMeshPassword": {"secretKeyRef": {"name": "bgp-secrets",
+                                                           "key": "tor"}}}}
+    reconciler.on_updates([upd(d) for d in BASE[:3]] + [upd(mesh), upd(secret(FIRST))])
+    reconciler.on_status(SyncStatus.IN_SYNC)
+    assert reconciler.reconcile() is Outcome.RELOADED
+    assert "neighbor 198.18.0.2 as 64512;" in bird.running_config
+    assert f'password "{FIRST}";' in bird.running_config
+    reconciler.on_updates([upd(secret(""))])
+    assert reconciler.reconcile() is Outcome.RELOADED
+    assert "neighbor 198.18.0.2" not in bird.running_config
+    assert ("BGPConfiguration(default): spec.nodeMeshPassword.secretKeyRef: Secret "
+            "calico-system/bgp-secrets key tor: the value is empty; node-to-node mesh not "
+            "rendered (no session without its password)") in caplog.text
+    _no_secret_outside_config(caplog, reconciler)
