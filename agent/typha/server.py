@@ -80,7 +80,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyfelix.agent.health import HealthAggregator, HealthServer
-from pyfelix.agent.kinds import BGP_KINDS, FELIX_KINDS
+from pyfelix.agent.kinds import BGP_KINDS, FELIX_KINDS, secret_namespace
 from pyfelix.agent.syncer.api import Syncer, SyncStatus
 from pyfelix.agent.typha import metrics
 from pyfelix.agent.typha.cache import (
@@ -654,6 +654,8 @@ class TyphaServer:
             for syncer_type in self.config.syncer_types:
                 cache = SnapshotCache(
                     syncer_type, self.config.syncer_kinds[syncer_type],
+                    secret_namespace=(secret_namespace() if syncer_type == SYNCER_TYPE_BGP
+                                      else None),
                     max_log_entries=self.config.max_log_entries,
                     max_log_bytes=self.config.max_log_bytes,
                     snapshot_reuse_seconds=self.config.snapshot_reuse_seconds,

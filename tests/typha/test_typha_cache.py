@@ -173,8 +173,9 @@ def test_felix_syncer_type_never_carries_secrets() -> None:
     felix = SnapshotCache("felix", SYNCER_TYPES["felix"])
     felix.on_updates(put(secret, ippool("p", "10.65.0.0/16")))
     assert set(_state_of(felix)) == {("IPPool", "", "p")}
-    bgp = SnapshotCache("bgp", SYNCER_TYPES["bgp"])
-    bgp.on_updates(put(secret))
+    bgp = SnapshotCache("bgp", SYNCER_TYPES["bgp"], secret_namespace="kube-system")
+    elsewhere = {**secret, "metadata": {"name": "bgp-secrets", "namespace": "default"}}
+    bgp.on_updates(put(secret, elsewhere))
     assert set(_state_of(bgp)) == {("Secret", "kube-system", "bgp-secrets")}
 
 
