@@ -172,7 +172,7 @@ class FilterFunction:
 
     name: str  # a quoted BIRD symbol: 'pyfelix_bgpfilter_<name>_import4'
     comment: str  # "BGPFilter(name): importV4"
-    statements: tuple[str, ...]  # "if ( net ~ 10.0.0.0/16 ) then accept;", "reject;"
+    statements: tuple[str, ...]  # "if ( (net ~ 10.0.0.0/16) ) then accept;", "reject;"
 
 
 @dataclass(frozen=True)
