@@ -25,6 +25,7 @@
 #define CFG_RPF_STRICT 0   /* the source's route must lead back out of the arrival interface */
 #define CFG_RPF_LOOSE 1    /* the source must be routable (not local, blackhole, unreachable) */
 #define CFG_RPF_DISABLED 2
+#define CFG_IPV6_DISABLED 0x4 /* Ipv6Support false: IPv6 from/to workloads drops (ND passes) */
 
 struct config_value {
 	__u32 flags; /* CFG_RPF_* in the low bits; the rest 0 */

@@ -34,6 +34,7 @@ class RpfMode(enum.IntEnum):
 
 
 RPF_MASK = 0x3
+IPV6_DISABLED = 0x4  # must match CFG_IPV6_DISABLED: Ipv6Support false
 
 
 class Value(ctypes.Structure):
@@ -52,8 +53,8 @@ _VALUE = struct.Struct("=II")
 
 
 def encode_value(endpoint_to_host_action: EndpointToHostAction,
-                 rpf: RpfMode = RpfMode.STRICT) -> bytes:
-    return _VALUE.pack(int(rpf), int(endpoint_to_host_action))
+                 rpf: RpfMode = RpfMode.STRICT, *, ipv6: bool = True) -> bytes:
+    return _VALUE.pack(int(rpf) | (0 if ipv6 else IPV6_DISABLED), int(endpoint_to_host_action))
 
 
 def rpf_from_felix(text: str) -> RpfMode:
@@ -85,7 +86,8 @@ def decode_value(raw: bytes) -> dict:
         rpf = RpfMode(flags & RPF_MASK).name
     except ValueError:
         rpf = str(flags & RPF_MASK)
-    return {"flags": flags, "endpoint_to_host_action": name, "bpf_enforce_rpf": rpf}
+    return {"flags": flags, "endpoint_to_host_action": name, "bpf_enforce_rpf": rpf,
+            "ipv6_support": not flags & IPV6_DISABLED}
 
 
 def open_pinned(pin_dir: str | os.PathLike[str]) -> BpfMap:
