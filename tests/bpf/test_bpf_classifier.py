@@ -329,10 +329,13 @@ def test_member_deltas_keep_the_classifier_exact_in_place_or_rebuilt():
         for _ in range(4):
             name = rng.choice(list(SETS))
             typ, _ = SETS[name]
-            pool = [f"{a}/32" for a in ADDRS] + ["10.2.3.0/24"]
+            # both families: full-length members can be updated in place, shorter ones
+            # need a rebuild
+            pool = ([f"{a}/32" for a in ADDRS] + [f"{a}/128" for a in ADDRS6]
+                    + ["10.2.3.0/24", "fd00:2:3::/48"])
             if typ == "ip_port":
-                pool = [f"{a}/32,{rng.choice(['tcp', 'udp'])}:{rng.choice([53, 80, 81])}"
-                        for a in ADDRS]
+                pool = [f"{a}/{32 if '.' in a else 128},{rng.choice(['tcp', 'udp'])}:"
+                        f"{rng.choice([53, 80, 81])}" for a in ADDRS + ADDRS6]
             current = state.ipsets[name].members
             added = frozenset(rng.sample(pool, rng.randint(0, 3))) - current
             removed = frozenset(rng.sample(sorted(current), min(len(current),
@@ -354,6 +357,33 @@ def test_member_deltas_keep_the_classifier_exact_in_place_or_rebuilt():
                     assert got == want, (direction, pkt)
                     cases += 1
     assert cases >= 5_000 and in_place >= 20
+
+
+def test_an_ipv6_member_added_in_place_is_found_by_ipv6_packets_only():
+    s = c.PolicyState()
+    s.apply(p.IPSetUpdate("s", "net", frozenset({"10.0.0.1/32", "fd00::1/128"})))
+    s.apply(p.ActivePolicyUpdate(p.PolicyID("t", "pol"), p.Policy(inbound_rules=(
+        p.Rule("allow", src_ip_set_ids=("s",)),))))
+    s.apply(p.WorkloadEndpointUpdate(WID, p.WorkloadEndpoint(
+        "active", "cali1", tiers=(p.TierInfo("t", ingress_policies=("pol",)),))))
+    comp = c.PolicyCompiler()
+    first = comp.compile(s, {"cali1": 1})
+    comp.commit(first)
+    s.apply(p.IPSetDeltaUpdate("s", added=frozenset({"fd00::2/128"})))
+    second = comp.compile(s, {"cali1": 1})
+    assert second.cls_chains == first.cls_chains and second.cls_new == set()  # in place
+    ref = second.programs[WID].ingress
+    m = contents(second)
+
+    def verdict(src: str, dst: str) -> str:
+        pkt = classifier_packet(Pkt(src, dst, 6, 1, 2))
+        return cls.decide(m, ref.start, ref.length, pkt)[0]
+
+    assert verdict("fd00::2", "fd00::9") == "allow"
+    assert verdict("fd00::3", "fd00::9") == "deny"
+    # the IPv4 address with the IPv6 member's leading bytes is not a member
+    assert verdict("253.0.0.0", "10.9.9.9") == "deny"
+    assert verdict("10.0.0.1", "10.9.9.9") == "allow"
 
 
 def test_instances_written_before_a_commit_count_against_the_maps():
