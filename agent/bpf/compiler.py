@@ -1606,8 +1606,17 @@ class PolicyCompiler:
         except ValueError as e:
             problems.append(f"config: {e}; using Strict")
             rpf = config_map.RpfMode.STRICT
+        try:
+            redirect = config_map.redirect_from_felix(
+                state.config.get("bpfredirecttopeer", "Enabled"))
+        except ValueError as e:
+            problems.append(f"config: {e}; using Disabled")
+            redirect = False
+        ctlb_udp = str(state.config.get("bpfconnecttimeloadbalancing", "TCP")).lower() \
+            == "enabled"
         ipv6 = str(state.config.get("ipv6support", "true")).strip().lower()
         if ipv6 not in ("true", "false", "1", "0", "yes", "no", "on", "off", ""):
             problems.append(f"config: Ipv6Support: {ipv6!r} is not a boolean; using true")
         enabled = ipv6 not in ("false", "0", "no", "off")
-        return {config_map.KEY: config_map.encode_value(action, rpf, ipv6=enabled)}
+        return {config_map.KEY: config_map.encode_value(action, rpf, redirect=redirect,
+                                                        ctlb_udp=ctlb_udp, ipv6=enabled)}

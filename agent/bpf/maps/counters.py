@@ -48,8 +48,10 @@ class GlobalCounter(enum.IntEnum):
     ARP_PASSED = 21
     HEP_RPF_DROPPED = 22
     CLASSIFIER_ERROR = 23
-    IPV6_EXT_DROPPED = 24
-    IPV6_PACKETS = 25
+    FASTPATH_REDIRECTED = 24
+    FASTPATH_TTL_EXPIRED = 25
+    IPV6_EXT_DROPPED = 26
+    IPV6_PACKETS = 27
 
 
 EP_DIRECTIONS = ("ingress_allowed", "ingress_denied", "egress_allowed", "egress_denied")
