@@ -132,7 +132,12 @@ int calico_policy(struct __sk_buff *skb)
 			return policy_verdict(st, 0, 0);
 		}
 	}
+	/* Every decision leaves the loop and is applied once below: one copy of the verdict
+	 * code (conntrack, endpoint-to-host, hairpin, fast path) whose verifier states from
+	 * the different steps are alike and pruned, instead of one per step and outcome. */
 	__u32 steps = 0;
+	int decided = 0, allowed = 0;
+	__u32 counter_id = 0;
 	for (int i = 0; i < CLS_STEPS_PER_PROG; i++) {
 		__u32 idx = 0;
 		__u32 pos = st->idx;
@@ -144,29 +149,31 @@ int calico_policy(struct __sk_buff *skb)
 			count_global_n(GCNT_CLASSIFIER_STEPS, steps);
 			if (rc != CLS_END)
 				count_global(GCNT_CLASSIFIER_ERROR);
-			return policy_verdict(st, 0, 0); /* nothing matched: deny */
+			decided = 1; /* nothing matched: deny */
+			break;
 		}
 		__u32 abs_idx = st->chain_start + idx;
 		struct policy_rule *r = rules.lookup(&abs_idx);
 		if (!r) {
 			count_global(GCNT_BAD_RULE_INDEX);
-			return policy_verdict(st, 0, 0);
+			decided = 1;
+			break;
 		}
 		__u8 action = r->action;
 		if (action == RULE_ACTION_ALLOW || action == RULE_ACTION_DENY) {
 			count_global_n(GCNT_CLASSIFIER_STEPS, steps);
-			int verdict = nat_hairpin_verdict(skb, &st->pkt, policy_verdict(
-				st, action == RULE_ACTION_ALLOW, r->counter_id));
-			if (st->hook == HOOK_FROM_WEP)
-				verdict = fastpath_verdict(skb, &st->pkt, verdict);
-			return verdict;
+			decided = 1;
+			allowed = action == RULE_ACTION_ALLOW;
+			counter_id = r->counter_id;
+			break;
 		}
 		__u32 next = idx + 1;
 		if (action == RULE_ACTION_PASS || action == RULE_ACTION_SKIP) {
 			next = r->jump;
 			if (next <= idx) {
 				count_global(GCNT_BAD_RULE_INDEX);
-				return policy_verdict(st, 0, 0);
+				decided = 1;
+				break;
 			}
 			if (action == RULE_ACTION_PASS)
 				count_rule(r->counter_id, st->pkt.len);
@@ -176,6 +183,13 @@ int calico_policy(struct __sk_buff *skb)
 		}
 		st->idx = next;
 		cls_advance(&st->cls, next);
+	}
+	if (decided) {
+		int verdict = nat_hairpin_verdict(skb, &st->pkt,
+						  policy_verdict(st, allowed, counter_id));
+		if (st->hook == HOOK_FROM_WEP)
+			verdict = fastpath_verdict(skb, &st->pkt, verdict);
+		return verdict;
 	}
 	count_global_n(GCNT_CLASSIFIER_STEPS, steps);
 	st->tail_calls += 1;
