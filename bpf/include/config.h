@@ -37,9 +37,11 @@
 
 #define CFG_REDIRECT_DISABLED 0x04
 #define CFG_CTLB_UDP 0x08 /* BPFConnectTimeLoadBalancing=Enabled: UDP too (ctlb.c) */
+#define CFG_IPV6_DISABLED 0x10 /* Ipv6Support false: IPv6 from/to workloads drops (ND passes) */
 
 struct config_value {
-	__u32 flags; /* CFG_RPF_* in the low bits, CFG_REDIRECT_DISABLED; the rest 0 */
+	__u32 flags; /* CFG_RPF_* in the low bits, CFG_REDIRECT_DISABLED, CFG_CTLB_UDP,
+		      * CFG_IPV6_DISABLED; the rest 0 */
 	__u32 endpoint_to_host_action; /* EP_TO_HOST_* */
 };
 
