@@ -19,6 +19,39 @@ import pytest
 
 os.environ.setdefault("FELIX_LOGFILEPATH", "none")
 os.environ.setdefault("FELIX_LOGSEVERITYSYS", "none")
+# BPF agents attach the connect-time load balancer to the machine's root cgroup v2 by
+# default (as Felix does on a node); tests' agents never do: a test that exercises it gives
+# the agent a cgroup of its own. The session ends with a check that nothing of ours is
+# attached at the root (_no_ctlb_at_the_cgroup_root).
+os.environ.setdefault("FELIX_BPFCONNECTTIMELOADBALANCING", "Disabled")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_ctlb_at_the_cgroup_root() -> Iterator[None]:
+    yield
+    from pyfelix.agent.dataplane.managers.bpf_ctlb import (
+        HOOKS,
+        OUR_PREFIX,
+        KernelCgroups,
+        default_cgroup_root,
+    )
+
+    root = default_cgroup_root()
+    if not root or os.geteuid() != 0:
+        return
+    shim = KernelCgroups()
+    fd = shim.open_cgroup(root)
+    found = []
+    try:
+        for attach_type in HOOKS.values():
+            for prog_id, name in shim.attached(fd, int(attach_type)):
+                if name.startswith(OUR_PREFIX):
+                    shim.detach(fd, prog_id, int(attach_type))
+                    found.append(f"{name} (id {prog_id})")
+    finally:
+        shim.close(fd)
+    assert not found, f"programs of ours were attached at the machine's cgroup root {root} " \
+                      f"(detached now): {found}"
 
 
 @pytest.fixture(autouse=True)

@@ -17,6 +17,9 @@
  * redirected to the destination's host interface (tc.c, fastpath_verdict) instead of going
  * through the host's routing, netfilter and kernel conntrack; the destination's tc egress
  * program still applies its ingress policy, so the verdicts are the same either way.
+ *
+ * flags & CFG_CTLB_UDP: Felix's BPFConnectTimeLoadBalancing=Enabled (TCP and UDP); with TCP
+ * (Felix's default) ctlb.c translates TCP connects only.
  */
 #ifndef PYFELIX_CONFIG_H
 #define PYFELIX_CONFIG_H
@@ -33,9 +36,12 @@
 #define CFG_RPF_DISABLED 2
 
 #define CFG_REDIRECT_DISABLED 0x04
+#define CFG_CTLB_UDP 0x08 /* BPFConnectTimeLoadBalancing=Enabled: UDP too (ctlb.c) */
+#define CFG_IPV6_DISABLED 0x10 /* Ipv6Support false: IPv6 from/to workloads drops (ND passes) */
 
 struct config_value {
-	__u32 flags; /* CFG_RPF_* in the low bits, CFG_REDIRECT_DISABLED; the rest 0 */
+	__u32 flags; /* CFG_RPF_* in the low bits, CFG_REDIRECT_DISABLED, CFG_CTLB_UDP,
+		      * CFG_IPV6_DISABLED; the rest 0 */
 	__u32 endpoint_to_host_action; /* EP_TO_HOST_* */
 };
 

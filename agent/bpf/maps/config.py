@@ -37,6 +37,8 @@ class RpfMode(enum.IntEnum):
 
 RPF_MASK = 0x3
 REDIRECT_DISABLED = 0x4  # must match CFG_REDIRECT_DISABLED in bpf/include/config.h
+CTLB_UDP = 0x8  # must match CFG_CTLB_UDP: BPFConnectTimeLoadBalancing=Enabled (bpf/ctlb.c)
+IPV6_DISABLED = 0x10  # must match CFG_IPV6_DISABLED: Ipv6Support false
 
 
 class Value(ctypes.Structure):
@@ -55,8 +57,10 @@ _VALUE = struct.Struct("=II")
 
 
 def encode_value(endpoint_to_host_action: EndpointToHostAction,
-                 rpf: RpfMode = RpfMode.STRICT, *, redirect: bool = True) -> bytes:
-    flags = int(rpf) | (0 if redirect else REDIRECT_DISABLED)
+                 rpf: RpfMode = RpfMode.STRICT, *, redirect: bool = True,
+                 ctlb_udp: bool = False, ipv6: bool = True) -> bytes:
+    flags = int(rpf) | (0 if redirect else REDIRECT_DISABLED) | (CTLB_UDP if ctlb_udp else 0)
+    flags |= 0 if ipv6 else IPV6_DISABLED
     return _VALUE.pack(flags, int(endpoint_to_host_action))
 
 
@@ -99,7 +103,9 @@ def decode_value(raw: bytes) -> dict:
     except ValueError:
         rpf = str(flags & RPF_MASK)
     return {"flags": flags, "endpoint_to_host_action": name, "bpf_enforce_rpf": rpf,
-            "bpf_redirect_to_peer": "Disabled" if flags & REDIRECT_DISABLED else "Enabled"}
+            "bpf_redirect_to_peer": "Disabled" if flags & REDIRECT_DISABLED else "Enabled",
+            "ctlb_udp": bool(flags & CTLB_UDP),
+            "ipv6_support": not flags & IPV6_DISABLED}
 
 
 def open_pinned(pin_dir: str | os.PathLike[str]) -> BpfMap:

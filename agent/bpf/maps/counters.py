@@ -50,6 +50,8 @@ class GlobalCounter(enum.IntEnum):
     CLASSIFIER_ERROR = 23
     FASTPATH_REDIRECTED = 24
     FASTPATH_TTL_EXPIRED = 25
+    IPV6_EXT_DROPPED = 26
+    IPV6_PACKETS = 27
 
 
 EP_DIRECTIONS = ("ingress_allowed", "ingress_denied", "egress_allowed", "egress_denied")
