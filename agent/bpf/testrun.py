@@ -23,6 +23,7 @@ from pyfelix.agent.bpf.syscall import TestRunOutput, prog_test_run
 
 TC_ACT_OK = 0
 TC_ACT_SHOT = 2
+TC_ACT_REDIRECT = 7
 XDP_DROP = 1
 XDP_PASS = 2
 

@@ -19,6 +19,7 @@ from pyfelix.agent.bpf.maps import conntrack as ct_map
 from pyfelix.agent.bpf.maps import endpoints as endpoints_map
 from pyfelix.agent.bpf.maps import ep_by_ifindex as ep_array
 from pyfelix.agent.bpf.maps import rules as rules_map
+from pyfelix.agent.bpf.testrun import TC_ACT_OK, TC_ACT_REDIRECT
 from tests.bpf.bpf_reference import Pkt, expected_verdict
 from tests.bpf.test_bpf_compiler import SETS, rules
 from tests.privileged.bpf.bpf_harness import Harness
@@ -724,3 +725,30 @@ def test_host_endpoint_reverse_path_check_strict_loose_disabled(harness, netns_r
     assert verdicts("d1") == ["allow", "allow", "allow", "allow"]
     # not IPv4: left to the host's stack and host endpoint policy (iptables)
     assert h.run_named(prog, pk.arp_request("192.0.2.50", "192.0.2.1"), "d1") == "allow"
+
+
+def test_fast_path_redirects_allowed_pod_to_local_pod_and_follows_bpf_redirect_to_peer(harness):
+    """BPFRedirectToPeer, applied live: Enabled (the default) redirects an allowed packet
+    from a pod to another local pod (TC_ACT_REDIRECT, TTL decremented, counted); Disabled
+    leaves it to the stack (TC_ACT_OK); a denied packet is dropped either way; a packet
+    whose TTL would expire takes the stack."""
+    h = harness
+    h.apply(ALLOW_ALL, h.endpoint("a", "d1", profiles=("allow-all",)),
+            h.endpoint("b", "d2", profiles=("allow-all",)),
+            p.RouteUpdate(f"{B}/32", "local_workload", local_workload_iface="d2"))
+    to_b = pk.tcp(A, B, 40000, 80)
+    run = h.run("from", to_b, "d1")
+    assert run.retval == TC_ACT_REDIRECT
+    assert run.data_out[14 + 8] == to_b[14 + 8] - 1  # TTL
+    assert h.globals()["fastpath_redirected"] == 1
+    expiring = bytearray(to_b)
+    expiring[14 + 8] = 1
+    assert h.run("from", bytes(expiring), "d1").retval == TC_ACT_OK
+    assert h.globals()["fastpath_ttl_expired"] == 1
+    h.apply(p.ConfigUpdate((("BPFRedirectToPeer", "Disabled"),)))
+    assert h.run("from", pk.tcp(A, B, 40001, 80), "d1").retval == TC_ACT_OK
+    h.apply(p.ConfigUpdate((("BPFRedirectToPeer", "L2Only"),)))
+    assert h.run("from", pk.tcp(A, B, 40002, 80), "d1").retval == TC_ACT_REDIRECT
+    h.apply(h.endpoint("a", "d1"))  # no profile: egress denies
+    assert h.verdict("from", pk.tcp(A, B, 40003, 80), "d1") == "deny"
+    assert h.globals()["fastpath_redirected"] == 2
