@@ -291,6 +291,12 @@ def prog_info(fd: int) -> ProgInfo:
                     name=info.name.decode(errors="replace"))
 
 
+def prog_fd_by_id(prog_id: int) -> int:
+    """A new fd of the loaded program with this id (the caller closes it); BpfError with
+    ENOENT if no such program is loaded."""
+    return _bpf(BPF_PROG_GET_FD_BY_ID, _GetByIdAttr(id=prog_id), f"PROG_GET_FD_BY_ID {prog_id}")
+
+
 def prog_info_by_id(prog_id: int) -> ProgInfo | None:
     """Info of the loaded program with this id, or None if no such program is loaded."""
     attr = _GetByIdAttr(id=prog_id)

@@ -38,6 +38,7 @@ MAP_HELP = {
     "nat_affinity": "ClientIP session affinity: (service id, client) -> backend.",
     "nat_ct": "Each service flow's translation (fwd: client -> backend, rev: reply -> VIP).",
     "nat_counters": "What the service NAT did (new flows, replies, rejects, failures).",
+    "verdict_trace": "The policy decision of the last pyfelix explain packet (BPF_PROG_TEST_RUN).",
 }
 
 

@@ -26,6 +26,7 @@ from pyfelix.agent.bpf.maps import (
     routes,
     rules,
     untracked,
+    verdict_trace,
     wep_sources,
 )
 from pyfelix.agent.bpf.maps.base import ARRAY_TYPES, BATCH_TYPES, BpfMap, MapLayoutError, MapParams
@@ -55,6 +56,7 @@ ALL_MAPS: tuple[MapParams, ...] = (
     cls_l4.PARAMS,
     cls_tries.PARAMS,
     cls_words.PARAMS,
+    verdict_trace.PARAMS,
 )
 
 BY_NAME: dict[str, MapParams] = {p.name: p for p in ALL_MAPS}
@@ -72,6 +74,7 @@ _DUMPERS = {
     "nat_affinity": nat_affinity.dump, "nat_ct": nat_ct.dump, "nat_counters": nat_counters.dump,
     "nat_vip_filter": nat_vip_filter.dump,
     "cls_chains": cls_chains.dump, "cls_l4": cls_l4.dump, "cls_tries": cls_tries.dump,
+    "verdict_trace": verdict_trace.dump,
 }
 
 
