@@ -31,6 +31,7 @@
 #include "sources.h"
 #include "nat.h"
 #include "verdict_trace.h"
+#include "denied_sources.h"
 
 /* Enough linear bytes for Ethernet + IPv4 with options + an ICMP error's inner headers. */
 #define PF_PULL_LEN 128
@@ -57,6 +58,7 @@ PF_INLINE int policy_verdict(struct policy_state *st, int allowed, __u32 counter
 	count_endpoint(st->endpoint_id, st->hook, allowed, st->pkt.len);
 	if (!allowed) {
 		count_global(GCNT_POLICY_DENIED);
+		count_denied_source(counter_id, st->pkt.saddr, st->pkt.len);
 		return TC_ACT_SHOT;
 	}
 	count_global(GCNT_POLICY_ALLOWED);
@@ -79,9 +81,8 @@ PF_INLINE int policy_decided(struct __sk_buff *skb, struct policy_state *st, __u
 			      st->endpoint_id, st->hook, allowed, reason);
 		return allowed ? TC_ACT_OK : TC_ACT_SHOT;
 	}
-	if (decision == PD_NO_MATCH)
-		return policy_verdict(st, 0, 0);
-	return nat_hairpin_verdict(skb, &st->pkt, policy_verdict(st, allowed, st->counter_id));
+	int verdict = policy_verdict(st, allowed, decision == PD_NO_MATCH ? 0 : st->counter_id);
+	return decision == PD_NO_MATCH ? verdict : nat_hairpin_verdict(skb, &st->pkt, verdict);
 }
 
 int calico_policy(struct __sk_buff *skb)
@@ -91,11 +92,11 @@ int calico_policy(struct __sk_buff *skb)
 	if (!st)
 		return TC_ACT_SHOT;
 	if (st->tail_calls == 0) {
-		if (st->chain_len == 0)
-			return policy_decided(skb, st, PD_NO_MATCH); /* an empty chain denies */
-		if (cls_setup(&st->cls, st->chain_start, &st->pkt)) {
+		if (st->chain_len == 0) {
+			st->decision = PD_NO_MATCH; /* an empty chain denies */
+		} else if (cls_setup(&st->cls, st->chain_start, &st->pkt)) {
 			count_global(GCNT_CLASSIFIER_ERROR);
-			return policy_decided(skb, st, PD_NO_MATCH);
+			st->decision = PD_NO_MATCH;
 		}
 	}
 	/* The decision is stored in the scratch map and acted on after the loop: one
@@ -103,7 +104,7 @@ int calico_policy(struct __sk_buff *skb)
 	 * inlined copy; values in map memory do not split its states): calico_policy went from
 	 * 993,597 verified instructions (limit 1,000,000) to ~643,000 with the trace. */
 	__u32 steps = 0;
-	for (int i = 0; i < CLS_STEPS_PER_PROG; i++) {
+	for (int i = 0; i < CLS_STEPS_PER_PROG && st->decision == PD_NONE; i++) {
 		__u32 idx = 0;
 		__u32 pos = st->idx;
 		int rc = cls_step(&st->cls, pos, &idx);

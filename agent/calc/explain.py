@@ -438,3 +438,21 @@ def explain_direction(model: ExplainModel, endpoint: proto.WorkloadEndpoint, nam
         if step is not None and step.action in ("allow", "deny"):
             return decided(step.action, "rule", None, profile_id, step, step.rule_id)
     return decided("deny", "default-deny", None, None, None, f"default-deny/{direction}")
+
+
+def rule_catalogue(model: ExplainModel) -> dict[str, dict[str, Any]]:
+    """Every rule of the node's active policies and profiles by `rule_id` (the BPF
+    dataplane's counter name): kind, tier, policy (or profile), direction, index, action
+    and the rule as written (selectors, not IP-set ids)."""
+    matcher = _Matcher(model, Flow("0.0.0.0", "0.0.0.0", 0))
+    out: dict[str, dict[str, Any]] = {}
+    owners: list[tuple[str, str, str, Any]] = [
+        ("policy", pid.tier, pid.name, pol) for pid, pol in model.state.policies.items()]
+    owners += [("profile", "", name, prof) for name, prof in model.state.profiles.items()]
+    for kind, tier, name, owner in owners:
+        for direction, rules in ((INGRESS, owner.inbound_rules), (EGRESS, owner.outbound_rules)):
+            for i, r in enumerate(rules):
+                out[r.rule_id] = {"kind": kind, "tier": tier or None, "policy": name,
+                                  "direction": direction, "rule": i, "action": r.action,
+                                  "match": rule_text(r, matcher._set_label)}
+    return out

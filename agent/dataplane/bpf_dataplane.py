@@ -139,6 +139,7 @@ class SharedLoad:
         self._users -= 1
         if self._users == 0:
             bpf_metrics.DROPS.forget(self.loaded)
+            bpf_metrics.POLICY_COUNTERS.forget(self.loaded)
             self.loaded.close()
 
 
@@ -192,6 +193,8 @@ def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
         guard=guard.guard.counters,
         spoofed_by_endpoint=policy.spoofed_by_endpoint,
         nat=lambda: nat_counters_map.read(nat_counters), owner=loaded)
+    bpf_metrics.POLICY_COUNTERS.set_sources(rules=policy.rule_counters,
+                                            denied=policy.denied_sources, owner=loaded)
     managers = [policy, routes, nat, attach, conntrack]
     shared = SharedLoad(loaded, len(managers))
     for manager in managers:

@@ -139,6 +139,10 @@ def explain_flow(model: ExplainModel, flow: Flow, *, dataplane: str, pin_dir: st
         "source": src_rec.name if src_rec else None,
         "destination": dst_rec.name if dst_rec else None,
         "directions": [d[1] for d in directions],
+        # addresses no workload endpoint of the datastore has: policy cannot say what
+        # happens to them (a pod without its Pod document is dropped as "no endpoint")
+        "unknown_addresses": [a for a, r in ((flow.src, src_rec), (flow.dst, dst_rec))
+                              if r is None],
     }
     if dataplane == "bpf":
         out["agree"] = all(d[1]["agree"] for d in directions)
@@ -160,6 +164,9 @@ def render_text(out: dict[str, Any]) -> str:
         head += f" ({out['decided_by']}: nothing allowed it)"
     whose = out["destination"] if out["direction"] == "ingress" else out["source"]
     lines.append(f"verdict: {head}  [{out['direction']} of {whose}]")
+    for address in out["unknown_addresses"]:
+        lines.append(f"note: no workload endpoint has {address}: only the other end's policy "
+                     "is shown (a workload interface without an endpoint drops everything)")
     if out.get("agree") is False:
         lines.append("!!! DISAGREEMENT: the loaded BPF program and the calc graph differ !!!")
     for d in out["directions"]:
