@@ -117,3 +117,53 @@ def _sample(text: str, name: str, **labels: str) -> float:
         if metric == name and want <= set(rest.rstrip("}").split(",")):
             return float(value)
     raise AssertionError(f"{name}{labels} not in /metrics")
+
+
+@pytest.mark.timeout(300)
+def test_explain_says_loudly_when_the_program_and_the_calc_graph_disagree(
+        root_guard: Any) -> None:
+    """The allowing record of client -> api:443 is turned into a DENY behind the agent's
+    back (a pinned-map write): `pyfelix explain` must run the real program (which now
+    denies), see that the calc graph allows, and exit 3 with agree: false. Before the write
+    the same command agrees and exits 0."""
+    import dataclasses
+
+    from pyfelix.agent.bpf.maps import rules as rules_map
+    from pyfelix.agent.bpf.maps.base import BpfMap
+
+    scenario = load_scenario(SCENARIOS / "calico-gnp-order.yaml")
+    with LabRunner(scenario, agents=AgentProcesses("bpf"), dataplane="bpf",
+                   program_routes=False, probe_timeout=1.0) as lab:
+        lab.build()
+        lab.start_agents()
+        lab.enter_step(scenario.steps[0])
+        [(name, node)] = lab.topology.nodes.items()
+        pin_dir = str(lab.bpffs_dir / name)
+
+        def explain() -> subprocess.CompletedProcess[str]:
+            env = {**os.environ, "FELIX_BPFPINDIR": pin_dir, "PYTHONPATH": str(REPO)}
+            return subprocess.run(
+                ["nsenter", f"--net=/run/netns/{node.netns}", sys.executable, "-m",
+                 "pyfelix.cli.main", "explain", "--datastore", str(lab.datastore_dir),
+                 "--hostname", name, "--from", "prod/client", "--to", "prod/api", "--port",
+                 "443", "-o", "json"], capture_output=True, text=True, timeout=120, env=env,
+                check=False)
+
+        ok = explain()
+        assert ok.returncode == 0, ok.stderr
+        out = json.loads(ok.stdout)
+        assert (out["verdict"], out["policy"], out["agree"]) == ("allow", "allow-https", True)
+        ingress = next(d for d in out["directions"] if d["direction"] == "ingress")
+        record = ingress["kernel"]["trace"]["chain_start"] + ingress["kernel"]["trace"]["record"]
+        with BpfMap.open_pinned(rules_map.PARAMS, pin_dir) as m:
+            key = rules_map.encode_index(record)
+            rec = rules_map.decode(m.lookup(key))
+            assert rec.action == rules_map.Action.ALLOW
+            m.update(key, rules_map.encode(dataclasses.replace(rec, action=rules_map.Action.DENY)))
+        bad = explain()
+        assert bad.returncode == 3, bad.stdout + bad.stderr
+        out = json.loads(bad.stdout)
+        assert out["agree"] is False and out["kernel_verdict"] == "deny"
+        assert out["verdict"] == "allow"  # the calc graph's, unchanged
+        assert "disagree" in bad.stderr
+    root_guard.check()
