@@ -32,6 +32,7 @@
 #include "nat.h"
 #include "verdict_trace.h"
 #include "denied_sources.h"
+#include "flow_events.h"
 
 /* Enough linear bytes for Ethernet + IPv4 with options + an ICMP error's inner headers. */
 #define PF_PULL_LEN 128
@@ -56,6 +57,7 @@ PF_INLINE int policy_verdict(struct policy_state *st, int allowed, __u32 counter
 		allowed = 0;
 	}
 	count_endpoint(st->endpoint_id, st->hook, allowed, st->pkt.len);
+	emit_flow_event(&st->pkt, st->hook, allowed, counter_id, st->endpoint_id, ct_now_ns());
 	if (!allowed) {
 		count_global(GCNT_POLICY_DENIED);
 		count_denied_source(counter_id, st->pkt.saddr, st->pkt.len);

@@ -1617,4 +1617,5 @@ class PolicyCompiler:
         except ValueError as e:
             problems.append(f"config: {e}; using Strict")
             rpf = config_map.RpfMode.STRICT
-        return {config_map.KEY: config_map.encode_value(action, rpf)}
+        flow_events = str(state.config.get("flowlogsfileenabled", "false")).lower() == "true"
+        return {config_map.KEY: config_map.encode_value(action, rpf, flow_events=flow_events)}

@@ -42,6 +42,7 @@ import dataclasses
 import logging
 import subprocess
 from collections.abc import Callable
+from typing import Any
 
 from pyfelix.agent.bpf import syscall
 from pyfelix.agent.bpf.loader import (
@@ -157,7 +158,8 @@ def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
         loaded.maps,
         interface_prefixes=prefixes,
         base_config={"DefaultEndpointToHostAction": str(config.default_endpoint_to_host_action),
-                     "BPFEnforceRPF": str(config.bpf_enforce_rpf)},
+                     "BPFEnforceRPF": str(config.bpf_enforce_rpf),
+                     "FlowLogsFileEnabled": str(config.flow_logs_file_enabled).lower()},
         rules_per_prog=loaded.config.rules_per_prog,
         list_interfaces=netlink_lister(),
     )
@@ -195,11 +197,19 @@ def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
         nat=lambda: nat_counters_map.read(nat_counters), owner=loaded)
     bpf_metrics.POLICY_COUNTERS.set_sources(rules=policy.rule_counters,
                                             denied=policy.denied_sources, owner=loaded)
-    managers = [policy, routes, nat, attach, conntrack]
+    managers: list[Any] = [policy, routes, nat, attach, conntrack]
+    if config.flow_logs_file_enabled:
+        from pyfelix.agent.dataplane.managers.flow_logs import FlowLogManager
+
+        managers.append(FlowLogManager(
+            loaded.bpf, policy.counter_meta, directory=str(config.flow_logs_file_directory),
+            flush_interval=float(config.flow_logs_flush_interval),
+            max_bytes=int(config.flow_logs_file_max_file_size_mb) << 20,
+            max_files=int(config.flow_logs_file_max_files)))
     shared = SharedLoad(loaded, len(managers))
     for manager in managers:
         manager.on_close = shared.release
-    return [policy, routes, nat, attach, guard, conntrack]
+    return [policy, routes, nat, attach, guard, conntrack, *managers[5:]]
 
 
 def interface_prefixes(config: Config) -> tuple[str, ...]:

@@ -25,9 +25,10 @@
 #define CFG_RPF_STRICT 0   /* the source's route must lead back out of the arrival interface */
 #define CFG_RPF_LOOSE 1    /* the source must be routable (not local, blackhole, unreachable) */
 #define CFG_RPF_DISABLED 2
+#define CFG_F_FLOW_EVENTS 0x4 /* FlowLogsFileEnabled: send flow events (flow_events.h) */
 
 struct config_value {
-	__u32 flags; /* CFG_RPF_* in the low bits; the rest 0 */
+	__u32 flags; /* CFG_RPF_* in the low bits, CFG_F_FLOW_EVENTS; the rest 0 */
 	__u32 endpoint_to_host_action; /* EP_TO_HOST_* */
 };
 

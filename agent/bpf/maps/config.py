@@ -34,6 +34,7 @@ class RpfMode(enum.IntEnum):
 
 
 RPF_MASK = 0x3
+FLOW_EVENTS = 0x4  # must match CFG_F_FLOW_EVENTS: the programs send flow events
 
 
 class Value(ctypes.Structure):
@@ -52,8 +53,9 @@ _VALUE = struct.Struct("=II")
 
 
 def encode_value(endpoint_to_host_action: EndpointToHostAction,
-                 rpf: RpfMode = RpfMode.STRICT) -> bytes:
-    return _VALUE.pack(int(rpf), int(endpoint_to_host_action))
+                 rpf: RpfMode = RpfMode.STRICT, *, flow_events: bool = False) -> bytes:
+    return _VALUE.pack(int(rpf) | (FLOW_EVENTS if flow_events else 0),
+                       int(endpoint_to_host_action))
 
 
 def rpf_from_felix(text: str) -> RpfMode:
@@ -85,7 +87,8 @@ def decode_value(raw: bytes) -> dict:
         rpf = RpfMode(flags & RPF_MASK).name
     except ValueError:
         rpf = str(flags & RPF_MASK)
-    return {"flags": flags, "endpoint_to_host_action": name, "bpf_enforce_rpf": rpf}
+    return {"flags": flags, "endpoint_to_host_action": name, "bpf_enforce_rpf": rpf,
+            "flow_events": bool(flags & FLOW_EVENTS)}
 
 
 def open_pinned(pin_dir: str | os.PathLike[str]) -> BpfMap:

@@ -48,6 +48,8 @@ class GlobalCounter(enum.IntEnum):
     ARP_PASSED = 21
     HEP_RPF_DROPPED = 22
     CLASSIFIER_ERROR = 23
+    FLOW_EVENTS = 24
+    FLOW_EVENTS_DROPPED = 25
 
 
 EP_DIRECTIONS = ("ingress_allowed", "ingress_denied", "egress_allowed", "egress_denied")

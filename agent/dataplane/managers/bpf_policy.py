@@ -547,6 +547,11 @@ class BpfPolicyManager(ManagerBase):
                 out.append((meta, row["source"], row["packets"], row["bytes"]))
         return out
 
+    def counter_meta(self, counter_id: int) -> RuleMeta | None:
+        """The rule a rule counter counts (None: unknown to this agent's compiler)."""
+        compiler = self.compiler
+        return None if compiler is None else self._counter_meta(compiler, counter_id)
+
     @staticmethod
     def _counter_meta(compiler: PolicyCompiler, counter_id: int) -> RuleMeta | None:
         entry = compiler.rule_ids.by_number.get(counter_id)
