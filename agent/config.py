@@ -320,6 +320,21 @@ PARAMS: tuple[Param, ...] = (
           help="Reverse-path check of packets arriving on host endpoint interfaces (BPF "
                "mode): Strict (the route back leaves by the same interface), Loose (the "
                "source is routable), Disabled."),
+    Param("BPFRedirectToPeer", "Enabled", enum_of("Disabled", "Enabled", "L2Only"),
+          restart=False,
+          help="BPF mode: an allowed packet from a pod to another pod of this node goes "
+               "straight to the destination's host interface (its ingress policy still "
+               "applies there), past the host's routing, iptables and kernel conntrack. "
+               "L2Only behaves as Enabled (every pod interface is a veth). Disabled: the "
+               "normal path."),
+    Param("BPFConnectTimeLoadBalancing", "TCP", enum_of("TCP", "Enabled", "Disabled"),
+          restart=True,
+          help="BPF mode: host-networked clients' connects to a Service address are sent to "
+               "a backend at the socket (cgroup programs, bpf/ctlb.c): TCP only, TCP and UDP "
+               "(Enabled), or not at all."),
+    Param("BPFCgroupV2", "", parse_str, restart=True,
+          help="The cgroup v2 directory the connect-time load balancer attaches to; empty: "
+               "the root of the first cgroup2 mount (every process of the node)."),
     Param("HealthEnabled", False, parse_bool, restart=True),
     Param("HealthHost", "localhost", parse_str, restart=True),
     Param("HealthPort", 9099, parse_port, restart=True),

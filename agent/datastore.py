@@ -129,9 +129,11 @@ def make_syncer(location: DatastoreLocation, *, syncer_type: str = "felix",
     """The syncer for the datastore at `location`; `options` go to the backend's constructor
     (file backend: poll_interval, debounce, use_inotify, rescan_interval...).
 
-    `syncer_type` ("felix": every kind; "bgp": what confd needs) and `hostname` matter only
-    to Typha, which serves one filtered stream per syncer type; a direct datastore syncer
-    carries every kind and its consumer picks what it needs."""
+    `syncer_type` ("felix": the agent's kinds; "bgp": what confd needs) and `hostname`
+    matter to Typha, which serves one filtered stream per syncer type, and to the Kubernetes
+    datastore, which reads Secrets (BGP passwords, one namespace) only for "bgp"; the file
+    and etcd syncers carry every kind and their consumer picks what it needs (the agent's
+    validator drops Secrets unparsed)."""
     if location.backend == "typha":
         from pyfelix.agent.typha.client import TyphaConfigError, make_typha_syncer
 
@@ -151,5 +153,5 @@ def make_syncer(location: DatastoreLocation, *, syncer_type: str = "felix",
     if location.backend == "kubernetes":
         from pyfelix.agent.syncer.kube import make_kube_syncer
 
-        return make_kube_syncer(**options)
+        return make_kube_syncer(syncer_type=syncer_type, **options)
     raise _not_implemented(location)

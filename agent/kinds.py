@@ -9,6 +9,7 @@ validator and the CLI read, so that a kind's facts are written once:
                ├── Kubernetes API resource (or the     -> agent.syncer.kube_resources
                │   kinds it is derived from)             (watch paths, CRDs, RBAC)
                ├── bgp: read by confd                 -> BGP_KINDS (confd's view, Typha)
+               ├── felix: read by the agent           -> FELIX_KINDS (not Secrets)
                └── parsed by the model                -> agent.model.resources' parser
                                                          tables (one parser per kind)
 
@@ -25,6 +26,7 @@ own there; `cli` is False only for bookkeeping kinds users do not write (BlockAf
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 CALICO_API = "projectcalico.org/v3"
@@ -53,6 +55,9 @@ class ResourceType:
     group_version: str  # "v1", "networking.k8s.io/v1", "crd.projectcalico.org/v1"
     plural: str
     namespaced: bool
+    # set: the type is read in this one namespace only (Secrets: the namespace Calico's
+    # node runs in), never cluster-wide; None: every namespace.
+    namespace: str | None = None
 
     @property
     def is_crd(self) -> bool:
@@ -70,7 +75,8 @@ class ResourceType:
         return f"/apis/{self.group_version}"
 
     def collection_path(self, namespace: str | None = None) -> str:
-        """The list/watch path: every namespace, or one."""
+        """The list/watch path: every namespace, or one (`namespace`, else the type's own)."""
+        namespace = namespace or self.namespace
         if namespace and self.namespaced:
             return f"{self.base_path}/namespaces/{namespace}/{self.plural}"
         return f"{self.base_path}/{self.plural}"
@@ -95,6 +101,7 @@ class KindInfo:
     derived_from: tuple[str, ...] = ()  # Kubernetes datastore: converted from these kinds
     cli: bool = True  # named by `pyfelix apply/get/delete`
     bgp: bool = False  # read by confd (Typha's "bgp" syncer type carries only these)
+    felix: bool = True  # read by the agent (False: Secrets, for confd only)
 
     @property
     def etcd_directory(self) -> str:
@@ -124,10 +131,12 @@ def _calico(kind: str, *, namespaced: bool = False, crd: bool = True,
 
 
 def _kubernetes(kind: str, group_version: str, object_kind: str, api_plural: str,
-                *, namespaced: bool, plural: str | None = None) -> KindInfo:
+                *, namespaced: bool, plural: str | None = None, bgp: bool = False,
+                felix: bool = True) -> KindInfo:
     """A Kubernetes kind pyfelix accepts as is (Pods, Namespaces...)."""
     rtype = ResourceType(kind, object_kind, group_version, api_plural, namespaced)
-    return KindInfo(kind, group_version, object_kind, plural or api_plural, namespaced, rtype)
+    return KindInfo(kind, group_version, object_kind, plural or api_plural, namespaced, rtype,
+                    bgp=bgp, felix=felix)
 
 
 KINDS: tuple[KindInfo, ...] = (
@@ -156,6 +165,7 @@ KINDS: tuple[KindInfo, ...] = (
     _calico("IPPool", bgp=True),
     _calico("BGPConfiguration", bgp=True),
     _calico("BGPPeer", bgp=True),
+    _calico("BGPFilter", bgp=True),  # per-peer import/export rules (confd)
     _calico("FelixConfiguration"),
     # Cluster-wide facts; its datastoreReady pauses the dataplane (agent.calc.passthru).
     _calico("ClusterInformation"),
@@ -164,21 +174,41 @@ KINDS: tuple[KindInfo, ...] = (
 )
 
 # Services and their EndpointSlices (the BPF dataplane's service load balancing, as
-# Calico's node reads both for its kube-proxy replacement); also the RBAC the node needs.
+# Calico's node reads both for its kube-proxy replacement; confd too, for the /32s of
+# externalTrafficPolicy Local services); also the RBAC the node needs.
 SERVICE_KINDS: tuple[KindInfo, ...] = (
-    _kubernetes("Service", K8S_CORE_API, "Service", "services", namespaced=True),
+    _kubernetes("Service", K8S_CORE_API, "Service", "services", namespaced=True, bgp=True),
     _kubernetes("EndpointSlice", "discovery.k8s.io/v1", "EndpointSlice", "endpointslices",
-                namespaced=True),
+                namespaced=True, bgp=True),
 )
 KINDS = KINDS + SERVICE_KINDS
+
+# v1 Secrets hold BGP passwords (BGPPeer / BGPConfiguration `secretKeyRef`). Only confd reads
+# them, and only in one namespace: the one Calico's node runs in, from the downward-API
+# variable NAMESPACE, else kube-system (as calico-node's confd does; operator installs set
+# calico-system). The agent never receives them: not from Typha's felix stream, not from
+# the Kubernetes datastore's felix syncer, and its validator drops them unparsed.
+SECRET_NAMESPACE_ENV = "NAMESPACE"
+DEFAULT_SECRET_NAMESPACE = "kube-system"
+SECRET_KIND = _kubernetes("Secret", K8S_CORE_API, "Secret", "secrets", namespaced=True,
+                          bgp=True, felix=False)
+KINDS = (*KINDS, SECRET_KIND)
 
 KIND_BY_NAME: dict[str, KindInfo] = {info.kind: info for info in KINDS}
 NAMESPACED_KINDS: frozenset[str] = frozenset(info.kind for info in KINDS if info.namespaced)
 CLI_KINDS: tuple[KindInfo, ...] = tuple(info for info in KINDS if info.cli)
 # What confd reads: the kinds of Typha's "bgp" syncer type and of confd's own view.
 BGP_KINDS: frozenset[str] = frozenset(info.kind for info in KINDS if info.bgp)
+# What the agent reads (every kind but the confd-only Secrets).
+FELIX_KINDS: frozenset[str] = frozenset(info.kind for info in KINDS if info.felix)
 _CLI_NAMES: dict[str, KindInfo] = {
     name: info for info in CLI_KINDS for name in (info.kind.lower(), info.plural)}
+
+
+def secret_namespace(environ: dict[str, str] | None = None) -> str:
+    """The one namespace BGP password Secrets are read from ($NAMESPACE, else kube-system)."""
+    env = os.environ if environ is None else environ
+    return env.get(SECRET_NAMESPACE_ENV, "").strip() or DEFAULT_SECRET_NAMESPACE
 
 
 def kind_named(text: str) -> KindInfo | None:

@@ -23,6 +23,8 @@ Invariants:
 - two raw keys producing the same Calico key (a Calico WorkloadEndpoint and a Pod that
   converts to the same name, say): the most recent writer's value is emitted, and when it
   goes away the other one's value comes back (a warning is logged);
+- kinds only confd reads (Secrets: BGP passwords) are dropped unparsed: the agent never
+  holds a secret;
 - one thread: `on_updates` is not re-entrant and not thread-safe (the pipeline calls it
   from one thread).
 
@@ -41,6 +43,7 @@ from prometheus_client import Counter
 
 from pyfelix.agent.conversion import DEFAULT_INTERFACE_PREFIX, natural_output_key, to_calico
 from pyfelix.agent.conversion.k8s import workload_interface_name
+from pyfelix.agent.kinds import FELIX_KINDS
 from pyfelix.agent.model import KNOWN_KINDS, Resource, ValidationError, parse_resource
 from pyfelix.agent.syncer.api import RawUpdate, ResourceKey
 
@@ -108,6 +111,8 @@ class Validator:
 
     def _on_update(self, update: RawUpdate) -> list[ValidatedUpdate]:
         raw_key = update.key
+        if raw_key.kind not in FELIX_KINDS and raw_key.kind in KNOWN_KINDS:
+            return []  # confd's kinds (Secrets): the agent neither parses nor keeps them
         new_outputs: dict[ResourceKey, Resource] = {}
         if update.value is None:
             self.errors.pop(raw_key, None)

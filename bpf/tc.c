@@ -15,7 +15,8 @@
  * back to the VIP) ->
  * otherwise find the first matching record of the endpoint's chain for this direction
  * (classifier.h, policy.h); on allow create a
- * conntrack entry, and for a flow from the pod to this host apply endpoint_to_host_action.
+ * conntrack entry, and for a flow from the pod to this host apply endpoint_to_host_action ->
+ * allowed from the pod to another local pod: redirected to its interface (fastpath_verdict).
  * Counters: counters.h. Verdicts are TC_ACT_OK / TC_ACT_SHOT. A packet marked PF_MARK_TRACE
  * (pyfelix explain's BPF_PROG_TEST_RUN) records its verdict in verdict_trace.h instead.
  */
@@ -46,6 +47,53 @@ PF_INLINE int ep_to_host_allowed(struct pkt_info *pkt)
 	if (cfg && cfg->endpoint_to_host_action != EP_TO_HOST_DROP)
 		return 1; /* Accept, or Return (no host-endpoint policy here yet) */
 	return 0;
+}
+
+/* The fast path (config.h, CFG_REDIRECT_DISABLED): a packet from a pod that its egress
+ * policy (or conntrack) allowed, to another pod of this node, is redirected to that pod's
+ * host interface: bpf_redirect_neigh to its egress, where calico_to_wep applies the
+ * destination's ingress policy exactly as it would after the stack. Skipped: the host's
+ * routing, netfilter (iptables and kernel conntrack; the BPF conntrack stays the one state
+ * both hooks use). The TTL is decremented as a router does; a packet whose TTL would expire
+ * takes the normal path, so the stack sends Time Exceeded. Hairpin packets (nat.h) keep
+ * their own redirect; everything else (to the host, off the node) takes the normal path. */
+/* BCC 0.26 declares bpf_redirect_neigh without its `plen` argument, which would leave the
+ * kernel's `flags` register unset: declared here as the kernel defines it. */
+static long (*pf_redirect_neigh)(__u32 ifindex, void *params, int plen, __u64 flags) =
+	(void *)BPF_FUNC_redirect_neigh;
+
+PF_INLINE int fastpath_verdict(struct __sk_buff *skb, struct pkt_info *pkt, int verdict)
+{
+	if (verdict != TC_ACT_OK || (pkt->flags & (PKT_F_HAIRPIN | PKT_F_HAIRPIN_REPLY)))
+		return verdict;
+	__u32 zero = 0;
+	struct config_value *cfg = config.lookup(&zero);
+	if (cfg && (cfg->flags & CFG_REDIRECT_DISABLED))
+		return verdict;
+	struct route_key key = {};
+	key.prefixlen = 32;
+	key.addr = pkt->daddr;
+	struct route_value *rt = routes.lookup(&key);
+	if (!rt || !(rt->flags & RT_F_LOCAL_WORKLOAD) || rt->ifindex == 0 ||
+	    rt->ifindex == skb->ifindex)
+		return verdict;
+	__u32 target = rt->ifindex;
+	/* TTL and protocol share a 16-bit word of the IPv4 header (offset 8) */
+	__u16 old_word = 0;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + 8, &old_word, sizeof(old_word)))
+		return verdict;
+	__u8 *bytes = (__u8 *)&old_word;
+	if (bytes[0] <= 1) {
+		count_global(GCNT_FASTPATH_TTL_EXPIRED);
+		return verdict;
+	}
+	__u16 new_word = old_word;
+	((__u8 *)&new_word)[0] = bytes[0] - 1;
+	if (bpf_l3_csum_replace(skb, ETH_HLEN + 10, old_word, new_word, sizeof(new_word)) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN + 8, &new_word, sizeof(new_word), 0))
+		return verdict; /* unchanged or consistent: the normal path is still right */
+	count_global(GCNT_FASTPATH_REDIRECTED);
+	return pf_redirect_neigh(target, NULL, 0, 0);
 }
 
 /* Final verdict of the chain walk: counters, conntrack, endpoint-to-host. */
@@ -84,7 +132,12 @@ PF_INLINE int policy_decided(struct __sk_buff *skb, struct policy_state *st, __u
 		return allowed ? TC_ACT_OK : TC_ACT_SHOT;
 	}
 	int verdict = policy_verdict(st, allowed, decision == PD_NO_MATCH ? 0 : st->counter_id);
-	return decision == PD_NO_MATCH ? verdict : nat_hairpin_verdict(skb, &st->pkt, verdict);
+	if (decision == PD_NO_MATCH)
+		return verdict;
+	verdict = nat_hairpin_verdict(skb, &st->pkt, verdict);
+	if (st->hook == HOOK_FROM_WEP)
+		verdict = fastpath_verdict(skb, &st->pkt, verdict);
+	return verdict;
 }
 
 int calico_policy(struct __sk_buff *skb)
@@ -236,7 +289,8 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 		count_endpoint(endpoint_id, hook, 1, pkt.len);
 		if (hit == CT_HIT_SVC_NAT && hook == HOOK_TO_WEP)
 			return nat_rev_to_wep(skb, &pkt, now);
-		return nat_hairpin_verdict(skb, &pkt, TC_ACT_OK);
+		int verdict = nat_hairpin_verdict(skb, &pkt, TC_ACT_OK);
+		return hook == HOOK_FROM_WEP ? fastpath_verdict(skb, &pkt, verdict) : verdict;
 	}
 	if (ct_is_related(&pkt, ifindex, now)) {
 		count_global(GCNT_CT_RELATED);

@@ -14,9 +14,13 @@ no `spec.bgp.ipv4Address`, or the global BGPConfiguration / this Node failed val
 anything narrower (one bad peer, one bad community) is skipped and recorded in
 `BirdConfig.notes`, rendered as comments, and logged by the caller.
 
-What is exported to BGP peers (the `pyfelix_export_to_bgp` filter, first match wins):
+What is exported to BGP peers (the `pyfelix_export_rules` function, first match wins):
 1. our service routes (static blackholes for serviceClusterIPs / serviceExternalIPs /
-   serviceLoadBalancerIPs of the `default` BGPConfiguration);
+   serviceLoadBalancerIPs of the `default` BGPConfiguration; and, as Calico's confd, a /32
+   (/128) for each IP of an `externalTrafficPolicy: Local` service that has a ready
+   endpoint on THIS node (EndpointSlice endpoint with nodeName = this node): its cluster
+   IPs when serviceClusterIPs is set, its external / load balancer IPs inside those
+   ranges; withdrawn when the last such endpoint goes);
 2. this node's IPAM blocks: BlockAffinity resources with `node` = this node, state
    `confirmed`, not `deleted`, inside an exported pool: the block itself is exported (BIRD
    originates it as a static blackhole route) and every more specific route inside it is
@@ -49,9 +53,27 @@ its `rr client`. Also rendered: `ttlSecurity` (GTSM: `ttl security on; multihop 
 (`strict bind` on every session), listenPort (local port of every session, and the mesh
 neighbors' port).
 
+BGPFilter (BGPPeer `spec.filters`, as Calico's confd renders them): per valid BGPFilter,
+direction and family with rules, one BIRD function ('pyfelix_bgpfilter_<name>_import4'...)
+whose statements test the rule's matches (cidr with Equal `=`, NotEqual `!=`, In `~`,
+NotIn `!~`; prefixLength as a prefix set `[ cidr{min,max} ]`; source RemotePeers as
+`source = RTS_BGP`; interface as `ifname ~ "pattern"`; all given must hold) and accept or
+reject, which ends the whole filter. A peer's sessions call its filters' functions in
+spec.filters order, then the default: import accepts, export applies
+`pyfelix_export_rules` (the rules above, which the plain `pyfelix_export_to_bgp` filter
+also calls). A peer naming a BGPFilter that is missing or invalid is not rendered (its
+routes would pass unfiltered), with a note.
+
+Passwords (BGPPeer `spec.password`, BGPConfiguration `spec.nodeMeshPassword`): inline
+`value`, or `secretKeyRef` {name, key}: that key of the v1 Secret of that name in the
+secret namespace (`BGPState.secrets`, see bgp_view). Fail closed: a Secret or key that is
+missing, an empty value, a value BIRD strings cannot hold or one over 80 bytes means the
+peer (or the mesh) is not rendered at all, with a note naming the peer and the Secret; never
+a session that could come up unauthenticated. Notes and errors name Secrets and keys, never
+values; `BGPSession.password` is kept out of repr().
+
 Easy to get wrong: BIRD strings have no escapes, so a password containing `"`, `\\` or a
-line break is refused (the peer is skipped: never an unauthenticated session instead); a
-secretKeyRef password cannot be resolved without Kubernetes and the peer is skipped too.
+line break is refused (as above: the peer is not rendered).
 """
 
 from __future__ import annotations
@@ -59,10 +81,19 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from pyfelix.agent.model import BGPConfiguration, BGPPeer, IPPool, Metadata, Node
+from pyfelix.agent.model import (
+    BGPConfiguration,
+    BGPFilter,
+    BGPFilterRule,
+    BGPPeer,
+    IPPool,
+    Metadata,
+    Node,
+    SecretKeyRef,
+)
 from pyfelix.agent.syncer.api import ResourceKey
 from pyfelix.confd.bgp_view import BGPState
 
@@ -73,6 +104,7 @@ DEFAULT_HOLD_TIME = 240  # BIRD's default; keepalive must stay below a third of 
 MAX_GRACEFUL_RESTART_TIME = 4095  # 12-bit field of the BGP graceful restart capability
 SERVICES_PROTOCOL = "pyfelix_services"
 GLOBAL_CONFIG_NAME = "default"
+MAX_PASSWORD_BYTES = 80  # TCP_MD5SIG_MAXKEYLEN; Calico's docs: at most 80 characters
 
 # logSeverityScreen -> (BIRD log classes, `debug protocols` setting)
 _LOG_LEVELS: dict[str, tuple[str, str]] = {
@@ -132,6 +164,18 @@ class CommunityTagging:
 
 
 @dataclass(frozen=True)
+class FilterFunction:
+    """A BGPFilter's rules for one direction and family, as a BIRD function: each statement
+    accepts or rejects (ending the whole filter) when its conditions hold; none holding
+    falls through to the next filter, then to the default (import: accept; export:
+    `pyfelix_export_rules`)."""
+
+    name: str  # a quoted BIRD symbol: 'pyfelix_bgpfilter_<name>_import4'
+    comment: str  # "BGPFilter(name): importV4"
+    statements: tuple[str, ...]  # "if ( (net ~ 10.0.0.0/16) ) then accept;", "reject;"
+
+
+@dataclass(frozen=True)
 class BGPSession:
     protocol_name: str  # Mesh_/Node_/Global_ + address with underscores
     comment: str  # where it comes from
@@ -143,7 +187,7 @@ class BGPSession:
     local_port: int | None  # None: listen on 179
     local_as: int
     passive: bool = False
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)  # never shown by repr/logs
     next_hop_keep: bool = False
     rr_cluster_id: str | None = None  # set: the neighbor is our route reflector client
     graceful_restart_time: int | None = None
@@ -151,6 +195,8 @@ class BGPSession:
     hold_time: int | None = None
     ttl_security_hops: int | None = None  # GTSM: `ttl security on` + `multihop N`
     strict_bind: bool = False  # bindMode NodeIP: listen on the node address only
+    import_functions: tuple[str, ...] = ()  # BGPFilter functions, in spec.filters order
+    export_functions: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -160,6 +206,15 @@ class PeerRoute:
     cidr: str
     gateway: str
     comment: str
+
+
+@dataclass(frozen=True)
+class ServiceRoute:
+    """A /32 (/128) of an externalTrafficPolicy Local service with a ready endpoint on this
+    node, originated (blackhole) and advertised by this node only."""
+
+    cidr: str
+    comment: str  # "Service(ns/name) cluster IP"
 
 
 @dataclass(frozen=True)
@@ -177,6 +232,8 @@ class FamilyConfig:
     export_rules: tuple[PrefixRule, ...]
     sessions: tuple[BGPSession, ...]
     peer_routes: tuple[PeerRoute, ...]
+    filter_functions: tuple[FilterFunction, ...] = ()
+    service_routes: tuple[ServiceRoute, ...] = ()
 
     @property
     def channel(self) -> str:
@@ -316,6 +373,11 @@ def _community_literal(value: str, where: str) -> tuple[bool, str]:
     return len(parts) == 3, "(" + ", ".join(str(n) for n in numbers) + ")"
 
 
+def _inside(text: str, networks: list[Network]) -> bool:
+    address = ipaddress.ip_address(text)
+    return any(address in net for net in networks)
+
+
 def _cidrs(cidrs: Iterable[str], family: int) -> list[Network]:
     """The CIDRs of one IP family."""
     out = []
@@ -345,6 +407,7 @@ class _Computation:
     def __init__(self, state: BGPState, hostname: str, interface_prefix: str,
                  family: int = 4) -> None:
         self.state = state
+        self.secret_namespace = state.secret_namespace
         self.hostname = hostname
         self.family = family
         self.host_bits = 32 if family == 4 else 128
@@ -496,6 +559,49 @@ class _Computation:
                  *config.service_load_balancer_ips)
         return sorted(set(_cidrs(cidrs, self.family)))  # type: ignore[type-var]
 
+    def local_service_routes(self) -> list[ServiceRoute]:
+        """/32s (/128s) of the externalTrafficPolicy Local services that have a ready
+        endpoint on this node (as Calico's confd route generator): the cluster IPs when
+        serviceClusterIPs is set, external IPs inside serviceExternalIPs, load balancer IPs
+        inside serviceLoadBalancerIPs. Other nodes advertise the ranges only, so the peers
+        send a Local service's traffic to a node that has an endpoint for it; when the last
+        local endpoint goes (or turns not ready) the /32 is withdrawn."""
+        config = self.global_config
+        cluster_ips = bool(config.service_cluster_ips)  # Calico: set or not, no range check
+        external = _cidrs(config.service_external_ips, self.family)
+        load_balancer = _cidrs(config.service_load_balancer_ips, self.family)
+        if not (cluster_ips or external or load_balancer):
+            return []
+        routes: dict[str, ServiceRoute] = {}
+        for key in sorted(self._services_with_local_endpoints()):
+            service = self.state.services[key]
+            candidates = [
+                *(("cluster IP", ip) for ip in (service.cluster_ips if cluster_ips else ())),
+                *(("external IP", ip) for ip in service.external_ips
+                  if _inside(ip, external)),
+                *(("load balancer IP", ip) for ip in service.load_balancer_ips
+                  if _inside(ip, load_balancer)),
+            ]
+            for what, text in candidates:
+                address = ipaddress.ip_address(text)
+                if address.version == self.family:
+                    cidr = f"{address}/{self.host_bits}"
+                    routes.setdefault(cidr, ServiceRoute(cidr, f"Service({key}) {what}"))
+        return sorted(routes.values(), key=lambda r: ipaddress.ip_network(r.cidr))
+
+    def _services_with_local_endpoints(self) -> set[str]:
+        """Keys ("ns/name") of Local services with a ready endpoint on this node."""
+        out: set[str] = set()
+        for endpoint_slice in self.state.endpoint_slices.values():
+            key = f"{endpoint_slice.key.namespace}/{endpoint_slice.service_name}"
+            service = self.state.services.get(key)
+            if (service is None or not service.external_traffic_local
+                    or service.type == "ExternalName" or not service.cluster_ips):
+                continue
+            if any(e.ready and e.node_name == self.hostname for e in endpoint_slice.endpoints):
+                out.add(key)
+        return out
+
     def community_tagging(self) -> list[CommunityTagging]:
         config = self.global_config
         where = f"BGPConfiguration({GLOBAL_CONFIG_NAME})"
@@ -565,7 +671,9 @@ class _Computation:
         if not targets:
             return []
         try:
-            password = self._peer_password(peer.password, f"{where}: spec.password")
+            import_functions, export_functions = self._peer_filters(peer, where)
+            password = self._peer_password(peer.password, peer.password_secret,
+                                           f"{where}: spec.password")
             restart = (parse_duration_seconds(peer.max_restart_time,
                                               f"{where}: spec.maxRestartTime")
                        if peer.max_restart_time else None)
@@ -579,7 +687,12 @@ class _Computation:
                 raise ConfdError(f"{where}: spec.keepaliveTime: {keepalive} s is above 21845 s "
                                  "(the hold time, three keepalives, must fit in 65535 s)")
         except ConfdError as exc:
-            self.note(f"{exc}; peer skipped")
+            if "spec.password" in str(exc):
+                self.note(f"{exc}; peer not rendered (no session without its password)")
+            elif "spec.filters" in str(exc):
+                self.note(f"{exc}; peer not rendered (its routes would pass unfiltered)")
+            else:
+                self.note(f"{exc}; peer skipped")
             return []
         hold = keepalive * 3 if keepalive and keepalive * 3 > DEFAULT_HOLD_TIME else None
         local_ip: str | None = str(self.address)
@@ -613,8 +726,51 @@ class _Computation:
                 hold_time=hold,
                 ttl_security_hops=peer.ttl_security or None,
                 strict_bind=self.strict_bind,
+                import_functions=import_functions,
+                export_functions=export_functions,
             ))
         return sessions
+
+    # -- BGPFilter --
+
+    def _filter_rules(self, bgp_filter: BGPFilter, direction: str) -> tuple[BGPFilterRule, ...]:
+        attribute = f"{direction}_v{self.family}"
+        return getattr(bgp_filter, attribute)  # type: ignore[no-any-return]
+
+    def _function_name(self, name: str, direction: str) -> str:
+        # a quoted symbol: BGPFilter names (DNS subdomains) may hold '-' and '.'
+        return f"'pyfelix_bgpfilter_{name}_{direction}{self.family}'"
+
+    def _peer_filters(self, peer: BGPPeer, where: str
+                      ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The filter functions of a peer's sessions of this family, in spec.filters order.
+        A filter that is missing (or invalid) is a ConfdError: the peer is not rendered."""
+        imports: list[str] = []
+        exports: list[str] = []
+        for i, name in enumerate(peer.filters):
+            bgp_filter = self.state.filters.get(name)
+            if bgp_filter is None:
+                raise ConfdError(f"{where}: spec.filters[{i}]: BGPFilter {name!r} not found "
+                                 "(or invalid)")
+            for direction, out in (("import", imports), ("export", exports)):
+                function = self._function_name(name, direction)
+                if self._filter_rules(bgp_filter, direction) and function not in out:
+                    out.append(function)
+        return tuple(imports), tuple(exports)
+
+    def filter_functions(self) -> list[FilterFunction]:
+        """One function per valid BGPFilter and direction with rules of this family."""
+        out = []
+        for name in sorted(self.state.filters):
+            bgp_filter = self.state.filters[name]
+            for direction in ("import", "export"):
+                rules = self._filter_rules(bgp_filter, direction)
+                if rules:
+                    out.append(FilterFunction(
+                        self._function_name(name, direction),
+                        f"BGPFilter({name}): {direction}V{self.family}",
+                        tuple(_filter_statement(rule) for rule in rules)))
+        return out
 
     def _peer_targets(self, peer: BGPPeer, where: str) -> list[_Target]:
         """The neighbors this BGPPeer gives this node (never this node itself).
@@ -656,14 +812,30 @@ class _Computation:
                                                     f" -> Node({node.key.name})"))
         return sorted(targets.values(), key=lambda t: t.address)  # type: ignore[arg-type,return-value]
 
-    def _peer_password(self, password: str, where: str) -> str | None:
-        if not password:
+    def _peer_password(self, value: str, ref: SecretKeyRef | None,
+                       where: str) -> str | None:
+        """The session's password: inline, or key `ref.key` of Secret `ref.name` in the
+        secret namespace. ConfdError (naming the field and the Secret, never a value) when
+        it cannot be had: the caller then renders no session at all, never one without
+        (`optional: true` does not relax this: a peer is never rendered unauthenticated
+        because its Secret went missing)."""
+        if ref is not None:
+            where = f"{where}.secretKeyRef: Secret {self.secret_namespace}/{ref.name}"
+            secret = self.state.secrets.get(ref.name)
+            if secret is None:
+                raise ConfdError(f"{where} not found (or invalid)")
+            from_secret = secret.value(ref.key)
+            if from_secret is None:
+                raise ConfdError(f"{where} has no key {ref.key!r}")
+            if not from_secret:
+                raise ConfdError(f"{where} key {ref.key}: the value is empty")
+            value, where = from_secret, f"{where} key {ref.key}"
+        if not value:
             return None
-        if password.startswith("secret:"):
-            raise ConfdError(f"{where}: secretKeyRef {password[len('secret:'):]} cannot be "
-                             "resolved by confd (no Kubernetes secrets API); give the "
-                             "password as `value`")
-        return _bird_string(password, where)
+        if len(value.encode()) > MAX_PASSWORD_BYTES:
+            raise ConfdError(f"{where}: the password is longer than {MAX_PASSWORD_BYTES} bytes "
+                             "(the kernel's TCP MD5 key limit)")
+        return _bird_string(value, where)
 
     def _rr_client_cluster(self, neighbor_as: int, target_node: Node | None) -> str | None:
         if not self.cluster_id or neighbor_as != self.as_number:
@@ -679,12 +851,14 @@ class _Computation:
         where = f"BGPConfiguration({GLOBAL_CONFIG_NAME})"
         try:
             password = self._peer_password(self.global_config.node_mesh_password,
+                                           self.global_config.node_mesh_password_secret,
                                            f"{where}: spec.nodeMeshPassword")
             restart = (parse_duration_seconds(self.global_config.node_mesh_max_restart_time,
                                               f"{where}: spec.nodeMeshMaxRestartTime")
                        if self.global_config.node_mesh_max_restart_time else None)
         except ConfdError as exc:
-            self.note(f"{exc}; node-to-node mesh not rendered")
+            self.note(f"{exc}; node-to-node mesh not rendered" + (
+                " (no session without its password)" if "nodeMeshPassword" in str(exc) else ""))
             return []
         sessions = []
         for address in sorted(self.nodes_by_address):  # type: ignore[type-var]
@@ -777,7 +951,32 @@ def _family_config(comp: _Computation) -> FamilyConfig:
         export_rules=tuple(export_rules),
         sessions=tuple(sessions),
         peer_routes=tuple(sorted(set(comp.peer_routes), key=lambda r: (r.cidr, r.gateway))),
+        filter_functions=tuple(comp.filter_functions()),
+        service_routes=tuple(comp.local_service_routes()),
     )
+
+
+_MATCH_OPERATORS = {"Equal": "=", "NotEqual": "!=", "In": "~", "NotIn": "!~"}
+
+
+def _filter_statement(rule: BGPFilterRule) -> str:
+    """One BGPFilter rule as a BIRD statement (every match given must hold)."""
+    conditions = []
+    if rule.cidr:
+        operator = _MATCH_OPERATORS[rule.match_operator]
+        if rule.prefix_length is not None:  # In / NotIn only (the model checks)
+            low, high = rule.prefix_length
+            conditions.append(f"net {operator} [ {rule.cidr}{{{low},{high}}} ]")
+        else:
+            conditions.append(f"net {operator} {rule.cidr}")
+    if rule.source == "RemotePeers":
+        conditions.append("source = RTS_BGP")
+    if rule.interface:
+        conditions.append(f'ifname ~ "{rule.interface}"')
+    action = "accept" if rule.action == "Accept" else "reject"
+    if not conditions:
+        return f"{action};"
+    return f"if ( {' && '.join(f'({c})' for c in conditions)} ) then {action};"
 
 
 def _ipv6_items(state: BGPState) -> list[str]:

@@ -44,13 +44,15 @@ def render_bird_config(config: BirdConfig) -> str:
 
 def render_from_updates(updates: Iterable[RawUpdate], hostname: str, *,
                         interface_prefix: str = DEFAULT_INTERFACE_PREFIX,
+                        secret_namespace: str | None = None,
                         ) -> tuple[str, BirdConfig]:
     """One-shot: datastore updates -> (bird.conf text, the model it was printed from).
 
     Resources that fail validation are skipped and listed in the model's `notes` (rendered
-    as comments). Raises `ConfdError` when this node cannot have a config.
+    as comments). Secrets are read from `secret_namespace` (default: $NAMESPACE, else
+    kube-system). Raises `ConfdError` when this node cannot have a config.
     """
-    state, problems = state_from_updates(updates)
+    state, problems = state_from_updates(updates, secret_namespace=secret_namespace)
     config = compute_bird_config(state, hostname, interface_prefix=interface_prefix,
                                  problems=problems)
     return render_bird_config(config), config

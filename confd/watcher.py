@@ -24,6 +24,10 @@ Each reconcile, once the syncer is in sync and something changed:
 An unexpected exception in a step (disk full, a bug) is logged and the step retried every
 `reload_retry_interval` seconds: the loop thread never dies.
 
+A changed Secret (a BGP password) is a changed state like any other: the config is rendered
+again and BIRD reloaded when the text differs. The config file and the staged file are
+mode 0600; passwords appear nowhere else (notes, logs and errors name the Secret only).
+
 Invariants: the config file only ever holds checked text; nothing is written before the
 syncer's first IN_SYNC (a half-listed datastore would drop peers); a render error (e.g. this
 node's Node resource lacks bgp.ipv4Address) keeps the running config too.
@@ -84,14 +88,15 @@ class ConfdReconciler:
 
     def __init__(self, hostname: str, config_path: str | os.PathLike[str],
                  socket_path: str | os.PathLike[str], *, tools: BirdTools | None = None,
-                 interface_prefix: str = DEFAULT_INTERFACE_PREFIX) -> None:
+                 interface_prefix: str = DEFAULT_INTERFACE_PREFIX,
+                 secret_namespace: str | None = None) -> None:
         self.hostname = hostname
         self.config_path = Path(config_path)
         self.socket_path = Path(socket_path)
         self.staged_path: Path | None = None  # the staged file while one exists
         self.tools = tools or BirdTools()
         self.interface_prefix = interface_prefix
-        self.view = BGPView()
+        self.view = BGPView(secret_namespace=secret_namespace)  # None: $NAMESPACE/kube-system
         self.in_sync = False
         self.dirty = True
         self.reload_pending = False

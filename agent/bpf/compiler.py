@@ -1617,5 +1617,15 @@ class PolicyCompiler:
         except ValueError as e:
             problems.append(f"config: {e}; using Strict")
             rpf = config_map.RpfMode.STRICT
+        try:
+            redirect = config_map.redirect_from_felix(
+                state.config.get("bpfredirecttopeer", "Enabled"))
+        except ValueError as e:
+            problems.append(f"config: {e}; using Disabled")
+            redirect = False
+        ctlb_udp = str(state.config.get("bpfconnecttimeloadbalancing", "TCP")).lower() \
+            == "enabled"
         flow_events = str(state.config.get("flowlogsfileenabled", "false")).lower() == "true"
-        return {config_map.KEY: config_map.encode_value(action, rpf, flow_events=flow_events)}
+        return {config_map.KEY: config_map.encode_value(action, rpf, redirect=redirect,
+                                                        ctlb_udp=ctlb_udp,
+                                                        flow_events=flow_events)}

@@ -96,6 +96,8 @@ def run_policy_program(pin_dir: str, interface: str, hook: str, packet: bytes) -
         fd = syscall.prog_fd_by_id(prog_id)
     except OSError as exc:
         raise ExplainError(f"program {prog_id} on {interface}: {exc}") from exc
+    if fd is None:
+        raise ExplainError(f"program {prog_id} on {interface} is no longer loaded")
     try:
         trace_pin = Path(pin_dir) / trace_map.PARAMS.pin_name
         if not trace_pin.exists():

@@ -47,13 +47,21 @@ from pyfelix.agent.bpf.maps import ALL_MAPS, BY_NAME
 from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, layout_mismatch
 from pyfelix.agent.bpf.maps.conntrack import DEFAULT_TIMEOUTS, Timeouts
 from pyfelix.agent.bpf.maps.rules import DEFAULT_RULES_PER_PROG
+from pyfelix.agent.bpf.syscall import CgroupAttachType
 
 log = logging.getLogger(__name__)
 
 BPF_DIR = Path(os.environ.get("PYFELIX_BPF_DIR", Path(__file__).resolve().parents[2] / "bpf"))
-ENTRY_FILES = ("tc.c", "xdp.c")
+ENTRY_FILES = ("tc.c", "xdp.c", "ctlb.c")
 TC_PROGRAMS = ("calico_from_wep", "calico_to_wep", "calico_policy", "calico_from_hep")
 XDP_PROGRAMS = ("calico_xdp",)
+# cgroup v2 socket-address programs (ctlb.c) and the attach type each is loaded for
+CTLB_PROGRAMS = {
+    "calico_connect4": CgroupAttachType.INET4_CONNECT,
+    "calico_sendmsg4": CgroupAttachType.UDP4_SENDMSG,
+    "calico_recvmsg4": CgroupAttachType.UDP4_RECVMSG,
+    "calico_getpeername4": CgroupAttachType.INET4_GETPEERNAME,
+}
 POLICY_PROG_INDEX = 0  # PROG_IDX_POLICY in policy.h
 BUILD_PIN_PREFIXES = ("progs_", "scratch_")  # pins private to one build (PROG_ABI)
 FIXED_SIZE_MAPS = frozenset({"config", "global_counters"})  # sized in C, not configurable
@@ -328,7 +336,8 @@ def load_dataplane(config: BuildConfig) -> LoadedDataplane:
     try:
         b = bcc.BPF(text=source.encode(), cflags=cflags)
     except Exception as e:  # BCC raises bare Exception with the compiler output on stderr
-        raise LoaderError(f"BCC could not compile {config.bpf_dir}/{{tc,xdp}}.c: {e}") from e
+        raise LoaderError(f"BCC could not compile {config.bpf_dir}/{{tc,xdp,ctlb}}.c: {e}") \
+            from e
     t1 = time.monotonic()
     functions: dict[str, Any] = {}
     try:
@@ -336,6 +345,8 @@ def load_dataplane(config: BuildConfig) -> LoadedDataplane:
             functions[name] = _load_func(b, name, bcc.BPF.SCHED_CLS)
         for name in XDP_PROGRAMS:
             functions[name] = _load_func(b, name, bcc.BPF.XDP)
+        for name, attach_type in CTLB_PROGRAMS.items():
+            functions[name] = _load_func(b, name, bcc.BPF.CGROUP_SOCK_ADDR, int(attach_type))
         progs = b[b"policy_progs"]
         progs[progs.Key(POLICY_PROG_INDEX)] = progs.Leaf(functions["calico_policy"].fd)
         maps = {p.name: BpfMap.open_pinned(p, config.pin_dir) for p in ALL_MAPS}
@@ -351,9 +362,9 @@ def load_dataplane(config: BuildConfig) -> LoadedDataplane:
     )
 
 
-def _load_func(b: Any, name: str, prog_type: int) -> Any:
+def _load_func(b: Any, name: str, prog_type: int, attach_type: int = -1) -> Any:
     try:
-        return b.load_func(name.encode(), prog_type)
+        return b.load_func(name.encode(), prog_type, attach_type=attach_type)
     except Exception as e:
         raise LoaderError(
             f"BPF program {name!r} failed to load (the verifier log is on stderr): {e}"

@@ -19,6 +19,7 @@ Easy to get wrong:
 from __future__ import annotations
 
 import ctypes
+import enum
 import errno
 import os
 import platform
@@ -291,12 +292,6 @@ def prog_info(fd: int) -> ProgInfo:
                     name=info.name.decode(errors="replace"))
 
 
-def prog_fd_by_id(prog_id: int) -> int:
-    """A new fd of the loaded program with this id (the caller closes it); BpfError with
-    ENOENT if no such program is loaded."""
-    return _bpf(BPF_PROG_GET_FD_BY_ID, _GetByIdAttr(id=prog_id), f"PROG_GET_FD_BY_ID {prog_id}")
-
-
 def prog_info_by_id(prog_id: int) -> ProgInfo | None:
     """Info of the loaded program with this id, or None if no such program is loaded."""
     attr = _GetByIdAttr(id=prog_id)
@@ -534,3 +529,72 @@ def prog_test_run(
     return TestRunOutput(
         retval=attr.retval, duration_ns=attr.duration, data_out=dout.raw[: attr.data_size_out]
     )
+
+
+# --- cgroup attachments ----------------------------------------------------------------------
+
+BPF_PROG_ATTACH = 8
+BPF_PROG_DETACH = 9
+BPF_PROG_QUERY = 16
+BPF_F_ALLOW_OVERRIDE = 1
+
+
+class CgroupAttachType(enum.IntEnum):
+    """The bpf_attach_type values of the socket-address hooks (uapi linux/bpf.h)."""
+
+    INET4_CONNECT = 10
+    UDP4_SENDMSG = 14
+    UDP4_RECVMSG = 19
+    INET4_GETPEERNAME = 29
+
+
+class _AttachAttr(ctypes.Structure):
+    _fields_ = [
+        ("target_fd", ctypes.c_uint32),
+        ("attach_bpf_fd", ctypes.c_uint32),
+        ("attach_type", ctypes.c_uint32),
+        ("attach_flags", ctypes.c_uint32),
+        ("replace_bpf_fd", ctypes.c_uint32),
+    ]
+
+
+class _QueryAttr(ctypes.Structure):
+    _fields_ = [
+        ("target_fd", ctypes.c_uint32),
+        ("attach_type", ctypes.c_uint32),
+        ("query_flags", ctypes.c_uint32),
+        ("attach_flags", ctypes.c_uint32),
+        ("prog_ids", ctypes.c_uint64),
+        ("prog_cnt", ctypes.c_uint32),
+    ]
+
+
+def cgroup_attach(cgroup_fd: int, prog_fd: int, attach_type: int) -> None:
+    """Attach a program to a cgroup (BPF_F_ALLOW_OVERRIDE: attaching again replaces it)."""
+    attr = _AttachAttr(target_fd=cgroup_fd, attach_bpf_fd=prog_fd, attach_type=attach_type,
+                       attach_flags=BPF_F_ALLOW_OVERRIDE)
+    _bpf(BPF_PROG_ATTACH, attr, f"PROG_ATTACH type {attach_type}")
+
+
+def cgroup_detach(cgroup_fd: int, prog_fd: int, attach_type: int) -> None:
+    attr = _AttachAttr(target_fd=cgroup_fd, attach_bpf_fd=prog_fd, attach_type=attach_type)
+    _bpf(BPF_PROG_DETACH, attr, f"PROG_DETACH type {attach_type}")
+
+
+def cgroup_query(cgroup_fd: int, attach_type: int, capacity: int = 64) -> list[int]:
+    """Ids of the programs attached to the cgroup itself for `attach_type`."""
+    ids = (ctypes.c_uint32 * capacity)()
+    attr = _QueryAttr(target_fd=cgroup_fd, attach_type=attach_type,
+                      prog_ids=ctypes.addressof(ids), prog_cnt=capacity)
+    _bpf(BPF_PROG_QUERY, attr, f"PROG_QUERY type {attach_type}")
+    return [int(ids[i]) for i in range(min(attr.prog_cnt, capacity))]
+
+
+def prog_fd_by_id(prog_id: int) -> int | None:
+    """A new fd for the loaded program with this id (the caller closes it), or None."""
+    try:
+        return _bpf(BPF_PROG_GET_FD_BY_ID, _GetByIdAttr(id=prog_id), f"PROG_GET_FD_BY_ID {prog_id}")
+    except BpfError as e:
+        if e.errno == errno.ENOENT:
+            return None
+        raise

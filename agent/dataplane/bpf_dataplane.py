@@ -46,6 +46,7 @@ from typing import Any
 
 from pyfelix.agent.bpf import syscall
 from pyfelix.agent.bpf.loader import (
+    CTLB_PROGRAMS,
     BuildConfig,
     LoadedDataplane,
     LoaderError,
@@ -63,6 +64,7 @@ from pyfelix.agent.dataplane.manager import Manager
 from pyfelix.agent.dataplane.managers import bpf_metrics
 from pyfelix.agent.dataplane.managers.bpf_attach import BpfAttachManager, ProgramRef
 from pyfelix.agent.dataplane.managers.bpf_conntrack import BpfConntrackManager
+from pyfelix.agent.dataplane.managers.bpf_ctlb import BpfCtlbManager
 from pyfelix.agent.dataplane.managers.bpf_guard import BpfGuardManager
 from pyfelix.agent.dataplane.managers.bpf_nat import BpfNatManager
 from pyfelix.agent.dataplane.managers.bpf_policy import BpfPolicyManager
@@ -159,6 +161,9 @@ def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
         interface_prefixes=prefixes,
         base_config={"DefaultEndpointToHostAction": str(config.default_endpoint_to_host_action),
                      "BPFEnforceRPF": str(config.bpf_enforce_rpf),
+                     "BPFRedirectToPeer": str(config.bpf_redirect_to_peer),
+                     "BPFConnectTimeLoadBalancing":
+                         str(config.bpf_connect_time_load_balancing),
                      "FlowLogsFileEnabled": str(config.flow_logs_file_enabled).lower()},
         rules_per_prog=loaded.config.rules_per_prog,
         list_interfaces=netlink_lister(),
@@ -188,6 +193,9 @@ def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
     nat = BpfNatManager(loaded.maps["nat_frontend"], loaded.maps["nat_backend"],
                         loaded.maps["nat_affinity"], loaded.maps["nat_vip_filter"])
     guard = BpfGuardManager(attach, interface_prefixes=prefixes)
+    ctlb = BpfCtlbManager({name: loaded.prog_fd(name) for name in CTLB_PROGRAMS},
+                          mode=str(config.bpf_connect_time_load_balancing),
+                          cgroup=str(config.bpf_cgroup_v2))
     global_counters = loaded.maps["global_counters"]
     nat_counters = loaded.maps["nat_counters"]
     bpf_metrics.DROPS.set_sources(
@@ -209,7 +217,7 @@ def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
     shared = SharedLoad(loaded, len(managers))
     for manager in managers:
         manager.on_close = shared.release
-    return [policy, routes, nat, attach, guard, conntrack, *managers[5:]]
+    return [policy, routes, nat, attach, guard, conntrack, ctlb, *managers[5:]]
 
 
 def interface_prefixes(config: Config) -> tuple[str, ...]:

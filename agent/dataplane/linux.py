@@ -65,6 +65,7 @@ names a bad value there; `LinuxDataplaneConfig.from_config` takes the parsed res
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -74,6 +75,7 @@ from pyfelix.agent.dataplane.iptables.hostendpoints import Failsafes, parse_fail
 from pyfelix.agent.dataplane.loop import DataplaneLoop
 from pyfelix.agent.dataplane.manager import Manager
 from pyfelix.agent.dataplane.managers.bpf_cleanup import BpfCleanupManager
+from pyfelix.agent.dataplane.managers.bpf_ctlb import detach_ctlb_programs
 from pyfelix.agent.dataplane.managers.endpoint_status import EndpointStatusManager, Report
 from pyfelix.agent.dataplane.managers.hostips import HostIPsManager, InterfaceMatcher
 from pyfelix.agent.dataplane.managers.ipsets import IPSetsManager
@@ -106,6 +108,7 @@ class LinuxDataplaneConfig:
     # BpfCleanupManager removes that agent's programs and pins; None (the default here, for
     # tests and tools that build a namespace's dataplane directly): no cleanup at all.
     bpf_pin_dir: str | None = None
+    bpf_cgroup_v2: str = ""  # BPFCgroupV2: where a BPF-mode agent attached its cgroup programs
 
     def __post_init__(self) -> None:
         if not 0 < self.vxlan_vni < 1 << 24:
@@ -134,6 +137,7 @@ class LinuxDataplaneConfig:
             vxlan_port=config.vxlan_port,
             vxlan_mtu=config.vxlanmtu,
             bpf_pin_dir=config.bpf_pin_dir,
+            bpf_cgroup_v2=str(config.bpf_cgroup_v2),
             route_protocol=config.route_table_protocol,
         )
 
@@ -177,8 +181,9 @@ def linux_managers(cfg: LinuxDataplaneConfig, *, netns: str | None = None,
     if not cfg.bpf_mode and cfg.bpf_pin_dir is not None:
         # last: its finish_apply runs after every other manager's, once the chains are in
         # place (make before break); it never imports bcc
-        managers.append(BpfCleanupManager(cfg.bpf_pin_dir, netns=netns,
-                                          remove_guard=NftGuard(netns=netns).remove))
+        managers.append(BpfCleanupManager(
+            cfg.bpf_pin_dir, netns=netns, remove_guard=NftGuard(netns=netns).remove,
+            detach_ctlb=functools.partial(detach_ctlb_programs, cfg.bpf_cgroup_v2)))
     return managers
 
 

@@ -18,6 +18,8 @@ from pyfelix.agent.model.base import Metadata, Resource
 from pyfelix.agent.model.fields import ValidationError
 from pyfelix.agent.model.infrastructure import (
     BGPConfiguration,
+    BGPFilter,
+    BGPFilterRule,
     BGPPeer,
     BlockAffinity,
     ClusterInformation,
@@ -27,6 +29,7 @@ from pyfelix.agent.model.infrastructure import (
     Node,
     NodeBGP,
     PrefixAdvertisement,
+    SecretKeyRef,
 )
 from pyfelix.agent.model.kubernetes import (
     ContainerPort,
@@ -56,6 +59,7 @@ from pyfelix.agent.model.resources import (
     parse_resource,
 )
 from pyfelix.agent.model.rules import EntityRule, ICMPMatch, Port, Rule, ServiceAccountMatch
+from pyfelix.agent.model.secrets import Secret
 from pyfelix.agent.model.services import (
     EndpointSlice,
     Service,
@@ -69,6 +73,8 @@ __all__ = [
     "K8S_KINDS",
     "KNOWN_KINDS",
     "BGPConfiguration",
+    "BGPFilter",
+    "BGPFilterRule",
     "BGPPeer",
     "BlockAffinity",
     "ClusterInformation",
@@ -100,6 +106,8 @@ __all__ = [
     "Profile",
     "Resource",
     "Rule",
+    "Secret",
+    "SecretKeyRef",
     "Service",
     "ServiceAccount",
     "ServiceAccountMatch",

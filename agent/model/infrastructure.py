@@ -18,7 +18,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyfelix.agent.model.base import (
@@ -40,6 +40,8 @@ _STANDARD_COMMUNITY_RE = re.compile(r"([0-9]+):([0-9]+)")
 _LARGE_COMMUNITY_RE = re.compile(r"([0-9]+):([0-9]+):([0-9]+)")
 _DURATION_RE = re.compile(r"([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+")
 _FELIX_SETTING_RE = re.compile(r"[A-Za-z][A-Za-z0-9]*")
+_SECRET_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_SECRET_KEY_RE = re.compile(r"[-._a-zA-Z0-9]{1,253}")
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,19 @@ class PrefixAdvertisement:
 
 
 @dataclass(frozen=True)
+class SecretKeyRef:
+    """`password.secretKeyRef`: key `key` of the Secret `name` in the namespace Calico's node
+    runs in (agent.kinds.secret_namespace); confd resolves it."""
+
+    name: str
+    key: str
+    optional: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.name}/{self.key}"
+
+
+@dataclass(frozen=True)
 class BGPConfiguration(Resource):
     as_number: int | None = None
     node_to_node_mesh_enabled: bool = True
@@ -103,7 +118,8 @@ class BGPConfiguration(Resource):
     service_load_balancer_ips: tuple[str, ...] = ()
     communities: tuple[Community, ...] = ()
     prefix_advertisements: tuple[PrefixAdvertisement, ...] = ()
-    node_mesh_password: str = ""
+    node_mesh_password: str = field(default="", repr=False)  # inline `value` (pyfelix's)
+    node_mesh_password_secret: SecretKeyRef | None = None
     node_mesh_max_restart_time: str = ""
     bind_mode: str = "None"
 
@@ -115,7 +131,9 @@ class BGPPeer(Resource):
     as_number: int | None = None
     node_selector: str = ""
     peer_selector: str = ""
-    password: str = ""
+    password: str = field(default="", repr=False)  # inline `value` (pyfelix's extension)
+    password_secret: SecretKeyRef | None = None  # Calico's `secretKeyRef`
+    filters: tuple[str, ...] = ()  # BGPFilter names, applied in this order
     keep_original_next_hop: bool = False
     source_address: str = "UseNodeIP"
     max_restart_time: str = ""
@@ -348,7 +366,7 @@ def parse_bgp_configuration(spec: Fields, key: ResourceKey, meta: Metadata) -> B
                 item.fail(f"communities[{i}]", f"{c[:40]!r} is neither a defined community "
                           "name nor a community value")
         adverts.append(advert)
-    password = _secret(spec.sub("nodeMeshPassword")) if spec.has("nodeMeshPassword") else ""
+    password, password_secret = _password(spec, "nodeMeshPassword")
     config = BGPConfiguration(
         key, meta,
         as_number=_as_number(spec, "asNumber"),
@@ -363,24 +381,38 @@ def parse_bgp_configuration(spec: Fields, key: ResourceKey, meta: Metadata) -> B
         communities=tuple(communities),
         prefix_advertisements=tuple(adverts),
         node_mesh_password=password,
+        node_mesh_password_secret=password_secret,
         node_mesh_max_restart_time=_duration(spec, "nodeMeshMaxRestartTime"),
         bind_mode=spec.one_of("bindMode", ("None", "NodeIP"), "None"),
     )
-    if not config.node_to_node_mesh_enabled and config.node_mesh_password:
+    if not config.node_to_node_mesh_enabled and (password or password_secret):
         spec.fail("nodeMeshPassword", "cannot be set when nodeToNodeMeshEnabled is false")
     return config
 
 
-def _secret(password: Fields) -> str:
-    """Calico takes a password from a Secret reference; pyfelix also accepts `value` inline."""
+def _password(spec: Fields, name: str) -> tuple[str, SecretKeyRef | None]:
+    """Calico takes a password from a Secret reference (`secretKeyRef`: name, key,
+    optional); pyfelix also accepts `value` inline. Errors never quote the value."""
+    if not spec.has(name):
+        return "", None
+    password = spec.sub(name)
     password.only({"secretKeyRef", "value"})
+    if password.has("value") and password.has("secretKeyRef"):
+        password.fail("", "secretKeyRef and value are mutually exclusive")
     if password.has("value"):
-        return password.str("value")
+        if not isinstance(password.raw("value"), str):
+            password.fail("value", "expected a string")
+        return password.raw("value"), None
     ref = password.sub("secretKeyRef", allowed={"name", "key", "optional"})
-    if ref.has("name"):
-        # Without a Kubernetes API the secret cannot be read here; the BGP syncer resolves it.
-        return f"secret:{ref.str('name')}/{ref.str('key', required=True)}"
-    password.fail("", "expected secretKeyRef (name, key) or value")
+    if not ref.has("name"):
+        password.fail("", "expected secretKeyRef (name, key) or value")
+    secret_name = ref.str("name", required=True)
+    if not _SECRET_NAME_RE.fullmatch(secret_name) or len(secret_name) > 253:
+        ref.fail("name", f"{secret_name[:60]!r} is not a Secret name (a DNS subdomain)")
+    key = ref.str("key", required=True)
+    if not _SECRET_KEY_RE.fullmatch(key):
+        ref.fail("key", f"{key[:60]!r} is not a Secret key (letters, digits, '-', '_', '.')")
+    return "", SecretKeyRef(secret_name, key, ref.bool("optional"))
 
 
 BGP_PEER_FIELDS = frozenset({
@@ -413,7 +445,11 @@ def _peer_ip(spec: Fields) -> tuple[str, int | None]:
 def parse_bgp_peer(spec: Fields, key: ResourceKey, meta: Metadata) -> BGPPeer:
     spec.only(BGP_PEER_FIELDS)
     peer_ip, port = _peer_ip(spec)
-    password = _secret(spec.sub("password")) if spec.has("password") else ""
+    password, password_secret = _password(spec, "password")
+    filters = spec.str_list("filters")
+    for i, name in enumerate(filters):
+        if not _SECRET_NAME_RE.fullmatch(name) or len(name) > 253:
+            spec.fail(f"filters[{i}]", f"{name[:60]!r} is not a BGPFilter name")
     reachable_by = optional_ip(spec, "reachableBy")
     peer = BGPPeer(
         key, meta,
@@ -423,6 +459,8 @@ def parse_bgp_peer(spec: Fields, key: ResourceKey, meta: Metadata) -> BGPPeer:
         node_selector=parse_selector(spec.str("nodeSelector"), spec, "nodeSelector"),
         peer_selector=parse_selector(spec.str("peerSelector"), spec, "peerSelector"),
         password=password,
+        password_secret=password_secret,
+        filters=filters,
         keep_original_next_hop=spec.bool("keepOriginalNextHop"),
         source_address=spec.one_of("sourceAddress", ("UseNodeIP", "None"), "UseNodeIP"),
         max_restart_time=_duration(spec, "maxRestartTime"),
@@ -495,3 +533,92 @@ def parse_block_affinity(spec: Fields, key: ResourceKey, meta: Metadata) -> Bloc
                          state=spec.one_of("state", ("confirmed", "pending",
                                                      "pendingDeletion"), "confirmed"),
                          deleted=str(deleted).lower() == "true")
+
+
+# --------------------------------------------------------------------------------------------
+# BGPFilter (projectcalico.org/v3): per-peer import/export rules, rendered by confd.
+
+BGP_FILTER_FIELDS = frozenset({"exportV4", "importV4", "exportV6", "importV6"})
+BGP_FILTER_RULE_FIELDS = frozenset({"action", "cidr", "matchOperator", "prefixLength",
+                                    "source", "interface"})
+BGP_FILTER_ACTIONS = ("Accept", "Reject")
+BGP_FILTER_OPERATORS = ("Equal", "NotEqual", "In", "NotIn")
+BGP_FILTER_SOURCES = ("RemotePeers",)
+# Calico's bgpFilterInterface rule: 1-15 of letters, digits, '_', '.', '*', '-'; fullmatch
+_BGP_FILTER_INTERFACE_RE = re.compile(r"[a-zA-Z0-9_.*-]{1,15}")
+
+
+@dataclass(frozen=True)
+class BGPFilterRule:
+    """One rule: every match given must hold (an empty rule always matches)."""
+
+    action: str  # Accept | Reject
+    cidr: str = ""  # normalised network of the list's family; "" with no matchOperator
+    match_operator: str = ""  # Equal | NotEqual | In | NotIn
+    prefix_length: tuple[int, int] | None = None  # (min, max), defaults filled in
+    source: str = ""  # "" or RemotePeers (routes learned from BGP peers)
+    interface: str = ""  # BIRD interface pattern ("eth*")
+
+
+@dataclass(frozen=True)
+class BGPFilter(Resource):
+    export_v4: tuple[BGPFilterRule, ...] = ()
+    import_v4: tuple[BGPFilterRule, ...] = ()
+    export_v6: tuple[BGPFilterRule, ...] = ()
+    import_v6: tuple[BGPFilterRule, ...] = ()
+
+
+def _bgp_filter_rule(item: Fields, family: int) -> BGPFilterRule:
+    if not item.has("action"):
+        item.fail("action", "required: Accept or Reject")
+    action = item.one_of("action", BGP_FILTER_ACTIONS, "")
+    operator = item.str("matchOperator")
+    if operator and operator not in BGP_FILTER_OPERATORS:
+        item.fail("matchOperator", f"{operator[:40]!r} is not one of "
+                  f"{', '.join(BGP_FILTER_OPERATORS)}")
+    cidr = ""
+    if item.has("cidr"):
+        net = parse_net(item.raw("cidr"), item, "cidr")
+        if ipaddress.ip_network(net).version != family:
+            item.fail("cidr", f"{net} is not an IPv{family} CIDR (this is a V{family} list)")
+        cidr = net
+    if bool(cidr) != bool(operator):
+        item.fail("matchOperator" if cidr else "cidr",
+                  "cidr and matchOperator must both be set or both be empty")
+    prefix_length = None
+    if item.has("prefixLength"):
+        if not cidr:
+            item.fail("prefixLength", "cidr is required when prefixLength is set")
+        if operator not in ("In", "NotIn"):
+            item.fail("prefixLength", "needs matchOperator In or NotIn (a length range "
+                      "inside the CIDR)")
+        bits = 32 if family == 4 else 128
+        lengths = item.sub("prefixLength", allowed={"min", "max"})
+        own = ipaddress.ip_network(cidr).prefixlen
+        low = lengths.int("min", None, lo=0, hi=bits)
+        high = lengths.int("max", None, lo=0, hi=bits)
+        low = max(own, low if low is not None else own)
+        high = min(bits, high if high is not None else bits)
+        if low > high:
+            lengths.fail("", f"empty range: from /{low} (the CIDR's own length or min) to "
+                         f"/{high}")
+        prefix_length = (low, high)
+    source = item.str("source")
+    if source and source not in BGP_FILTER_SOURCES:
+        item.fail("source", f"{source[:40]!r} is not one of {', '.join(BGP_FILTER_SOURCES)}")
+    interface = item.str("interface")
+    if interface and not _BGP_FILTER_INTERFACE_RE.fullmatch(interface):
+        item.fail("interface", f"{interface[:40]!r} is not an interface name or pattern "
+                  "(1-15 letters, digits, '_', '.', '-', '*')")
+    return BGPFilterRule(action, cidr, operator, prefix_length, source, interface)
+
+
+def parse_bgp_filter(spec: Fields, key: ResourceKey, meta: Metadata) -> BGPFilter:
+    spec.only(BGP_FILTER_FIELDS)
+
+    def rules(name: str, family: int) -> tuple[BGPFilterRule, ...]:
+        return tuple(_bgp_filter_rule(item, family)
+                     for item in spec.items(name, allowed=BGP_FILTER_RULE_FIELDS))
+
+    return BGPFilter(key, meta, export_v4=rules("exportV4", 4), import_v4=rules("importV4", 4),
+                     export_v6=rules("exportV6", 6), import_v6=rules("importV6", 6))

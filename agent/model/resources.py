@@ -53,6 +53,7 @@ from pyfelix.agent.model.base import (
 from pyfelix.agent.model.fields import Fields, ValidationError, describe_value
 from pyfelix.agent.model.infrastructure import (
     parse_bgp_configuration,
+    parse_bgp_filter,
     parse_bgp_peer,
     parse_block_affinity,
     parse_calico_node,
@@ -86,6 +87,7 @@ from pyfelix.agent.model.rules import (
     parse_selector,
     protocol_number,
 )
+from pyfelix.agent.model.secrets import parse_secret
 from pyfelix.agent.model.services import parse_endpoint_slice, parse_service
 from pyfelix.agent.syncer.api import ResourceKey, key_of
 
@@ -452,6 +454,7 @@ _CALICO_PARSERS: dict[str, Parser] = {
     "Node": parse_calico_node,
     "BGPConfiguration": parse_bgp_configuration,
     "BGPPeer": parse_bgp_peer,
+    "BGPFilter": parse_bgp_filter,
     "FelixConfiguration": parse_felix_configuration,
     "ClusterInformation": parse_cluster_information,
     "BlockAffinity": parse_block_affinity,
@@ -467,6 +470,7 @@ _K8S_PARSERS: dict[str, Parser] = {
     "Node": parse_kubernetes_node,
     "Service": parse_service,
     "EndpointSlice": parse_endpoint_slice,
+    "Secret": parse_secret,
 }
 
 

@@ -2,8 +2,9 @@
 
 Role: implements `agent.syncer.api.Syncer` for `--datastore kubernetes`, over the API
 server's list/watch protocol (`agent.syncer.kube_api`), for the types of
-`agent.syncer.kube_resources.RESOURCE_TYPES` (Pods of every node, Namespaces,
-ServiceAccounts, Nodes, NetworkPolicies and Calico's CRDs, converted to v3 documents).
+`agent.syncer.kube_resources.resource_types(syncer_type)` (Pods of every node, Namespaces,
+ServiceAccounts, Nodes, NetworkPolicies and Calico's CRDs, converted to v3 documents; for
+confd, the "bgp" syncer type, also the Secrets of the one secret namespace).
 
 Inputs: a `KubeAPI` (in-cluster config or KUBECONFIG). Outputs, from the syncer thread:
 `RawUpdate`s (source `kubernetes:<path>/<name>`, revision = the object's
@@ -77,7 +78,8 @@ from pyfelix.agent.syncer.kube_api import (
     KubeNotFound,
     WatchStream,
 )
-from pyfelix.agent.syncer.kube_resources import RESOURCE_TYPES, to_document
+from pyfelix.agent.syncer.kube_resources import resource_types as _resource_types
+from pyfelix.agent.syncer.kube_resources import to_document
 from pyfelix.agent.syncer.metrics import (
     DATASTORE_PARSE_ERRORS,
     DATASTORE_RESYNCS,
@@ -365,10 +367,13 @@ def _version_of(obj: dict[str, Any]) -> str:
 class KubeSyncer:
     """Lists and watches the Kubernetes API (see module docstring)."""
 
-    def __init__(self, api: KubeAPI, *, resource_types: Sequence[ResourceType] = RESOURCE_TYPES,
+    def __init__(self, api: KubeAPI, *,
+                 resource_types: Sequence[ResourceType] | None = None,
                  options: WatchOptions | None = None) -> None:
         self.api = api
-        self._types = tuple(resource_types)
+        # default: the agent's types (no Secrets; confd passes resource_types("bgp"))
+        self._types = tuple(resource_types if resource_types is not None
+                            else _resource_types("felix"))
         self._options = options or WatchOptions()
         self._stop = threading.Event()
         self._reports: queue.Queue[_Report] = queue.Queue()
@@ -448,7 +453,8 @@ class KubeSyncer:
 
 
 def make_kube_syncer(*, kubeconfig: str | None = None, context: str | None = None,
-                     request_timeout: float = 10.0, **options: Any) -> KubeSyncer:
+                     request_timeout: float = 10.0, syncer_type: str = "felix",
+                     **options: Any) -> KubeSyncer:
     """The syncer for `--datastore kubernetes`: credentials from `kubeconfig`, $KUBECONFIG,
     the in-cluster service account, or ~/.kube/config (in that order); `options` go to
     WatchOptions. Raises DatastoreClientError if no credentials can be loaded."""
@@ -456,4 +462,5 @@ def make_kube_syncer(*, kubeconfig: str | None = None, context: str | None = Non
         api = KubeAPI.from_environment(kubeconfig, context, request_timeout=request_timeout)
     except KubeError as exc:
         raise DatastoreClientError(str(exc)) from exc
-    return KubeSyncer(api, options=WatchOptions(**options))
+    return KubeSyncer(api, resource_types=_resource_types(syncer_type),
+                      options=WatchOptions(**options))

@@ -17,7 +17,10 @@ RBAC: `node_rbac_rules()` is what the node's ClusterRole (deploy/base/clusterrol
 must grant, derived from these tables: `READ_VERBS` on `NODE_READ_TYPES` (the watched
 types). tests/deploy checks the manifest
 against it exactly, so a type added here without its rule (or a rule left behind when a
-type goes) fails the suite.
+type goes) fails the suite. Secrets (BGP passwords, confd only) are read in ONE namespace:
+`namespace_rbac_rules()`, a Role there (deploy/base/role.yaml), never the ClusterRole;
+`resource_types(syncer_type)` gives each syncer its types (the agent's: no Secrets;
+confd's: Secrets of `agent.kinds.secret_namespace()` only).
 
 Conversions (object -> document):
 - Kubernetes kinds: the object as served, with `apiVersion`/`kind` filled in (list
@@ -37,9 +40,17 @@ key the object's type says (`key_of(doc).kind == rtype.kind`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
-from pyfelix.agent.kinds import CALICO_API, CRD_GROUP_VERSION, KINDS, ResourceType
+from pyfelix.agent.kinds import (
+    CALICO_API,
+    CRD_GROUP_VERSION,
+    KIND_BY_NAME,
+    KINDS,
+    ResourceType,
+    secret_namespace,
+)
 
 CALICO_METADATA_ANNOTATION = "projectcalico.org/metadata"
 _KEPT_METADATA = ("name", "namespace", "labels", "annotations")
@@ -62,13 +73,36 @@ DERIVED_KINDS: dict[str, tuple[str, ...]] = {
 # datastore pyfelix keeps no status objects (agent.status) and `pyfelix apply` writes with
 # the user's own credentials.
 READ_VERBS: tuple[str, ...] = ("get", "list", "watch")
-NODE_READ_TYPES: tuple[ResourceType, ...] = RESOURCE_TYPES  # Services are kinds now
+# Types read in one namespace only (Secrets: BGP passwords, for confd), granted by a Role in
+# that namespace (deploy/base/role.yaml), never by the ClusterRole.
+NAMESPACE_READ_TYPES: tuple[ResourceType, ...] = tuple(
+    info.kube for info in KINDS if info.kube is not None and not info.felix)
+NODE_READ_TYPES: tuple[ResourceType, ...] = tuple(
+    rtype for rtype in RESOURCE_TYPES if rtype not in NAMESPACE_READ_TYPES)
 
 
 def node_rbac_rules() -> set[tuple[str, str, str]]:
     """(apiGroup, resource, verb) for every right the node's ClusterRole must hold."""
     return {(rtype.api_group, rtype.plural, verb) for rtype in NODE_READ_TYPES
             for verb in READ_VERBS}
+
+
+def namespace_rbac_rules() -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) the node's Role in the Secrets' namespace must hold."""
+    return {(rtype.api_group, rtype.plural, verb) for rtype in NAMESPACE_READ_TYPES
+            for verb in READ_VERBS}
+
+
+def resource_types(syncer_type: str = "felix", *,
+                   namespace: str | None = None) -> tuple[ResourceType, ...]:
+    """The types a Kubernetes syncer of `syncer_type` watches: "felix" (the agent) every
+    type but the confd-only Secrets; "bgp" (confd) every type, the Secrets in `namespace`
+    only (default: `agent.kinds.secret_namespace()`)."""
+    if syncer_type == "felix":
+        return tuple(r for r in RESOURCE_TYPES if KIND_BY_NAME[r.kind].felix)
+    ns = namespace or secret_namespace()
+    return tuple(dataclasses.replace(r, namespace=ns) if r in NAMESPACE_READ_TYPES else r
+                 for r in RESOURCE_TYPES)
 
 
 def crd_type(kind: str) -> ResourceType | None:

@@ -163,9 +163,12 @@ class Snapshot:
 
 
 class SnapshotCache:
-    """See the module docstring. `kinds` limits the cache to those kinds (None: all)."""
+    """See the module docstring. `kinds` limits the cache to those kinds (None: all);
+    `secret_namespace` (set for the bgp syncer type) drops Secrets of any other namespace,
+    so BGP passwords leave Typha only from the namespace confd reads them in."""
 
     def __init__(self, syncer_type: str, kinds: frozenset[str] | None = None, *,
+                 secret_namespace: str | None = None,
                  max_log_entries: int = DEFAULT_MAX_LOG_ENTRIES,
                  max_log_bytes: int = DEFAULT_MAX_LOG_BYTES,
                  snapshot_reuse_seconds: float = 1.0,
@@ -174,6 +177,7 @@ class SnapshotCache:
             raise ValueError("the update log needs room for at least one entry")
         self.syncer_type = syncer_type
         self.kinds = kinds
+        self.secret_namespace = secret_namespace
         self.max_log_entries = max_log_entries
         self.max_log_bytes = max_log_bytes
         self.snapshot_reuse_seconds = snapshot_reuse_seconds
@@ -205,7 +209,9 @@ class SnapshotCache:
 
     def on_updates(self, updates: list[RawUpdate]) -> None:
         received = self._clock()
-        wanted = [u for u in updates if self.kinds is None or u.key.kind in self.kinds]
+        wanted = [u for u in updates if (self.kinds is None or u.key.kind in self.kinds)
+                  and not (self.secret_namespace is not None and u.key.kind == "Secret"
+                           and u.key.namespace != self.secret_namespace)]
         encoded = [encode_kv(update) for update in wanted]  # outside the lock: the slow part
         seq = 0
         skipped = 0

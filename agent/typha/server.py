@@ -80,7 +80,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyfelix.agent.health import HealthAggregator, HealthServer
-from pyfelix.agent.kinds import BGP_KINDS
+from pyfelix.agent.kinds import BGP_KINDS, FELIX_KINDS, secret_namespace
 from pyfelix.agent.syncer.api import Syncer, SyncStatus
 from pyfelix.agent.typha import metrics
 from pyfelix.agent.typha.cache import (
@@ -125,9 +125,10 @@ log = logging.getLogger(__name__)
 SERVER_VERSION = "pyfelix-typha/1"
 SYNCER_TYPE_FELIX = "felix"
 SYNCER_TYPE_BGP = "bgp"
-# the kinds each syncer type carries (BGP_KINDS: what confd reads, from the kind catalogue)
+# the kinds each syncer type carries (from the kind catalogue: FELIX_KINDS what the agent
+# reads, BGP_KINDS what confd reads; Secrets go to confd only)
 SYNCER_TYPES: dict[str, frozenset[str] | None] = {
-    SYNCER_TYPE_FELIX: None,  # every kind: the calc graph reads them all
+    SYNCER_TYPE_FELIX: FELIX_KINDS,  # every kind but the confd-only Secrets
     SYNCER_TYPE_BGP: BGP_KINDS,
 }
 DEFAULT_PORT = 5473
@@ -653,6 +654,8 @@ class TyphaServer:
             for syncer_type in self.config.syncer_types:
                 cache = SnapshotCache(
                     syncer_type, self.config.syncer_kinds[syncer_type],
+                    secret_namespace=(secret_namespace() if syncer_type == SYNCER_TYPE_BGP
+                                      else None),
                     max_log_entries=self.config.max_log_entries,
                     max_log_bytes=self.config.max_log_bytes,
                     snapshot_reuse_seconds=self.config.snapshot_reuse_seconds,

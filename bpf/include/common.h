@@ -44,6 +44,7 @@
 
 #define pf_ntohs(x) __builtin_bswap16(x)
 #define pf_ntohl(x) __builtin_bswap32(x)
+#define pf_htons(x) __builtin_bswap16(x)
 
 /* IP protocol numbers we parse ports for. */
 #define PF_IPPROTO_ICMP 1

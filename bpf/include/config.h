@@ -11,6 +11,15 @@
  * flags & CFG_RPF_MASK: Felix's BPFEnforceRPF for packets arriving on host endpoint
  * interfaces (calico_from_hep): Strict (the zero value, so an unwritten map is the safe
  * one), Loose, or Disabled.
+ *
+ * flags & CFG_REDIRECT_DISABLED: Felix's BPFRedirectToPeer=Disabled. Otherwise (Enabled,
+ * L2Only, and the zero value) an allowed packet from a pod to another pod of this node is
+ * redirected to the destination's host interface (tc.c, fastpath_verdict) instead of going
+ * through the host's routing, netfilter and kernel conntrack; the destination's tc egress
+ * program still applies its ingress policy, so the verdicts are the same either way.
+ *
+ * flags & CFG_CTLB_UDP: Felix's BPFConnectTimeLoadBalancing=Enabled (TCP and UDP); with TCP
+ * (Felix's default) ctlb.c translates TCP connects only.
  */
 #ifndef PYFELIX_CONFIG_H
 #define PYFELIX_CONFIG_H
@@ -25,10 +34,14 @@
 #define CFG_RPF_STRICT 0   /* the source's route must lead back out of the arrival interface */
 #define CFG_RPF_LOOSE 1    /* the source must be routable (not local, blackhole, unreachable) */
 #define CFG_RPF_DISABLED 2
-#define CFG_F_FLOW_EVENTS 0x4 /* FlowLogsFileEnabled: send flow events (flow_events.h) */
+#define CFG_F_FLOW_EVENTS 0x10 /* FlowLogsFileEnabled: send flow events (flow_events.h) */
+
+#define CFG_REDIRECT_DISABLED 0x04
+#define CFG_CTLB_UDP 0x08 /* BPFConnectTimeLoadBalancing=Enabled: UDP too (ctlb.c) */
 
 struct config_value {
-	__u32 flags; /* CFG_RPF_* in the low bits, CFG_F_FLOW_EVENTS; the rest 0 */
+	__u32 flags; /* CFG_RPF_* in the low bits, CFG_REDIRECT_DISABLED, CFG_CTLB_UDP,
+		      * CFG_F_FLOW_EVENTS; the rest 0 */
 	__u32 endpoint_to_host_action; /* EP_TO_HOST_* */
 };
 

@@ -68,9 +68,11 @@ struct ep_counter {
 #define GCNT_ARP_PASSED 21        /* ARP: passed */
 #define GCNT_HEP_RPF_DROPPED 22   /* into a host endpoint from a source failing BPFEnforceRPF */
 #define GCNT_CLASSIFIER_ERROR 23  /* a classifier lookup failed or was inconsistent: dropped */
-#define GCNT_FLOW_EVENTS 24         /* policy decisions sent to the flow-log ring buffer */
-#define GCNT_FLOW_EVENTS_DROPPED 25 /* not sent: over the per-CPU budget or ring buffer full */
-#define GCNT_COUNT 26
+#define GCNT_FASTPATH_REDIRECTED 24 /* pod to local pod: redirected past the host stack */
+#define GCNT_FASTPATH_TTL_EXPIRED 25 /* would have been, but TTL <= 1: the stack replies */
+#define GCNT_FLOW_EVENTS 26         /* policy decisions sent to the flow-log ring buffer */
+#define GCNT_FLOW_EVENTS_DROPPED 27 /* not sent: over the per-CPU budget or ring buffer full */
+#define GCNT_COUNT 28
 
 BPF_TABLE_PINNED("percpu_array", __u32, struct rule_counter, rule_counters,
 		 RULE_COUNTERS_MAX_ENTRIES, PIN_DIR "/rule_counters_v1");

@@ -39,6 +39,7 @@ MAP_HELP = {
     "nat_affinity": "ClientIP session affinity: (service id, client) -> backend.",
     "nat_ct": "Each service flow's translation (fwd: client -> backend, rev: reply -> VIP).",
     "nat_counters": "What the service NAT did (new flows, replies, rejects, failures).",
+    "ctlb_rev": "Host sockets sent to a service backend at connect time -> the VIP they asked.",
     "denied_sources": "Packets/bytes policy denied per (deciding rule counter, source address).",
     "verdict_trace": "The policy decision of the last pyfelix explain packet (BPF_PROG_TEST_RUN).",
 }

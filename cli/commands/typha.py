@@ -166,7 +166,7 @@ def command(datastore: DatastoreLocation, listen: str, insecure: bool, ca_file: 
                    f"{bound_host}:{bound_port} ({'TLS' if tls else 'plain TCP'})", err=True)
 
     try:
-        run(config, lambda _syncer_type: make_syncer(datastore),
+        run(config, lambda syncer_type: make_syncer(datastore, syncer_type=syncer_type),
             start_errors=(DatastoreClientError,), metrics_port=metrics_port,
             metrics_host=metrics_host, on_started=started)
     except TyphaStartError as exc:

@@ -109,6 +109,10 @@ class AgentProcesses:
                 # the lab keeps each agent's stderr in its run directory; no felix.log/syslog
                 "FELIX_LOGFILEPATH": "none",
                 "FELIX_LOGSEVERITYSYS": "none",
+                # the connect-time load balancer attaches to a cgroup v2 directory, by default
+                # the machine's root one: lab agents attach only where a test gives them a
+                # cgroup of its own (FELIX_BPFCGROUPV2 with ...=TCP|Enabled in extra_env)
+                "FELIX_BPFCONNECTTIMELOADBALANCING": "Disabled",
                 **self.extra_env,
             }
             self.processes[f"agent:{name}"] = self._spawn(

@@ -40,6 +40,7 @@ CASE_NODES = _case_nodes()
 
 def _render(case: str, node: str, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.chdir(REPO)  # sources in notes are then repo-relative, as in the goldens
+    monkeypatch.delenv("NAMESPACE", raising=False)  # Secrets from kube-system
     updates, errors = read_once(DatastoreLocation.file(Path("tests/confd/cases") / case))
     assert errors == []
     text, _config = render_from_updates(updates, node)

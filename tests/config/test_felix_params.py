@@ -160,7 +160,8 @@ def test_restart_rule_is_felixs() -> None:
     live = {p.name for p in PARAMS if not p.restart}
     assert {"LogSeverityScreen", "LogSeverityFile", "LogSeveritySys",
             "DefaultEndpointToHostAction", "FailsafeInboundHostPorts",
-            "FailsafeOutboundHostPorts", "BPFEnforceRPF", "HealthTimeoutOverrides",
+            "FailsafeOutboundHostPorts", "BPFEnforceRPF", "BPFRedirectToPeer",
+            "HealthTimeoutOverrides",
             "StatusFile"} == live
     # every implemented Felix parameter not applied live restarts
     assert base.changed_requiring_restart(load_config(environ={

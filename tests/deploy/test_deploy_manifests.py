@@ -51,8 +51,10 @@ from pyfelix.agent.config import ConfigError, load_config
 from pyfelix.agent.model import KNOWN_KINDS
 from pyfelix.agent.syncer.kube_resources import (
     DERIVED_KINDS,
+    NAMESPACE_READ_TYPES,
     NODE_READ_TYPES,
     RESOURCE_TYPES,
+    namespace_rbac_rules,
     node_rbac_rules,
 )
 
@@ -432,13 +434,33 @@ def test_cluster_role_grants_exactly_what_the_kind_tables_need(base: list[Docume
     assert _rules_text(grants - needed) == [], "rights granted that no table of the code needs"
 
 
+def test_secret_role_grants_exactly_the_namespaced_reads(base: list[Document]) -> None:
+    """BGP password Secrets are read in the DaemonSet's own namespace only: a Role there
+    (bound to the node's service account) grants exactly `namespace_rbac_rules()`, the
+    ClusterRole nothing on secrets, and confd is told its namespace (NAMESPACE)."""
+    role = find(base, "Role", "pyfelix-bgp-secrets")
+    assert _grants(role) == namespace_rbac_rules() == {
+        ("", "secrets", verb) for verb in READ_VERBS}
+    cluster = _grants(find(base, "ClusterRole", "pyfelix-node"))
+    assert not {g for g in cluster if g[1] == "secrets"}
+    daemonset = next(d for d in base if d["kind"] == "DaemonSet")
+    assert role["metadata"]["namespace"] == daemonset["metadata"]["namespace"]
+    binding = find(base, "RoleBinding", "pyfelix-bgp-secrets")
+    assert binding["roleRef"]["name"] == "pyfelix-bgp-secrets"
+    assert binding["subjects"][0]["namespace"] == daemonset["metadata"]["namespace"]
+    confd = next(c for c in daemonset["spec"]["template"]["spec"]["containers"]
+                 if c["name"] == "confd")
+    env = {e["name"]: e for e in confd["env"]}
+    assert env["NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+
+
 def test_kind_tables_cover_every_kind_pyfelix_parses() -> None:
     """Every kind the model parses comes from a watched type or is derived from one, so the
     role derived from the tables lets the agent see all of its input."""
     watched = {rtype.kind for rtype in RESOURCE_TYPES}
     derived = {kind for kind, sources in DERIVED_KINDS.items() if set(sources) <= watched}
     assert KNOWN_KINDS - watched - derived == set()
-    assert {rtype.kind for rtype in NODE_READ_TYPES} >= watched
+    assert {rtype.kind for rtype in NODE_READ_TYPES + NAMESPACE_READ_TYPES} >= watched
     granted_types = {(t.api_group, t.plural) for t in NODE_READ_TYPES}
     assert {("", "services"), ("discovery.k8s.io", "endpointslices")} <= granted_types
 

@@ -64,6 +64,7 @@ DEFAULT_TYPES = (
     ServedType("networking.k8s.io/v1", "networkpolicies", "NetworkPolicy", True),
     ServedType("v1", "services", "Service", True),
     ServedType("discovery.k8s.io/v1", "endpointslices", "EndpointSlice", True),
+    ServedType("v1", "secrets", "Secret", True),
     *(ServedType("crd.projectcalico.org/v1", plural, kind, namespaced, crd=True)
       for plural, kind, namespaced in (
           ("tiers", "Tier", False), ("globalnetworkpolicies", "GlobalNetworkPolicy", False),
@@ -71,7 +72,7 @@ DEFAULT_TYPES = (
           ("globalnetworksets", "GlobalNetworkSet", False),
           ("networksets", "NetworkSet", True), ("hostendpoints", "HostEndpoint", False),
           ("ippools", "IPPool", False), ("bgpconfigurations", "BGPConfiguration", False),
-          ("bgppeers", "BGPPeer", False),
+          ("bgppeers", "BGPPeer", False), ("bgpfilters", "BGPFilter", False),
           ("felixconfigurations", "FelixConfiguration", False),
           ("blockaffinities", "BlockAffinity", False))),
 )

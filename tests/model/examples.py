@@ -211,6 +211,25 @@ kind: BGPPeer
 metadata: {name: mesh-rr}
 spec:
   peerSelector: route-reflector == 'true'
+  password:
+    secretKeyRef: {name: bgp-secrets, key: rr-password}
+---
+apiVersion: projectcalico.org/v3
+kind: BGPFilter
+metadata: {name: edge-in}
+spec:
+  importV4:
+    - {action: Accept, matchOperator: In, cidr: 44.0.0.0/16, prefixLength: {min: 20}}
+    - {action: Reject, source: RemotePeers, interface: "eth*"}
+  exportV6:
+    - {action: Reject, matchOperator: NotEqual, cidr: "fd00:9::/64"}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: bgp-secrets, namespace: kube-system}
+type: Opaque
+data: {rr-password: dmVyeS1zZWNyZXQ=}
+stringData: {tor-password: another-secret}
 ---
 apiVersion: projectcalico.org/v3
 kind: FelixConfiguration

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pyfelix.agent.kinds import KIND_K8S_NETWORK_POLICY
 from pyfelix.agent.syncer.api import key_of
 from pyfelix.agent.syncer.kube_resources import (
@@ -10,6 +12,7 @@ from pyfelix.agent.syncer.kube_resources import (
     RESOURCE_TYPES,
     ResourceType,
     crd_type,
+    resource_types,
     to_crd_object,
     to_document,
 )
@@ -44,7 +47,23 @@ def test_every_type_converts_to_a_document_keyed_as_its_kind() -> None:
         assert "managedFields" not in doc["metadata"]
     assert {t.kind for t in KUBERNETES_TYPES} == {
         "Pod", "Namespace", "ServiceAccount", "Node", KIND_K8S_NETWORK_POLICY, "Service",
-        "EndpointSlice"}
+        "EndpointSlice", "Secret"}
+
+
+def test_secrets_are_read_by_confd_only_and_in_one_namespace(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent's Kubernetes syncer never lists Secrets; confd's lists them in $NAMESPACE
+    (else kube-system), as calico-node does, never cluster-wide."""
+    felix = resource_types("felix")
+    assert "Secret" not in {t.kind for t in felix}
+    assert {t.kind for t in felix} == {t.kind for t in RESOURCE_TYPES} - {"Secret"}
+    monkeypatch.delenv("NAMESPACE", raising=False)
+    (secrets,) = [t for t in resource_types("bgp") if t.kind == "Secret"]
+    assert secrets.collection_path() == "/api/v1/namespaces/kube-system/secrets"
+    monkeypatch.setenv("NAMESPACE", "calico-system")
+    (secrets,) = [t for t in resource_types("bgp") if t.kind == "Secret"]
+    assert secrets.collection_path() == "/api/v1/namespaces/calico-system/secrets"
+    assert all(t.namespace is None for t in resource_types("bgp") if t.kind != "Secret")
 
 
 def test_crd_documents_round_trip_and_drop_calico_bookkeeping() -> None:

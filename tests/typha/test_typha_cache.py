@@ -13,6 +13,7 @@ from pyfelix.agent.kinds import BGP_KINDS
 from pyfelix.agent.syncer.api import RawUpdate, SyncStatus, key_of
 from pyfelix.agent.typha.cache import SnapshotCache
 from pyfelix.agent.typha.protocol import SERVER_MESSAGE_TYPES, FrameReader, MessageDecoder
+from pyfelix.agent.typha.server import SYNCER_TYPES
 
 
 class FakeClock:
@@ -156,10 +157,26 @@ def test_snapshot_reuse_only_while_young_and_bridgeable() -> None:
 
 def test_kind_filter_and_the_bgp_kinds() -> None:
     # confd's view and Typha's bgp syncer type read the same catalogue entry
-    assert {"BGPConfiguration", "BGPPeer", "Node", "IPPool", "BlockAffinity"} == BGP_KINDS
+    assert {"BGPConfiguration", "BGPPeer", "BGPFilter", "Node", "IPPool", "BlockAffinity",
+            "Secret", "Service", "EndpointSlice"} == BGP_KINDS
     cache = SnapshotCache("bgp", BGP_KINDS)
     cache.on_updates(put(gnp("a"), ippool("p", "10.65.0.0/16"), wep("w")))
     assert set(_state_of(cache)) == {("IPPool", "", "p")}
+
+
+def test_felix_syncer_type_never_carries_secrets() -> None:
+    """BGP password Secrets go to confd (the bgp syncer type) only, never to agents."""
+    secret = {"apiVersion": "v1", "kind": "Secret",
+              "metadata": {"name": "bgp-secrets", "namespace": "kube-system"},
+              "stringData": {"pw": "x"}}
+    assert "Secret" not in SYNCER_TYPES["felix"] and "Secret" in SYNCER_TYPES["bgp"]
+    felix = SnapshotCache("felix", SYNCER_TYPES["felix"])
+    felix.on_updates(put(secret, ippool("p", "10.65.0.0/16")))
+    assert set(_state_of(felix)) == {("IPPool", "", "p")}
+    bgp = SnapshotCache("bgp", SYNCER_TYPES["bgp"], secret_namespace="kube-system")
+    elsewhere = {**secret, "metadata": {"name": "bgp-secrets", "namespace": "default"}}
+    bgp.on_updates(put(secret, elsewhere))
+    assert set(_state_of(bgp)) == {("Secret", "kube-system", "bgp-secrets")}
 
 
 @pytest.mark.parametrize("compression", ["none", "zlib"])

@@ -212,3 +212,30 @@ def test_interface_prefix_too_long_is_refused_up_front() -> None:
     (update,) = put(validator, by_kind("Pod"))
     assert isinstance(update.value, WorkloadEndpoint)
     assert update.value.interface_name.startswith("tap")
+
+
+def test_secrets_are_dropped_unparsed_by_the_agent(caplog: pytest.LogCaptureFixture) -> None:
+    """BGP password Secrets are confd's: the agent's validator emits nothing for them, valid
+    or not, logs nothing about them and counts nothing (it never parses a secret)."""
+    validator = Validator()
+    good = by_kind("Secret")
+    bad = by_kind("Secret")
+    bad["data"] = {"pw": "not base64 s3cr3t!"}
+    before = errors_counted("Secret")
+    with caplog.at_level(logging.DEBUG, logger="pyfelix.agent.validator"):
+        assert put(validator, good) == []
+        assert put(validator, bad) == []
+        assert delete(validator, key_of(good)) == []
+    assert errors_counted("Secret") == before
+    assert not [r for r in caplog.records if r.name == "pyfelix.agent.validator"]
+    assert validator.errors == {}
+
+
+def test_bgp_filter_errors_are_counted_by_the_agent_too() -> None:
+    validator = Validator()
+    bad = by_kind("BGPFilter")
+    bad["spec"]["importV4"][0]["matchOperator"] = "Around"
+    before = errors_counted("BGPFilter")
+    assert put(validator, bad) == [ValidatedUpdate(key_of(bad), None, "test.yaml#1")]
+    assert errors_counted("BGPFilter") == before + 1
+    assert "spec.importV4[0].matchOperator" in validator.errors[key_of(bad)]

@@ -13,6 +13,7 @@ from pyfelix.agent.bpf.maps import (
     config,
     conntrack,
     counters,
+    ctlb_rev,
     denied_sources,
     endpoints,
     ep_by_ifindex,
@@ -57,6 +58,7 @@ ALL_MAPS: tuple[MapParams, ...] = (
     cls_l4.PARAMS,
     cls_tries.PARAMS,
     cls_words.PARAMS,
+    ctlb_rev.PARAMS,
     verdict_trace.PARAMS,
     denied_sources.PARAMS,
 )
@@ -73,6 +75,7 @@ _DUMPERS = {
     "routes": routes.dump, "config": config.dump, "untracked": untracked.dump,
     "wep_sources": wep_sources.dump,
     "nat_frontend": nat_frontend.dump, "nat_backend": nat_backend.dump,
+    "ctlb_rev": ctlb_rev.dump,
     "nat_affinity": nat_affinity.dump, "nat_ct": nat_ct.dump, "nat_counters": nat_counters.dump,
     "nat_vip_filter": nat_vip_filter.dump,
     "cls_chains": cls_chains.dump, "cls_l4": cls_l4.dump, "cls_tries": cls_tries.dump,

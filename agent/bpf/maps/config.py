@@ -4,7 +4,9 @@ endpoint_to_host_action is Felix's DefaultEndpointToHostAction for new flows fro
 to this host: DROP (the zero value, Felix's default), ACCEPT, or RETURN (treated as ACCEPT:
 the tc programs have no host-endpoint policy yet). The low bits of `flags` are Felix's
 BPFEnforceRPF for host endpoint interfaces (calico_from_hep): STRICT (the zero value),
-LOOSE or DISABLED.
+LOOSE or DISABLED. The REDIRECT_DISABLED bit of `flags` is Felix's BPFRedirectToPeer=Disabled:
+otherwise (the zero value) the tc programs redirect allowed pod-to-local-pod packets to the
+destination's interface past the host stack (bpf/tc.c, fastpath_verdict).
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ class RpfMode(enum.IntEnum):
 
 
 RPF_MASK = 0x3
-FLOW_EVENTS = 0x4  # must match CFG_F_FLOW_EVENTS: the programs send flow events
+REDIRECT_DISABLED = 0x4  # must match CFG_REDIRECT_DISABLED in bpf/include/config.h
+CTLB_UDP = 0x8  # must match CFG_CTLB_UDP: BPFConnectTimeLoadBalancing=Enabled (bpf/ctlb.c)
+FLOW_EVENTS = 0x10  # must match CFG_F_FLOW_EVENTS: the programs send flow events
 
 
 class Value(ctypes.Structure):
@@ -53,9 +57,20 @@ _VALUE = struct.Struct("=II")
 
 
 def encode_value(endpoint_to_host_action: EndpointToHostAction,
-                 rpf: RpfMode = RpfMode.STRICT, *, flow_events: bool = False) -> bytes:
-    return _VALUE.pack(int(rpf) | (FLOW_EVENTS if flow_events else 0),
-                       int(endpoint_to_host_action))
+                 rpf: RpfMode = RpfMode.STRICT, *, redirect: bool = True,
+                 ctlb_udp: bool = False, flow_events: bool = False) -> bytes:
+    flags = int(rpf) | (0 if redirect else REDIRECT_DISABLED) | (CTLB_UDP if ctlb_udp else 0)
+    flags |= FLOW_EVENTS if flow_events else 0
+    return _VALUE.pack(flags, int(endpoint_to_host_action))
+
+
+def redirect_from_felix(text: str) -> bool:
+    """Felix's BPFRedirectToPeer ("Enabled" | "L2Only" | "Disabled") -> redirect or not.
+    pyfelix's pods are all layer-2 (veth) interfaces, so L2Only behaves as Enabled."""
+    value = text.strip().lower()
+    if value not in ("enabled", "l2only", "disabled"):
+        raise ValueError(f"BPFRedirectToPeer: {text!r} is not one of Enabled, L2Only, Disabled")
+    return value != "disabled"
 
 
 def rpf_from_felix(text: str) -> RpfMode:
@@ -88,7 +103,8 @@ def decode_value(raw: bytes) -> dict:
     except ValueError:
         rpf = str(flags & RPF_MASK)
     return {"flags": flags, "endpoint_to_host_action": name, "bpf_enforce_rpf": rpf,
-            "flow_events": bool(flags & FLOW_EVENTS)}
+            "bpf_redirect_to_peer": "Disabled" if flags & REDIRECT_DISABLED else "Enabled",
+            "ctlb_udp": bool(flags & CTLB_UDP), "flow_events": bool(flags & FLOW_EVENTS)}
 
 
 def open_pinned(pin_dir: str | os.PathLike[str]) -> BpfMap:

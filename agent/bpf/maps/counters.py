@@ -48,8 +48,10 @@ class GlobalCounter(enum.IntEnum):
     ARP_PASSED = 21
     HEP_RPF_DROPPED = 22
     CLASSIFIER_ERROR = 23
-    FLOW_EVENTS = 24
-    FLOW_EVENTS_DROPPED = 25
+    FASTPATH_REDIRECTED = 24
+    FASTPATH_TTL_EXPIRED = 25
+    FLOW_EVENTS = 26
+    FLOW_EVENTS_DROPPED = 27
 
 
 EP_DIRECTIONS = ("ingress_allowed", "ingress_denied", "egress_allowed", "egress_denied")

@@ -138,6 +138,7 @@ class SweepResult:
     xdp_programs: int = 0
     interfaces: int = 0
     pins: int = 0
+    ctlb_programs: int = 0  # cgroup programs of the connect-time load balancer
     guard: bool = False  # the nft guard table was removed
     pin_dir: str | None = None  # the pin directory removed, if one was there
     left_in_pin_dir: list[str] = field(default_factory=list)  # entries not ours, kept
@@ -145,7 +146,7 @@ class SweepResult:
     @property
     def anything(self) -> bool:
         return bool(self.tc_filters or self.xdp_programs or self.pins or self.pin_dir
-                    or self.guard)
+                    or self.guard or self.ctlb_programs)
 
 
 @dataclass
@@ -284,8 +285,12 @@ class BpfCleanupManager(ManagerBase):
         retry_initial: float = RETRY_INITIAL,
         retry_max: float = RETRY_MAX,
         remove_guard: Callable[[], bool] | None = None,
+        detach_ctlb: Callable[[], int] | None = None,
     ) -> None:
         super().__init__()
+        # the connect-time load balancer's cgroup programs (managers/bpf_ctlb.py): detached
+        # with the rest, or they would keep sending host sockets to yesterday's backends
+        self._detach_ctlb = detach_ctlb
         self._pin_dir = pin_dir
         # the BPF mode's nft guard table (agent.shims.nft_guard): removed once our programs
         # are detached (None: not this manager's business, e.g. unit tests)
@@ -353,6 +358,11 @@ class BpfCleanupManager(ManagerBase):
         result = SweepResult()
         self.last = result
         errors = self._detach_all(result)
+        if self._detach_ctlb is not None:
+            try:
+                result.ctlb_programs = self._detach_ctlb()
+            except OSError as exc:
+                errors.append(f"detaching the connect-time load balancer: {exc}")
         if not errors and self._remove_guard is not None:
             try:
                 result.guard = self._remove_guard()
@@ -364,11 +374,13 @@ class BpfCleanupManager(ManagerBase):
         CLEANUP_REMOVED.labels("tc_filter").inc(result.tc_filters)
         CLEANUP_REMOVED.labels("xdp_program").inc(result.xdp_programs)
         CLEANUP_REMOVED.labels("pin").inc(result.pins)
+        CLEANUP_REMOVED.labels("ctlb_program").inc(result.ctlb_programs)
         if result.anything:
             log.info("BPF cleanup (iptables mode): removed %d tc filter(s) and %d XDP "
-                     "program(s) of ours on %d interface(s), %d pin(s); pin directory %s",
-                     result.tc_filters, result.xdp_programs, result.interfaces,
-                     result.pins, result.pin_dir or "absent or kept")
+                     "program(s) of ours on %d interface(s), %d cgroup program(s), %d "
+                     "pin(s); pin directory %s", result.tc_filters, result.xdp_programs,
+                     result.interfaces, result.ctlb_programs, result.pins,
+                     result.pin_dir or "absent or kept")
         return errors
 
     def _detach_all(self, result: SweepResult) -> list[str]:
