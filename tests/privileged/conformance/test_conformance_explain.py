@@ -137,6 +137,14 @@ class ExplainEveryProbe:
             assert {"verdict", "policy", "tier", "rule"} <= set(out)
             if self.dataplane == "bpf":
                 assert out["agree"] is True and out["kernel_verdict"] == out["verdict"], out
+            else:  # the chains explain names are the node's own
+                saved = subprocess.run(["ip", "netns", "exec", node.netns, "iptables-save"],
+                                       capture_output=True, text=True, timeout=60,
+                                       check=True).stdout
+                chains = {line[1:].split()[0] for line in saved.splitlines()
+                          if line.startswith(":")}
+                named = {c for d in out["directions"] for c in d["chains"]}
+                assert named and named <= chains, sorted(named - chains)
             self.cli_checked.append(out)
 
 
