@@ -12,10 +12,12 @@ setup:
 demo: setup
 	$(VENV)/bin/pyfelix lab demo
 
-# The conformance suite runs first, in a pytest process of its own: run after the rest of the
-# suite (same process) it showed transient denials (expected allow, got deny; the re-probe
-# agreed) in every full run on 2026-12-02 and none when run first; the cause is not found
-# yet. Running it first keeps the suite's assertion whole while the cause is looked for.
+# The conformance suite runs first, in a pytest process of its own (the longest lab run, on
+# the smallest heap). Its transient denials after the rest of the suite came from the test
+# process, not the dataplane: probes and echo servers are threads of pytest, and a full
+# garbage collection of the heap the suite had built (~500 MB) stopped them long enough for
+# half-second probes to time out. tests/conftest.py now collects and freezes the heap before
+# every test and prints the session's longest collector pauses.
 test: setup lint
 	$(PY) -m pytest -q tests/privileged/conformance
 	$(PY) -m pytest -q tests --ignore=tests/privileged/conformance

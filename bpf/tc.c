@@ -6,11 +6,14 @@
  *   calico_from_hep  tc INGRESS of host endpoint interfaces: the reverse-path check of
  *                    Felix's BPFEnforceRPF (host endpoint POLICY is iptables' in BPF mode)
  *
- * Per packet: parse (common.h) -> not IPv4: ARP and link-scope IPv6 ND pass, everything
- * else drops (fail closed); malformed drops -> endpoint by ifindex
+ * Per packet: parse (common.h: IPv4 or IPv6, extension headers walked) -> neither: ARP
+ * passes, everything else drops (fail closed); malformed or an IPv6 extension header chain
+ * not walked drops -> IPv6 link-scope ND/MLD passes; IPv6 with Ipv6Support false drops ->
+ * endpoint by ifindex
  * (lookup_endpoint: the ep_by_ifindex array slot, else the endpoints hash)
  * (none: drop) -> admin-down drops -> from the pod: a source it may not use drops (RPF,
- * sources.h) -> from the pod: service NAT (nat.h: DNAT to a backend, or reject) ->
+ * sources.h, both families) -> from the pod, IPv4: service NAT (nat.h: DNAT to a backend,
+ * or reject) ->
  * conntrack hit or related ICMP error: allow (to the pod: a service reply's source goes
  * back to the VIP) ->
  * otherwise find the first matching record of the endpoint's chain for this direction
@@ -35,12 +38,14 @@
 #include "denied_sources.h"
 #include "flow_events.h"
 
-/* Enough linear bytes for Ethernet + IPv4 with options + an ICMP error's inner headers. */
-#define PF_PULL_LEN 128
+/* Enough linear bytes for Ethernet + IPv4 with options + an ICMP error's inner headers, or
+ * IPv6 with extension headers (parse_ipv6 reads up to PF_IPV6_MAX_EXT_OFF + 8 for the
+ * chain, then the L4 header; a packet whose headers lie beyond is malformed: dropped). */
+#define PF_PULL_LEN 384
 
 PF_INLINE int ep_to_host_allowed(struct pkt_info *pkt)
 {
-	if (!(route_flags(pkt->daddr) & RT_F_LOCAL_HOST))
+	if (!(route_flags(pkt) & RT_F_LOCAL_HOST))
 		return 1;
 	__u32 zero = 0;
 	struct config_value *cfg = config.lookup(&zero);
@@ -56,7 +61,8 @@ PF_INLINE int ep_to_host_allowed(struct pkt_info *pkt)
  * routing, netfilter (iptables and kernel conntrack; the BPF conntrack stays the one state
  * both hooks use). The TTL is decremented as a router does; a packet whose TTL would expire
  * takes the normal path, so the stack sends Time Exceeded. Hairpin packets (nat.h) keep
- * their own redirect; everything else (to the host, off the node) takes the normal path. */
+ * their own redirect; everything else (to the host, off the node, IPv6) takes the normal
+ * path. */
 /* BCC 0.26 declares bpf_redirect_neigh without its `plen` argument, which would leave the
  * kernel's `flags` register unset: declared here as the kernel defines it. */
 static long (*pf_redirect_neigh)(__u32 ifindex, void *params, int plen, __u64 flags) =
@@ -64,15 +70,18 @@ static long (*pf_redirect_neigh)(__u32 ifindex, void *params, int plen, __u64 fl
 
 PF_INLINE int fastpath_verdict(struct __sk_buff *skb, struct pkt_info *pkt, int verdict)
 {
-	if (verdict != TC_ACT_OK || (pkt->flags & (PKT_F_HAIRPIN | PKT_F_HAIRPIN_REPLY)))
+	/* IPv6 takes the normal path (the TTL rewrite below is IPv4's hop count) */
+	if (verdict != TC_ACT_OK || (pkt->flags & (PKT_F_HAIRPIN | PKT_F_HAIRPIN_REPLY)) ||
+	    pkt_is_v6(pkt))
 		return verdict;
 	__u32 zero = 0;
 	struct config_value *cfg = config.lookup(&zero);
 	if (cfg && (cfg->flags & CFG_REDIRECT_DISABLED))
 		return verdict;
 	struct route_key key = {};
-	key.prefixlen = 32;
-	key.addr = pkt->daddr;
+	key.prefixlen = ROUTE_KEY_FIXED_BITS + 32;
+	key.family = 4;
+	key.addr.w[0] = pkt->daddr;
 	struct route_value *rt = routes.lookup(&key);
 	if (!rt || !(rt->flags & RT_F_LOCAL_WORKLOAD) || rt->ifindex == 0 ||
 	    rt->ifindex == skb->ifindex)
@@ -214,24 +223,23 @@ int calico_policy(struct __sk_buff *skb)
 	return policy_verdict(st, 0, 0);
 }
 
-/* Frames that are not IPv4: ARP and link-scope neighbour discovery pass, the rest drops
- * (IPv6 policy is not implemented: IPv6 is never passed unpoliced). */
-PF_INLINE int non_ipv4_verdict(void *data, void *data_end, __u8 hook)
+/* Frames that are neither IPv4 nor IPv6: ARP passes, the rest drops. */
+PF_INLINE int non_ip_verdict(void *data, void *data_end)
 {
-	switch (classify_non_ipv4(data, data_end, hook == HOOK_FROM_WEP)) {
-	case NON4_ARP:
+	if (classify_non_ip(data, data_end) == NON4_ARP) {
 		count_global(GCNT_ARP_PASSED);
 		return TC_ACT_OK;
-	case NON4_IPV6_ND:
-		count_global(GCNT_IPV6_ND_PASSED);
-		return TC_ACT_OK;
-	case NON4_IPV6:
-		count_global(GCNT_IPV6_DROPPED);
-		return TC_ACT_SHOT;
-	default:
-		count_global(GCNT_UNKNOWN_PROTO_DROPPED);
-		return TC_ACT_SHOT;
 	}
+	count_global(GCNT_UNKNOWN_PROTO_DROPPED);
+	return TC_ACT_SHOT;
+}
+
+/* IPv6 disabled (Ipv6Support false: the config map's CFG_IPV6_DISABLED)? */
+PF_INLINE int ipv6_disabled(void)
+{
+	__u32 zero = 0;
+	struct config_value *cfg = config.lookup(&zero);
+	return cfg && (cfg->flags & CFG_IPV6_DISABLED);
 }
 
 PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
@@ -246,14 +254,30 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 	}
 
 	struct pkt_info pkt = {};
-	int rc = parse_ipv4(data, data_end, &pkt);
-	if (rc == PARSE_NOT_IPV4)
-		return non_ipv4_verdict(data, data_end, hook);
+	int rc = parse_packet(data, data_end, &pkt);
+	if (rc == PARSE_NOT_IP)
+		return non_ip_verdict(data, data_end);
+	if (rc == PARSE_V6_EXT) {
+		count_global(GCNT_IPV6_EXT_DROPPED);
+		return TC_ACT_SHOT;
+	}
 	if (rc != PARSE_OK) {
 		count_global(GCNT_MALFORMED_DROPPED);
 		return TC_ACT_SHOT;
 	}
 	pkt.len = skb->len;
+	int v6 = pkt_is_v6(&pkt);
+	if (v6) {
+		if (ipv6_nd_passes(&pkt, hook == HOOK_FROM_WEP)) {
+			count_global(GCNT_IPV6_ND_PASSED);
+			return TC_ACT_OK;
+		}
+		if (ipv6_disabled()) {
+			count_global(GCNT_IPV6_DROPPED);
+			return TC_ACT_SHOT;
+		}
+		count_global(GCNT_IPV6_PACKETS);
+	}
 	if (pkt.flags & PKT_F_FRAGMENT)
 		count_global(GCNT_FRAGMENTS);
 
@@ -270,14 +294,14 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 		return TC_ACT_SHOT;
 	}
 
-	if (hook == HOOK_FROM_WEP && !wep_source_allowed(ifindex, pkt.saddr)) {
+	if (hook == HOOK_FROM_WEP && !wep_source_allowed(ifindex, &pkt)) {
 		count_global(GCNT_SPOOFED_DROPPED);
 		count_spoofed(endpoint_id, pkt.len);
 		return TC_ACT_SHOT;
 	}
 
 	__u64 now = ct_now_ns();
-	if (hook == HOOK_FROM_WEP) { /* service NAT before conntrack and policy (nat.h) */
+	if (hook == HOOK_FROM_WEP && !v6) { /* service NAT (IPv4) before conntrack, policy */
 		int nat = nat_from_wep(skb, &pkt, ifindex, now);
 		if (nat != NAT_CONTINUE)
 			return nat;
@@ -295,7 +319,7 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 	if (ct_is_related(&pkt, ifindex, now)) {
 		count_global(GCNT_CT_RELATED);
 		count_endpoint(endpoint_id, hook, 1, pkt.len);
-		return hook == HOOK_TO_WEP ? nat_rev_icmp_to_wep(skb, &pkt) : TC_ACT_OK;
+		return hook == HOOK_TO_WEP && !v6 ? nat_rev_icmp_to_wep(skb, &pkt) : TC_ACT_OK;
 	}
 
 	__u32 zero = 0;

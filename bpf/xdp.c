@@ -14,13 +14,14 @@ int calico_xdp(struct xdp_md *ctx)
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 	struct pkt_info pkt = {};
-	if (parse_ipv4(data, data_end, &pkt) != PARSE_OK)
+	if (parse_packet(data, data_end, &pkt) != PARSE_OK)
 		return XDP_PASS;
 
 	struct untracked_key key = {};
-	key.prefixlen = UNTRACKED_KEY_FIXED_BITS + 32;
+	key.prefixlen = UNTRACKED_KEY_FIXED_BITS + pkt_addr_bits(&pkt);
 	key.ifindex = ctx->ingress_ifindex;
-	key.saddr = pkt.saddr;
+	key.family = 4 + 2 * pkt_v6_bit(&pkt);
+	__builtin_memcpy(&key.saddr, &pkt.src, 16);
 	struct untracked_value *v = untracked.lookup(&key);
 	if (!v) {
 		key.ifindex = 0;

@@ -8,8 +8,13 @@ chain's records that the program ANDs. `Index.entries(base)` encodes it for the 
 `decide()` evaluates those encoded entries exactly as calico_policy does, so tests can
 check the data the kernel reads against the reference semantics without a kernel.
 
-Inputs: the chain, and `members(set_number) -> tuple[Member, ...]` (the IPv4 members of an
-IP set or compiler-made net set: prefix value, prefix length, protocol, port).
+Inputs: the chain, and `members(set_number) -> tuple[Member, ...]` (the members of an IP
+set or compiler-made net set, both families: prefix value, prefix length, protocol, port,
+family 4 or 6).
+Families: the address sides keep each family's member prefixes apart (IPv6 trie entries
+have SIDE_V6 in their side byte; a signature is computed within one family), and a record's
+ipVersion is an L4 constraint (the L4 key carries PKT_F_IPV6), so neither adds a per-record
+test: the per-packet cost stays flat.
 Invariants: bit i of every vector is record i; a record's bit is set in a field's vector
 exactly when the record's constraints on that field hold for every packet that reaches
 the vector; the AND over fields is therefore exactly `record matches` (policy.h). Every
@@ -45,10 +50,21 @@ VEC_ALL = words_map.VEC_ALL
 F_L4, F_SPORT, F_DPORT, F_SADDR, F_DADDR, F_SNAMED, F_DNAMED = range(7)
 N_FIELDS = 7
 PORT_PROTOS = (6, 17, 132)
+ICMP_PROTO = {4: 1, 6: 58}  # the ICMP protocol of each family (PKT_F_ICMP is set for it)
 _M64 = (1 << 64) - 1
+ADDR_BITS = {4: 32, 6: 128}
 
-# (prefix value (host int), prefix length, protocol, port)
-Member = tuple[int, int, int, int]
+# (prefix value (host int), prefix length, protocol, port, family 4 or 6)
+Member = tuple[int, int, int, int, int]
+
+
+def _mask(family: int, plen: int) -> int:
+    bits = ADDR_BITS[family]
+    return ((1 << bits) - 1) ^ ((1 << (bits - plen)) - 1)
+
+
+def _side_key(side: int, family: int) -> int:
+    return side | (tries_map.SIDE_V6 if family == 6 else 0)
 
 
 class ClassifierError(ValueError):
@@ -76,8 +92,9 @@ def port_prefixes(first: int, last: int) -> list[tuple[int, int]]:
 
 @dataclass
 class _SideState:
-    exact: dict[tuple[int, int, int, int], set[int]]  # (proto, port, value, plen) -> sets
-    lengths: dict[tuple[int, int], set[int]]  # (proto, port) -> prefix lengths present
+    # (family, proto, port, value, plen) -> sets
+    exact: dict[tuple[int, int, int, int, int], set[int]]
+    lengths: dict[tuple[int, int, int], set[int]]  # (family, proto, port) -> lengths present
     vector: Callable[[frozenset[int]], int]
     memo: dict[frozenset[int], int]
 
@@ -181,13 +198,18 @@ class _Builder:
 def _l4_sig(r: RuleRecord) -> tuple:
     has_ports = bool(r.src_ports or r.dst_ports or r.not_src_ports or r.not_dst_ports)
     return (r.protocol, r.not_protocol, r.icmp_type, r.icmp_code, r.not_icmp_type,
-            r.not_icmp_code, has_ports)
+            r.not_icmp_code, has_ports, r.ip_version)
+
+
+_NO_L4 = (None,) * 6 + (False, None)
 
 
 def _l4_ok(sig: tuple, proto: int | None, pflags: int, itype: int | None,
            icode: int | None) -> bool:
     """proto/itype/icode None = a value no record names."""
-    protocol, not_protocol, t, c, nt, nc, has_ports = sig
+    protocol, not_protocol, t, c, nt, nc, has_ports, ip_version = sig
+    if ip_version is not None and (ip_version == 6) != bool(pflags & l4_map.PKT_F_IPV6):
+        return False
     if protocol is not None and proto != protocol:
         return False
     if not_protocol is not None and proto == not_protocol:
@@ -208,7 +230,7 @@ def _build_l4(b: _Builder, chain: tuple[RuleRecord, ...], idx: Index) -> None:
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(chain):
         groups.setdefault(_l4_sig(r), []).append(i)
-    if list(groups) == [(None,) * 6 + (False,)]:
+    if list(groups) == [_NO_L4]:
         idx.fixed[F_L4] = VEC_ALL
         return
     masks = {sig: _bits(ix, b.n) for sig, ix in groups.items()}
@@ -228,21 +250,29 @@ def _build_l4(b: _Builder, chain: tuple[RuleRecord, ...], idx: Index) -> None:
                 types.setdefault(t, set())
                 if c is not None:
                     types[t].add(c)
-    pflag_values = (0, l4_map.PKT_F_PORTS, l4_map.PKT_F_ICMP)
+    v6 = l4_map.PKT_F_IPV6
+    icmp = l4_map.PKT_F_ICMP
+    # the parser sets PKT_F_ICMP only for the family's own ICMP protocol
+    pflag_values = (0, l4_map.PKT_F_PORTS, icmp, v6, l4_map.PKT_F_PORTS | v6, icmp | v6)
+
+    def icmp_of(p: int, pf: int) -> bool:
+        return bool(pf & icmp) and p == ICMP_PROTO[6 if pf & v6 else 4]
+
     entries: dict[tuple[int, int, int, int, int], int] = {}
     for p in sorted(protos):
         for pf in pflag_values:
             entries[(p, pf, 0, 0, l4_map.LEVEL_PROTO)] = vector(
-                p, pf, None if p == 1 and pf & l4_map.PKT_F_ICMP else 0, None)
-    icmp = l4_map.PKT_F_ICMP
+                p, pf, None if icmp_of(p, pf) else 0, None)
     if types:
-        for t, codes in sorted(types.items()):
-            for c in sorted(codes):
-                entries[(1, icmp, t, c, l4_map.LEVEL_TYPE_CODE)] = vector(1, icmp, t, c)
-            if len(codes) < 256:
-                entries[(1, icmp, t, 0, l4_map.LEVEL_TYPE)] = vector(1, icmp, t, None)
-        if 1 not in protos and len(types) < 256:
-            entries[(1, icmp, 0, 0, l4_map.LEVEL_PROTO)] = vector(1, icmp, None, None)
+        for fam_flag in (0, v6):
+            q, pf = ICMP_PROTO[6 if fam_flag else 4], icmp | fam_flag
+            for t, codes in sorted(types.items()):
+                for c in sorted(codes):
+                    entries[(q, pf, t, c, l4_map.LEVEL_TYPE_CODE)] = vector(q, pf, t, c)
+                if len(codes) < 256:
+                    entries[(q, pf, t, 0, l4_map.LEVEL_TYPE)] = vector(q, pf, t, None)
+            if q not in protos and len(types) < 256:
+                entries[(q, pf, 0, 0, l4_map.LEVEL_PROTO)] = vector(q, pf, None, None)
     for pf in pflag_values:
         entries[(0, pf, 0, 0, l4_map.LEVEL_OTHER)] = vector(
             None, pf, None, None)
@@ -311,29 +341,28 @@ def _build_ports(b: _Builder, chain: tuple[RuleRecord, ...], idx: Index, src: bo
             idx.tries[(side, 0, 0, value << 16, plen)] = vid
 
 
-def _signatures(members_by_set: Mapping[int, Iterable[tuple[int, int, int, int]]],
+def _signatures(members_by_set: Mapping[int, Iterable[Member]],
                 state: list[_SideState] | None = None
-                ) -> dict[tuple[int, int, int, int], frozenset[int]]:
-    """(proto, port, value, plen) -> the sets with a member CONTAINING that prefix (same
-    proto/port). With those as LPM entries, the longest hit for an address is exactly the
-    set of sets that contain it."""
-    exact: dict[tuple[int, int, int, int], set[int]] = {}
-    lengths: dict[tuple[int, int], set[int]] = {}
+                ) -> dict[tuple[int, int, int, int, int], frozenset[int]]:
+    """(family, proto, port, value, plen) -> the sets with a member CONTAINING that prefix
+    (same family, proto, port). With those as LPM entries, the longest hit for an address is
+    exactly the set of sets that contain it."""
+    exact: dict[tuple[int, int, int, int, int], set[int]] = {}
+    lengths: dict[tuple[int, int, int], set[int]] = {}
     for number, members in members_by_set.items():
-        for value, plen, proto, port in members:
-            exact.setdefault((proto, port, value, plen), set()).add(number)
-            lengths.setdefault((proto, port), set()).add(plen)
-    out: dict[tuple[int, int, int, int], frozenset[int]] = {}
+        for value, plen, proto, port, fam in members:
+            exact.setdefault((fam, proto, port, value, plen), set()).add(number)
+            lengths.setdefault((fam, proto, port), set()).add(plen)
+    out: dict[tuple[int, int, int, int, int], frozenset[int]] = {}
     ordered = {k: sorted(v) for k, v in lengths.items()}
     shared: dict[frozenset[int], frozenset[int]] = {}  # one frozenset per distinct signature
     for key, sets in exact.items():
-        proto, port, value, plen = key
+        fam, proto, port, value, plen = key
         sig = set(sets)
-        for shorter in ordered[(proto, port)]:
+        for shorter in ordered[(fam, proto, port)]:
             if shorter >= plen:
                 break
-            mask = (_M64 << (32 - shorter)) & 0xFFFFFFFF
-            more = exact.get((proto, port, value & mask, shorter))
+            more = exact.get((fam, proto, port, value & _mask(fam, shorter), shorter))
             if more:
                 sig |= more
         fsig = frozenset(sig)
@@ -343,12 +372,12 @@ def _signatures(members_by_set: Mapping[int, Iterable[tuple[int, int, int, int]]
     return out
 
 
-def _ancestor_sets(st: _SideState, proto: int, port: int, value: int, plen: int) -> set[int]:
+def _ancestor_sets(st: _SideState, fam: int, proto: int, port: int, value: int, plen: int
+                   ) -> set[int]:
     sig: set[int] = set()
-    for shorter in st.lengths.get((proto, port), ()):
+    for shorter in st.lengths.get((fam, proto, port), ()):
         if shorter < plen:
-            mask = (_M64 << (32 - shorter)) & 0xFFFFFFFF
-            sig |= st.exact.get((proto, port, value & mask, shorter), set())
+            sig |= st.exact.get((fam, proto, port, value & _mask(fam, shorter), shorter), set())
     return sig
 
 
@@ -367,8 +396,8 @@ def update_members(idx: Index, deltas: Mapping[int, tuple[Iterable[Member], Iter
     longer prefixes' signatures), a side that checks the set without a trie lookup, or a
     signature whose vector the block does not hold. On success `idx`'s signature state is
     updated; on None it is untouched."""
-    overlay: dict[tuple[int, tuple[int, int, int, int]], set[int]] = {}
-    touched: list[tuple[int, tuple[int, int, int, int]]] = []
+    overlay: dict[tuple[int, tuple[int, int, int, int, int]], set[int]] = {}
+    touched: list[tuple[int, tuple[int, int, int, int, int]]] = []
     for number, (added, removed) in deltas.items():
         sides = [side for side, nums in idx.referenced.items() if number in nums]
         for side in sides:
@@ -377,14 +406,14 @@ def update_members(idx: Index, deltas: Mapping[int, tuple[Iterable[Member], Iter
                 return None
             named = side in (tries_map.SIDE_SNAMED, tries_map.SIDE_DNAMED)
             for members, add in ((removed, False), (added, True)):
-                for value, plen, proto, port in members:
-                    if plen != 32:
+                for value, plen, proto, port, fam in members:
+                    if plen != ADDR_BITS[fam]:
                         return None
                     if not named:
                         proto = port = 0
                     elif not proto:
                         continue  # the named-port sides only hold members with a port
-                    key = (proto, port, value, 32)
+                    key = (fam, proto, port, value, plen)
                     cur = overlay.get((side, key))
                     if cur is None:
                         cur = overlay[(side, key)] = set(st.exact.get(key, ()))
@@ -396,13 +425,13 @@ def update_members(idx: Index, deltas: Mapping[int, tuple[Iterable[Member], Iter
     changes: dict[tuple[int, int, int, int, int], int | None] = {}
     for side, key in touched:
         st = idx.inc[side]
-        proto, port, value, plen = key
+        fam, proto, port, value, plen = key
         sets = overlay[(side, key)]
-        tkey = (side, proto, port, value, plen)
+        tkey = (_side_key(side, fam), proto, port, value, plen)
         if not sets:
             changes[tkey] = None
             continue
-        sig = frozenset(sets | _ancestor_sets(st, proto, port, value, plen))
+        sig = frozenset(sets | _ancestor_sets(st, fam, proto, port, value, plen))
         v = st.memo.get(sig)
         if v is None:
             v = st.memo[sig] = st.vector(sig)
@@ -415,7 +444,7 @@ def update_members(idx: Index, deltas: Mapping[int, tuple[Iterable[Member], Iter
         sets = overlay[(side, key)]
         if sets:
             st.exact[key] = sets
-            st.lengths.setdefault(key[:2], set()).add(32)
+            st.lengths.setdefault(key[:3], set()).add(key[4])
         else:
             st.exact.pop(key, None)
     return changes
@@ -460,17 +489,17 @@ def _build_addrs(b: _Builder, chain: tuple[RuleRecord, ...], idx: Index, src: bo
     referenced = set(pos1) | set(neg) | {s for _, need in multi for s in need}
     idx.referenced[side] = frozenset(referenced)
     state: list[_SideState] = []
-    sigs = _signatures({s: [(v, p, 0, 0) for v, p, _, _ in members(s)] for s in referenced},
-                       state)
+    sigs = _signatures({s: [(v, p, 0, 0, f) for v, p, _, _, f in members(s)]
+                        for s in referenced}, state)
     default = vector(frozenset())
     memo: dict[frozenset[int], int] = {}
     state[0].vector, state[0].memo = vector, memo
     entries: dict[tuple[int, int, int, int, int], int] = {}
-    for (_, _, value, plen), sig in sigs.items():
+    for (fam, _, _, value, plen), sig in sigs.items():
         v = memo.get(sig)
         if v is None:
             v = memo[sig] = vector(sig)
-        entries[(side, 0, 0, value, plen)] = v
+        entries[(_side_key(side, fam), 0, 0, value, plen)] = v
     _finish_trie_field(b, idx, fld, default, entries)
     if idx.flags >> fld & 1:
         idx.inc[side] = state[0]
@@ -514,11 +543,11 @@ def _build_named(b: _Builder, chain: tuple[RuleRecord, ...], idx: Index, src: bo
     memo: dict[frozenset[int], int] = {}
     state[0].vector, state[0].memo = vector, memo
     entries: dict[tuple[int, int, int, int, int], int] = {}
-    for (proto, port, value, plen), sig in sigs.items():
+    for (fam, proto, port, value, plen), sig in sigs.items():
         v = memo.get(sig)
         if v is None:
             v = memo[sig] = vector(sig)
-        entries[(side, proto, port, value, plen)] = v
+        entries[(_side_key(side, fam), proto, port, value, plen)] = v
     _finish_trie_field(b, idx, fld, default, entries)
     if idx.flags >> fld & 1:
         idx.inc[side] = state[0]
@@ -564,12 +593,13 @@ def build_index(chain: tuple[RuleRecord, ...],
 
 @dataclass(frozen=True)
 class Packet:
-    """What calico_policy knows: addresses as host ints, flags as in pkt_info."""
+    """What calico_policy knows: addresses as host ints (128-bit for IPv6), flags as in
+    pkt_info."""
 
     saddr: int
     daddr: int
     proto: int
-    pflags: int  # PKT_F_PORTS | PKT_F_ICMP
+    pflags: int  # PKT_F_PORTS | PKT_F_ICMP | PKT_F_IPV6 (family 6)
     sport: int = 0
     dport: int = 0
     icmp_type: int = 0
@@ -594,9 +624,10 @@ def _word(m: MapContents, i: int) -> int:
 
 
 def _trie(m: MapContents, inst: int, side: int, proto: int, port: int, value: int,
-          dflt: int) -> int:
-    for plen in range(32, -1, -1):
-        masked = value & ((0xFFFFFFFF << (32 - plen)) & 0xFFFFFFFF)
+          dflt: int, family: int = 4) -> int:
+    side = _side_key(side, family)
+    for plen in range(ADDR_BITS[family], -1, -1):
+        masked = value & _mask(family, plen)
         raw = m.get("cls_tries", tries_map.encode_key(inst, side, proto, port, masked, plen))
         if raw is not None:
             return tries_map.decode_value(raw)
@@ -645,16 +676,17 @@ def decide(m: MapContents, chain_start: int, chain_len: int, pkt: Packet
         for i in range(N_FIELDS):
             w = _word(m, inst + 1 + i // 2)
             fixed.append((w >> 32) & 0xFFFFFFFF if i % 2 else w & 0xFFFFFFFF)
+        fam = 6 if pkt.pflags & l4_map.PKT_F_IPV6 else 4
         lookups = {
             F_L4: lambda d: _l4(m, inst, pkt, d),
             F_SPORT: lambda d: _trie(m, inst, tries_map.SIDE_SPORT, 0, 0, pkt.sport << 16, d),
             F_DPORT: lambda d: _trie(m, inst, tries_map.SIDE_DPORT, 0, 0, pkt.dport << 16, d),
-            F_SADDR: lambda d: _trie(m, inst, tries_map.SIDE_SADDR, 0, 0, pkt.saddr, d),
-            F_DADDR: lambda d: _trie(m, inst, tries_map.SIDE_DADDR, 0, 0, pkt.daddr, d),
+            F_SADDR: lambda d: _trie(m, inst, tries_map.SIDE_SADDR, 0, 0, pkt.saddr, d, fam),
+            F_DADDR: lambda d: _trie(m, inst, tries_map.SIDE_DADDR, 0, 0, pkt.daddr, d, fam),
             F_SNAMED: lambda d: _trie(m, inst, tries_map.SIDE_SNAMED, pkt.proto, pkt.sport,
-                                      pkt.saddr, d),
+                                      pkt.saddr, d, fam),
             F_DNAMED: lambda d: _trie(m, inst, tries_map.SIDE_DNAMED, pkt.proto, pkt.dport,
-                                      pkt.daddr, d),
+                                      pkt.daddr, d, fam),
         }
         for f, look in lookups.items():
             if flags >> f & 1:

@@ -35,8 +35,11 @@ Failure policy: bad input never crashes the compile. A problem confined to one e
 chain a single DENY (fail closed) and is reported in `problems` with the resource and
 field named. Running out of rule-array space raises MapFullError (nothing is half-placed).
 
-IPv4 only: rules with ip_version 6 and IPv6 nets/members are dropped from the IPv4 chains
-the programs evaluate (a rule whose only nets are IPv6 cannot match IPv4 and is omitted).
+Both families: IP sets and net sets hold IPv4 and IPv6 members (the trie is keyed by
+family); a rule applies to the families Felix renders it for (`_rule_families`: its
+ipVersion, and no family whose filtering would empty a non-empty nets / notNets list), and
+a record restricted to one family carries ip_version (an L4 constraint of the classifier).
+A rule that applies to no family is omitted.
 """
 
 from __future__ import annotations
@@ -371,7 +374,7 @@ class WordRegions:
         return sum(self.blocks.values())
 
 
-_IPSET_KEY = struct.Struct("=IIBBH4s")  # struct ipset_key
+_IPSET_KEY = struct.Struct("=IIBBH16s")  # struct ipset_key
 
 
 def _members_of(group: IPSetKeys) -> tuple[cls.Member, ...]:
@@ -381,9 +384,9 @@ def _members_of(group: IPSetKeys) -> tuple[cls.Member, ...]:
 def _members_from_keys(keys: Iterable[bytes]) -> tuple[cls.Member, ...]:
     out = []
     for key in keys:
-        prefixlen, _, proto_num, _, port, addr = _IPSET_KEY.unpack(key)
-        out.append((int.from_bytes(addr, "big"), prefixlen - ipsets_map.KEY_FIXED_BITS,
-                    proto_num, port))
+        prefixlen, _, proto_num, family, port, addr = _IPSET_KEY.unpack(key)
+        value = int.from_bytes(addr if family == 6 else addr[:4], "big")
+        out.append((value, prefixlen - ipsets_map.KEY_FIXED_BITS, proto_num, port, family))
     return tuple(out)
 
 
@@ -488,20 +491,30 @@ def _byte(value: int | None, where: str, fld: str) -> int | None:
     return value
 
 
-def _v4_nets(nets: tuple[str, ...], where: str, fld: str) -> tuple[tuple[str, ...], bool]:
-    """(sorted canonical IPv4 nets, had_any_net)."""
+def _nets(nets: tuple[str, ...], where: str, fld: str) -> tuple[tuple[str, ...], set[int]]:
+    """(sorted canonical nets of both families, the families present)."""
     if not nets:
-        return (), False
+        return (), set()
     where = f"{where}: field {fld}"
-    out = set()
+    out: set[ipaddress.IPv4Network | ipaddress.IPv6Network] = set()
     for text in nets:
         try:
-            net = ipaddress.ip_network(text, strict=False)
+            out.add(ipaddress.ip_network(text, strict=False))
         except ValueError as e:
             raise CompileError(f"{where}: bad CIDR {text!r}: {e}") from None
-        if net.version == 4:
-            out.add(str(net))
-    return tuple(sorted(out, key=ipaddress.IPv4Network)), bool(nets)
+    ordered = sorted(out, key=lambda n: (n.version, int(n.network_address), n.prefixlen))
+    return tuple(str(n) for n in ordered), {n.version for n in out}
+
+
+def _rule_families(rule: proto.Rule, *net_families: set[int]) -> set[int]:
+    """The families Felix renders `rule` for: its ipVersion (both when unset), less each
+    family for which a non-empty nets / notNets list has no net (Felix's
+    FilterRuleToIPVersion drops the rule there rather than widen the list)."""
+    fams = {4, 6} if rule.ip_version not in (4, 6) else {rule.ip_version}
+    for present in net_families:
+        if present:
+            fams &= present
+    return fams
 
 
 class _RuleLowerer:
@@ -532,21 +545,23 @@ class _RuleLowerer:
 
     def lower(self, rule: proto.Rule, where: str, counter_name: str
               ) -> tuple[list[RuleRecord], list[int | str | None]] | None:
-        """(records, jumps) or None if the rule cannot match IPv4 traffic."""
-        if rule.ip_version == 6:
-            return None
+        """(records, jumps) or None if the rule matches no family."""
+        if rule.ip_version is not None and rule.ip_version not in (4, 6):
+            raise CompileError(f"{where}: field ip_version: {rule.ip_version!r} is not 4 or 6")
         actions = {"allow": Action.ALLOW, "deny": Action.DENY, "pass": Action.PASS,
                    "log": Action.LOG}
         action = actions.get(str(rule.action).lower())
         if action is None:
             raise CompileError(f"{where}: field action: unknown action {rule.action!r}")
 
-        src_nets, had_src = _v4_nets(rule.src_nets, where, "src_nets")
-        dst_nets, had_dst = _v4_nets(rule.dst_nets, where, "dst_nets")
-        if (had_src and not src_nets) or (had_dst and not dst_nets):
-            return None  # only IPv6 nets: cannot match IPv4
-        not_src_nets, _ = _v4_nets(rule.not_src_nets, where, "not_src_nets")
-        not_dst_nets, _ = _v4_nets(rule.not_dst_nets, where, "not_dst_nets")
+        src_nets, f_src = _nets(rule.src_nets, where, "src_nets")
+        dst_nets, f_dst = _nets(rule.dst_nets, where, "dst_nets")
+        not_src_nets, f_nsrc = _nets(rule.not_src_nets, where, "not_src_nets")
+        not_dst_nets, f_ndst = _nets(rule.not_dst_nets, where, "not_dst_nets")
+        families = _rule_families(rule, f_src, f_dst, f_nsrc, f_ndst)
+        if not families:
+            return None  # e.g. IPv6 nets with ipVersion 4: matches nothing
+        ip_version = None if len(families) == 2 else min(families)
         if rule.icmp_code is not None and rule.icmp_type is None:
             raise CompileError(f"{where}: field icmp_code: set without icmp_type")
         if rule.not_icmp_code is not None and rule.not_icmp_type is None:
@@ -598,6 +613,7 @@ class _RuleLowerer:
             not_icmp_type=_byte(rule.not_icmp_type, where, "not_icmp_type"),
             not_icmp_code=_byte(rule.not_icmp_code, where, "not_icmp_code"),
             set_checks=tuple(checks[:SET_CHECKS]),
+            ip_version=ip_version,
             not_src_ports=PortMatch(not_src_ports[:PORT_SLOTS], not_src_np[:NAMED_PORT_SLOTS]),
             not_dst_ports=PortMatch(not_dst_ports[:PORT_SLOTS], not_dst_np[:NAMED_PORT_SLOTS]),
         )
@@ -1402,11 +1418,11 @@ class PolicyCompiler:
     @staticmethod
     def _sources(name: str, ep: proto.WorkloadEndpoint, ifindex: int, problems: list[str]
                  ) -> dict[bytes, bytes]:
-        """`wep_sources` entries of one endpoint: its own IPv4 addresses and its allowed
-        spoofed prefixes. A prefix that does not parse is left out (its sources stay
+        """`wep_sources` entries of one endpoint: its own addresses (both families) and its
+        allowed spoofed prefixes. A prefix that does not parse is left out (its sources stay
         dropped) and reported."""
         out: dict[bytes, bytes] = {}
-        for field_name, prefixes in (("ipNetworks", ep.ipv4_nets),
+        for field_name, prefixes in (("ipNetworks", ep.ipv4_nets + ep.ipv6_nets),
                                      ("allowSpoofedSourcePrefixes",
                                       ep.allow_spoofed_source_prefixes)):
             for prefix in prefixes:
@@ -1445,7 +1461,7 @@ class PolicyCompiler:
         for number, nets in self._netset_members.items():
             hit = self._netset_groups.get(number)
             if hit is None or hit[0] != nets:
-                keys = dict.fromkeys(ipsets_map.key_for(number, ipaddress.IPv4Network(n))
+                keys = dict.fromkeys(ipsets_map.key_for(number, ipaddress.ip_network(n))
                                      for n in nets)
                 hit = (nets, IPSetKeys(keys, self._next_generation()))
             netsets[number] = hit
@@ -1556,11 +1572,14 @@ class PolicyCompiler:
                                     f"{tier.name}/{name} unknown; XDP rules stop there")
                     return out
                 for i, rule in enumerate(policy.inbound_rules):
-                    if str(rule.action).lower() == "log" or rule.ip_version == 6:
+                    if str(rule.action).lower() == "log":
                         continue
                     srcs = self._simple_src_deny(state, rule)
                     if srcs is None:
                         return out
+                    if rule.ip_version in (4, 6):  # the other family's prefixes do not apply
+                        srcs = [s for s in srcs
+                                if ipaddress.ip_network(s).version == rule.ip_version]
                     counter = self.counter_id(
                         rule.rule_id or f"policy:{tier.name}/{name}/{INGRESS}/{i}")
                     out += [(s, counter) for s in srcs]
@@ -1588,7 +1607,7 @@ class PolicyCompiler:
                 nets = [ipaddress.ip_network(n, strict=False) for n in rule.src_nets]
             except ValueError:
                 return None
-            return sorted({str(n) for n in nets if n.version == 4})
+            return sorted({str(n) for n in nets})
         if len(rule.src_ip_set_ids) == 1 and not rule.src_nets:
             s = state.ipsets.get(rule.src_ip_set_ids[0])
             if s is None or s.type != "net":
@@ -1599,8 +1618,7 @@ class PolicyCompiler:
                     net, _, _ = ipsets_map.parse_member(m)
                 except ValueError:
                     continue
-                if net.version == 4:
-                    out.add(str(net))
+                out.add(str(net))
             return sorted(out)
         return None
 
@@ -1625,7 +1643,11 @@ class PolicyCompiler:
             redirect = False
         ctlb_udp = str(state.config.get("bpfconnecttimeloadbalancing", "TCP")).lower() \
             == "enabled"
+        ipv6 = str(state.config.get("ipv6support", "true")).strip().lower()
+        if ipv6 not in ("true", "false", "1", "0", "yes", "no", "on", "off", ""):
+            problems.append(f"config: Ipv6Support: {ipv6!r} is not a boolean; using true")
         flow_events = str(state.config.get("flowlogsfileenabled", "false")).lower() == "true"
+        enabled = ipv6 not in ("false", "0", "no", "off")
         return {config_map.KEY: config_map.encode_value(action, rpf, redirect=redirect,
-                                                        ctlb_udp=ctlb_udp,
+                                                        ctlb_udp=ctlb_udp, ipv6=enabled,
                                                         flow_events=flow_events)}

@@ -15,6 +15,10 @@ loopback ifindex, so no namespace is needed):
   lookup, then denied at the tier end (a deny creates no conntrack entry, so every
   repetition walks the whole chain). The sets hold `set_members` members each
   (`set_count` distinct sets shared round-robin by the rules).
+- the IPv6 twins, measured after the IPv4 figures (so those are taken on exactly the maps
+  they always were): ct_hit_v6_ns / ct_hit_from_wep_v6_ns (an established IPv6 TCP flow),
+  first_packet_v6_ns[N] (the same rules, once each set also holds `set_members` IPv6
+  members; an IPv6 client in none of them);
 - harness_ns: the same measurement of the smallest tc program (`return 0`), loaded with
   the raw bpf() syscall: what BPF_PROG_TEST_RUN itself costs per run on this machine, now.
   It is part of every figure above, and it moves with the machine: when the host slows
@@ -40,11 +44,14 @@ from pyfelix.agent.bpf.testrun import TC_ACT_OK, TC_ACT_SHOT, run_tc
 
 LOOPBACK_IFINDEX = 1
 # room for a 10,000-rule chain beside the previous one, and two classifier instances of
-# the 100,000-member source sets (the old one is deleted after the switch)
-MEASURE_MAP_SIZES = {"rules": 32768, "ipsets": 1 << 18, "conntrack": 4096,
-                     "cls_tries": 1 << 18, "cls_words": 1 << 18}
+# the source sets (the old one is deleted after the switch): 100,000 members, 200,000 with
+# the IPv6 members of the IPv6 phase
+MEASURE_MAP_SIZES = {"rules": 32768, "ipsets": 1 << 19, "conntrack": 4096,
+                     "cls_tries": 1 << 19, "cls_words": 1 << 18}
 POD = "10.65.0.1"
 CLIENT = "10.66.0.1"  # in no set
+POD6 = "fd00:65::1"
+CLIENT6 = "fd00:66::1"  # in no set
 
 
 def _program(dp: LoadedDataplane, compiler: PolicyCompiler, state: PolicyState,
@@ -88,6 +95,11 @@ def _set_members(index: int, count: int) -> frozenset[str]:
     return frozenset(str(ipaddress.IPv4Address(base + i)) + "/32" for i in range(count))
 
 
+def _set_members6(index: int, count: int) -> frozenset[str]:
+    base = int(ipaddress.IPv6Address("fd11::")) + (index << 64)
+    return frozenset(str(ipaddress.IPv6Address(base + i)) + "/128" for i in range(count))
+
+
 def measure_verdict_samples(
         dp: LoadedDataplane, *, rule_counts: tuple[int, ...] = (1, 10, 100, 1000, 10000),
         set_members: int = 10_000, set_count: int = 10, repeat: int = 20_000,
@@ -115,7 +127,8 @@ def measure_verdict_samples(
     state.apply(p.ActiveProfileUpdate("allow", p.Profile(
         inbound_rules=(p.Rule("allow"),), outbound_rules=(p.Rule("allow"),))))
     state.apply(p.WorkloadEndpointUpdate(wid, p.WorkloadEndpoint(
-        "active", "lo", profile_ids=("allow",), ipv4_nets=(f"{POD}/32",))))
+        "active", "lo", profile_ids=("allow",), ipv4_nets=(f"{POD}/32",),
+        ipv6_nets=(f"{POD6}/128",))))
     _program(dp, compiler, state, written)
     syn = packets.tcp(POD, CLIENT, 40000, 80, "S")
     assert run_tc(from_wep, syn, ifindex=LOOPBACK_IFINDEX).retval == TC_ACT_OK
@@ -134,26 +147,44 @@ def measure_verdict_samples(
         hits.append(out.duration_ns)
     out_samples["ct_hit_from_wep_ns"] = hits
     out_samples["harness_ns"] = harness_samples(ack, samples=max(1, samples), repeat=repeat)
-
-    # first packets: N non-matching rules with large sets, then the tier-end deny
-    pkt = packets.tcp(CLIENT, POD, 40001, 80, "S")
-    for n in rule_counts:
-        rules = tuple(p.Rule("allow", protocol=6, dst_ports=(p.PortRange(80, 80),),
-                             src_ip_set_ids=(f"bench-set-{i % set_count}",))
-                      for i in range(n))
-        state.apply(p.ActivePolicyUpdate(p.PolicyID("default", "bench"),
-                                         p.Policy(inbound_rules=rules)))
-        state.apply(p.WorkloadEndpointUpdate(wid, p.WorkloadEndpoint(
-            "active", "lo", tiers=(p.TierInfo("default", ingress_policies=("bench",)),),
-            ipv4_nets=(f"{POD}/32",))))
-        _program(dp, compiler, state, written)
-        reps = repeat  # flat in N: every rule count gets the same repetitions
-        firsts = []
+    syn6 = packets.tcp6(POD6, CLIENT6, 40000, 80, "S")
+    assert run_tc(from_wep, syn6, ifindex=LOOPBACK_IFINDEX).retval == TC_ACT_OK
+    for name, fd, frame in (("ct_hit_v6_ns", to_wep, packets.tcp6(CLIENT6, POD6, 80, 40000, "A")),
+                            ("ct_hit_from_wep_v6_ns", from_wep,
+                             packets.tcp6(POD6, CLIENT6, 40000, 80, "A"))):
+        hits = []
         for _ in range(max(1, samples)):
-            out = run_tc(to_wep, pkt, ifindex=LOOPBACK_IFINDEX, repeat=reps)
-            assert out.retval == TC_ACT_SHOT
-            firsts.append(out.duration_ns)
-        out_samples["first_packet_ns"][str(n)] = firsts
+            out = run_tc(fd, frame, ifindex=LOOPBACK_IFINDEX, repeat=repeat)
+            assert out.retval == TC_ACT_OK
+            hits.append(out.duration_ns)
+        out_samples[name] = hits
+
+    # first packets: N non-matching rules with large sets, then the tier-end deny; IPv4,
+    # then IPv6 once the sets also hold IPv6 members
+    for key, pkt in (("first_packet_ns", packets.tcp(CLIENT, POD, 40001, 80, "S")),
+                     ("first_packet_v6_ns", packets.tcp6(CLIENT6, POD6, 40001, 80, "S"))):
+        out_samples[key] = {}
+        if key == "first_packet_v6_ns":
+            for i in range(set_count):
+                state.apply(p.IPSetUpdate(f"bench-set-{i}", "net", _set_members(
+                    i, set_members) | _set_members6(i, set_members)))
+        for n in rule_counts:
+            rules = tuple(p.Rule("allow", protocol=6, dst_ports=(p.PortRange(80, 80),),
+                                 src_ip_set_ids=(f"bench-set-{i % set_count}",))
+                          for i in range(n))
+            state.apply(p.ActivePolicyUpdate(p.PolicyID("default", "bench"),
+                                             p.Policy(inbound_rules=rules)))
+            state.apply(p.WorkloadEndpointUpdate(wid, p.WorkloadEndpoint(
+                "active", "lo", tiers=(p.TierInfo("default", ingress_policies=("bench",)),),
+                ipv4_nets=(f"{POD}/32",), ipv6_nets=(f"{POD6}/128",))))
+            _program(dp, compiler, state, written)
+            reps = repeat  # flat in N: every rule count gets the same repetitions
+            firsts = []
+            for _ in range(max(1, samples)):
+                out = run_tc(to_wep, pkt, ifindex=LOOPBACK_IFINDEX, repeat=reps)
+                assert out.retval == TC_ACT_SHOT
+                firsts.append(out.duration_ns)
+            out_samples[key][str(n)] = firsts
     return out_samples
 
 
@@ -179,8 +210,12 @@ def measure_verdicts(dp: LoadedDataplane, *, rule_counts: tuple[int, ...] = (1, 
                                   set_count=set_count, repeat=repeat)
     figures: dict[str, Any] = {
         "ct_hit_ns": raw["ct_hit_ns"][0],
+        "ct_hit_from_wep_ns": raw["ct_hit_from_wep_ns"][0],
+        "ct_hit_v6_ns": raw["ct_hit_v6_ns"][0],
+        "ct_hit_from_wep_v6_ns": raw["ct_hit_from_wep_v6_ns"][0],
         "harness_ns": raw["harness_ns"][0],
         "first_packet_ns": {n: v[0] for n, v in raw["first_packet_ns"].items()},
+        "first_packet_v6_ns": {n: v[0] for n, v in raw["first_packet_v6_ns"].items()},
     }
     figures["compile_seconds"] = round(dp.compile_seconds, 2)
     figures["load_seconds"] = round(dp.load_seconds, 2)

@@ -1,8 +1,9 @@
-"""Packet builders for BPF_PROG_TEST_RUN: Ethernet + IPv4 + TCP/UDP/SCTP/ICMP, plus IPv6 and
-ARP frames. Pure functions returning bytes; IPv4 header checksums are correct, L4 checksums
-are left 0 (the programs never check them).
+"""Packet builders for BPF_PROG_TEST_RUN: Ethernet + IPv4 + TCP/UDP/SCTP/ICMP, Ethernet +
+IPv6 (with extension headers: hop-by-hop, routing, destination options, fragment, AH, or
+any type number) + TCP/UDP/ICMPv6, and ARP frames. Pure functions returning bytes; IPv4
+header checksums are correct, L4 checksums are left 0 (the programs never check them).
 
-Inputs are dotted-quad strings and ints; a bad address raises ValueError (ipaddress).
+Inputs are address strings and ints; a bad address raises ValueError (ipaddress).
 """
 
 from __future__ import annotations
@@ -99,11 +100,73 @@ def icmp_error(src: str, dst: str, inner: bytes, icmp_type: int = 3, code: int =
     return ipv4(src, dst, 1, body, **kw)
 
 
-def ipv6_udp(src: str, dst: str, sport: int, dport: int, payload: bytes = b"x") -> bytes:
-    l4 = struct.pack("!HHHH", sport, dport, 8 + len(payload), 0) + payload
-    hdr = struct.pack("!IHBB16s16s", 6 << 28, len(l4), 17, 64,
+# IPv6 extension header types
+EXT_HOP_BY_HOP, EXT_ROUTING, EXT_FRAGMENT, EXT_AH, EXT_DSTOPTS = 0, 43, 44, 51, 60
+
+
+def ext_fragment(offset: int = 0, more: bool = False, ident: int = 0x1234) -> tuple[int, bytes]:
+    """A fragment header's (type, body after the next-header byte); offset in bytes (a
+    multiple of 8)."""
+    if offset % 8:
+        raise ValueError("fragment offsets are multiples of 8 bytes")
+    return EXT_FRAGMENT, struct.pack("!BHI", 0, offset | int(more), ident)
+
+
+def ext_header(kind: int, units: int = 1) -> tuple[int, bytes]:
+    """An extension header of type `kind`, filled with padding (PadN / zeros): AH is
+    4 * (units + 2) bytes (its Payload Len = units), any other type 8 * units bytes (Hdr Ext
+    Len = units - 1)."""
+    if kind == EXT_AH:
+        size = 4 * (units + 2)  # Payload Len = units
+        return kind, struct.pack("!B", units) + bytes(size - 2)
+    size = 8 * units
+    body = struct.pack("!B", units - 1) + bytes([1, size - 4]) + bytes(size - 4)
+    return kind, body
+
+
+def ipv6(src: str, dst: str, proto: int, l4: bytes, *, hop_limit: int = 64,
+         ext: tuple[tuple[int, bytes], ...] = ()) -> bytes:
+    """Ethernet + IPv6 + extension headers `ext` ((type, body after the next-header byte)
+    each, in order, as ext_header / ext_fragment make them) + the L4 bytes of `proto`."""
+    chain = b""
+    types = [kind for kind, _ in ext] + [proto]
+    for (_, body), nxt in zip(ext, types[1:], strict=True):
+        chain += bytes([nxt]) + body
+    payload = chain + l4
+    hdr = struct.pack("!IHBB16s16s", 6 << 28, len(payload), types[0], hop_limit,
                       ipaddress.IPv6Address(src).packed, ipaddress.IPv6Address(dst).packed)
-    return ethernet(ETH_P_IPV6, hdr + l4)
+    return ethernet(ETH_P_IPV6, hdr + payload)
+
+
+def tcp6(src: str, dst: str, sport: int, dport: int, flags: str | int = "S",
+         payload: bytes = b"", **kw: object) -> bytes:
+    return ipv6(src, dst, 6, tcp_segment(sport, dport, flags, payload), **kw)  # type: ignore[arg-type]
+
+
+def udp6(src: str, dst: str, sport: int, dport: int, payload: bytes = b"x",
+         **kw: object) -> bytes:
+    return ipv6(src, dst, 17, struct.pack("!HHHH", sport, dport, 8 + len(payload), 0) + payload,
+                **kw)  # type: ignore[arg-type]
+
+
+def ipv6_udp(src: str, dst: str, sport: int, dport: int, payload: bytes = b"x") -> bytes:
+    return udp6(src, dst, sport, dport, payload)
+
+
+def icmp6(src: str, dst: str, icmp_type: int = 128, code: int = 0, ident: int = 7,
+          seq: int = 1, payload: bytes = b"ping", **kw: object) -> bytes:
+    """An ICMPv6 echo request (128) / reply (129), or any type with the same layout."""
+    body = struct.pack("!BBHHH", icmp_type, code, 0, ident, seq) + payload
+    return ipv6(src, dst, 58, body, **kw)  # type: ignore[arg-type]
+
+
+def icmp6_error(src: str, dst: str, inner: bytes, icmp_type: int = 1, code: int = 4,
+                **kw: object) -> bytes:
+    """An ICMPv6 error from src to dst quoting `inner` (an IPv6 frame as built here without
+    extension headers: its IPv6 header and first 8 L4 bytes are quoted)."""
+    quoted = inner[14: 14 + 40 + 8]
+    body = struct.pack("!BBHI", icmp_type, code, 0, 0) + quoted
+    return ipv6(src, dst, 58, body, **kw)  # type: ignore[arg-type]
 
 
 def icmpv6(src: str, dst: str, icmp_type: int, code: int = 0, *, hop_limit: int = 255,

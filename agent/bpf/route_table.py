@@ -12,7 +12,7 @@ them into `{key: value}` entries of agent.bpf.maps.routes:
   IP: LOCAL_HOST (the programs apply DefaultEndpointToHostAction to flows towards them);
   other hosts' IPs: REMOTE_HOST;
 - each enabled IP pool: IN_POOL (+ NAT_OUTGOING), inherited by every entry inside it.
-IPv4 only (the programs are IPv4): IPv6 entries are skipped.
+Both families (the trie is keyed by family).
 
 Not policy: the routes trie has its own manager (`BpfRouteManager`), so a policy change
 never recomputes it and a route change never recompiles policy.
@@ -66,7 +66,7 @@ def compile_routes(state: RouteInputs, ifindexes: Mapping[str, int],
                    problems: list[str]) -> dict[bytes, bytes]:
     """The `routes` trie's desired entries; a route, pool or address that does not parse is
     left out and reported in `problems` (named: route, field)."""
-    entries: dict[ipaddress.IPv4Network, tuple[int, int, str]] = {}
+    entries: dict[ipaddress.IPv4Network | ipaddress.IPv6Network, tuple[int, int, str]] = {}
     type_flags = {
         "local_workload": RouteFlags.LOCAL_WORKLOAD,
         "remote_workload": RouteFlags.REMOTE_WORKLOAD,
@@ -74,13 +74,12 @@ def compile_routes(state: RouteInputs, ifindexes: Mapping[str, int],
         "local_host": RouteFlags.LOCAL_HOST,
     }
 
-    def v4(text: str, what: str) -> ipaddress.IPv4Network | None:
+    def v4(text: str, what: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
         try:
-            net = ipaddress.ip_network(text, strict=False)
+            return ipaddress.ip_network(text, strict=False)
         except ValueError as e:
             problems.append(f"{what}: bad CIDR {text!r}: {e}")
             return None
-        return net if net.version == 4 else None
 
     for dst in sorted(state.routes):
         r = state.routes[dst]
@@ -101,7 +100,7 @@ def compile_routes(state: RouteInputs, ifindexes: Mapping[str, int],
         next_hop = r.dst_node_ip if r.type.startswith("remote") else ""
         if next_hop:
             try:
-                ipaddress.IPv4Address(next_hop)
+                ipaddress.ip_address(next_hop)
             except ValueError:
                 next_hop = ""
         entries[net] = (flags, ifindex, next_hop)
@@ -132,7 +131,7 @@ def compile_routes(state: RouteInputs, ifindexes: Mapping[str, int],
     out = {}
     for net, (flags, ifindex, nh) in entries.items():
         for pool, pflags in pools:
-            if net.subnet_of(pool):
+            if net.version == pool.version and net.subnet_of(pool):  # type: ignore[arg-type]
                 flags |= pflags
         out[routes_map.encode_key(net)] = routes_map.encode_value(flags, ifindex, nh)
     return out

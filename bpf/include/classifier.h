@@ -83,7 +83,9 @@
 #define CLS_F_SNAMED 5
 #define CLS_F_DNAMED 6
 
-/* cls_tries sides */
+/* cls_tries sides; an IPv6 address entry has CLS_SIDE_V6 in its side byte (one trie keyed
+ * by family: the address sides of the two families never meet) */
+#define CLS_SIDE_V6 0x80
 #define CLS_SIDE_SADDR 0
 #define CLS_SIDE_DADDR 1
 #define CLS_SIDE_SNAMED 2
@@ -106,7 +108,7 @@ BPF_TABLE_PINNED("array", __u32, __u32, cls_chains, CLS_CHAINS_MAX_ENTRIES,
 struct cls_l4_key {
 	__u32 instance;
 	__u8 proto;
-	__u8 pflags; /* pkt_info.flags & (PKT_F_PORTS | PKT_F_ICMP) */
+	__u8 pflags; /* pkt_info.flags & (PKT_F_PORTS | PKT_F_ICMP | PKT_F_IPV6) */
 	__u8 icmp_type;
 	__u8 icmp_code;
 	__u8 level; /* CLS_L4_* */
@@ -118,21 +120,22 @@ struct cls_vec_value {
 };
 
 BPF_TABLE_PINNED("hash", struct cls_l4_key, struct cls_vec_value, cls_l4, CLS_L4_MAX_ENTRIES,
-		 PIN_DIR "/cls_l4_v1");
+		 PIN_DIR "/cls_l4_v2");
 
 /* One trie for addresses, named ports and ports. Ports use the address slot: the port in
  * its first 16 bits (network order), so a prefix of the port is a prefix of the key. */
 struct cls_trie_key {
 	__u32 prefixlen; /* CLS_TRIE_FIXED_BITS + prefix length */
 	__u32 instance;
-	__u8 side;   /* CLS_SIDE_* */
+	__u8 side;   /* CLS_SIDE_*, | CLS_SIDE_V6 for IPv6 addresses */
 	__u8 proto;  /* named-port sides only */
 	__u16 port;  /* named-port sides only; host order (a fixed part of the key) */
-	__be32 addr; /* address, or port << 16 for the port sides; network order */
+	struct pf_addr addr; /* address (IPv4: first 4 bytes), or port << 16 for the port
+			      * sides; network order */
 };
 
 BPF_TABLE_PINNED7("lpm_trie", struct cls_trie_key, struct cls_vec_value, cls_tries,
-		  CLS_TRIES_MAX_ENTRIES, PIN_DIR "/cls_tries_v1", BPF_F_NO_PREALLOC);
+		  CLS_TRIES_MAX_ENTRIES, PIN_DIR "/cls_tries_v2", BPF_F_NO_PREALLOC);
 
 BPF_TABLE_PINNED("array", __u32, __u64, cls_words, CLS_WORDS_MAX_ENTRIES,
 		 PIN_DIR "/cls_words_v1");
@@ -170,16 +173,29 @@ PF_INLINE __u32 cls_ctz(__u64 x)
 	return cls_popcount((x & -x) - 1);
 }
 
-PF_INLINE __u32 cls_trie_lookup(__u32 instance, __u8 side, __u8 proto, __u16 port, __be32 addr,
-				__u32 dflt)
+PF_INLINE __u32 cls_port_lookup(__u32 instance, __u8 side, __u16 port, __u32 dflt)
 {
 	struct cls_trie_key key = {};
-	key.prefixlen = CLS_TRIE_FIXED_BITS + 32;
+	key.prefixlen = CLS_TRIE_FIXED_BITS + 16;
 	key.instance = instance;
 	key.side = side;
+	key.addr.w[0] = (__be32)pf_ntohl((__u32)port << 16);
+	struct cls_vec_value *v = cls_tries.lookup(&key);
+	return v ? v->vec : dflt;
+}
+
+/* An address side: addr (the packet's source or destination), in its family's entries
+ * (the family from pkt, without a branch). */
+PF_INLINE __u32 cls_addr_lookup(__u32 instance, __u8 side, __u8 proto, __u16 port,
+				struct pkt_info *pkt, const struct pf_addr *addr, __u32 dflt)
+{
+	struct cls_trie_key key = {};
+	key.prefixlen = CLS_TRIE_FIXED_BITS + pkt_addr_bits(pkt);
+	key.instance = instance;
+	key.side = side | (pkt_v6_bit(pkt) << 7); /* CLS_SIDE_V6 */
 	key.proto = proto;
 	key.port = port;
-	key.addr = addr;
+	__builtin_memcpy(&key.addr, addr, 16);
 	struct cls_vec_value *v = cls_tries.lookup(&key);
 	return v ? v->vec : dflt;
 }
@@ -190,7 +206,7 @@ PF_INLINE __u32 cls_l4_lookup(__u32 instance, struct pkt_info *pkt, __u32 dflt)
 	struct cls_vec_value *v;
 	key.instance = instance;
 	key.proto = pkt->proto;
-	key.pflags = pkt->flags & (PKT_F_PORTS | PKT_F_ICMP);
+	key.pflags = pkt->flags & (PKT_F_PORTS | PKT_F_ICMP | PKT_F_IPV6);
 	if (key.pflags & PKT_F_ICMP) {
 		key.icmp_type = pkt->icmp_type;
 		key.icmp_code = pkt->icmp_code;
@@ -243,25 +259,23 @@ PF_INLINE int cls_setup(struct cls_state *cs, __u32 chain_start, struct pkt_info
 	if (flags & (1u << CLS_F_L4))
 		fixed[CLS_F_L4] = cls_l4_lookup(inst, pkt, fixed[CLS_F_L4]);
 	if (flags & (1u << CLS_F_SPORT))
-		fixed[CLS_F_SPORT] = cls_trie_lookup(inst, CLS_SIDE_SPORT, 0, 0,
-						     (__be32)pf_ntohl((__u32)pkt->sport << 16),
+		fixed[CLS_F_SPORT] = cls_port_lookup(inst, CLS_SIDE_SPORT, pkt->sport,
 						     fixed[CLS_F_SPORT]);
 	if (flags & (1u << CLS_F_DPORT))
-		fixed[CLS_F_DPORT] = cls_trie_lookup(inst, CLS_SIDE_DPORT, 0, 0,
-						     (__be32)pf_ntohl((__u32)pkt->dport << 16),
+		fixed[CLS_F_DPORT] = cls_port_lookup(inst, CLS_SIDE_DPORT, pkt->dport,
 						     fixed[CLS_F_DPORT]);
 	if (flags & (1u << CLS_F_SADDR))
-		fixed[CLS_F_SADDR] = cls_trie_lookup(inst, CLS_SIDE_SADDR, 0, 0, pkt->saddr,
+		fixed[CLS_F_SADDR] = cls_addr_lookup(inst, CLS_SIDE_SADDR, 0, 0, pkt, &pkt->src,
 						     fixed[CLS_F_SADDR]);
 	if (flags & (1u << CLS_F_DADDR))
-		fixed[CLS_F_DADDR] = cls_trie_lookup(inst, CLS_SIDE_DADDR, 0, 0, pkt->daddr,
+		fixed[CLS_F_DADDR] = cls_addr_lookup(inst, CLS_SIDE_DADDR, 0, 0, pkt, &pkt->dst,
 						     fixed[CLS_F_DADDR]);
 	if (flags & (1u << CLS_F_SNAMED))
-		fixed[CLS_F_SNAMED] = cls_trie_lookup(inst, CLS_SIDE_SNAMED, pkt->proto, pkt->sport,
-						      pkt->saddr, fixed[CLS_F_SNAMED]);
+		fixed[CLS_F_SNAMED] = cls_addr_lookup(inst, CLS_SIDE_SNAMED, pkt->proto, pkt->sport,
+						      pkt, &pkt->src, fixed[CLS_F_SNAMED]);
 	if (flags & (1u << CLS_F_DNAMED))
-		fixed[CLS_F_DNAMED] = cls_trie_lookup(inst, CLS_SIDE_DNAMED, pkt->proto, pkt->dport,
-						      pkt->daddr, fixed[CLS_F_DNAMED]);
+		fixed[CLS_F_DNAMED] = cls_addr_lookup(inst, CLS_SIDE_DNAMED, pkt->proto, pkt->dport,
+						      pkt, &pkt->dst, fixed[CLS_F_DNAMED]);
 	__u32 n = 0;
 #pragma unroll
 	for (int f = 0; f < CLS_FIELDS; f++) {

@@ -32,7 +32,10 @@
  * A TCP flow picked up mid-stream (first packet seen is not a SYN, e.g. after the map was
  * lost) is created as established once policy allows it.
  *
- * ICMP echo: the echo id is both "ports"; requests only match in the original direction,
+ * Both families share the map: the key's addresses are 16 bytes (IPv4 in the first 4, the
+ * rest 0) and its family byte keeps an IPv4 and an IPv6 flow apart.
+ *
+ * ICMP / ICMPv6 echo: the echo id is both "ports"; requests only match in the original direction,
  * replies only in the reply direction (the peer pinging back with the same id is new).
  * ICMP errors (unreachable, time exceeded, ...) whose inner packet belongs to a tracked
  * flow of the same interface are allowed as "related" (GCNT_CT_RELATED).
@@ -93,12 +96,13 @@
 
 struct ct_key {
 	__u32 ifindex;
-	__be32 addr_a; /* (addr_a, port_a) <= (addr_b, port_b), comparing host-order values */
-	__be32 addr_b;
+	struct pf_addr addr_a; /* (addr_a, port_a) <= (addr_b, port_b): see ct_fill_key */
+	struct pf_addr addr_b;
 	__u16 port_a;
 	__u16 port_b;
 	__u8 proto;
-	__u8 pad[3];
+	__u8 family; /* 4 or 6: IPv4 uses w[0] of the addresses, the rest 0 */
+	__u8 pad[2];
 };
 
 struct ct_value {
@@ -111,29 +115,50 @@ struct ct_value {
 };
 
 BPF_TABLE_PINNED("lru_hash", struct ct_key, struct ct_value, conntrack, CONNTRACK_MAX_ENTRIES,
-		 PIN_DIR "/conntrack_v1");
+		 PIN_DIR "/conntrack_v2");
+
+/* (a, pa) <= (b, pb), addresses as unsigned big-endian numbers (IPv4: w[0], the rest 0) */
+PF_INLINE int ct_side_le(const struct pf_addr *a, const struct pf_addr *b, __u16 pa, __u16 pb)
+{
+	__u64 ah = ((__u64)pf_ntohl(a->w[0]) << 32) | pf_ntohl(a->w[1]);
+	__u64 bh = ((__u64)pf_ntohl(b->w[0]) << 32) | pf_ntohl(b->w[1]);
+	if (ah != bh)
+		return ah < bh;
+	__u64 al = ((__u64)pf_ntohl(a->w[2]) << 32) | pf_ntohl(a->w[3]);
+	__u64 bl = ((__u64)pf_ntohl(b->w[2]) << 32) | pf_ntohl(b->w[3]);
+	if (al != bl)
+		return al < bl;
+	return pa <= pb;
+}
 
 /* Fill key from a tuple; returns 1 if the packet goes from side A to side B. */
-PF_INLINE int ct_fill_key(struct ct_key *key, __u32 ifindex, __be32 saddr, __be32 daddr,
-			  __u16 sport, __u16 dport, __u8 proto)
+PF_INLINE int ct_fill_key(struct ct_key *key, __u32 ifindex, const struct pf_addr *saddr,
+			  const struct pf_addr *daddr, __u16 sport, __u16 dport, __u8 proto,
+			  __u8 family)
 {
-	__u32 s = pf_ntohl(saddr);
-	__u32 d = pf_ntohl(daddr);
-	int src_is_a = (s < d) || (s == d && sport <= dport);
+	int src_is_a = ct_side_le(saddr, daddr, sport, dport);
 	key->ifindex = ifindex;
 	key->proto = proto;
+	key->family = family;
 	if (src_is_a) {
-		key->addr_a = saddr;
-		key->addr_b = daddr;
+		__builtin_memcpy(&key->addr_a, saddr, 16);
+		__builtin_memcpy(&key->addr_b, daddr, 16);
 		key->port_a = sport;
 		key->port_b = dport;
 	} else {
-		key->addr_a = daddr;
-		key->addr_b = saddr;
+		__builtin_memcpy(&key->addr_a, daddr, 16);
+		__builtin_memcpy(&key->addr_b, saddr, 16);
 		key->port_a = dport;
 		key->port_b = sport;
 	}
 	return src_is_a;
+}
+
+/* The key of the packet's own tuple. */
+PF_INLINE int ct_fill_pkt_key(struct ct_key *key, __u32 ifindex, struct pkt_info *pkt)
+{
+	return ct_fill_key(key, ifindex, &pkt->src, &pkt->dst, pkt->sport, pkt->dport,
+			   pkt->proto, 4 + 2 * pkt_v6_bit(pkt));
 }
 
 PF_INLINE __u64 ct_timeout_ns(__u8 proto, __u32 flags)
@@ -150,7 +175,7 @@ PF_INLINE __u64 ct_timeout_ns(__u8 proto, __u32 flags)
 			secs = CT_TIMEOUT_TCP_SYN;
 	} else if (proto == PF_IPPROTO_UDP) {
 		secs = CT_TIMEOUT_UDP;
-	} else if (proto == PF_IPPROTO_ICMP) {
+	} else if (proto == PF_IPPROTO_ICMP || proto == PF_IPPROTO_ICMPV6) {
 		secs = CT_TIMEOUT_ICMP;
 	} else {
 		secs = CT_TIMEOUT_OTHER;
@@ -169,8 +194,7 @@ PF_INLINE int ct_expired(struct ct_value *v, __u8 proto, __u64 now)
 PF_INLINE int ct_lookup_update(struct pkt_info *pkt, __u32 ifindex, __u8 hook, __u64 now)
 {
 	struct ct_key key = {};
-	int a_to_b = ct_fill_key(&key, ifindex, pkt->saddr, pkt->daddr, pkt->sport, pkt->dport,
-				 pkt->proto);
+	int a_to_b = ct_fill_pkt_key(&key, ifindex, pkt);
 	struct ct_value *v = conntrack.lookup(&key);
 	if (!v)
 		return 0;
@@ -182,8 +206,9 @@ PF_INLINE int ct_lookup_update(struct pkt_info *pkt, __u32 ifindex, __u8 hook, _
 	/* ICMP echo keys carry the echo id as both ports, so a request from the other side
 	 * with the same id finds the entry too: only requests in the original direction and
 	 * replies in the reply direction belong to it; anything else is a new exchange */
-	if (pkt->proto == PF_IPPROTO_ICMP && (pkt->flags & PKT_F_ICMP) &&
-	    ((pkt->icmp_type == 8 && !orig_dir) || (pkt->icmp_type == 0 && orig_dir)))
+	if ((pkt->flags & PKT_F_ICMP) &&
+	    ((pkt->icmp_type == pkt_echo_request(pkt) && !orig_dir) ||
+	     (pkt->icmp_type == pkt_echo_reply(pkt) && orig_dir)))
 		return 0;
 	if (ct_expired(v, pkt->proto, now)) {
 		count_global(GCNT_CT_EXPIRED);
@@ -224,8 +249,8 @@ PF_INLINE int ct_is_related(struct pkt_info *pkt, __u32 ifindex, __u64 now)
 	if (!(pkt->flags & PKT_F_ICMP_ERR))
 		return 0;
 	struct ct_key key = {};
-	ct_fill_key(&key, ifindex, pkt->inner_saddr, pkt->inner_daddr, pkt->inner_sport,
-		    pkt->inner_dport, pkt->inner_proto);
+	ct_fill_key(&key, ifindex, &pkt->inner_src, &pkt->inner_dst, pkt->inner_sport,
+		    pkt->inner_dport, pkt->inner_proto, 4 + 2 * pkt_v6_bit(pkt));
 	struct ct_value *v = conntrack.lookup(&key);
 	if (!v || ct_expired(v, pkt->inner_proto, now))
 		return 0;
@@ -237,8 +262,7 @@ PF_INLINE void ct_create(struct pkt_info *pkt, __u32 ifindex, __u8 hook, __u64 n
 			 __u32 counter_id)
 {
 	struct ct_key key = {};
-	int a_to_b = ct_fill_key(&key, ifindex, pkt->saddr, pkt->daddr, pkt->sport, pkt->dport,
-				 pkt->proto);
+	int a_to_b = ct_fill_pkt_key(&key, ifindex, pkt);
 	struct ct_value v = {};
 	v.created_ns = now;
 	v.last_seen_ns = now;

@@ -63,16 +63,18 @@ struct ep_counter {
 #define GCNT_XDP_PASSED 16
 #define GCNT_CLASSIFIER_STEPS 17 /* classifier steps (candidate words looked at; cost indicator) */
 #define GCNT_SPOOFED_DROPPED 18   /* from a workload with a source it may not use (RPF) */
-#define GCNT_IPV6_DROPPED 19      /* IPv6 other than neighbour discovery: not policed, dropped */
+#define GCNT_IPV6_DROPPED 19      /* IPv6 other than ND with Ipv6Support false: dropped */
 #define GCNT_IPV6_ND_PASSED 20    /* IPv6 neighbour discovery / MLD, link scope: passed */
 #define GCNT_ARP_PASSED 21        /* ARP: passed */
 #define GCNT_HEP_RPF_DROPPED 22   /* into a host endpoint from a source failing BPFEnforceRPF */
 #define GCNT_CLASSIFIER_ERROR 23  /* a classifier lookup failed or was inconsistent: dropped */
 #define GCNT_FASTPATH_REDIRECTED 24 /* pod to local pod: redirected past the host stack */
 #define GCNT_FASTPATH_TTL_EXPIRED 25 /* would have been, but TTL <= 1: the stack replies */
-#define GCNT_FLOW_EVENTS 26         /* policy decisions sent to the flow-log ring buffer */
-#define GCNT_FLOW_EVENTS_DROPPED 27 /* not sent: over the per-CPU budget or ring buffer full */
-#define GCNT_COUNT 28
+#define GCNT_IPV6_EXT_DROPPED 26   /* IPv6 extension header chain not walked (unknown, too long) */
+#define GCNT_IPV6_PACKETS 27       /* IPv6 packets policed (after ND, before the endpoint lookup) */
+#define GCNT_FLOW_EVENTS 28         /* policy decisions sent to the flow-log ring buffer */
+#define GCNT_FLOW_EVENTS_DROPPED 29 /* not sent: over the per-CPU budget or ring buffer full */
+#define GCNT_COUNT 30
 
 BPF_TABLE_PINNED("percpu_array", __u32, struct rule_counter, rule_counters,
 		 RULE_COUNTERS_MAX_ENTRIES, PIN_DIR "/rule_counters_v1");

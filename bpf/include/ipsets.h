@@ -2,7 +2,8 @@
  *
  * Python twin: agent/bpf/maps/ipsets.py (struct ipset_key / ipset_value must match).
  *
- * Key = (set id, protocol, port, IPv4 prefix). The trie's prefixlen counts bits from
+ * Key = (set id, protocol, family, port, prefix): IPv4 and IPv6 members in one trie, the
+ * family byte keeping them apart (IPv4 prefixes use the first 4 address bytes). The trie's prefixlen counts bits from
  * set_id onwards, so an entry for member 10.0.0.0/24 of set 7 has
  * prefixlen = IPSET_KEY_FIXED_BITS + 24 and matches any lookup for set 7 with an address in
  * 10.0.0.0/24. set_id, proto, pad and port are always fully covered (IPSET_KEY_FIXED_BITS),
@@ -21,15 +22,15 @@
 #define IPSETS_MAX_ENTRIES 1048576
 #endif
 
-#define IPSET_KEY_FIXED_BITS 64 /* set_id(32) + proto(8) + pad(8) + port(16) */
+#define IPSET_KEY_FIXED_BITS 64 /* set_id(32) + proto(8) + family(8) + port(16) */
 
 struct ipset_key {
 	__u32 prefixlen; /* IPSET_KEY_FIXED_BITS + address prefix length */
 	__u32 set_id;
 	__u8 proto;  /* ip_port sets only, else 0 */
-	__u8 pad;    /* always 0 */
+	__u8 family; /* 4 or 6: one trie keyed by family */
 	__u16 port;  /* ip_port sets only, else 0; host byte order */
-	__be32 addr; /* network byte order */
+	struct pf_addr addr; /* network byte order; IPv4 in the first 4 bytes, the rest 0 */
 };
 
 struct ipset_value {
@@ -37,18 +38,7 @@ struct ipset_value {
 };
 
 BPF_TABLE_PINNED7("lpm_trie", struct ipset_key, struct ipset_value, ipsets, IPSETS_MAX_ENTRIES,
-		  PIN_DIR "/ipsets_v1", BPF_F_NO_PREALLOC);
+		  PIN_DIR "/ipsets_v2", BPF_F_NO_PREALLOC);
 
-/* Is addr (with proto/port for ip_port sets, 0/0 for net sets) a member of set_id? */
-PF_INLINE int ipset_contains(__u32 set_id, __u8 proto, __u16 port, __be32 addr)
-{
-	struct ipset_key key = {};
-	key.prefixlen = IPSET_KEY_FIXED_BITS + 32;
-	key.set_id = set_id;
-	key.proto = proto;
-	key.port = port;
-	key.addr = addr;
-	return ipsets.lookup(&key) != NULL;
-}
 
 #endif /* PYFELIX_IPSETS_H */

@@ -123,9 +123,11 @@ PF_INLINE int nat_rewrite(struct __sk_buff *skb, struct pkt_info *pkt, int is_ds
 	}
 	if (is_dst) {
 		pkt->daddr = new_addr;
+		pkt->dst.w[0] = new_addr; /* the family-neutral copy (common.h) */
 		pkt->dport = new_port;
 	} else {
 		pkt->saddr = new_addr;
+		pkt->src.w[0] = new_addr;
 		pkt->sport = new_port;
 	}
 	return 0;

@@ -83,6 +83,8 @@
 #define RM_ICMP_CODE 0x08000
 #define RM_NOT_ICMP_TYPE 0x10000
 #define RM_NOT_ICMP_CODE 0x20000
+#define RM_IPV4_ONLY 0x40000 /* the record matches IPv4 only (ipVersion 4, or only IPv4 nets) */
+#define RM_IPV6_ONLY 0x80000 /* ... IPv6 only (the classifier's L4 field: PKT_F_IPV6) */
 
 #define RM_ANY_PORTS (RM_SRC_PORTS | RM_NOT_SRC_PORTS | RM_DST_PORTS | RM_NOT_DST_PORTS)
 #define RM_ANY_ICMP (RM_ICMP_TYPE | RM_ICMP_CODE | RM_NOT_ICMP_TYPE | RM_NOT_ICMP_CODE)

@@ -26,27 +26,31 @@
 #define RT_F_TUNNEL_VXLAN 0x40
 #define RT_F_TUNNEL_IPIP 0x80
 
-#define ROUTE_KEY_FIXED_BITS 0
+#define ROUTE_KEY_FIXED_BITS 32 /* family */
 
+/* Both families, keyed by family (IPv4 in the first 4 bytes of addr, the rest 0). */
 struct route_key {
-	__u32 prefixlen;
-	__be32 addr;
+	__u32 prefixlen; /* ROUTE_KEY_FIXED_BITS + prefix length */
+	__u32 family;    /* 4 or 6 */
+	struct pf_addr addr;
 };
 
 struct route_value {
-	__u32 flags;     /* RT_F_* */
-	__u32 ifindex;   /* local workloads: the host-side interface, else 0 */
-	__be32 next_hop; /* remote workloads/hosts: the node's address, else 0 */
+	__u32 flags;             /* RT_F_* */
+	__u32 ifindex;           /* local workloads: the host-side interface, else 0 */
+	struct pf_addr next_hop; /* remote workloads/hosts: the node's address, else 0 */
 };
 
 BPF_TABLE_PINNED7("lpm_trie", struct route_key, struct route_value, routes, ROUTES_MAX_ENTRIES,
-		  PIN_DIR "/routes_v1", BPF_F_NO_PREALLOC);
+		  PIN_DIR "/routes_v2", BPF_F_NO_PREALLOC);
 
-PF_INLINE __u32 route_flags(__be32 addr)
+/* The flags of the route to the packet's destination (0: no route). */
+PF_INLINE __u32 route_flags(struct pkt_info *pkt)
 {
 	struct route_key key = {};
-	key.prefixlen = 32;
-	key.addr = addr;
+	key.prefixlen = ROUTE_KEY_FIXED_BITS + pkt_addr_bits(pkt);
+	key.family = 4 + 2 * pkt_v6_bit(pkt);
+	__builtin_memcpy(&key.addr, &pkt->dst, 16);
 	struct route_value *v = routes.lookup(&key);
 	return v ? v->flags : 0;
 }

@@ -18,12 +18,13 @@
 #define UNTRACKED_MAX_ENTRIES 65536
 #endif
 
-#define UNTRACKED_KEY_FIXED_BITS 32 /* ifindex */
+#define UNTRACKED_KEY_FIXED_BITS 64 /* ifindex + family */
 
 struct untracked_key {
 	__u32 prefixlen; /* UNTRACKED_KEY_FIXED_BITS + source prefix length */
 	__u32 ifindex;
-	__be32 saddr;
+	__u32 family;         /* 4 or 6 */
+	struct pf_addr saddr; /* IPv4: the first 4 bytes, the rest 0 */
 };
 
 struct untracked_value {
@@ -32,6 +33,6 @@ struct untracked_value {
 };
 
 BPF_TABLE_PINNED7("lpm_trie", struct untracked_key, struct untracked_value, untracked,
-		  UNTRACKED_MAX_ENTRIES, PIN_DIR "/untracked_v1", BPF_F_NO_PREALLOC);
+		  UNTRACKED_MAX_ENTRIES, PIN_DIR "/untracked_v2", BPF_F_NO_PREALLOC);
 
 #endif /* PYFELIX_UNTRACKED_H */

@@ -19,7 +19,11 @@ Figures (median of `repeats` samples, with _min/_max):
   <= 10), from the medians.
 - `ns_per_rule`: (first_packet_ns_1000 - first_packet_ns_100) / 900, the marginal cost of
   one more rule (about 0 with the classifier; ~8 ns with the old linear walk).
-- `compile_seconds`, `load_seconds`: the BCC build used; `trie_members`.
+- IPv6, measured after the IPv4 figures: `ct_hit_v6_ns`, `ct_hit_from_wep_v6_ns` (an
+  established IPv6 flow) and `first_packet_v6_ns_<N>` (the same rules once the sets also
+  hold 10,000 IPv6 members each; an IPv6 client in none of them).
+- `compile_seconds`, `load_seconds`: the BCC build used; `trie_members` (IPv4; the IPv6
+  phase adds as many IPv6 members).
 """
 
 from __future__ import annotations
@@ -54,6 +58,10 @@ def bpf_verdict(ctx: BenchContext) -> Figures:
     figures.update(Stat.of([float(v) for v in raw["ct_hit_from_wep_ns"]])
                    .figures("ct_hit_from_wep_ns"))
     figures.update(Stat.of([float(v) for v in raw["harness_ns"]]).figures("harness_ns"))
+    for name in ("ct_hit_v6_ns", "ct_hit_from_wep_v6_ns"):
+        figures.update(Stat.of([float(v) for v in raw[name]]).figures(name))
+    for n, values in raw["first_packet_v6_ns"].items():
+        figures.update(Stat.of([float(v) for v in values]).figures(f"first_packet_v6_ns_{n}"))
     medians = {}
     for n, values in raw["first_packet_ns"].items():
         stat = Stat.of([float(v) for v in values])

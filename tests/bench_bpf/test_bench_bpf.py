@@ -55,6 +55,11 @@ def test_bpf_verdict_figures(leaves_nothing):
         f["first_packet_ns_10000"] / f["first_packet_ns_10"])
     assert f["first_packet_1000_over_ct_hit"] == pytest.approx(
         f["first_packet_ns_1000"] / f["ct_hit_ns"])
+    # IPv6 beside IPv4: real runs of the programs, dearer than the harness alone
+    for name in ("ct_hit_v6_ns", "ct_hit_from_wep_v6_ns",
+                 *(f"first_packet_v6_ns_{n}" for n in (1, 10, 100, 1000, 10000))):
+        assert f[f"{name}_min"] <= f[name] <= f[f"{name}_max"], name
+        assert f[name] > f["harness_ns"], name
     assert f["trie_members"] == 100_000
 
 

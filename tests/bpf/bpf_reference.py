@@ -7,8 +7,11 @@
 - `walk_chain()`: a line-by-line Python mirror of calico_policy / rule_matches in
   bpf/tc.c and bpf/include/policy.h over compiled RuleRecords and the compiled ipsets trie.
 
-Packets are `Pkt`; ports only count for TCP/UDP/SCTP, ICMP type/code only for ICMP (any
-port constraint needs a packet with ports; any ICMP constraint needs an ICMP packet).
+Packets are `Pkt` of either family (from their addresses); ports only count for
+TCP/UDP/SCTP, ICMP type/code only for the family's ICMP (1 for IPv4, 58 for IPv6): any port
+constraint needs a packet with ports; any ICMP constraint an ICMP packet. A rule applies to
+the families Felix renders it for: its ipVersion, and not a family for which a non-empty
+nets / notNets list has no net (Felix's FilterRuleToIPVersion).
 """
 
 from __future__ import annotations
@@ -35,19 +38,33 @@ class Pkt:
     icmp_code: int = 0
 
     @property
+    def family(self) -> int:
+        return ipaddress.ip_address(self.src).version
+
+    @property
     def has_ports(self) -> bool:
         return self.proto in PORT_PROTOS
 
     @property
     def is_icmp(self) -> bool:
-        return self.proto == 1
+        return self.proto == (58 if self.family == 6 else 1)
 
 
 def _in_net(addr: str, nets: tuple[str, ...]) -> bool:
     a = ipaddress.ip_address(addr)
     return any(
-        a in n for n in (ipaddress.ip_network(x, strict=False) for x in nets) if n.version == 4
-    )
+        n.version == a.version and a in n
+        for n in (ipaddress.ip_network(x, strict=False) for x in nets))
+
+
+def rule_applies_to(r: proto.Rule, family: int) -> bool:
+    if r.ip_version is not None and r.ip_version != family:
+        return False
+    for nets in (r.src_nets, r.dst_nets, r.not_src_nets, r.not_dst_nets):
+        if nets and not any(ipaddress.ip_network(x, strict=False).version == family
+                            for x in nets):
+            return False
+    return True
 
 
 def _in_set(state: PolicyState, set_id: str, addr: str, proto_num: int = 0,
@@ -56,7 +73,7 @@ def _in_set(state: PolicyState, set_id: str, addr: str, proto_num: int = 0,
     a = ipaddress.ip_address(addr)
     for m in s.members:
         net, p, prt = ipsets_map.parse_member(m)
-        if net.version != 4 or a not in net:
+        if net.version != a.version or a not in net:
             continue
         if not named or (p == proto_num and prt == port):
             return True
@@ -70,7 +87,7 @@ def _port_ok(state: PolicyState, pkt: Pkt, port: int, addr: str,
 
 
 def rule_matches(state: PolicyState, r: proto.Rule, pkt: Pkt) -> bool:
-    if r.ip_version == 6:
+    if not rule_applies_to(r, pkt.family):
         return False
     if r.protocol is not None and pkt.proto != r.protocol:
         return False
@@ -174,7 +191,7 @@ class Trie:
 
     def contains(self, set_id: int, proto_num: int, port: int, addr: str) -> bool:
         a = ipaddress.ip_address(addr)
-        return any(a in n and p == proto_num and prt == port
+        return any(n.version == a.version and a in n and p == proto_num and prt == port
                    for n, p, prt in self.by_set.get(set_id, ()))
 
 
@@ -184,6 +201,8 @@ def _pm_hit(trie: Trie, pm: PortMatch, proto_num: int, port: int, addr: str) -> 
 
 
 def record_matches(trie: Trie, r: RuleRecord, pkt: Pkt) -> bool:
+    if r.ip_version is not None and r.ip_version != pkt.family:
+        return False
     if r.protocol is not None and pkt.proto != r.protocol:
         return False
     if r.not_protocol is not None and pkt.proto == r.not_protocol:

@@ -25,19 +25,27 @@ from pyfelix.agent.bpf.maps.rules import Action, PortMatch, RuleRecord, SetCheck
 from tests.bpf.bpf_reference import Pkt, expected_verdict
 
 WID = p.WorkloadEndpointID("k8s", "default/a", "eth0")
+# both families: the sets hold IPv4 and IPv6 members, nested prefixes in each
 SETS = {
-    "sA": ("net", frozenset({"10.0.0.0/30", "10.0.1.1/32", "10.2.0.0/16"})),
-    "sB": ("net", frozenset({"10.0.0.2/31", "10.0.2.0/24", "10.2.3.0/24"})),
-    "sC": ("net", frozenset({"10.0.1.0/24", "0.0.0.0/1"})),
+    "sA": ("net", frozenset({"10.0.0.0/30", "10.0.1.1/32", "10.2.0.0/16", "fd00::/126",
+                             "fd00:2::/32"})),
+    "sB": ("net", frozenset({"10.0.0.2/31", "10.0.2.0/24", "10.2.3.0/24", "fd00::2/127",
+                             "fd00:2:3::/48"})),
+    "sC": ("net", frozenset({"10.0.1.0/24", "0.0.0.0/1", "::/1", "fd00:1::/64"})),
     "npA": ("ip_port", frozenset({"10.0.0.1/32,tcp:80", "10.0.1.1/32,udp:53",
-                                  "10.0.2.2/32,tcp:8080", "10.2.0.0/16,tcp:80"})),
-    "npB": ("ip_port", frozenset({"10.0.0.2/32,tcp:81", "10.0.2.2/32,sctp:80"})),
+                                  "10.0.2.2/32,tcp:8080", "10.2.0.0/16,tcp:80",
+                                  "fd00::1/128,tcp:80", "fd00:2::/32,tcp:80"})),
+    "npB": ("ip_port", frozenset({"10.0.0.2/32,tcp:81", "10.0.2.2/32,sctp:80",
+                                  "fd00::2,tcp:81"})),
 }
 ADDRS = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.1.1", "10.0.2.2", "10.2.3.4", "10.2.9.9",
          "10.9.9.9", "192.168.1.1"]
-NETS = ["10.0.0.0/31", "10.0.1.0/24", "10.0.0.3/32", "10.2.0.0/15", "fd00::/8"]
+ADDRS6 = ["fd00::1", "fd00::2", "fd00::3", "fd00:1::1", "fd00:2:3::4", "fd00:2:9::9",
+          "fd09::9", "2001:db8::1", "::1"]
+NETS = ["10.0.0.0/31", "10.0.1.0/24", "10.0.0.3/32", "10.2.0.0/15", "fd00::/8",
+        "fd00::/127", "fd00:2::/32"]
 PORTS = [0, 53, 79, 80, 81, 1000, 8080, 65535]
-PROTOS = [1, 6, 17, 132, 47]
+PROTOS = [1, 6, 17, 132, 47, 58]
 ICMP_VALUES = [0, 3, 8, 11]
 
 
@@ -58,8 +66,10 @@ def random_rule(rng: random.Random) -> p.Rule:
             "src_ports", "dst_ports", "not_src_ports", "not_dst_ports",
             "src_named_port_ip_set_ids", "dst_named_port_ip_set_ids",
             "not_src_named_port_ip_set_ids", "not_dst_named_port_ip_set_ids",
-            "icmp", "not_icmp"])
-        if key in ("protocol", "not_protocol"):
+            "icmp", "not_icmp", "ip_version"])
+        if key == "ip_version":
+            kw[key] = rng.choice([4, 6])
+        elif key in ("protocol", "not_protocol"):
             kw[key] = rng.choice(PROTOS)
         elif key.endswith("_nets"):
             kw[key] = tuple(rng.sample(NETS, rng.choice([1, 1, 2])))
@@ -109,21 +119,25 @@ def random_scenario(rng: random.Random, max_rules: int = 6
     return s, ep
 
 
-def random_packet(rng: random.Random) -> Pkt:
+def random_packet(rng: random.Random, family: int | None = None) -> Pkt:
+    """A random packet of `family` (either, when None)."""
+    addrs = ADDRS6 if (family or rng.choice([4, 6])) == 6 else ADDRS
     proto_num = rng.choice(PROTOS)
-    if proto_num == 1:
-        return Pkt(rng.choice(ADDRS), rng.choice(ADDRS), 1, icmp_type=rng.choice(ICMP_VALUES),
-                   icmp_code=rng.choice([0, 1, 3]))
+    if proto_num in (1, 58):
+        return Pkt(rng.choice(addrs), rng.choice(addrs), proto_num,
+                   icmp_type=rng.choice(ICMP_VALUES), icmp_code=rng.choice([0, 1, 3]))
     if proto_num in (6, 17, 132):
-        return Pkt(rng.choice(ADDRS), rng.choice(ADDRS), proto_num, rng.choice(PORTS),
+        return Pkt(rng.choice(addrs), rng.choice(addrs), proto_num, rng.choice(PORTS),
                    rng.choice(PORTS))
-    return Pkt(rng.choice(ADDRS), rng.choice(ADDRS), proto_num)
+    return Pkt(rng.choice(addrs), rng.choice(addrs), proto_num)
 
 
 def classifier_packet(pkt: Pkt) -> cls.Packet:
     pflags = 0x01 if pkt.has_ports else 0x08 if pkt.is_icmp else 0
+    if pkt.family == 6:
+        pflags |= 0x80
     sport, dport = (pkt.sport, pkt.dport) if pkt.has_ports else (0, 0)
-    return cls.Packet(int(ipaddress.IPv4Address(pkt.src)), int(ipaddress.IPv4Address(pkt.dst)),
+    return cls.Packet(int(ipaddress.ip_address(pkt.src)), int(ipaddress.ip_address(pkt.dst)),
                       pkt.proto, pflags, sport, dport, pkt.icmp_type, pkt.icmp_code)
 
 
@@ -180,13 +194,19 @@ def test_port_prefixes_cover_the_range_exactly(first, last):
 
 
 def test_nested_prefixes_give_the_sets_that_contain_the_address():
-    members = {1: [(int(ipaddress.IPv4Address("10.0.0.0")), 8, 0, 0)],
-               2: [(int(ipaddress.IPv4Address("10.1.0.0")), 16, 0, 0)],
-               3: [(int(ipaddress.IPv4Address("10.1.2.3")), 32, 0, 0)]}
+    v4, v6 = ipaddress.IPv4Address, ipaddress.IPv6Address
+    members = {1: [(int(v4("10.0.0.0")), 8, 0, 0, 4), (int(v6("fd00::")), 8, 0, 0, 6)],
+               2: [(int(v4("10.1.0.0")), 16, 0, 0, 4), (int(v6("fd00:1::")), 32, 0, 0, 6)],
+               3: [(int(v4("10.1.2.3")), 32, 0, 0, 4), (int(v6("fd00:1::3")), 128, 0, 0, 6)],
+               # same bits as 10.0.0.0/8, other family: never an ancestor of an IPv4 prefix
+               4: [(int(v6("a00::")), 8, 0, 0, 6)]}
     sigs = cls._signatures(members)
-    assert sigs[(0, 0, int(ipaddress.IPv4Address("10.1.2.3")), 32)] == {1, 2, 3}
-    assert sigs[(0, 0, int(ipaddress.IPv4Address("10.1.0.0")), 16)] == {1, 2}
-    assert sigs[(0, 0, int(ipaddress.IPv4Address("10.0.0.0")), 8)] == {1}
+    assert sigs[(4, 0, 0, int(v4("10.1.2.3")), 32)] == {1, 2, 3}
+    assert sigs[(4, 0, 0, int(v4("10.1.0.0")), 16)] == {1, 2}
+    assert sigs[(4, 0, 0, int(v4("10.0.0.0")), 8)] == {1}
+    assert sigs[(6, 0, 0, int(v6("fd00:1::3")), 128)] == {1, 2, 3}
+    assert sigs[(6, 0, 0, int(v6("fd00:1::")), 32)] == {1, 2}
+    assert sigs[(6, 0, 0, int(v6("a00::")), 8)] == {4}
 
 
 def test_a_field_no_record_constrains_is_not_looked_up():
@@ -220,7 +240,7 @@ def test_the_compiler_splits_ranges_and_named_ports_into_separate_records():
 def test_sparse_vectors_store_only_non_zero_words():
     allow = RuleRecord(Action.ALLOW, set_checks=(SetCheck(1, src=True),))
     chain = (*[allow] * 1000, RuleRecord(Action.DENY))
-    members = {1: ((int(ipaddress.IPv4Address("10.0.0.1")), 32, 0, 0),)}
+    members = {1: ((int(ipaddress.IPv4Address("10.0.0.1")), 32, 0, 0, 4),)}
     idx = cls.build_index(chain, lambda n: members.get(n, ()))
     assert idx.n_words == 16
     # two vectors: in the set (all 1,001 records: 16 words) and not (the deny only: 1 word)
@@ -309,10 +329,13 @@ def test_member_deltas_keep_the_classifier_exact_in_place_or_rebuilt():
         for _ in range(4):
             name = rng.choice(list(SETS))
             typ, _ = SETS[name]
-            pool = [f"{a}/32" for a in ADDRS] + ["10.2.3.0/24"]
+            # both families: full-length members can be updated in place, shorter ones
+            # need a rebuild
+            pool = ([f"{a}/32" for a in ADDRS] + [f"{a}/128" for a in ADDRS6]
+                    + ["10.2.3.0/24", "fd00:2:3::/48"])
             if typ == "ip_port":
-                pool = [f"{a}/32,{rng.choice(['tcp', 'udp'])}:{rng.choice([53, 80, 81])}"
-                        for a in ADDRS]
+                pool = [f"{a}/{32 if '.' in a else 128},{rng.choice(['tcp', 'udp'])}:"
+                        f"{rng.choice([53, 80, 81])}" for a in ADDRS + ADDRS6]
             current = state.ipsets[name].members
             added = frozenset(rng.sample(pool, rng.randint(0, 3))) - current
             removed = frozenset(rng.sample(sorted(current), min(len(current),
@@ -334,6 +357,33 @@ def test_member_deltas_keep_the_classifier_exact_in_place_or_rebuilt():
                     assert got == want, (direction, pkt)
                     cases += 1
     assert cases >= 5_000 and in_place >= 20
+
+
+def test_an_ipv6_member_added_in_place_is_found_by_ipv6_packets_only():
+    s = c.PolicyState()
+    s.apply(p.IPSetUpdate("s", "net", frozenset({"10.0.0.1/32", "fd00::1/128"})))
+    s.apply(p.ActivePolicyUpdate(p.PolicyID("t", "pol"), p.Policy(inbound_rules=(
+        p.Rule("allow", src_ip_set_ids=("s",)),))))
+    s.apply(p.WorkloadEndpointUpdate(WID, p.WorkloadEndpoint(
+        "active", "cali1", tiers=(p.TierInfo("t", ingress_policies=("pol",)),))))
+    comp = c.PolicyCompiler()
+    first = comp.compile(s, {"cali1": 1})
+    comp.commit(first)
+    s.apply(p.IPSetDeltaUpdate("s", added=frozenset({"fd00::2/128"})))
+    second = comp.compile(s, {"cali1": 1})
+    assert second.cls_chains == first.cls_chains and second.cls_new == set()  # in place
+    ref = second.programs[WID].ingress
+    m = contents(second)
+
+    def verdict(src: str, dst: str) -> str:
+        pkt = classifier_packet(Pkt(src, dst, 6, 1, 2))
+        return cls.decide(m, ref.start, ref.length, pkt)[0]
+
+    assert verdict("fd00::2", "fd00::9") == "allow"
+    assert verdict("fd00::3", "fd00::9") == "deny"
+    # the IPv4 address with the IPv6 member's leading bytes is not a member
+    assert verdict("253.0.0.0", "10.9.9.9") == "deny"
+    assert verdict("10.0.0.1", "10.9.9.9") == "allow"
 
 
 def test_instances_written_before_a_commit_count_against_the_maps():

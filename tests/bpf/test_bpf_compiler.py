@@ -216,21 +216,39 @@ def test_bad_fields_fail_the_endpoint_closed_naming_the_field():
         assert out.programs[WID].egress.records != c.DENY_ALL  # other direction unaffected
 
 
-def test_ipv6_rules_and_nets_are_left_out_of_ipv4_chains():
+def test_rules_carry_the_families_felix_renders_them_for():
     s = base_state()
     s.apply(p.IPSetUpdate("s6", "net", frozenset({"fd00::1/128", "10.0.0.1/32"})))
     s.apply(policy("a", inbound=(
         p.Rule("deny", ip_version=6),
-        p.Rule("deny", src_nets=("fd00::/64",)),
+        p.Rule("deny", src_nets=("fd00::/64",)),  # IPv6 implied by its nets
+        # IPv4 is filtered out of notNets entirely: Felix drops the rule for IPv4
         p.Rule("allow", src_nets=("fd00::/64", "10.0.0.0/8"), not_dst_nets=("fd00::/8",)),
+        p.Rule("allow", ip_version=4, src_nets=("fd00::/64",)),  # matches nothing: omitted
+        p.Rule("allow", src_ip_set_ids=("s6",)),  # both families
     )))
     s.apply(p.WorkloadEndpointUpdate(WID, ep(tiers=(p.TierInfo("default", ("a",)),))))
     out = c.PolicyCompiler().compile(s, {})
+    assert out.problems == []
     chain = out.programs[WID].ingress.records
-    assert actions(chain) == ["allow", "deny", "allow", "deny"]
-    assert len(chain[0].set_checks) == 1 and chain[0].set_checks[0].src  # no IPv6 notNet
+    assert actions(chain) == ["deny", "deny", "allow", "allow", "deny", "allow", "deny"]
+    assert [r.ip_version for r in chain[:4]] == [6, 6, 6, None]
+    assert len(chain[2].set_checks) == 2  # src in nets, dst not in notNets
     members = sorted(ipsets_map.decode_key(k)["member"] for k in out.ipsets)
-    assert members == ["10.0.0.0/8", "10.0.0.1/32"]
+    # net sets of rules 2 and 3 (fd00::/64 in both), rule 3's notNets, the IP set
+    assert members == ["10.0.0.0/8", "10.0.0.1/32", "fd00::/64", "fd00::/64", "fd00::/8",
+                       "fd00::1/128"]
+    for rec in chain:  # the family survives the rules map
+        assert rules_map.decode(rules_map.encode(rec)) == rec
+
+
+def test_an_invalid_ip_version_is_a_problem_naming_the_field():
+    s = base_state()
+    s.apply(policy("a", inbound=(p.Rule("allow", ip_version=5),)))
+    s.apply(p.WorkloadEndpointUpdate(WID, ep(tiers=(p.TierInfo("default", ("a",)),))))
+    out = c.PolicyCompiler().compile(s, {"cali1": 1})
+    assert out.programs[WID].ingress.records == c.DENY_ALL
+    assert any("field ip_version" in x for x in out.problems)
 
 
 def test_port_ranges_are_merged_then_split_over_records():

@@ -4,6 +4,7 @@ the fake map enforces its size, the conntrack cleaner deletes exactly the expire
 from __future__ import annotations
 
 import ctypes
+import ipaddress
 import re
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from pyfelix.agent.bpf.maps import ipsets as ipsets_map
 from pyfelix.agent.bpf.maps import routes as routes_map
 from pyfelix.agent.bpf.maps import rules as rules_map
 from pyfelix.agent.bpf.maps import untracked as untracked_map
+from pyfelix.agent.bpf.maps import wep_sources as wep_sources_map
 from pyfelix.agent.bpf.maps.base import FakeMap, MapFullError
 from pyfelix.agent.bpf.maps.rules import Action, PortMatch, RuleRecord, SetCheck
 
@@ -117,12 +119,23 @@ def test_every_map_is_pinned_by_its_header_under_the_python_pin_name_and_default
 def test_ipset_member_keys():
     key = ipsets_map.member_key(7, "10.1.2.0/24")
     k = ipsets_map.Key.from_buffer_copy(key)
-    assert (k.prefixlen, k.set_id, k.proto, k.port) == (64 + 24, 7, 0, 0)
-    assert bytes(k)[12:] == bytes([10, 1, 2, 0])  # network byte order in memory
-    assert ipsets_map.decode_key(key) == {"set_id": 7, "member": "10.1.2.0/24"}
+    assert (k.prefixlen, k.set_id, k.proto, k.family, k.port) == (64 + 24, 7, 0, 4, 0)
+    assert bytes(k)[12:] == bytes([10, 1, 2, 0]) + bytes(12)  # network order, then zeros
+    assert ipsets_map.decode_key(key) == {"set_id": 7, "family": 4, "member": "10.1.2.0/24"}
+    # the fast IPv4 path and the general one give the same bytes
+    assert key == ipsets_map.key_for(7, ipaddress.ip_network("10.1.2.0/24"))
     named = ipsets_map.member_key(9, "10.0.0.5,tcp:8080")
-    assert ipsets_map.decode_key(named) == {"set_id": 9, "member": "10.0.0.5/32,tcp:8080"}
-    assert ipsets_map.member_key(1, "fd00::1/128") is None
+    assert ipsets_map.decode_key(named) == {"set_id": 9, "family": 4,
+                                            "member": "10.0.0.5/32,tcp:8080"}
+    k6 = ipsets_map.Key.from_buffer_copy(ipsets_map.member_key(1, "fd00::1:0/112"))
+    assert (k6.prefixlen, k6.family) == (64 + 112, 6)
+    assert bytes(k6)[12:] == ipaddress.IPv6Address("fd00::1:0").packed
+    assert ipsets_map.decode_key(bytes(k6)) == {"set_id": 1, "family": 6,
+                                                "member": "fd00::1:0/112"}
+    assert ipsets_map.decode_key(ipsets_map.member_key(2, "fd00::5,udp:53")) == {
+        "set_id": 2, "family": 6, "member": "fd00::5/128,udp:53"}
+    # the same bits in the two families are two keys
+    assert ipsets_map.member_key(1, "10.0.0.0/8") != ipsets_map.member_key(1, "a00::/8")
     for bad in ("10.0.0.1/33", "10.0.0.1/32,icmp:1", "10.0.0.1/32,tcp:70000", "nonsense"):
         with pytest.raises(ValueError, match=re.escape(bad)):
             ipsets_map.member_key(1, bad)
@@ -161,6 +174,25 @@ def test_rule_record_slot_overflow_is_refused_naming_the_field():
         rules_map.encode(RuleRecord(Action.ALLOW, dst_ports=PortMatch(named_sets=(1, 2, 3))))
 
 
+def test_conntrack_ipv6_keys_normalise_and_round_trip():
+    k1, a_to_b = ct_map.normalise(3, "fd00::2", "fd00::1", 80, 5000, 6)
+    k2, b_to_a = ct_map.normalise(3, "fd00::1", "fd00::2", 5000, 80, 6)
+    assert k1 == k2 and a_to_b != b_to_a and k1.family == 6
+    assert ct_map.decode_key(ct_map.encode_key(k1)) == k1
+    raw = ct_map.encode_key(k1)
+    assert len(raw) == ctypes.sizeof(ct_map.Key) == 44
+    # the address bytes compare as big-endian numbers across all 16 bytes
+    k3, src_is_a = ct_map.normalise(1, "fd00::1:0", "fd00::ffff", 1, 1, 17)
+    assert not src_is_a and k3.addr_a == "fd00::ffff"
+    # an IPv4 flow and an IPv6 flow with the same leading bytes are different keys
+    k4, _ = ct_map.normalise(1, "10.0.0.1", "10.0.0.2", 1, 2, 17)
+    k5, _ = ct_map.normalise(1, "a00:1::", "a00:2::", 1, 2, 17)
+    assert ct_map.encode_key(k4) != ct_map.encode_key(k5)
+    with pytest.raises(ValueError, match="two families"):
+        ct_map.normalise(1, "10.0.0.1", "fd00::1", 1, 2, 17)
+    assert ct_map.DEFAULT_TIMEOUTS.timeout_ns(58, 0) == ct_map.DEFAULT_TIMEOUTS.timeout_ns(1, 0)
+
+
 def test_conntrack_normalisation_is_symmetric():
     k1, a_to_b = ct_map.normalise(3, "10.0.0.2", "10.0.0.1", 80, 5000, 6)
     k2, b_to_a = ct_map.normalise(3, "10.0.0.1", "10.0.0.2", 5000, 80, 6)
@@ -182,7 +214,17 @@ def test_endpoint_route_untracked_and_config_values_round_trip():
         routes_map.RouteFlags.LOCAL_HOST, 0, "")) == {"flags": ["local_host"], "ifindex": 0,
                                                       "next_hop": ""}
     assert untracked_map.decode_key(untracked_map.encode_key(4, "192.0.2.0/24")) == {
-        "ifindex": 4, "src": "192.0.2.0/24"}
+        "ifindex": 4, "family": 4, "src": "192.0.2.0/24"}
+    assert untracked_map.decode_key(untracked_map.encode_key(0, "2001:db8::/32")) == {
+        "ifindex": 0, "family": 6, "src": "2001:db8::/32"}
+    assert routes_map.decode_key(routes_map.encode_key("fd00:1::/64")) == "fd00:1::/64"
+    assert routes_map.decode_value(routes_map.encode_value(
+        routes_map.RouteFlags.REMOTE_HOST, 0, "fd00::9")) == {
+            "flags": ["remote_host"], "ifindex": 0, "next_hop": "fd00::9"}
+    assert wep_sources_map.decode_key(wep_sources_map.encode_key(7, "fd00::5/128")) == {
+        "ifindex": 7, "family": 6, "src": "fd00::5/128"}
+    assert config_map.decode_value(config_map.encode_value(
+        config_map.EndpointToHostAction.DROP, ipv6=False))["ipv6_support"] is False
     assert config_map.action_from_felix("accept") == config_map.EndpointToHostAction.ACCEPT
     with pytest.raises(ValueError, match="DefaultEndpointToHostAction"):
         config_map.action_from_felix("Maybe")

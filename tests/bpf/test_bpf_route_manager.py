@@ -27,7 +27,9 @@ def test_routes_pools_and_host_ips() -> None:
                 p.RouteUpdate("10.65.1.0/26", "remote_workload", dst_node="node2",
                               dst_node_ip="198.18.0.2"),
                 p.RouteUpdate("10.65.0.5/32", "local_workload", local_workload_iface="cali1"),
-                p.RouteUpdate("fd00::/64", "remote_workload")):
+                p.IPAMPoolUpdate("fd00::/48", "fd00::/48"),
+                p.RouteUpdate("fd00::/64", "remote_workload", dst_node="node2",
+                              dst_node_ip="fd01::2")):
         assert inputs.apply(msg)
     assert not inputs.apply(p.InSync())
     problems: list[str] = []
@@ -38,7 +40,11 @@ def test_routes_pools_and_host_ips() -> None:
     assert out["10.65.1.0/26"]["flags"] == ["in_pool", "nat_outgoing", "remote_workload"]
     assert out["10.65.1.0/26"]["next_hop"] == "198.18.0.2"
     assert out["10.65.0.5/32"]["ifindex"] == 9
-    assert len(out) == 5 and not problems  # 2 hosts, pool, 2 routes; IPv6 skipped
+    # IPv6 entries beside the IPv4 ones, in the same trie (keyed by family)
+    assert out["fd00::/64"] == {"flags": ["in_pool", "remote_workload"], "ifindex": 0,
+                                "next_hop": "fd01::2"}
+    assert out["fd00::/48"]["flags"] == ["in_pool"]
+    assert len(out) == 7 and not problems  # 2 hosts, 2 pools, 3 routes
     inputs.apply(p.RouteUpdate("bogus", "remote_workload"))
     compile_routes(inputs, {}, problems)
     assert problems and "route bogus: field dst" in problems[0]

@@ -118,6 +118,46 @@ def be32_to_ip(value: int) -> str:
     return str(ipaddress.IPv4Address(value.to_bytes(4, sys.byteorder)))
 
 
+class PfAddr(ctypes.Structure):
+    """must match struct pf_addr in bpf/include/common.h: 16 bytes, network order (IPv4 in
+    the first 4, the rest 0)"""
+
+    _fields_ = [("w", ctypes.c_uint32 * 4)]
+
+
+def addr16(addr: str | ipaddress.IPv4Address | ipaddress.IPv6Address) -> tuple[int, bytes]:
+    """(family 4 or 6, the 16 bytes of a `struct pf_addr`: network order, an IPv4 address
+    in the first 4 bytes and zeros after)."""
+    ip = ipaddress.ip_address(addr)
+    return ip.version, ip.packed.ljust(16, b"\0")
+
+
+def addr16_to_ip(family: int, raw: bytes) -> str:
+    """The address a `struct pf_addr` of `family` holds."""
+    if family == 6:
+        return str(ipaddress.IPv6Address(raw[:16]))
+    return str(ipaddress.IPv4Address(raw[:4]))
+
+
+def net16(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> tuple[int, bytes]:
+    """(family, pf_addr bytes of the network address) of a prefix."""
+    return net.version, net.network_address.packed.ljust(16, b"\0")
+
+
+def parse_net(text: str | ipaddress.IPv4Network | ipaddress.IPv6Network
+              ) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """A CIDR (or address) of either family, host bits cleared. Raises ValueError."""
+    if isinstance(text, (ipaddress.IPv4Network, ipaddress.IPv6Network)):
+        return text
+    return ipaddress.ip_network(text, strict=False)
+
+
+def net_sort_key(text: str) -> tuple[int, int, int]:
+    """Sorts CIDR strings of both families: IPv4 first, then by address and length."""
+    net = ipaddress.ip_network(text, strict=False)
+    return net.version, int(net.network_address), net.prefixlen
+
+
 def to_bytes(obj: ctypes.Structure | ctypes._SimpleCData) -> bytes:
     return bytes(obj)  # type: ignore[arg-type]
 

@@ -4,7 +4,9 @@
 The program tries, for an ICMP packet, level TYPE_CODE (type and code), TYPE (code 0 in
 the key), PROTO (type and code 0), then OTHER (protocol 0): a protocol no record of the
 chain names; for any other packet PROTO then OTHER. `pflags` is the packet's
-PKT_F_PORTS | PKT_F_ICMP bits. Written by the BPF policy manager as part of an instance.
+PKT_F_PORTS | PKT_F_ICMP | PKT_F_IPV6 bits (the family is an L4 key part, so a rule's
+ipVersion is an L4 constraint: no per-rule test). Written by the BPF policy manager as
+part of an instance.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ LEVEL_TYPE_CODE = 2  # must match CLS_L4_TYPE_CODE
 LEVEL_OTHER = 3  # must match CLS_L4_OTHER
 PKT_F_PORTS = 0x01  # must match PKT_F_PORTS (common.h)
 PKT_F_ICMP = 0x08  # must match PKT_F_ICMP (common.h)
+PKT_F_IPV6 = 0x80  # must match PKT_F_IPV6 (common.h)
 
 
 class Key(ctypes.Structure):
@@ -40,7 +43,7 @@ class Value(ctypes.Structure):
 
 PARAMS = MapParams(
     name="cls_l4", map_type=MapType.HASH, key_type=Key, value_type=Value,
-    max_entries=65536, version=1, header="classifier.h",
+    max_entries=65536, version=2, header="classifier.h",
 )
 
 _KEY = struct.Struct("=IBBBBB3x")

@@ -1,9 +1,11 @@
 """The `cls_tries` map: per classifier instance, LPM lookups of addresses, named ports and
 ports -> vector id (bpf/include/classifier.h, fields SADDR/DADDR/SNAMED/DNAMED/SPORT/DPORT).
 
-Key = {prefixlen, instance, side, proto, port, addr}; the first 64 bits after prefixlen
-(instance, side, proto, port) always match exactly (prefixlen = 64 + prefix length), so a
-lookup only ever finds entries of its own instance and side. Address sides (proto = port =
+Key = {prefixlen, instance, side, proto, port, addr (16 bytes)}; the first 64 bits after
+prefixlen (instance, side, proto, port) always match exactly (prefixlen = 64 + prefix
+length), so a lookup only ever finds entries of its own instance and side. One trie keyed by
+family: an IPv6 address entry has SIDE_V6 in its side byte (IPv4 addresses use the first 4
+bytes of addr, the rest 0). Address sides (proto = port =
 0) hold the member prefixes of the sets the chain checks on that side; named-port sides
 carry the member's protocol and port; port sides put the port in the address's first 16
 bits (network order), so a port prefix is an address prefix. A miss means the field's
@@ -17,7 +19,7 @@ import ipaddress
 import os
 import struct
 
-from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, MapType
+from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, MapType, PfAddr
 
 FIXED_BITS = 64  # must match CLS_TRIE_FIXED_BITS
 SIDE_SADDR = 0  # must match CLS_SIDE_*
@@ -26,6 +28,7 @@ SIDE_SNAMED = 2
 SIDE_DNAMED = 3
 SIDE_SPORT = 4
 SIDE_DPORT = 5
+SIDE_V6 = 0x80  # must match CLS_SIDE_V6
 SIDE_NAMES = {0: "saddr", 1: "daddr", 2: "snamed", 3: "dnamed", 4: "sport", 5: "dport"}
 LPM_F_NO_PREALLOC = 1
 
@@ -35,7 +38,7 @@ class Key(ctypes.Structure):
 
     _fields_ = [("prefixlen", ctypes.c_uint32), ("instance", ctypes.c_uint32),
                 ("side", ctypes.c_uint8), ("proto", ctypes.c_uint8),
-                ("port", ctypes.c_uint16), ("addr", ctypes.c_uint32)]
+                ("port", ctypes.c_uint16), ("addr", PfAddr)]
 
 
 class Value(ctypes.Structure):
@@ -46,29 +49,33 @@ class Value(ctypes.Structure):
 
 PARAMS = MapParams(
     name="cls_tries", map_type=MapType.LPM_TRIE, key_type=Key, value_type=Value,
-    max_entries=1048576, version=1, flags=LPM_F_NO_PREALLOC, header="classifier.h",
+    max_entries=1048576, version=2, flags=LPM_F_NO_PREALLOC, header="classifier.h",
 )
 
-_KEY = struct.Struct("=IIBBH4s")
+_KEY = struct.Struct("=IIBBH16s")
 _VALUE = struct.Struct("=I")
 
 
 def encode_key(instance: int, side: int, proto: int, port: int, addr: int, plen: int) -> bytes:
-    """addr: the 32-bit value in host integer form (10.0.0.1 = 0x0a000001); written in
-    network order. For port sides addr = port << 16."""
-    return _KEY.pack(FIXED_BITS + plen, instance, side, proto, port, addr.to_bytes(4, "big"))
+    """addr: the address as an integer (10.0.0.1 = 0x0a000001; IPv6: the 128-bit value,
+    with SIDE_V6 in `side`); written in network order. For port sides addr = port << 16."""
+    raw = addr.to_bytes(16 if side & SIDE_V6 else 4, "big")
+    return _KEY.pack(FIXED_BITS + plen, instance, side, proto, port, raw)
 
 
 def decode_key(raw: bytes) -> dict:
     prefixlen, inst, side, proto, port, addr = _KEY.unpack(raw)
     plen = prefixlen - FIXED_BITS
-    value = int.from_bytes(addr, "big")
+    v6 = bool(side & SIDE_V6)
+    side &= ~SIDE_V6
     row: dict = {"instance": inst, "side": SIDE_NAMES.get(side, str(side))}
     if side in (SIDE_SPORT, SIDE_DPORT):
-        first = value >> 16
+        first = int.from_bytes(addr[:4], "big") >> 16
         row["ports"] = f"{first}-{first + (1 << (16 - plen)) - 1}" if plen < 16 else str(first)
     else:
-        row["prefix"] = f"{ipaddress.IPv4Address(value)}/{plen}"
+        ip = ipaddress.IPv6Address(addr) if v6 else ipaddress.IPv4Address(addr[:4])
+        row["family"] = 6 if v6 else 4
+        row["prefix"] = f"{ip}/{plen}"
         if side in (SIDE_SNAMED, SIDE_DNAMED):
             row["proto"], row["port"] = proto, port
     return row

@@ -1,7 +1,8 @@
 """The `conntrack` map: per-interface flow table, LRU hash (bpf/include/conntrack.h).
 
 Key = (ifindex, 5-tuple normalised so side A is the smaller (address, port) as host-order
-numbers). Value = timestamps (CLOCK_MONOTONIC_COARSE ns: the programs' bpf_ktime_get_coarse_ns,
+numbers, family). Both families in one map: addresses are 16 bytes (IPv4 in the first 4).
+Value = timestamps (CLOCK_MONOTONIC_COARSE ns: the programs' bpf_ktime_get_coarse_ns,
 `now_ns()` here), packet/byte counts, CT_F_* flags, the counter id of the allowing rule.
 `Timeouts` holds the timeout table; the loader passes it to the C (-DCT_TIMEOUT_*) so the
 programs and the cleaner (agent.bpf.conntrack) always agree on what has expired.
@@ -17,9 +18,9 @@ import struct
 import time
 from dataclasses import asdict, dataclass
 
-from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, MapType, be32_to_ip, ip_to_be32
+from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, MapType, PfAddr, addr16, addr16_to_ip
 
-IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP = 1, 6, 17
+IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, IPPROTO_ICMPV6 = 1, 6, 17, 58
 NS_PER_S = 1_000_000_000
 # Linux's clock id (include/uapi/linux/time.h); Python's time module does not name it.
 CLOCK_MONOTONIC_COARSE = 6
@@ -47,12 +48,13 @@ class Key(ctypes.Structure):
 
     _fields_ = [
         ("ifindex", ctypes.c_uint32),
-        ("addr_a", ctypes.c_uint32),
-        ("addr_b", ctypes.c_uint32),
+        ("addr_a", PfAddr),
+        ("addr_b", PfAddr),
         ("port_a", ctypes.c_uint16),
         ("port_b", ctypes.c_uint16),
         ("proto", ctypes.c_uint8),
-        ("pad", ctypes.c_uint8 * 3),
+        ("family", ctypes.c_uint8),
+        ("pad", ctypes.c_uint8 * 2),
     ]
 
 
@@ -71,10 +73,10 @@ class Value(ctypes.Structure):
 
 PARAMS = MapParams(
     name="conntrack", map_type=MapType.LRU_HASH, key_type=Key, value_type=Value,
-    max_entries=262144, version=1, header="conntrack.h",
+    max_entries=262144, version=2, header="conntrack.h",
 )
 
-_KEY = struct.Struct("=IIIHHB3x")
+_KEY = struct.Struct("=I16s16sHHBB2x")
 _VALUE = struct.Struct("=QQQQII")
 
 
@@ -107,7 +109,7 @@ class Timeouts:
                 secs = self.tcp_syn
         elif proto == IPPROTO_UDP:
             secs = self.udp
-        elif proto == IPPROTO_ICMP:
+        elif proto in (IPPROTO_ICMP, IPPROTO_ICMPV6):
             secs = self.icmp
         else:
             secs = self.other
@@ -125,27 +127,32 @@ class FlowKey:
     port_a: int
     port_b: int
     proto: int
+    family: int = 4
 
 
 def normalise(ifindex: int, src: str, dst: str, sport: int, dport: int, proto: int
               ) -> tuple[FlowKey, bool]:
     """(key, src_is_a) exactly as ct_fill_key() builds it."""
-    s, d = int(ipaddress.IPv4Address(src)), int(ipaddress.IPv4Address(dst))
+    sa, da = ipaddress.ip_address(src), ipaddress.ip_address(dst)
+    if sa.version != da.version:
+        raise ValueError(f"flow {src} -> {dst}: addresses of two families")
+    s, d, fam = int(sa), int(da), sa.version
+    src, dst = str(sa), str(da)
     src_is_a = s < d or (s == d and sport <= dport)
     if src_is_a:
-        return FlowKey(ifindex, src, dst, sport, dport, proto), True
-    return FlowKey(ifindex, dst, src, dport, sport, proto), False
+        return FlowKey(ifindex, src, dst, sport, dport, proto, fam), True
+    return FlowKey(ifindex, dst, src, dport, sport, proto, fam), False
 
 
 def encode_key(k: FlowKey) -> bytes:
-    return _KEY.pack(
-        k.ifindex, ip_to_be32(k.addr_a), ip_to_be32(k.addr_b), k.port_a, k.port_b, k.proto
-    )
+    return _KEY.pack(k.ifindex, addr16(k.addr_a)[1], addr16(k.addr_b)[1], k.port_a, k.port_b,
+                     k.proto, k.family)
 
 
 def decode_key(raw: bytes) -> FlowKey:
-    ifindex, a, b, pa, pb, proto = _KEY.unpack(raw)
-    return FlowKey(ifindex, be32_to_ip(a), be32_to_ip(b), pa, pb, proto)
+    ifindex, a, b, pa, pb, proto, family = _KEY.unpack(raw)
+    return FlowKey(ifindex, addr16_to_ip(family, a), addr16_to_ip(family, b), pa, pb, proto,
+                   family)
 
 
 @dataclass(frozen=True)
@@ -182,5 +189,5 @@ def dump(m: BpfMap, *, now_ns: int | None = None,
             left = v.last_seen_ns + timeouts.timeout_ns(k.proto, v.flags) - now_ns
             row["expires_in_s"] = round(left / NS_PER_S, 3)
         rows.append(row)
-    return sorted(rows, key=lambda r: (r["ifindex"], r["addr_a"], r["addr_b"], r["port_a"],
-                                       r["port_b"], r["proto"]))
+    return sorted(rows, key=lambda r: (r["ifindex"], r["family"], r["addr_a"], r["addr_b"],
+                                       r["port_a"], r["port_b"], r["proto"]))

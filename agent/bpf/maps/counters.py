@@ -50,8 +50,10 @@ class GlobalCounter(enum.IntEnum):
     CLASSIFIER_ERROR = 23
     FASTPATH_REDIRECTED = 24
     FASTPATH_TTL_EXPIRED = 25
-    FLOW_EVENTS = 26
-    FLOW_EVENTS_DROPPED = 27
+    IPV6_EXT_DROPPED = 26
+    IPV6_PACKETS = 27
+    FLOW_EVENTS = 28
+    FLOW_EVENTS_DROPPED = 29
 
 
 EP_DIRECTIONS = ("ingress_allowed", "ingress_denied", "egress_allowed", "egress_denied")

@@ -1,13 +1,14 @@
 """The `ipsets` map: every IP set's members in one LPM trie (bpf/include/ipsets.h).
 
-Key = (set id, proto, port, IPv4 prefix), trie prefixlen = 64 + address prefix length, so a
-lookup can only match members of its own set. "net" sets have proto = port = 0; "ip_port"
+Key = (set id, proto, family, port, prefix: 16 bytes, IPv4 in the first 4), trie
+prefixlen = 64 + address prefix length, so a lookup can only match members of its own set
+and family (one trie keyed by family). "net" sets have proto = port = 0; "ip_port"
 (named port) sets carry the member's protocol and port. Numeric set ids come from the ids
 map (agent.bpf.maps.ids); 0 means "no set" and is never used.
 
-Members are the calc graph's strings: "10.0.0.0/24", "10.0.0.1" (= /32) or
-"10.0.0.1/32,tcp:8080". IPv6 members are not representable here: `member_key` returns None
-for them (the IPv4 dataplane skips them); malformed members raise ValueError naming them.
+Members are the calc graph's strings: "10.0.0.0/24", "10.0.0.1" (= /32),
+"10.0.0.1/32,tcp:8080", "fd00::/64", "fd00::1,tcp:8080" (both families); malformed
+members raise ValueError naming them.
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ import ipaddress
 import os
 import socket
 import struct
-import sys
 
-from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, MapType, be32_to_ip, ip_to_be32
+from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, MapType, PfAddr, addr16_to_ip, net16
 
 KEY_FIXED_BITS = 64  # must match IPSET_KEY_FIXED_BITS
 PROTOCOLS = {"tcp": 6, "udp": 17, "sctp": 132}
@@ -33,9 +33,9 @@ class Key(ctypes.Structure):
         ("prefixlen", ctypes.c_uint32),
         ("set_id", ctypes.c_uint32),
         ("proto", ctypes.c_uint8),
-        ("pad", ctypes.c_uint8),
+        ("family", ctypes.c_uint8),
         ("port", ctypes.c_uint16),
-        ("addr", ctypes.c_uint32),  # network byte order in memory
+        ("addr", PfAddr),  # network byte order; IPv4 in the first 4 bytes
     ]
 
 
@@ -47,11 +47,11 @@ class Value(ctypes.Structure):
 
 PARAMS = MapParams(
     name="ipsets", map_type=MapType.LPM_TRIE, key_type=Key, value_type=Value,
-    max_entries=1 << 20, version=1, flags=1, header="ipsets.h",
+    max_entries=1 << 20, version=2, flags=1, header="ipsets.h",
 )
 
 VALUE = bytes(Value())
-_KEY = struct.Struct("=IIBBHI")
+_KEY = struct.Struct("=IIBBH16s")
 
 
 def parse_member(member: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, int, int]:
@@ -74,11 +74,10 @@ def parse_member(member: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Net
     return net, proto, port
 
 
-def key_for(set_id: int, net: ipaddress.IPv4Network, proto: int = 0, port: int = 0) -> bytes:
-    return _KEY.pack(
-        KEY_FIXED_BITS + net.prefixlen, set_id, proto, 0, port,
-        ip_to_be32(net.network_address),
-    )
+def key_for(set_id: int, net: ipaddress.IPv4Network | ipaddress.IPv6Network, proto: int = 0,
+            port: int = 0) -> bytes:
+    family, addr = net16(net)
+    return _KEY.pack(KEY_FIXED_BITS + net.prefixlen, set_id, proto, family, port, addr)
 
 
 def _fast_v4_key(set_id: int, member: str) -> bytes | None:
@@ -99,29 +98,26 @@ def _fast_v4_key(set_id: int, member: str) -> bytes | None:
     else:
         plen = 32
     value = int.from_bytes(packed, "big") & ((0xFFFFFFFF << (32 - plen)) & 0xFFFFFFFF)
-    return _KEY.pack(KEY_FIXED_BITS + plen, set_id, 0, 0, 0,
-                     int.from_bytes(value.to_bytes(4, "big"), sys.byteorder))
+    return _KEY.pack(KEY_FIXED_BITS + plen, set_id, 0, 4, 0, value.to_bytes(4, "big"))
 
 
 def member_key(set_id: int, member: str) -> bytes | None:
-    """The trie key of one member string, or None for an IPv6 member."""
+    """The trie key of one member string (either family)."""
     if "," not in member and ":" not in member:
         key = _fast_v4_key(set_id, member.strip())
         if key is not None:
             return key
     net, proto, port = parse_member(member)
-    if net.version != 4:
-        return None
     return key_for(set_id, net, proto, port)
 
 
 def decode_key(raw: bytes) -> dict:
-    prefixlen, set_id, proto, _pad, port, addr = _KEY.unpack(raw)
+    prefixlen, set_id, proto, family, port, addr = _KEY.unpack(raw)
     plen = prefixlen - KEY_FIXED_BITS
-    member = f"{be32_to_ip(addr)}/{plen}"
+    member = f"{addr16_to_ip(family, addr)}/{plen}"
     if proto:
         member += f",{PROTOCOL_NAMES.get(proto, str(proto))}:{port}"
-    return {"set_id": set_id, "member": member}
+    return {"set_id": set_id, "family": family, "member": member}
 
 
 def open_pinned(pin_dir: str | os.PathLike[str]) -> BpfMap:
@@ -129,6 +125,7 @@ def open_pinned(pin_dir: str | os.PathLike[str]) -> BpfMap:
 
 
 def dump(m: BpfMap) -> list[dict]:
-    """[{"set_id": n, "member": "10.0.0.1/32[,tcp:80]"}], sorted by set id then member."""
+    """[{"set_id": n, "family": 4, "member": "10.0.0.1/32[,tcp:80]"}], sorted by set id,
+    family, then member."""
     rows = [decode_key(k) for k, _ in m.items()]
-    return sorted(rows, key=lambda r: (r["set_id"], r["member"]))
+    return sorted(rows, key=lambda r: (r["set_id"], r["family"], r["member"]))

@@ -13,7 +13,19 @@ import ipaddress
 import os
 import struct
 
-from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, MapType, be32_to_ip, ip_to_be32
+from pyfelix.agent.bpf.maps.base import (
+    BpfMap,
+    MapParams,
+    MapType,
+    PfAddr,
+    addr16,
+    addr16_to_ip,
+    net16,
+    net_sort_key,
+    parse_net,
+)
+
+KEY_FIXED_BITS = 32  # must match ROUTE_KEY_FIXED_BITS (the family)
 
 
 class RouteFlags(enum.IntFlag):
@@ -32,7 +44,8 @@ class RouteFlags(enum.IntFlag):
 class Key(ctypes.Structure):
     """must match struct route_key in bpf/include/routes.h"""
 
-    _fields_ = [("prefixlen", ctypes.c_uint32), ("addr", ctypes.c_uint32)]
+    _fields_ = [("prefixlen", ctypes.c_uint32), ("family", ctypes.c_uint32),
+                ("addr", PfAddr)]
 
 
 class Value(ctypes.Structure):
@@ -41,37 +54,41 @@ class Value(ctypes.Structure):
     _fields_ = [
         ("flags", ctypes.c_uint32),
         ("ifindex", ctypes.c_uint32),
-        ("next_hop", ctypes.c_uint32),
+        ("next_hop", PfAddr),
     ]
 
 
 PARAMS = MapParams(
     name="routes", map_type=MapType.LPM_TRIE, key_type=Key, value_type=Value,
-    max_entries=65536, version=1, flags=1, header="routes.h",
+    max_entries=65536, version=2, flags=1, header="routes.h",
 )
 
-_KEY = struct.Struct("=II")
-_VALUE = struct.Struct("=III")
+_KEY = struct.Struct("=II16s")
+_VALUE = struct.Struct("=II16s")
 
 
-def encode_key(cidr: str | ipaddress.IPv4Network) -> bytes:
-    net = ipaddress.IPv4Network(cidr, strict=False)
-    return _KEY.pack(net.prefixlen, ip_to_be32(net.network_address))
+def encode_key(cidr: str | ipaddress.IPv4Network | ipaddress.IPv6Network) -> bytes:
+    net = parse_net(cidr)
+    family, addr = net16(net)
+    return _KEY.pack(KEY_FIXED_BITS + net.prefixlen, family, addr)
 
 
 def decode_key(raw: bytes) -> str:
-    plen, addr = _KEY.unpack(raw)
-    return f"{be32_to_ip(addr)}/{plen}"
+    plen, family, addr = _KEY.unpack(raw)
+    return f"{addr16_to_ip(family, addr)}/{plen - KEY_FIXED_BITS}"
 
 
 def encode_value(flags: RouteFlags | int, ifindex: int = 0, next_hop: str = "") -> bytes:
-    return _VALUE.pack(int(flags), ifindex, ip_to_be32(next_hop) if next_hop else 0)
+    return _VALUE.pack(int(flags), ifindex, addr16(next_hop)[1] if next_hop else bytes(16))
 
 
 def decode_value(raw: bytes) -> dict:
     flags, ifindex, nh = _VALUE.unpack(raw)
     names = [f.name.lower() for f in RouteFlags if f & flags and f.name]
-    return {"flags": sorted(names), "ifindex": ifindex, "next_hop": be32_to_ip(nh) if nh else ""}
+    next_hop = ""
+    if any(nh):
+        next_hop = addr16_to_ip(4 if not any(nh[4:]) else 6, nh)
+    return {"flags": sorted(names), "ifindex": ifindex, "next_hop": next_hop}
 
 
 def open_pinned(pin_dir: str | os.PathLike[str]) -> BpfMap:
@@ -81,4 +98,4 @@ def open_pinned(pin_dir: str | os.PathLike[str]) -> BpfMap:
 def dump(m: BpfMap) -> list[dict]:
     """[{"dst": "10.65.0.0/26", "flags": ["in_pool", ...], "ifindex": 0, "next_hop": ""}]."""
     rows = [{"dst": decode_key(k), **decode_value(v)} for k, v in m.items()]
-    return sorted(rows, key=lambda r: ipaddress.IPv4Network(r["dst"]))
+    return sorted(rows, key=lambda r: net_sort_key(r["dst"]))

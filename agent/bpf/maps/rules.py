@@ -62,6 +62,8 @@ class Match(enum.IntFlag):
     ICMP_CODE = 0x08000
     NOT_ICMP_TYPE = 0x10000
     NOT_ICMP_CODE = 0x20000
+    IPV4_ONLY = 0x40000  # the rule's ipVersion (explicit, or implied by its nets) is 4
+    IPV6_ONLY = 0x80000  # ... is 6
 
 
 class PortRangeC(ctypes.Structure):
@@ -159,6 +161,7 @@ class RuleRecord:
     icmp_code: int | None = None
     not_icmp_type: int | None = None
     not_icmp_code: int | None = None
+    ip_version: int | None = None  # 4 or 6: the record matches that family only
 
     def __hash__(self) -> int:
         # cached: chains (tuples of thousands of records) are dict keys, hashed often
@@ -168,7 +171,7 @@ class RuleRecord:
                            self.not_protocol, self.set_checks, self.src_ports,
                            self.not_src_ports, self.dst_ports, self.not_dst_ports,
                            self.icmp_type, self.icmp_code, self.not_icmp_type,
-                           self.not_icmp_code))
+                           self.not_icmp_code, self.ip_version))
             object.__setattr__(self, "_hash", cached)
         return cached
 
@@ -186,6 +189,8 @@ class RuleRecord:
             (self.icmp_code is not None, Match.ICMP_CODE),
             (self.not_icmp_type is not None, Match.NOT_ICMP_TYPE),
             (self.not_icmp_code is not None, Match.NOT_ICMP_CODE),
+            (self.ip_version == 4, Match.IPV4_ONLY),
+            (self.ip_version == 6, Match.IPV6_ONLY),
         ]
         for present, flag in pairs:
             if present:
@@ -235,6 +240,12 @@ def encode(rec: RuleRecord) -> bytes:
                      (rec.dst_ports, Match.DST_PORTS), (rec.not_dst_ports, Match.NOT_DST_PORTS)):
         if pm.ranges or pm.named_sets:
             flags |= flag.value
+    if rec.ip_version == 4:
+        flags |= Match.IPV4_ONLY.value
+    elif rec.ip_version == 6:
+        flags |= Match.IPV6_ONLY.value
+    elif rec.ip_version is not None:
+        raise ValueError(f"rule record ip_version: {rec.ip_version!r} is not 4 or 6")
     head = _HEAD.pack(flags, int(rec.action), rec.protocol or 0, rec.not_protocol or 0,
                       rec.icmp_type or 0, rec.icmp_code or 0, rec.not_icmp_type or 0,
                       rec.not_icmp_code or 0, len(checks), rec.jump, rec.counter_id)
@@ -274,6 +285,7 @@ def decode(raw: bytes) -> RuleRecord:
         icmp_code=v.icmp_code if m & Match.ICMP_CODE else None,
         not_icmp_type=v.not_icmp_type if m & Match.NOT_ICMP_TYPE else None,
         not_icmp_code=v.not_icmp_code if m & Match.NOT_ICMP_CODE else None,
+        ip_version=4 if m & Match.IPV4_ONLY else 6 if m & Match.IPV6_ONLY else None,
     )
 
 
@@ -292,7 +304,7 @@ def describe(rec: RuleRecord) -> dict:
     if rec.counter_id:
         out["counter_id"] = rec.counter_id
     for name in ("protocol", "not_protocol", "icmp_type", "icmp_code", "not_icmp_type",
-                 "not_icmp_code"):
+                 "not_icmp_code", "ip_version"):
         if getattr(rec, name) is not None:
             out[name] = getattr(rec, name)
     if rec.set_checks:

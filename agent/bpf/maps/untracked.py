@@ -12,9 +12,18 @@ import ipaddress
 import os
 import struct
 
-from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, MapType, be32_to_ip, ip_to_be32
+from pyfelix.agent.bpf.maps.base import (
+    BpfMap,
+    MapParams,
+    MapType,
+    PfAddr,
+    addr16_to_ip,
+    net16,
+    net_sort_key,
+    parse_net,
+)
 
-KEY_FIXED_BITS = 32  # must match UNTRACKED_KEY_FIXED_BITS
+KEY_FIXED_BITS = 64  # must match UNTRACKED_KEY_FIXED_BITS
 
 
 class Key(ctypes.Structure):
@@ -23,7 +32,8 @@ class Key(ctypes.Structure):
     _fields_ = [
         ("prefixlen", ctypes.c_uint32),
         ("ifindex", ctypes.c_uint32),
-        ("saddr", ctypes.c_uint32),
+        ("family", ctypes.c_uint32),
+        ("saddr", PfAddr),
     ]
 
 
@@ -35,21 +45,24 @@ class Value(ctypes.Structure):
 
 PARAMS = MapParams(
     name="untracked", map_type=MapType.LPM_TRIE, key_type=Key, value_type=Value,
-    max_entries=65536, version=1, flags=1, header="untracked.h",
+    max_entries=65536, version=2, flags=1, header="untracked.h",
 )
 
-_KEY = struct.Struct("=III")
+_KEY = struct.Struct("=III16s")
 _VALUE = struct.Struct("=II")
 
 
-def encode_key(ifindex: int, src: str | ipaddress.IPv4Network) -> bytes:
-    net = ipaddress.IPv4Network(src, strict=False)
-    return _KEY.pack(KEY_FIXED_BITS + net.prefixlen, ifindex, ip_to_be32(net.network_address))
+def encode_key(ifindex: int,
+               src: str | ipaddress.IPv4Network | ipaddress.IPv6Network) -> bytes:
+    net = parse_net(src)
+    family, addr = net16(net)
+    return _KEY.pack(KEY_FIXED_BITS + net.prefixlen, ifindex, family, addr)
 
 
 def decode_key(raw: bytes) -> dict:
-    plen, ifindex, addr = _KEY.unpack(raw)
-    return {"ifindex": ifindex, "src": f"{be32_to_ip(addr)}/{plen - KEY_FIXED_BITS}"}
+    plen, ifindex, family, addr = _KEY.unpack(raw)
+    return {"ifindex": ifindex, "family": family,
+            "src": f"{addr16_to_ip(family, addr)}/{plen - KEY_FIXED_BITS}"}
 
 
 def encode_value(counter_id: int) -> bytes:
@@ -67,4 +80,4 @@ def open_pinned(pin_dir: str | os.PathLike[str]) -> BpfMap:
 
 def dump(m: BpfMap) -> list[dict]:
     rows = [{**decode_key(k), **decode_value(v)} for k, v in m.items()]
-    return sorted(rows, key=lambda r: (r["ifindex"], ipaddress.IPv4Network(r["src"])))
+    return sorted(rows, key=lambda r: (r["ifindex"], net_sort_key(r["src"])))

@@ -114,7 +114,10 @@ RETRY_MAX = 300.0  # the doubling stops here
 MOUNT_VIEWS: tuple[tuple[str, str], ...] = (("/proc/self/mounts", ""),
                                             ("/proc/1/mounts", HOST_ROOT))
 
-OUR_PIN_NAMES = frozenset(params.pin_name for params in ALL_MAPS)
+# every version of each data map's pin: a node may hold an earlier release's pins (a layout
+# change bumps the version, e.g. the IPv6 keys took ipsets_v1 to ipsets_v2)
+OUR_PIN_NAMES = frozenset(f"{params.name}_v{v}" for params in ALL_MAPS
+                          for v in range(1, params.version + 1))
 
 CLEANUP_ERRORS = Counter(
     "pyfelix_bpf_cleanup_errors",

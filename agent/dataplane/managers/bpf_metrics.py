@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 # global_counters name -> drop reason label (agent.bpf.maps.counters.GlobalCounter)
 DROP_REASONS = {
     "spoofed_dropped": "spoofed_source",
-    "ipv6_dropped": "ipv6_not_policed",
+    "ipv6_dropped": "ipv6_disabled",  # Ipv6Support false
+    "ipv6_ext_dropped": "ipv6_extension_headers",  # a chain the parser does not walk
     "unknown_proto_dropped": "unknown_protocol",
     "no_endpoint_dropped": "no_endpoint",
     "policy_denied": "policy",
@@ -89,7 +90,9 @@ class DropCollector:
         drops = CounterMetricFamily(
             "pyfelix_bpf_dropped_packets",
             "Packets dropped by the BPF dataplane, by reason: spoofed_source (a workload "
-            "sent from an address it may not use), ipv6_not_policed, unknown_protocol, "
+            "sent from an address it may not use), ipv6_disabled (Ipv6Support false), "
+            "ipv6_extension_headers (an IPv6 extension header chain not walked), "
+            "unknown_protocol, "
             "no_endpoint, policy, admin_down, malformed, ..., and guard_from_unprogrammed / "
             "guard_to_unprogrammed (the nft guard: a workload interface our programs are "
             "not attached to yet), service_without_endpoints (rejected: ICMP port "

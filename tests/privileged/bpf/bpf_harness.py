@@ -83,7 +83,7 @@ class Harness:
 
     def endpoint(self, name: str, iface: str, *, tiers: tuple[p.TierInfo, ...] = (),
                  profiles: tuple[str, ...] = (), state: str = "active",
-                 ipv4: tuple[str, ...] | None = None,
+                 ipv4: tuple[str, ...] | None = None, ipv6: tuple[str, ...] = (),
                  allow_spoofed: tuple[str, ...] = ()) -> p.WorkloadEndpointUpdate:
         """An endpoint on `iface`; its addresses default to the tests' convention (d1 is
         10.65.0.1, d2 10.65.0.2), which the source check makes the only ones it may send
@@ -93,7 +93,8 @@ class Harness:
         return p.WorkloadEndpointUpdate(
             p.WorkloadEndpointID("k8s", f"default/{name}", "eth0"),
             p.WorkloadEndpoint(state=state, name=iface, profile_ids=profiles, tiers=tiers,
-                               ipv4_nets=ipv4, allow_spoofed_source_prefixes=allow_spoofed))
+                               ipv4_nets=ipv4, ipv6_nets=ipv6,
+                               allow_spoofed_source_prefixes=allow_spoofed))
 
     # running packets
 

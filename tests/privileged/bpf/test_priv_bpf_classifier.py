@@ -3,7 +3,8 @@ random cases (tests/bpf/test_bpf_classifier.py): for each random policy set and 
 kernel's verdict at both hooks equals Calico's semantics (expected_verdict) and the Python
 mirror of the program (classifier.decide over the same encoded maps).
 
-The endpoint may send from any source (allowSpoofedSourcePrefixes 0.0.0.0/0), so the
+Packets of both families (the sets hold members of both). The endpoint may send from any
+source (allowSpoofedSourcePrefixes 0.0.0.0/0 and ::/0), so the
 random source addresses reach policy at calico_from_wep; conntrack is cleared before every
 packet, so every packet is a first packet.
 """
@@ -11,6 +12,7 @@ packet, so every packet is a first packet.
 from __future__ import annotations
 
 import random
+import struct
 
 import pytest
 
@@ -32,6 +34,15 @@ pytestmark = pytest.mark.privileged
 
 
 def frame(pkt: Pkt) -> bytes:
+    if pkt.family == 6:
+        if pkt.proto == 6:
+            return pk.tcp6(pkt.src, pkt.dst, pkt.sport, pkt.dport)
+        if pkt.proto in (17, 132):  # UDP and SCTP both start with the two ports
+            return pk.ipv6(pkt.src, pkt.dst, pkt.proto,
+                           struct.pack("!HHHH", pkt.sport, pkt.dport, 16, 0) + bytes(8))
+        if pkt.proto == 58:
+            return pk.icmp6(pkt.src, pkt.dst, pkt.icmp_type, pkt.icmp_code)
+        return pk.ipv6(pkt.src, pkt.dst, pkt.proto, bytes(8))
     if pkt.proto == 6:
         return pk.tcp(pkt.src, pkt.dst, pkt.sport, pkt.dport)
     if pkt.proto == 17:
@@ -64,7 +75,7 @@ def program(h: Harness, rng: random.Random) -> p.WorkloadEndpoint:
             outbound_rules=tuple(random_rule(rng) for _ in range(rng.randint(0, 3))))))
         profiles.append(f"prof{i}")
     update = h.endpoint("a", "d1", tiers=tuple(tiers), profiles=tuple(profiles),
-                        allow_spoofed=("0.0.0.0/0",))
+                        allow_spoofed=("0.0.0.0/0", "::/0"))
     assert update.id == WID
     msgs.append(update)
     out = h.apply(*msgs)

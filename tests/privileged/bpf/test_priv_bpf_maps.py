@@ -127,7 +127,7 @@ def test_batch_and_single_operations_agree(loaded, harness):
     keys = [ipsets.member_key(3, f"10.{i // 256}.{i % 256}.0/24") for i in range(300)]
     t.update_many((k, ipsets.VALUE) for k in keys)
     assert sorted(k for k, _ in t.items()) == sorted(keys)
-    assert ipsets.dump(t)[0] == {"set_id": 3, "member": "10.0.0.0/24"}
+    assert ipsets.dump(t)[0] == {"set_id": 3, "family": 4, "member": "10.0.0.0/24"}
 
 
 def test_percpu_values_have_one_slot_per_possible_cpu(loaded):
@@ -169,36 +169,46 @@ def test_every_map_dumps_json_ready_rows_from_its_pin(loaded, harness, pin_dir):
     from pyfelix.agent.bpf.maps import BY_NAME, dump_pinned
 
     h = harness
-    h.apply(p.IPSetUpdate("s:x", "net", frozenset({"10.1.0.0/16"})),
+    h.apply(p.IPSetUpdate("s:x", "net", frozenset({"10.1.0.0/16", "fd00:1::/64"})),
             p.ActiveProfileUpdate("prof", p.Profile(inbound_rules=(
                 p.Rule("allow", src_ip_set_ids=("s:x",), rule_id="r1"),))),
-            h.endpoint("a", "d1", profiles=("prof",)),
+            h.endpoint("a", "d1", profiles=("prof",), ipv6=("fd00:65::1/128",)),
             p.HostMetadataUpdate("node1", "198.18.0.1"))
     assert h.verdict("to", pk.tcp("10.1.2.3", "10.65.0.1", 1, 2), "d1") == "allow"
+    assert h.verdict("to", pk.tcp6("fd00:1::3", "fd00:65::1", 1, 2), "d1") == "allow"
     rows = {name: dump_pinned(name, pin_dir) for name in BY_NAME}
     json.dumps(rows)
-    assert rows["ipsets"] == [{"set_id": 1, "member": "10.1.0.0/16"}]
+    # IPv6 entries show in the dumps beside the IPv4 ones
+    assert rows["ipsets"] == [{"set_id": 1, "family": 4, "member": "10.1.0.0/16"},
+                              {"set_id": 1, "family": 6, "member": "fd00:1::/64"}]
+    assert {r["src"] for r in rows["wep_sources"]} == {"10.65.0.1/32", "fd00:65::1/128"}
+    assert {(r["family"], r["addr_a"]) for r in rows["conntrack"]} == {
+        (4, "10.1.2.3"), (6, "fd00:1::3")}
+    assert {"counter": "ipv6_packets", "value": 1} in rows["global_counters"]
     assert {"kind": "ipset", "id": 1, "name": "s:x"} in rows["ids"]
     assert [r["action"] for r in rows["rules"]][:2] == ["allow", "deny"]
     assert rows["endpoints"][0]["ifindex"] == h.ifindexes["d1"]
     assert rows["conntrack"][0]["addr_b"] == "10.65.0.1" and rows["conntrack"][0]["proto"] == 6
     assert rows["rule_counters"] == [{"counter_id": h.compiler.rule_ids.get("r1"),
-                                      "packets": 1, "bytes": rows["rule_counters"][0]["bytes"]}]
-    assert rows["ep_counters"][0]["ingress_allowed_packets"] == 1
-    assert {"counter": "policy_allowed", "value": 1} in rows["global_counters"]
+                                      "packets": 2, "bytes": rows["rule_counters"][0]["bytes"]}]
+    assert rows["ep_counters"][0]["ingress_allowed_packets"] == 2
+    assert {"counter": "policy_allowed", "value": 2} in rows["global_counters"]
     assert rows["routes"] == [{"dst": "198.18.0.1/32", "flags": ["local_host"], "ifindex": 0,
                                "next_hop": ""}]
     assert rows["config"] == [{"flags": 0, "endpoint_to_host_action": "DROP",
                               "bpf_enforce_rpf": "STRICT", "bpf_redirect_to_peer": "Enabled",
-                              "ctlb_udp": False, "flow_events": False}]
+                              "ctlb_udp": False, "ipv6_support": True,
+                              "flow_events": False}]
     assert rows["untracked"] == []
     # the classifier: the chain's instance, its header, its source-address entry
     (chain,) = [r for r in rows["cls_chains"] if r["chain_start"] == rows["endpoints"][0][
         "ingress"]["start"]]
     (head,) = [r for r in rows["cls_words"] if r["instance"] == chain["instance"]]
     assert head["n_words"] == 1 and head["looked_up"] == ["saddr"] and head["block_words"] > 5
-    assert {"instance": chain["instance"], "side": "saddr", "prefix": "10.1.0.0/16",
-            "vec": rows["cls_tries"][0]["vec"]} in rows["cls_tries"]
+    assert {"instance": chain["instance"], "side": "saddr", "family": 4,
+            "prefix": "10.1.0.0/16", "vec": rows["cls_tries"][0]["vec"]} in rows["cls_tries"]
+    assert {"instance": chain["instance"], "side": "saddr", "family": 6,
+            "prefix": "fd00:1::/64", "vec": rows["cls_tries"][0]["vec"]} in rows["cls_tries"]
     assert rows["cls_l4"] == []  # no record names a protocol
     with pytest.raises(KeyError, match="unknown BPF map 'nope'"):
         dump_pinned("nope", pin_dir)

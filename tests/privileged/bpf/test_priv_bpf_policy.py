@@ -299,11 +299,14 @@ def test_unknown_interface_and_malformed_drop(harness):
     assert h.globals()["malformed_dropped"] == 1
 
 
-def test_ipv6_and_unknown_protocols_drop_arp_and_link_scope_nd_pass(harness):
-    """Nothing passes unpoliced: IPv6 (no IPv6 policy yet) and unknown ethertypes drop,
-    even under allow-all; ARP and link-scope neighbour discovery pass, per direction."""
+def test_unknown_protocols_drop_arp_and_link_scope_nd_pass_the_rest_of_ipv6_is_policed(
+        harness):
+    """Nothing passes unpoliced: unknown ethertypes drop even under allow-all; ARP and
+    link-scope neighbour discovery pass before policy, per direction; every other IPv6
+    packet goes through the source check and policy (here an endpoint with no policy at
+    all, which denies everything)."""
     h = harness
-    h.apply(ALLOW_ALL, h.endpoint("a", "d1", profiles=("allow-all",)))
+    h.apply(h.endpoint("a", "d1", ipv6=("fe80::1/128", "fd00::1/128")))
     for hook in ("to", "from"):
         assert h.verdict(hook, pk.ipv6_udp("fd00::1", "fd00::2", 1, 2), "d1") == "deny"
         # ICMPv6 echo is not neighbour discovery, even to a link-local address
@@ -327,11 +330,13 @@ def test_ipv6_and_unknown_protocols_drop_arp_and_link_scope_nd_pass(harness):
     assert h.verdict("to", pk.icmpv6("fe80::1", "ff02::1", 134), "d1") == "allow"
     assert h.verdict("from", pk.icmpv6("fe80::1", "ff02::1", 134), "d1") == "deny"
     g = h.globals()
-    assert g["ipv6_dropped"] == 2 * 5 + 2
+    assert g["policy_denied"] == 2 * 5 + 2  # the non-ND IPv6: policed (and denied)
+    assert g["ipv6_packets"] == 2 * 5 + 2
+    assert g["ipv6_dropped"] == 0  # Ipv6Support is on
     assert g["unknown_proto_dropped"] == 2
     assert g["arp_passed"] == 2
     assert g["ipv6_nd_passed"] == 2 * 3 + 2
-    assert g["policy_allowed"] == 0  # none of it reached policy
+    assert g["policy_allowed"] == 0
 
 
 def test_sources_a_pod_may_not_use_are_dropped_before_policy(harness):
@@ -633,6 +638,34 @@ def test_xdp_drops_untracked_denied_sources_early(harness):
     assert h.xdp(pk.ipv6_udp("fd00::1", "fd00::2", 1, 2), "d3") == XDP_PASS
     assert h.rule_counter("xdp-deny")[0] == 1
     assert h.globals()["xdp_dropped"] == 1
+
+
+def test_xdp_drops_untracked_denied_ipv6_sources_early(harness):
+    """doNotTrack for IPv6: the leading source-only denies' IPv6 prefixes (nets and IP set
+    members) go in the same trie, keyed by family; an ipVersion 4 deny adds none of its
+    IPv6 prefixes, and IPv4 with the same leading bits is not matched."""
+    from pyfelix.agent.bpf.testrun import XDP_DROP, XDP_PASS
+
+    h = harness
+    h.apply(p.IPSetUpdate("s:bad", "net", frozenset({"2001:db8:bad::/48", "203.0.113.0/24"})),
+            p.ActivePolicyUpdate(p.PolicyID("default", "untracked"), p.Policy(
+                untracked=True, inbound_rules=(
+                    p.Rule("deny", src_ip_set_ids=("s:bad",), rule_id="xdp-deny"),
+                    p.Rule("deny", ip_version=4, src_nets=("2001:db8:4::/48",)),
+                    p.Rule("deny", src_nets=("2001:db8:6::/48",), rule_id="xdp-deny6"),
+                    p.Rule("allow")))),
+            p.HostEndpointUpdate(p.HostEndpointID("hep-d3"), p.HostEndpoint(
+                name="d3", untracked_tiers=(p.TierInfo("default", ("untracked",)),))))
+    assert h.xdp(pk.tcp6("2001:db8:bad::9", "fd00::1", 1, 22), "d3") == XDP_DROP
+    assert h.xdp(pk.udp6("2001:db8:6::9", "fd00::1", 1, 53), "d3") == XDP_DROP
+    assert h.xdp(pk.udp6("2001:db8:4::9", "fd00::1", 1, 53), "d3") == XDP_PASS
+    assert h.xdp(pk.tcp6("2001:db8:bad::9", "fd00::1", 1, 22), "d4") == XDP_PASS
+    assert h.xdp(pk.tcp("203.0.113.9", "198.18.0.1", 1, 22), "d3") == XDP_DROP
+    # 0x2001_0db8 as an IPv4 address: same bits, other family
+    assert h.xdp(pk.tcp("32.1.13.184", "198.18.0.1", 1, 22), "d3") == XDP_PASS
+    assert h.rule_counter("xdp-deny")[0] == 2
+    assert h.rule_counter("xdp-deny6")[0] == 1
+    assert h.globals()["xdp_dropped"] == 3
 
 
 # --- property: the kernel agrees with the semantics -----------------------------------------

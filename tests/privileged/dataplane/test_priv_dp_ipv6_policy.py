@@ -1,18 +1,23 @@
-"""IPv6 policy in iptables mode, with real traffic: two pods with IPv4 and IPv6 addresses
+"""IPv6 policy with real traffic, on every dataplane: two pods with IPv4 and IPv6 addresses
 behind a router namespace running the whole Linux dataplane (IP sets of both families,
-iptables and ip6tables, routes, sysctls, interface monitor).
+iptables and ip6tables, routes, sysctls, interface monitor), in iptables mode (nft and
+legacy backends) and in BPF mode (the BPF managers built inside the router namespace: tc
+programs on the pods' veths, maps pinned in a directory of the test's own, removed after).
 
 The router's IPv6 routes to the pods and its IPv6 forwarding come from the managers; the
 pods' addresses and default routes (via the router's link-local address on their veth)
 are set by hand, as a CNI plugin would.
 
-Checked on both backends:
+Checked on each dataplane, with the same helpers and the same cases:
 - a policy allowing TCP 8080 from an IP set holding A's IPv4 and IPv6 addresses: A reaches
   B on 8080 over IPv4 and over IPv6; 9090 is refused on both;
 - the same allow restricted to `ipVersion: 4` (what a policy written for IPv4 looks like):
   IPv6 8080 is then denied too: IPv6 never gets through a policy that did not allow it;
+- neighbour discovery works through the dataplane: with every neighbour cache flushed
+  (pods and router), IPv6 connects again (BPF mode: counted as ipv6_nd_passed);
 - an IPv6 source A is not given in the datastore (A adds the address itself and sends
-  from it) never reaches B, counted by A's IPv6 source check.
+  from it) never reaches B, counted by A's IPv6 source check (iptables: the raw-table
+  rule's packet counter; BPF: the spoofed_dropped counter).
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 
 import pytest
 
@@ -44,6 +51,7 @@ from pyfelix.agent.proto import (
     WorkloadEndpointUpdate,
 )
 from pyfelix.agent.shims.netns import NetnsThread
+from tests.privileged.bpf.node_testlib import own_pin_dir, small_maps_config
 from tests.privileged.dataplane.dp_netns import in_ns
 from tests.privileged.packet_probe import UDP, Sniffer
 
@@ -144,6 +152,7 @@ def _eventually(pred: Callable[[], bool], what: str) -> None:
 
 
 def _spoof_drops(router: str, backend: str) -> int:
+    """iptables mode: the packets A's IPv6 source-check rule (raw table) dropped."""
     save = in_ns(router, BACKENDS6[backend].save, "-c", "-t", "filter")
     total = 0
     for line in save.splitlines():
@@ -153,8 +162,57 @@ def _spoof_drops(router: str, backend: str) -> int:
     return total
 
 
-@pytest.mark.parametrize("backend", ["nft", "legacy"])
-def test_ipv6_gets_the_same_policy_as_ipv4(make_netns, backend: str, record_property) -> None:
+@dataclass
+class Running:
+    """A dataplane running in the router namespace, and how to read what it counted."""
+
+    dp: LinuxDataplane
+    spoof_drops: Callable[[], int]  # IPv6 packets dropped by a workload's source check
+    nd_passed: Callable[[], int] | None  # BPF: link-scope ND/MLD passed before policy
+
+
+def _bpf_counter(pin_dir: str, name: str) -> int:
+    from pyfelix.agent.bpf.maps import dump_pinned
+
+    (row,) = [r for r in dump_pinned("global_counters", pin_dir) if r["counter"] == name]
+    return int(row["value"])
+
+
+@contextmanager
+def _dataplane(mode: str, router: str) -> Iterator[Running]:
+    """`mode`: "nft" / "legacy" (iptables mode with that backend) or "bpf"."""
+    with ExitStack() as stack:
+        if mode != "bpf":
+            dp = LinuxDataplane(netns=router,
+                                config=LinuxDataplaneConfig(iptables_backend=mode))
+            dp.start()
+            stack.callback(dp.stop)
+            yield Running(dp, lambda: _spoof_drops(router, mode), None)
+            return
+        from pyfelix.agent.dataplane.bpf_dataplane import build_bpf_managers
+
+        pin_dir = stack.enter_context(own_pin_dir("ipv6"))
+        thread = NetnsThread(router)
+        stack.callback(thread.close)
+        # built and started inside the router namespace: the loop's and the monitor's
+        # threads start from there, so everything they do happens in it
+        managers = thread.call(build_bpf_managers, small_maps_config(pin_dir))
+        dp = thread.call(lambda: LinuxDataplane(
+            netns=router, config=LinuxDataplaneConfig(bpf_mode=True),
+            extra_managers=managers))
+        thread.call(dp.start)
+        stack.callback(dp.stop)
+        yield Running(dp, lambda: _bpf_counter(pin_dir, "spoofed_dropped"),
+                      lambda: _bpf_counter(pin_dir, "ipv6_nd_passed"))
+
+
+def _flush_neighbours(*namespaces: str) -> None:
+    for ns in namespaces:
+        in_ns(ns, "ip", "-6", "neigh", "flush", "all")
+
+
+@pytest.mark.parametrize("mode", ["nft", "legacy", "bpf"])
+def test_ipv6_gets_the_same_policy_as_ipv4(make_netns, mode: str, record_property) -> None:
     router, a_ns, b_ns = make_netns(), make_netns(), make_netns()
     in_ns(router, "ip", "link", "add", "up0", "type", "veth", "peer", "name", "up1")
     in_ns(router, "ip", "link", "set", "up1", "up")
@@ -163,51 +221,65 @@ def test_ipv6_gets_the_same_policy_as_ipv4(make_netns, backend: str, record_prop
     _pod(router, a_ns, "cali1", A, A6)
     _pod(router, b_ns, "cali2", B, B6)
     a_thread, b_thread = NetnsThread(a_ns), NetnsThread(b_ns)
-    dp = LinuxDataplane(netns=router, config=LinuxDataplaneConfig(iptables_backend=backend))
     listeners: list[socket.socket] = []
     sniffer = Sniffer(b_thread)
     try:
         for family, ip in ((socket.AF_INET, B), (socket.AF_INET6, B6)):
             listeners += [_listen(b_thread, family, ip, port) for port in (8080, 9090)]
-        dp.start()
-        for msg in (IPSetUpdate("clients", "net", frozenset({f"{A}/32", f"{A6}/128"})), OPEN,
-                    _web(None), _ep("cali1", A, A6), _ep("cali2", B, B6, (WEB,)), InSync()):
-            dp.enqueue(msg)
-        assert dp.loop.in_sync.wait(15)
-        assert in_ns(router, "cat", "/proc/sys/net/ipv6/conf/all/forwarding").strip() == "1"
-        assert "dev cali2" in in_ns(router, "ip", "-6", "route", "show", f"{B6}/128")
-        t0 = time.monotonic()
-        _eventually(lambda: _connects(a_thread, B6, 8080), "IPv6 8080 never allowed")
-        record_property("first_allowed_ipv6_connection_s", round(time.monotonic() - t0, 3))
-        _eventually(lambda: _connects(a_thread, B, 8080), "IPv4 8080 never allowed")
-        assert not _connects(a_thread, B6, 9090)  # denied: dropped, the connect times out
-        assert not _connects(a_thread, B, 9090)
+        with _dataplane(mode, router) as run:
+            dp = run.dp
+            for msg in (IPSetUpdate("clients", "net", frozenset({f"{A}/32", f"{A6}/128"})),
+                        OPEN, _web(None), _ep("cali1", A, A6), _ep("cali2", B, B6, (WEB,)),
+                        InSync()):
+                dp.enqueue(msg)
+            assert dp.loop.in_sync.wait(15)
+            if mode == "bpf":  # policy is the tc programs' (iptables: host endpoints only)
+                for iface in ("cali1", "cali2"):
+                    _wait(lambda i=iface: "pyfelix:calico_to_wep" in in_ns(
+                        router, "tc", "filter", "show", "dev", i, "egress"),
+                        f"our programs on {iface}")
+            assert in_ns(router, "cat", "/proc/sys/net/ipv6/conf/all/forwarding").strip() == "1"
+            assert "dev cali2" in in_ns(router, "ip", "-6", "route", "show", f"{B6}/128")
+            t0 = time.monotonic()
+            _eventually(lambda: _connects(a_thread, B6, 8080), "IPv6 8080 never allowed")
+            record_property("first_allowed_ipv6_connection_s", round(time.monotonic() - t0, 3))
+            _eventually(lambda: _connects(a_thread, B, 8080), "IPv4 8080 never allowed")
+            assert not _connects(a_thread, B6, 9090)  # denied: dropped, the connect times out
+            assert not _connects(a_thread, B, 9090)
 
-        # the allow written for IPv4 only: IPv6 8080 is denied as well
-        dp.enqueue(_web(4))
-        _eventually(lambda: not _connects(a_thread, B6, 8080),
-                    "IPv6 8080 still allowed by an ipVersion 4 rule")
-        assert _connects(a_thread, B, 8080)
+            # neighbour discovery through the dataplane: every IPv6 neighbour forgotten,
+            # the next connection resolves them again
+            nd_before = run.nd_passed() if run.nd_passed else 0
+            _flush_neighbours(a_ns, b_ns, router)
+            _eventually(lambda: _connects(a_thread, B6, 8080),
+                        "IPv6 8080 lost after the neighbour caches were flushed")
+            if run.nd_passed is not None:
+                assert run.nd_passed() > nd_before
 
-        # A gives itself an address the datastore does not give it and sends from it:
-        # dropped by A's IPv6 source check
-        in_ns(a_ns, "ip", "-6", "addr", "add", f"{FORGED6}/128", "dev", "eth0", "nodad")
-        before = _spoof_drops(router, backend)
+            # the allow written for IPv4 only: IPv6 8080 is denied as well
+            dp.enqueue(_web(4))
+            _eventually(lambda: not _connects(a_thread, B6, 8080),
+                        "IPv6 8080 still allowed by an ipVersion 4 rule")
+            assert _connects(a_thread, B, 8080)
 
-        def send_forged() -> None:
-            with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
-                s.bind((FORGED6, 0))
-                for _ in range(3):
-                    s.sendto(b"pyfelix", (B6, 7000))
+            # A gives itself an address the datastore does not give it and sends from it:
+            # dropped by A's IPv6 source check
+            in_ns(a_ns, "ip", "-6", "addr", "add", f"{FORGED6}/128", "dev", "eth0", "nodad")
+            before = run.spoof_drops()
 
-        a_thread.call(send_forged)
-        _wait(lambda: _spoof_drops(router, backend) >= before + 3,
-              "A's IPv6 source check counting the forged packets")
-        time.sleep(0.2)
-        assert not sniffer.saw(FORGED6, UDP, 7000)
-        assert not dp.loop.fatal.is_set()
+            def send_forged() -> None:
+                with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+                    s.bind((FORGED6, 0))
+                    for _ in range(3):
+                        s.sendto(b"pyfelix", (B6, 7000))
+
+            a_thread.call(send_forged)
+            _wait(lambda: run.spoof_drops() >= before + 3,
+                  "A's IPv6 source check counting the forged packets")
+            time.sleep(0.2)
+            assert not sniffer.saw(FORGED6, UDP, 7000)
+            assert not dp.loop.fatal.is_set()
     finally:
-        dp.stop()
         for s in listeners:
             s.close()
         sniffer.close()

@@ -8,8 +8,9 @@
    still does not.
 2. IPv6: a and c get IPv6 addresses and routes by hand (no ND needed: permanent neighbour
    entries). UDP over IPv6 from a to c never arrives, and the dataplane's own counter says
-   why (BPF: global counter `ipv6_dropped`; iptables: the packets of the IPv6 source
-   check's drop rule, since the datastore gives the pods no IPv6 address).
+   why: the datastore gives the pods no IPv6 address, so both dataplanes drop it at the
+   IPv6 source check (BPF: drop reason `spoofed_source`; iptables: the packets of the IPv6
+   source check's drop rule).
 3. BPF mode, no unpoliced window: the agent is SIGKILLed; a held TCP connection keeps
    echoing; a new pod interface (created as the CNI would, while no agent runs) reaches
    neither a pod nor the node; once the agent is back and its pod is in the datastore it
@@ -167,7 +168,9 @@ def test_ipv6_between_pods_is_dropped_and_counted(dataplane: str, root_guard: An
         give_ipv6(runner, agent, "x/a", "fd00:65::1")
         give_ipv6(runner, agent, "x/c", "fd00:65::3")
         pods = runner.topology.pods
-        before = (bpf_drops(agent, "ipv6_not_policed") if dataplane == "bpf"
+        # the pods' IPv6 addresses are not in the datastore: both dataplanes drop them at
+        # the IPv6 source check (BPF: spoofed_source)
+        before = (bpf_drops(agent, "spoofed_source") if dataplane == "bpf"
                   else ip6tables_drops(agent.netns))
         sniffer = Sniffer(pods["x/c"].netns)
         try:
@@ -180,7 +183,7 @@ def test_ipv6_between_pods_is_dropped_and_counted(dataplane: str, root_guard: An
             assert not sniffer.saw("fd00:65::1", UDP, PORT), dataplane
         finally:
             sniffer.close()
-        after = (bpf_drops(agent, "ipv6_not_policed") if dataplane == "bpf"
+        after = (bpf_drops(agent, "spoofed_source") if dataplane == "bpf"
                  else ip6tables_drops(agent.netns))
         assert after - before >= 5, (dataplane, before, after)
 
