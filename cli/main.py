@@ -20,6 +20,8 @@ COMMANDS: dict[str, str] = {
     "calc": "Compute what a node's dataplane would be programmed with.",
     "confd": "Render BIRD config from the datastore and keep BIRD reloaded.",
     "delete": "Delete resources from a datastore.",
+    "flows": "Show the flows the agent logged (BPF mode flow logs).",
+    "explain": "Explain the verdict this node gives a new connection (and run the BPF program).",
     "get": "Read resources from a datastore.",
     "lab": "Build network-namespace labs from scenarios and probe them.",
     "selector": "Parse, normalise and evaluate Calico selectors.",

@@ -212,6 +212,20 @@ class PolicyState:
 # --- id allocation ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class RuleMeta:
+    """What a rule counter counts: kind "policy" | "profile" | "tier-end" | "default-deny",
+    tier ("" for profiles and the final deny), owner (policy or profile name), the POD's
+    direction, the rule's index in its owner (-1 for the denies) and action."""
+
+    kind: str
+    tier: str
+    owner: str
+    direction: str
+    index: int
+    action: str
+
+
 class IdAllocator:
     """Stable (kind, name) -> number allocation over one number space. Numbers start at 1
     (0 = none) and stay below `limit`. Several kinds may share a space (IP sets and
@@ -858,6 +872,9 @@ class PolicyCompiler:
         self._generation = 0
         self._fragments: dict[tuple[Any, str], tuple[Any, _Fragment]] = {}
         self._counter_problems: list[str] = []
+        # counter name (ids form) -> the rule it counts, for the metrics; pruned with the
+        # counter ids by commit()
+        self.counter_meta: dict[str, RuleMeta] = {}
         self.unavailable_ipsets: frozenset[str] = frozenset()
         self.host_endpoint_ifaces: Mapping[str, proto.HostEndpointID] | None = None
         self._ep_keys: dict[int, tuple[proto.WorkloadEndpoint, tuple]] = {}
@@ -914,7 +931,12 @@ class PolicyCompiler:
         jumps: list[int | str | None] = []
         for i, rule in enumerate(rules):
             rwhere = f"{where} rule {i}"
-            lowered = lowerer.lower(rule, rwhere, rule.rule_id or f"{counter_prefix}/{i}")
+            counter_name = rule.rule_id or f"{counter_prefix}/{i}"
+            kind, owner, direction = key
+            self.counter_meta[ids_map.stored_name(counter_name)] = RuleMeta(
+                kind, owner.tier if kind == "policy" else "",
+                owner.name if kind == "policy" else owner, direction, i, rule.action)
+            lowered = lowerer.lower(rule, rwhere, counter_name)
             if lowered is None:
                 continue
             recs, js = lowered
@@ -960,8 +982,10 @@ class PolicyCompiler:
                 b.add_fragment(frag, next_tier)
             action = str(tier.default_action).lower()
             if action == "deny":
-                b.emit(RuleRecord(Action.DENY, counter_id=self.counter_id(
-                    f"tier-end:{tier.name}/{direction}")))
+                name = f"tier-end:{tier.name}/{direction}"
+                self.counter_meta[name] = RuleMeta("tier-end", tier.name, "", direction, -1,
+                                                   "deny")
+                b.emit(RuleRecord(Action.DENY, counter_id=self.counter_id(name)))
             elif action != "pass":
                 raise CompileError(f"tier {tier.name!r}: field default_action: "
                                    f"{tier.default_action!r} is not deny or pass")
@@ -977,6 +1001,8 @@ class PolicyCompiler:
                                   f"profile:{profile_id}/{direction}", state)
             b.add_fragment(frag, next_profile)
             b.mark(next_profile)
+        self.counter_meta[f"default-deny/{direction}"] = RuleMeta(
+            "default-deny", "", "", direction, -1, "deny")
         b.emit(RuleRecord(Action.DENY, counter_id=self.counter_id(f"default-deny/{direction}")))
         chain = b.finish()
         if len(chain) > self.max_chain_records:
@@ -1368,6 +1394,9 @@ class PolicyCompiler:
         """The kernel now holds `compiled`: free ids and regions it no longer uses."""
         freed = bool(self.set_ids.retain_only(compiled.numbers_in_use["sets"]))
         freed |= bool(self.rule_ids.retain_only(compiled.numbers_in_use["rules"]))
+        live = {name for _, name in self.rule_ids.by_name}
+        for name in [n for n in self.counter_meta if n not in live]:
+            del self.counter_meta[name]
         freed |= bool(self.endpoint_ids.retain_only(compiled.numbers_in_use["endpoints"]))
         self.layout.retain_only(compiled.chains_in_use)
         in_force = set(compiled.cls_instances.values())
@@ -1617,6 +1646,8 @@ class PolicyCompiler:
         ipv6 = str(state.config.get("ipv6support", "true")).strip().lower()
         if ipv6 not in ("true", "false", "1", "0", "yes", "no", "on", "off", ""):
             problems.append(f"config: Ipv6Support: {ipv6!r} is not a boolean; using true")
+        flow_events = str(state.config.get("flowlogsfileenabled", "false")).lower() == "true"
         enabled = ipv6 not in ("false", "0", "no", "off")
         return {config_map.KEY: config_map.encode_value(action, rpf, redirect=redirect,
-                                                        ctlb_udp=ctlb_udp, ipv6=enabled)}
+                                                        ctlb_udp=ctlb_udp, ipv6=enabled,
+                                                        flow_events=flow_events)}

@@ -207,6 +207,10 @@ class RuleScanner:
         self._owners_of_set: dict[str, set[object]] = {}
         self._specs: dict[str, IPSetSpec] = {}
 
+    def ip_set_specs(self) -> dict[str, IPSetSpec]:
+        """The IP sets the active rules use: id -> spec (selector, named port); a copy."""
+        return dict(self._specs)
+
     def on_policy_active(self, key: ResourceKey, policy: NetworkPolicy) -> None:
         owner = ("policy", key)
         if self._sources.get(owner) is policy:

@@ -16,6 +16,7 @@ happen, any breach of the message-ordering contract the dataplane model detected
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -43,8 +44,11 @@ class Snapshot:
 
 
 def compute(datastore: DatastoreLocation, hostname: str, *,
-            timeout: float = 30.0) -> Snapshot:
+            timeout: float = 30.0,
+            before_feed: Callable[[CalcPipeline], None] | None = None) -> Snapshot:
     """Run the pipeline for `hostname` over `datastore` to in-sync and return the result.
+    `before_feed(pipeline)` may register extra calc nodes on `pipeline.graph` first
+    (`agent.calc.explain` does).
 
     Raises `agent.syncer.client.DatastoreClientError` if the datastore refuses,
     FileNotFoundError for a missing path, `CalcTimeout` if in-sync is not reached.
@@ -54,6 +58,8 @@ def compute(datastore: DatastoreLocation, hostname: str, *,
     state = ExpectedDataplane(strict=False)
     state.record = False
     pipeline = CalcPipeline(hostname, state)
+    if before_feed is not None:
+        before_feed(pipeline)
     if datastore.backend == "file":
         from pyfelix.agent.syncer.file import load_path
 

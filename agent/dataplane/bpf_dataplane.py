@@ -42,6 +42,7 @@ import dataclasses
 import logging
 import subprocess
 from collections.abc import Callable
+from typing import Any
 
 from pyfelix.agent.bpf import syscall
 from pyfelix.agent.bpf.loader import (
@@ -141,6 +142,7 @@ class SharedLoad:
         self._users -= 1
         if self._users == 0:
             bpf_metrics.DROPS.forget(self.loaded)
+            bpf_metrics.POLICY_COUNTERS.forget(self.loaded)
             self.loaded.close()
 
 
@@ -161,7 +163,8 @@ def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
                      "BPFEnforceRPF": str(config.bpf_enforce_rpf),
                      "BPFRedirectToPeer": str(config.bpf_redirect_to_peer),
                      "BPFConnectTimeLoadBalancing":
-                         str(config.bpf_connect_time_load_balancing)},
+                         str(config.bpf_connect_time_load_balancing),
+                     "FlowLogsFileEnabled": str(config.flow_logs_file_enabled).lower()},
         rules_per_prog=loaded.config.rules_per_prog,
         list_interfaces=netlink_lister(),
     )
@@ -200,11 +203,21 @@ def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
         guard=guard.guard.counters,
         spoofed_by_endpoint=policy.spoofed_by_endpoint,
         nat=lambda: nat_counters_map.read(nat_counters), owner=loaded)
-    managers = [policy, routes, nat, attach, conntrack]
+    bpf_metrics.POLICY_COUNTERS.set_sources(rules=policy.rule_counters,
+                                            denied=policy.denied_sources, owner=loaded)
+    managers: list[Any] = [policy, routes, nat, attach, conntrack]
+    if config.flow_logs_file_enabled:
+        from pyfelix.agent.dataplane.managers.flow_logs import FlowLogManager
+
+        managers.append(FlowLogManager(
+            loaded.bpf, policy.counter_meta, directory=str(config.flow_logs_file_directory),
+            flush_interval=float(config.flow_logs_flush_interval),
+            max_bytes=int(config.flow_logs_file_max_file_size_mb) << 20,
+            max_files=int(config.flow_logs_file_max_files)))
     shared = SharedLoad(loaded, len(managers))
     for manager in managers:
         manager.on_close = shared.release
-    return [policy, routes, nat, attach, guard, conntrack, ctlb]
+    return [policy, routes, nat, attach, guard, conntrack, ctlb, *managers[5:]]
 
 
 def interface_prefixes(config: Config) -> tuple[str, ...]:

@@ -34,6 +34,7 @@
 #define CFG_RPF_STRICT 0   /* the source's route must lead back out of the arrival interface */
 #define CFG_RPF_LOOSE 1    /* the source must be routable (not local, blackhole, unreachable) */
 #define CFG_RPF_DISABLED 2
+#define CFG_F_FLOW_EVENTS 0x20 /* FlowLogsFileEnabled: send flow events (flow_events.h) */
 
 #define CFG_REDIRECT_DISABLED 0x04
 #define CFG_CTLB_UDP 0x08 /* BPFConnectTimeLoadBalancing=Enabled: UDP too (ctlb.c) */
@@ -41,7 +42,7 @@
 
 struct config_value {
 	__u32 flags; /* CFG_RPF_* in the low bits, CFG_REDIRECT_DISABLED, CFG_CTLB_UDP,
-		      * CFG_IPV6_DISABLED; the rest 0 */
+		      * CFG_IPV6_DISABLED, CFG_F_FLOW_EVENTS; the rest 0 */
 	__u32 endpoint_to_host_action; /* EP_TO_HOST_* */
 };
 

@@ -72,7 +72,9 @@ struct ep_counter {
 #define GCNT_FASTPATH_TTL_EXPIRED 25 /* would have been, but TTL <= 1: the stack replies */
 #define GCNT_IPV6_EXT_DROPPED 26   /* IPv6 extension header chain not walked (unknown, too long) */
 #define GCNT_IPV6_PACKETS 27       /* IPv6 packets policed (after ND, before the endpoint lookup) */
-#define GCNT_COUNT 28
+#define GCNT_FLOW_EVENTS 28         /* policy decisions sent to the flow-log ring buffer */
+#define GCNT_FLOW_EVENTS_DROPPED 29 /* not sent: over the per-CPU budget or ring buffer full */
+#define GCNT_COUNT 30
 
 BPF_TABLE_PINNED("percpu_array", __u32, struct rule_counter, rule_counters,
 		 RULE_COUNTERS_MAX_ENTRIES, PIN_DIR "/rule_counters_v1");

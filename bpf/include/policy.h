@@ -129,6 +129,11 @@ struct policy_rule {
 BPF_TABLE_PINNED("array", __u32, struct policy_rule, rules, RULES_MAX_ENTRIES,
 		 PIN_DIR "/rules_v1");
 
+#define PD_NONE 0     /* not decided yet: continue (tail call) */
+#define PD_NO_MATCH 1 /* nothing matched, or an inconsistency: deny */
+#define PD_ALLOW 2    /* an ALLOW record decided */
+#define PD_DENY 3     /* a DENY record decided */
+
 /* Walker state, carried across tail calls. Private to one build (pinned by PROG_ABI). */
 struct policy_state {
 	struct pkt_info pkt;
@@ -139,7 +144,10 @@ struct policy_state {
 	__u32 idx; /* next record that may match, relative to chain_start */
 	__u32 tail_calls;
 	__u8 hook; /* HOOK_* */
-	__u8 pad[3];
+	__u8 trace;    /* a `pyfelix explain` packet (verdict_trace.h): record, count nothing */
+	__u8 decision; /* PD_*: set when the walk ends; PD_ALLOW/PD_DENY: idx decided */
+	__u8 pad;
+	__u32 counter_id; /* the deciding record's (PD_ALLOW / PD_DENY) */
 	struct cls_state cls; /* classifier.h: the fields' vectors, candidate words */
 };
 

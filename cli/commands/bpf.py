@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from pyfelix.agent.bpf.maps import BY_NAME
+from pyfelix.cli.params import DATASTORE
 
 DEFAULT_PIN_DIR = "/sys/fs/bpf/pyfelix"
 
@@ -39,6 +40,8 @@ MAP_HELP = {
     "nat_ct": "Each service flow's translation (fwd: client -> backend, rev: reply -> VIP).",
     "nat_counters": "What the service NAT did (new flows, replies, rejects, failures).",
     "ctlb_rev": "Host sockets sent to a service backend at connect time -> the VIP they asked.",
+    "denied_sources": "Packets/bytes policy denied per (deciding rule counter, source address).",
+    "verdict_trace": "The policy decision of the last pyfelix explain packet (BPF_PROG_TEST_RUN).",
 }
 
 
@@ -248,5 +251,94 @@ def _summary_cells(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, **{k: "-" for k in ("entries", "fill_pct") if row[k] is None}}
 
 
+def rule_rows(pin_dir: str, catalogue: dict[str, dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """`pyfelix bpf rules dump`: one row per rule counter, the rule named from `catalogue`
+    (`agent.calc.explain.rule_catalogue`: policy, tier, direction, index, the rule as
+    written) when given, with its packets/bytes and its records' count."""
+    from pyfelix.agent.bpf.maps import rules_by_counter_pinned
+
+    try:
+        counters = rules_by_counter_pinned(_resolved(pin_dir))
+    except OSError as exc:
+        raise click.ClickException(f"the rule maps are not readable under {pin_dir}: {exc} "
+                                   f"(is an agent running with BPFPinDir={pin_dir}?)") from exc
+    rows = []
+    for c in counters:
+        name = c["name"]
+        meta = (catalogue or {}).get(name)
+        row: dict[str, Any] = {"policy": None, "tier": None, "direction": None, "rule": None,
+                               "action": None, "match": None}
+        if meta is not None:
+            row.update({k: meta[k] for k in row})
+            if meta["kind"] == "profile":
+                row["policy"] = f"profile:{meta['policy']}"
+        elif name.startswith("tier-end:"):
+            tier, _, direction = name[len("tier-end:"):].rpartition("/")
+            row.update(tier=tier, direction=direction, action="deny",
+                       match="end of tier: no policy of the tier matched")
+        elif name.startswith("default-deny/"):
+            row.update(direction=name.split("/", 1)[1], action="deny",
+                       match="no tier or profile allowed it")
+        else:
+            row["match"] = c["records"] or None  # no datastore: the records, sets named
+            row["action"] = c["records"][0]["action"] if c["records"] else None
+        row.update(packets=c["packets"], bytes=c["bytes"], records=len(c["records"]),
+                   counter=name)
+        rows.append(row)
+    order = {"ingress": 0, "egress": 1, None: 2}
+    return sorted(rows, key=lambda r: (r["policy"] is None, str(r["tier"] or ""),
+                                       str(r["policy"] or ""), order.get(r["direction"], 2),
+                                       r["rule"] if r["rule"] is not None else 1 << 30,
+                                       r["counter"]))
+
+
+@click.group("rules")
+def rules_group() -> None:
+    """Policy rules as programmed: per rule its policy, tier, index, match and counters."""
+
+
+@rules_group.command("dump")
+@_output_option
+@_pin_dir_option
+@click.option("--datastore", type=DATASTORE, envvar="PYFELIX_DATASTORE", default=None,
+              help="The agent's datastore: names each counter's policy, tier, rule index and "
+                   "the rule as written. Without it, the records (IP sets by name).")
+@click.option("--hostname", envvar="NODENAME", default=None, metavar="NODE",
+              help="This node's name, as the agent's. Env: NODENAME.")
+@click.option("--records", is_flag=True, help="Print the raw records instead (old view).")
+def rules_dump(output: str, pin_dir: str, datastore: Any, hostname: str | None,
+               records: bool) -> None:
+    """Each rule of the policies and profiles this node programs, with its policy, tier,
+    direction, rule index, the rule as written (selectors, not IP-set ids) and its packet
+    and byte counters (packets the rule decided: allow, deny, pass or log), plus the
+    end-of-tier and final denies.
+
+    \b
+    Examples:
+      pyfelix bpf rules dump --datastore /etc/pyfelix/resources --hostname node1
+      pyfelix bpf rules dump -o json
+      pyfelix bpf rules dump --records
+    """
+    if records:
+        rows = read_rows("rules", pin_dir)
+    else:
+        catalogue = None
+        if datastore is not None and hostname:
+            from pyfelix.agent.calc.explain import compute_model, rule_catalogue
+
+            catalogue = rule_catalogue(compute_model(datastore, hostname))
+        else:
+            click.echo("note: no --datastore/--hostname: rules are shown by their records",
+                       err=True)
+        rows = rule_rows(pin_dir, catalogue)
+    if output == "json":
+        click.echo(json.dumps(rows, indent=2, sort_keys=True))
+    else:
+        click.echo(table(rows))
+
+
 for _name in sorted(BY_NAME):
+    if _name == "rules":
+        command.add_command(rules_group)
+        continue
     command.add_command(_map_group(_name))

@@ -14,6 +14,7 @@ from pyfelix.agent.bpf.maps import (
     conntrack,
     counters,
     ctlb_rev,
+    denied_sources,
     endpoints,
     ep_by_ifindex,
     ids,
@@ -27,6 +28,7 @@ from pyfelix.agent.bpf.maps import (
     routes,
     rules,
     untracked,
+    verdict_trace,
     wep_sources,
 )
 from pyfelix.agent.bpf.maps.base import ARRAY_TYPES, BATCH_TYPES, BpfMap, MapLayoutError, MapParams
@@ -57,6 +59,8 @@ ALL_MAPS: tuple[MapParams, ...] = (
     cls_tries.PARAMS,
     cls_words.PARAMS,
     ctlb_rev.PARAMS,
+    verdict_trace.PARAMS,
+    denied_sources.PARAMS,
 )
 
 BY_NAME: dict[str, MapParams] = {p.name: p for p in ALL_MAPS}
@@ -75,6 +79,8 @@ _DUMPERS = {
     "nat_affinity": nat_affinity.dump, "nat_ct": nat_ct.dump, "nat_counters": nat_counters.dump,
     "nat_vip_filter": nat_vip_filter.dump,
     "cls_chains": cls_chains.dump, "cls_l4": cls_l4.dump, "cls_tries": cls_tries.dump,
+    "verdict_trace": verdict_trace.dump,
+    "denied_sources": denied_sources.dump,
 }
 
 
@@ -143,6 +149,51 @@ def summary_pinned(pin_dir: str) -> list[dict]:
                            else round(100.0 * entries / max(1, row["max_entries"]), 1))
         rows.append(row)
     return rows
+
+
+def rules_by_counter_pinned(pin_dir: str) -> list[dict]:
+    """Every rule counter (ids kind RULE) with its packets/bytes (summed over CPUs) and the
+    records of the chains in use that count into it, their IP sets named (the `ids` names:
+    calc-graph IP-set ids, compiler net sets by content) instead of numbered:
+    [{"counter_id", "name", "packets", "bytes", "records": [{"index", "action", ...}]}]."""
+    with BpfMap.open_pinned(ids.PARAMS, pin_dir) as m:
+        names = ids.read_all(m)
+    set_names = {**names[ids.IdKind.NETSET], **names[ids.IdKind.IPSET]}
+    with BpfMap.open_pinned(counters.RULE_COUNTERS, pin_dir) as m:
+        counts = {row["counter_id"]: row for row in counters.dump_rules(m)}
+    chains: set[tuple[int, int]] = set()
+    with BpfMap.open_pinned(endpoints.PARAMS, pin_dir) as m:
+        for _, raw in m.items():
+            value = endpoints.decode_value(raw)
+            chains |= {(value[d]["start"], value[d]["len"]) for d in ("ingress", "egress")
+                       if value[d]["len"]}
+    records: dict[int, list[dict]] = {}
+    with BpfMap.open_pinned(rules.PARAMS, pin_dir) as m:
+        for row in rules.dump(m, sorted(chains)):
+            number = row.pop("counter_id", 0)
+            if not number:
+                continue
+            if "set_checks" in row:
+                row["set_checks"] = [_name_set_check(c, set_names) for c in row["set_checks"]]
+            for group in ("src_ports", "not_src_ports", "dst_ports", "not_dst_ports"):
+                if group in row:
+                    row[group]["named_sets"] = [set_names.get(n, str(n))
+                                                for n in row[group]["named_sets"] if n]
+            records.setdefault(number, []).append(row)
+    out = []
+    for number, name in sorted(names[ids.IdKind.RULE].items()):
+        count = counts.get(number, {})
+        out.append({"counter_id": number, "name": name, "packets": count.get("packets", 0),
+                    "bytes": count.get("bytes", 0), "records": records.get(number, [])})
+    return out
+
+
+def _name_set_check(text: str, set_names: dict[int, str]) -> str:
+    """"src in 12" -> "src in s:abc..." (the check as rules.describe() words it)."""
+    words = text.rsplit(" ", 1)
+    if len(words) == 2 and words[1].isdigit():
+        return f"{words[0]} {set_names.get(int(words[1]), words[1])}"
+    return text
 
 
 def nat_pinned(pin_dir: str) -> dict:

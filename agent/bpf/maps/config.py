@@ -39,6 +39,7 @@ RPF_MASK = 0x3
 REDIRECT_DISABLED = 0x4  # must match CFG_REDIRECT_DISABLED in bpf/include/config.h
 CTLB_UDP = 0x8  # must match CFG_CTLB_UDP: BPFConnectTimeLoadBalancing=Enabled (bpf/ctlb.c)
 IPV6_DISABLED = 0x10  # must match CFG_IPV6_DISABLED: Ipv6Support false
+FLOW_EVENTS = 0x20  # must match CFG_F_FLOW_EVENTS: the programs send flow events
 
 
 class Value(ctypes.Structure):
@@ -58,9 +59,11 @@ _VALUE = struct.Struct("=II")
 
 def encode_value(endpoint_to_host_action: EndpointToHostAction,
                  rpf: RpfMode = RpfMode.STRICT, *, redirect: bool = True,
-                 ctlb_udp: bool = False, ipv6: bool = True) -> bytes:
+                 ctlb_udp: bool = False, ipv6: bool = True,
+                 flow_events: bool = False) -> bytes:
     flags = int(rpf) | (0 if redirect else REDIRECT_DISABLED) | (CTLB_UDP if ctlb_udp else 0)
     flags |= 0 if ipv6 else IPV6_DISABLED
+    flags |= FLOW_EVENTS if flow_events else 0
     return _VALUE.pack(flags, int(endpoint_to_host_action))
 
 
@@ -105,7 +108,7 @@ def decode_value(raw: bytes) -> dict:
     return {"flags": flags, "endpoint_to_host_action": name, "bpf_enforce_rpf": rpf,
             "bpf_redirect_to_peer": "Disabled" if flags & REDIRECT_DISABLED else "Enabled",
             "ctlb_udp": bool(flags & CTLB_UDP),
-            "ipv6_support": not flags & IPV6_DISABLED}
+            "ipv6_support": not flags & IPV6_DISABLED, "flow_events": bool(flags & FLOW_EVENTS)}
 
 
 def open_pinned(pin_dir: str | os.PathLike[str]) -> BpfMap:

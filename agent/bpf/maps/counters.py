@@ -52,6 +52,8 @@ class GlobalCounter(enum.IntEnum):
     FASTPATH_TTL_EXPIRED = 25
     IPV6_EXT_DROPPED = 26
     IPV6_PACKETS = 27
+    FLOW_EVENTS = 28
+    FLOW_EVENTS_DROPPED = 29
 
 
 EP_DIRECTIONS = ("ingress_allowed", "ingress_denied", "egress_allowed", "egress_denied")

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,112 @@ class DropCollector:
 
 DROPS = DropCollector()
 REGISTRY.register(DROPS)  # type: ignore[arg-type]
+
+# At most this many policies get series of their own in the per-policy metrics; the rest
+# are summed under policy="__other__" (bounded label cardinality whatever the cluster).
+MAX_POLICY_SERIES = 500
+
+
+def felix_policy_label(meta: Any) -> str:
+    """Felix's `policy` label of calico_denied_packets: `<tier>|<policy>|<rule index>|<action>`;
+    profiles as tier `__PROFILE__`, the end-of-tier deny as policy `__TIER_END__` and the
+    final deny as `__DEFAULT__|__DENY__`, both with rule index -1."""
+    if meta.kind == "profile":
+        return f"__PROFILE__|{meta.owner}|{meta.index}|{meta.action}"
+    if meta.kind == "tier-end":
+        return f"{meta.tier}|__TIER_END__|-1|deny"
+    if meta.kind == "default-deny":
+        return "__DEFAULT__|__DENY__|-1|deny"
+    return f"{meta.tier}|{meta.owner}|{meta.index}|{meta.action}"
+
+
+class PolicyCounterCollector:
+    """Per-policy and per-denying-rule metrics, read from the BPF counters at scrape time:
+
+    - `calico_denied_packets` / `calico_denied_bytes` {policy, srcIP} (Felix's names and
+      labels; gauges of the totals): what policy denied, per deciding rule and source, from
+      the `denied_sources` LRU map, whose size bounds the series;
+    - `pyfelix_policy_packets_total` / `pyfelix_policy_bytes_total` {tier, policy, action}:
+      what each policy's rules decided (allow, deny, pass, log; the end-of-tier and final
+      denies as policy `__TIER_END__` / `__DEFAULT__`), at most MAX_POLICY_SERIES policies.
+    Sources are set by the BPF dataplane (`set_sources`); a failing one is logged, skipped."""
+
+    def __init__(self) -> None:
+        self._rules: Callable[[], list[tuple[Any, int, int]]] | None = None
+        self._denied: Callable[[], list[tuple[Any, str, int, int]]] | None = None
+        self._owner: object = None
+
+    def set_sources(self, *, rules: Callable[[], list[tuple[Any, int, int]]] | None,
+                    denied: Callable[[], list[tuple[Any, str, int, int]]] | None,
+                    owner: object = None) -> None:
+        self._rules, self._denied, self._owner = rules, denied, owner
+
+    def forget(self, owner: object) -> None:
+        if owner is self._owner:
+            self.set_sources(rules=None, denied=None)
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        if self._denied is not None:
+            packets = GaugeMetricFamily(
+                "calico_denied_packets", "Total number of packets denied by calico policies "
+                "(per deciding rule and source; the BPF map bounds the series).",
+                labels=["policy", "srcIP"])
+            nbytes = GaugeMetricFamily(
+                "calico_denied_bytes", "Total number of bytes denied by calico policies.",
+                labels=["policy", "srcIP"])
+            try:
+                totals: dict[tuple[str, str], list[int]] = {}
+                for meta, source, p, b in self._denied():
+                    t = totals.setdefault((felix_policy_label(meta), source), [0, 0])
+                    t[0] += p
+                    t[1] += b
+                for labels, (p, b) in sorted(totals.items()):
+                    packets.add_metric(list(labels), float(p))
+                    nbytes.add_metric(list(labels), float(b))
+            except Exception as exc:
+                log.warning("denied counters: %s", exc)
+            yield packets
+            yield nbytes
+        if self._rules is not None:
+            packets = CounterMetricFamily(
+                "pyfelix_policy_packets", "Packets whose verdict a policy's rule decided "
+                "(new flows: the first packet; denied flows: every packet), by action.",
+                labels=["tier", "policy", "action"])
+            nbytes = CounterMetricFamily(
+                "pyfelix_policy_bytes", "Bytes of the packets counted by "
+                "pyfelix_policy_packets.", labels=["tier", "policy", "action"])
+            try:
+                per: dict[tuple[str, str, str], list[int]] = {}
+                for meta, p, b in self._rules():
+                    policy = {"tier-end": "__TIER_END__", "default-deny": "__DEFAULT__"}.get(
+                        meta.kind, meta.owner if meta.kind == "policy"
+                        else f"__PROFILE__.{meta.owner}")
+                    t = per.setdefault((meta.tier, policy, meta.action), [0, 0])
+                    t[0] += p
+                    t[1] += b
+                kept = sorted({k[:2] for k in per})[:MAX_POLICY_SERIES]
+                keep = set(kept)
+                folded: dict[tuple[str, str, str], list[int]] = {}
+                for (tier, policy, action), (p, b) in per.items():
+                    key = ((tier, policy, action) if (tier, policy) in keep
+                           else ("", "__other__", action))
+                    t = folded.setdefault(key, [0, 0])
+                    t[0] += p
+                    t[1] += b
+                for labels, (p, b) in sorted(folded.items()):
+                    packets.add_metric(list(labels), float(p))
+                    nbytes.add_metric(list(labels), float(b))
+            except Exception as exc:
+                log.warning("rule counters: %s", exc)
+            yield packets
+            yield nbytes
+
+
+POLICY_COUNTERS = PolicyCounterCollector()
+REGISTRY.register(POLICY_COUNTERS)  # type: ignore[arg-type]
 
 MAP_FULL_ERRORS = Counter(
     "pyfelix_bpf_map_full_errors",

@@ -64,9 +64,11 @@ from pyfelix.agent.bpf.compiler import (
     IPSetKeys,
     PolicyCompiler,
     PolicyState,
+    RuleMeta,
 )
 from pyfelix.agent.bpf.maps import cls_chains as cls_chains_map
 from pyfelix.agent.bpf.maps import counters as counters_map
+from pyfelix.agent.bpf.maps import denied_sources as denied_sources_map
 from pyfelix.agent.bpf.maps import ep_by_ifindex as ep_array
 from pyfelix.agent.bpf.maps import ipsets as ipsets_map
 from pyfelix.agent.bpf.maps.base import MapFullError
@@ -517,6 +519,43 @@ class BpfPolicyManager(ManagerBase):
 
     def problems(self) -> list[str]:
         return list(self.last_compiled.problems) if self.last_compiled else []
+
+    def rule_counters(self) -> list[tuple[RuleMeta, int, int]]:
+        """(the rule, packets, bytes) of every non-zero rule counter this agent's compiler
+        knows (for the per-policy metrics; read at scrape time)."""
+        compiler = self.compiler
+        if compiler is None:
+            return []
+        out = []
+        for row in counters_map.dump_rules(self._maps["rule_counters"]):
+            meta = self._counter_meta(compiler, row["counter_id"])
+            if meta is not None:
+                out.append((meta, row["packets"], row["bytes"]))
+        return out
+
+    def denied_sources(self) -> list[tuple[RuleMeta, str, int, int]]:
+        """(the deciding rule, source address, packets, bytes) policy denied, from the
+        `denied_sources` LRU map (Felix's calico_denied_packets / _bytes)."""
+        compiler = self.compiler
+        m = self._maps.get("denied_sources")
+        if compiler is None or m is None:
+            return []
+        out = []
+        for row in denied_sources_map.dump(m):
+            meta = self._counter_meta(compiler, row["counter_id"])
+            if meta is not None:
+                out.append((meta, row["source"], row["packets"], row["bytes"]))
+        return out
+
+    def counter_meta(self, counter_id: int) -> RuleMeta | None:
+        """The rule a rule counter counts (None: unknown to this agent's compiler)."""
+        compiler = self.compiler
+        return None if compiler is None else self._counter_meta(compiler, counter_id)
+
+    @staticmethod
+    def _counter_meta(compiler: PolicyCompiler, counter_id: int) -> RuleMeta | None:
+        entry = compiler.rule_ids.by_number.get(counter_id)
+        return None if entry is None else compiler.counter_meta.get(entry[1])
 
     def spoofed_by_endpoint(self) -> dict[str, int]:
         """Packets each programmed endpoint sent from a source it may not use (from the

@@ -30,7 +30,10 @@ from pyfelix.lab.conformance.matrix import DEFAULT_MAX_WORKERS, CellResult, Matr
 from pyfelix.lab.conformance.plan import SuitePlan, build_plan, world_documents
 
 if TYPE_CHECKING:
-    from pyfelix.lab.runner import NodeAgents
+    from pyfelix.lab.conformance.plan import PlannedStep
+    from pyfelix.lab.runner import LabRunner, NodeAgents
+
+    AfterStep = Callable[[LabRunner, PlannedStep, list[CellResult]], None]
 
 DEFAULT_PROBE_TIMEOUT = 0.5
 REPROBE_PAUSE_S = 1.0
@@ -93,9 +96,12 @@ def run_dataplane(
     progress: Callable[[str], None] | None = None,
     plan: SuitePlan | None = None,
     agents: NodeAgents | None = None,
+    after_step: AfterStep | None = None,
 ) -> DataplaneOutcome:
     """Run `cases` (or a ready `plan`) on `dataplane`. `agents` replaces the real agents
-    (tests use it to show that a lab enforcing nothing fails the suite)."""
+    (tests use it to show that a lab enforcing nothing fails the suite). `after_step(runner,
+    planned, results)` runs after each case is probed, while its policy is in force (the
+    explain test asks the nodes about every probe there)."""
     from pyfelix.lab.agents import AgentProcesses
 
     if agents is None and dataplane not in DATAPLANE_NAMES:
@@ -105,7 +111,7 @@ def run_dataplane(
         agents = AgentProcesses(dataplane, interface_prefix=interface_prefix)
     run = _DataplaneRun(plan, dataplane, agents, probe_timeout=probe_timeout,
                         max_workers=max_workers, interface_prefix=interface_prefix,
-                        say=progress or (lambda message: None))
+                        say=progress or (lambda message: None), after_step=after_step)
     return run.run()
 
 
@@ -114,9 +120,10 @@ class _DataplaneRun:
 
     def __init__(self, plan: SuitePlan, dataplane: str, agents: NodeAgents, *,
                  probe_timeout: float, max_workers: int, interface_prefix: str,
-                 say: Callable[[str], None]) -> None:
+                 say: Callable[[str], None], after_step: AfterStep | None = None) -> None:
         from pyfelix.lab.runner import LabRunner
 
+        self.after_step = after_step
         self.plan = plan
         self.dataplane = dataplane
         self.say = say
@@ -175,6 +182,8 @@ class _DataplaneRun:
                 results = prober.reprobe(results)
             case_outcome = CaseOutcome(planned.case, results, synced - step_started,
                                        time.monotonic() - synced)
+            if self.after_step is not None:
+                self.after_step(runner, planned, results)
             self.outcome.cases.append(case_outcome)
             self.say(f"conformance[{self.dataplane}]: {planned.case.name}: "
                      + ("ok" if case_outcome.passed

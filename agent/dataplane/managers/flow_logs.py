@@ -1,0 +1,220 @@
+"""Flow logs (BPF mode): the tc programs' policy-decision events -> aggregated JSON lines.
+
+Role: a thread reads this build's `flow_events` ring buffer (bpf/include/flow_events.h:
+one event per policy decision, rate-limited in the kernel, the rest counted as
+`flow_events_dropped`), aggregates the events per (source, destination, destination port,
+protocol, action, deciding policy rule, reporter) over `FlowLogsFlushInterval` and appends
+one JSON object per aggregate to `<FlowLogsFileDirectory>/flows.log`, rotated at
+`FlowLogsFileMaxFileSizeMB` (`flows.log.1` ... `.FlowLogsFileMaxFiles`).
+
+Inputs: the loop's `WorkloadEndpointUpdate/Remove` (local endpoints' addresses -> namespace
+and pod name: the enrichment), the policy manager's counter metadata (counter id -> tier,
+policy, rule index, action). Outputs: the file; `pyfelix_flow_log_events_total`,
+`pyfelix_flow_log_records_total`. Field names are Calico's flow-log names where one exists
+(start_time, end_time, source_ip, source_name, source_namespace, source_type, dest_ip,
+dest_name, dest_namespace, dest_type, dest_port, proto, action, reporter, policies
+{all_policies: ["<order>|<tier>|<policy>|<action>|<rule index>"]}, num_flows,
+num_flows_started); pyfelix's own: packets and bytes of the packets policy decided
+(`policy_packets`, `policy_bytes`: a new flow's first packet, every packet of a denied
+one), not the flow's whole traffic. Remote endpoints are not named (`-`, type `net`): the
+dataplane knows only its own endpoints.
+
+Invariants: the reader never blocks the dataplane loop (its own thread); a write error is
+logged with the number of records lost (the next flush tries the file again).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import Counter
+
+from pyfelix.agent import proto
+from pyfelix.agent.bpf.maps import flow_events as events_map
+from pyfelix.agent.dataplane.manager import ManagerBase
+
+log = logging.getLogger(__name__)
+
+FILE_NAME = "flows.log"
+PROTO_NAMES = {1: "icmp", 6: "tcp", 17: "udp", 132: "sctp"}
+
+EVENTS = Counter("pyfelix_flow_log_events", "Policy-decision events read from the kernel's "
+                 "flow_events ring buffer (the dropped ones: pyfelix_bpf global counter "
+                 "flow_events_dropped).")
+RECORDS = Counter("pyfelix_flow_log_records", "Aggregated flow-log records written.")
+
+
+def policy_label(meta: Any) -> str:
+    """Calico's flow-log policy string `<order>|<tier>|<policy>|<action>|<rule index>`."""
+    if meta is None:
+        return "0|__NO_MATCH__|__NO_MATCH__|deny|-1"
+    if meta.kind == "profile":
+        return f"0|__PROFILE__|{meta.owner}|{meta.action}|{meta.index}"
+    if meta.kind == "tier-end":
+        return f"0|{meta.tier}|{meta.tier}.__TIER_END__|deny|-1"
+    if meta.kind == "default-deny":
+        return "0|__DEFAULT__|__DEFAULT__.__DENY__|deny|-1"
+    return f"0|{meta.tier}|{meta.owner}|{meta.action}|{meta.index}"
+
+
+class FlowAggregator:
+    """Pure: events in, Calico-named records out at `flush()`."""
+
+    def __init__(self, name_of: Callable[[str], tuple[str, str] | None],
+                 meta_of: Callable[[int], Any]) -> None:
+        self._name_of = name_of
+        self._meta_of = meta_of
+        self._lock = threading.Lock()
+        self._flows: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+    def add(self, ev: dict[str, Any]) -> None:
+        meta = self._meta_of(ev["counter_id"]) if ev["counter_id"] else None
+        action = "allow" if ev["allowed"] else "deny"
+        reporter = "src" if ev["hook"] == events_map.HOOK_FROM_WEP else "dst"
+        key = (ev["src"], ev["dst"], ev["dport"], ev["proto"], action, policy_label(meta),
+               reporter)
+        now = time.time()
+        with self._lock:
+            rec = self._flows.get(key)
+            if rec is None:  # named now: the endpoint may be gone by the flush
+                rec = self._flows[key] = {"start": now, "end": now, "ports": set(),
+                                          "packets": 0, "bytes": 0,
+                                          "source": self._name_of(ev["src"]),
+                                          "dest": self._name_of(ev["dst"])}
+            rec["end"] = now
+            rec["ports"].add(ev["sport"])
+            rec["packets"] += 1
+            rec["bytes"] += ev["len"]
+
+    def flush(self) -> list[dict[str, Any]]:
+        with self._lock:
+            flows, self._flows = self._flows, {}
+        out = []
+        for (src, dst, dport, proto_num, action, policy, reporter), rec in sorted(
+                flows.items(), key=lambda kv: kv[1]["start"]):
+            source, dest = rec["source"], rec["dest"]
+            out.append({
+                "start_time": int(rec["start"]), "end_time": int(rec["end"]) + 1,
+                "source_ip": src, "source_namespace": source[0] if source else "-",
+                "source_name": source[1] if source else "-",
+                "source_type": "wep" if source else "net",
+                "dest_ip": dst, "dest_namespace": dest[0] if dest else "-",
+                "dest_name": dest[1] if dest else "-", "dest_type": "wep" if dest else "net",
+                "dest_port": dport if proto_num != 1 else None,
+                "proto": PROTO_NAMES.get(proto_num, str(proto_num)),
+                "action": action, "reporter": reporter,
+                "policies": {"all_policies": [policy]},
+                "num_flows": len(rec["ports"]), "num_flows_started": len(rec["ports"]),
+                "policy_packets": rec["packets"], "policy_bytes": rec["bytes"],
+            })
+        return out
+
+
+class FlowLogFile:
+    """Appends JSON lines to `<directory>/flows.log`, rotating at `max_bytes`."""
+
+    def __init__(self, directory: str, *, max_bytes: int, max_files: int) -> None:
+        self.path = Path(directory) / FILE_NAME
+        self.max_bytes = max_bytes
+        self.max_files = max_files
+
+    def write(self, records: list[dict[str, Any]]) -> None:
+        if not records:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists() and self.path.stat().st_size >= self.max_bytes:
+            self._rotate()
+        with open(self.path, "a") as f:
+            f.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+
+    def _rotate(self) -> None:
+        for i in range(self.max_files - 1, 0, -1):
+            older = Path(f"{self.path}.{i}")
+            if older.exists():
+                os.replace(older, f"{self.path}.{i + 1}")
+        os.replace(self.path, f"{self.path}.1")
+
+
+class FlowLogManager(ManagerBase):
+    name = "flow-logs"
+    policy_critical = False
+
+    def __init__(self, bpf: Any, meta_of: Callable[[int], Any], *, directory: str,
+                 flush_interval: float, max_bytes: int, max_files: int) -> None:
+        super().__init__()
+        self._bpf = bpf
+        self._names: dict[str, tuple[str, str]] = {}
+        self._by_endpoint: dict[proto.WorkloadEndpointID, tuple[str, ...]] = {}
+        self.aggregator = FlowAggregator(self._names.get, meta_of)
+        self.file = FlowLogFile(directory, max_bytes=max_bytes, max_files=max_files)
+        self._interval = flush_interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.on_close: Callable[[], None] | None = None
+
+    def on_update(self, msg: object) -> None:
+        if isinstance(msg, proto.WorkloadEndpointUpdate):
+            self._forget(msg.id)
+            namespace, _, pod = msg.id.workload.partition("/")
+            addrs = tuple(n.split("/")[0] for n in msg.endpoint.ipv4_nets)
+            self._by_endpoint[msg.id] = addrs
+            for a in addrs:
+                self._names[a] = (namespace, pod or namespace)
+        elif isinstance(msg, proto.WorkloadEndpointRemove):
+            self._forget(msg.id)
+
+    def _forget(self, endpoint_id: proto.WorkloadEndpointID) -> None:
+        for a in self._by_endpoint.pop(endpoint_id, ()):
+            self._names.pop(a, None)
+
+    def apply(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="flow-logs", daemon=True)
+            self._thread.start()
+
+    def _on_event(self, _ctx: Any, data: Any, size: int) -> int:
+        import ctypes
+
+        try:
+            raw = ctypes.string_at(data, min(size, events_map.SIZE))
+            EVENTS.inc()
+            self.aggregator.add(events_map.decode(raw))
+        except Exception:  # a bad record must not stop the reader
+            log.exception("flow logs: cannot decode an event of %d bytes", size)
+        return 0
+
+    def _run(self) -> None:
+        self._bpf["flow_events"].open_ring_buffer(self._on_event)
+        next_flush = time.monotonic() + self._interval
+        while not self._stop.is_set():
+            self._bpf.ring_buffer_poll(100)
+            if time.monotonic() >= next_flush:
+                self.flush()
+                next_flush = time.monotonic() + self._interval
+        self._bpf.ring_buffer_consume()
+        self.flush()
+
+    def flush(self) -> None:
+        records = self.aggregator.flush()
+        try:
+            self.file.write(records)
+            RECORDS.inc(len(records))
+        except OSError as exc:
+            log.warning("flow logs: cannot write %s: %s (%d records dropped)", self.file.path,
+                        exc, len(records))
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        if self.on_close is not None:
+            self.on_close()
+            self.on_close = None

@@ -1,0 +1,79 @@
+"""Flow logs in BPF mode with a real agent in lab namespaces: every probe of
+tests/lab/scenarios/calico-gnp-order.yaml appears in `pyfelix flows -o json` (the real CLI
+over the agent's flows.log) with the probe's action and the deciding policy rule, reported
+by the destination's ingress policy (the source's egress is its profile's allow), with the
+pods named."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pyfelix.lab.agents import AgentProcesses
+from pyfelix.lab.runner import LabRunner
+from pyfelix.lab.scenario import load_scenario
+
+pytestmark = pytest.mark.privileged
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "lab" / "scenarios"
+REPO = Path(__file__).resolve().parents[3]
+
+EXPECTED = {  # (source, destination port) -> (action, Calico policy string)
+    ("client", 443): ("allow", "0|default|allow-https|allow|0"),
+    ("client", 9000): ("deny", "0|default|default.__TIER_END__|deny|-1"),
+    ("scanner", 443): ("deny", "0|default|deny-scanner|deny|0"),
+}
+
+
+def _flows(directory: Path) -> list[dict[str, Any]]:
+    proc = subprocess.run([sys.executable, "-m", "pyfelix.cli.main", "flows", "--dir",
+                           str(directory), "-o", "json"], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+@pytest.mark.timeout(300)
+def test_every_probe_is_in_the_flow_log_with_its_action_and_policy(
+        root_guard: Any, tmp_path: Path) -> None:
+    flows_dir = tmp_path / "flows"
+    agents = AgentProcesses("bpf", extra_env={
+        "FELIX_FLOWLOGSFILEENABLED": "true", "FELIX_FLOWLOGSFILEDIRECTORY": str(flows_dir),
+        "FELIX_FLOWLOGSFLUSHINTERVAL": "1"})
+    scenario = load_scenario(SCENARIOS / "calico-gnp-order.yaml")
+    with LabRunner(scenario, agents=agents, dataplane="bpf", program_routes=False,
+                   probe_timeout=1.0) as lab:
+        lab.build()
+        lab.start_agents()
+        results = lab.run_steps()
+        assert not [r for r in results if r.mismatch]
+        ips = {key: str(pod.spec.ip) for key, pod in lab.topology.pods.items()}
+        deadline = time.monotonic() + 15
+        while True:
+            records = _flows(flows_dir) if (flows_dir / "flows.log").exists() else []
+            seen = {(r["source_name"], r["dest_port"]): r for r in records
+                    if r["reporter"] == "dst" and r["dest_name"] == "api"}
+            if set(EXPECTED) <= set(seen) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    for (source, port), (action, policy) in EXPECTED.items():
+        rec = seen.get((source, port))
+        assert rec is not None, (source, port, records)
+        assert (rec["action"], rec["policies"]["all_policies"]) == (action, [policy]), rec
+        assert rec["source_ip"] == ips[f"prod/{source}"] and rec["dest_ip"] == ips["prod/api"]
+        assert (rec["source_namespace"], rec["dest_namespace"], rec["proto"]) == (
+            "prod", "prod", "tcp")
+        assert rec["num_flows"] >= 1 and rec["policy_packets"] >= 1
+    # the allowed probe api -> client:80, reported by the client's ingress profile... or
+    # policy: the client has no policy, so its profile decides
+    back = [r for r in records if r["source_name"] == "api" and r["dest_name"] == "client"
+            and r["dest_port"] == 80 and r["reporter"] == "dst"]
+    assert back and back[0]["action"] == "allow", records
+    root_guard.check()
