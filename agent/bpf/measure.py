@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import secrets
 import sys
 from typing import Any
 
 from pyfelix.agent import proto as p
 from pyfelix.agent.bpf import packets
 from pyfelix.agent.bpf.compiler import PolicyCompiler, PolicyState
-from pyfelix.agent.bpf.loader import BuildConfig, LoadedDataplane, load_dataplane, remove_pin_dir
+from pyfelix.agent.bpf.loader import BuildConfig, LoadedDataplane, load_dataplane
 from pyfelix.agent.bpf.maps import ep_by_ifindex as ep_array
 from pyfelix.agent.bpf.testrun import TC_ACT_OK, TC_ACT_SHOT, run_tc
 
@@ -224,12 +223,11 @@ def measure_verdicts(dp: LoadedDataplane, *, rule_counts: tuple[int, ...] = (1, 
 
 
 def main() -> int:
-    pin_dir = f"/sys/fs/bpf/pyfelix-measure-{secrets.token_hex(4)}"
-    try:
-        with load_dataplane(BuildConfig(pin_dir=pin_dir, map_sizes=MEASURE_MAP_SIZES)) as dp:
-            print(json.dumps(measure_verdicts(dp), indent=2))
-    finally:
-        remove_pin_dir(pin_dir)
+    from pyfelix.agent.bpf.scratch import scratch_pin_dir
+
+    with scratch_pin_dir("measure") as pin_dir, \
+            load_dataplane(BuildConfig(pin_dir=pin_dir, map_sizes=MEASURE_MAP_SIZES)) as dp:
+        print(json.dumps(measure_verdicts(dp), indent=2))
     return 0
 
 

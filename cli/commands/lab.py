@@ -166,7 +166,8 @@ def run_command(
 @click.option("-o", "--output", type=click.Choice(OUTPUT_FORMATS), default="table",
               show_default=True)
 def sweep_command(orphans: bool, output: str) -> None:
-    """Remove lab namespaces, processes and files left by runs that are no longer alive.
+    """Remove lab namespaces, processes and files left by runs that are no longer alive,
+    and the scratch BPF pin directories of killed benchmarks and tests.
 
     Live runs (their lock is held) are never touched.
 
@@ -186,6 +187,8 @@ def sweep_command(orphans: bool, output: str) -> None:
         click.echo(f"removed namespaces: {' '.join(report.removed_netns) or '-'}")
         click.echo(f"killed processes: {' '.join(map(str, report.killed_pids)) or '-'}")
         click.echo(f"live runs left alone: {' '.join(report.live_runs) or '-'}")
+        click.echo("removed scratch pin directories: "
+                   f"{' '.join(report.removed_scratch_pin_dirs) or '-'}")
         if report.orphan_netns:
             click.echo(f"namespaces without a run directory (use --orphans): "
                        f"{' '.join(report.orphan_netns)}")

@@ -1,7 +1,7 @@
 """Benchmark `bpf-verdict`: what the tc programs cost per packet, measured by the kernel
 (BPF_PROG_TEST_RUN) on the real programs compiled from bpf/*.c.
 
-Setup: one BCC build with maps pinned under a per-run directory /sys/fs/bpf/pyfelix-bench-*
+Setup: one BCC build with maps pinned under a scratch pin dir (agent.bpf.scratch)
 (removed afterwards, also on failure); one endpoint on the loopback ifindex, so no namespace
 is created (agent.bpf.measure). Each sample is the kernel's mean over thousands of runs.
 
@@ -29,7 +29,6 @@ Figures (median of `repeats` samples, with _min/_max):
 from __future__ import annotations
 
 import os
-import secrets
 
 from pyfelix.bench.registry import BenchContext, Figures, Stat, benchmark
 
@@ -38,21 +37,19 @@ RULE_COUNTS = (1, 10, 100, 1000, 10000)
 
 @benchmark("bpf-verdict", description="tc program ns per packet: conntrack hit, first packet")
 def bpf_verdict(ctx: BenchContext) -> Figures:
-    from pyfelix.agent.bpf.loader import BuildConfig, load_dataplane, remove_pin_dir
+    from pyfelix.agent.bpf.loader import BuildConfig, load_dataplane
     from pyfelix.agent.bpf.measure import MEASURE_MAP_SIZES, measure_verdict_samples
+    from pyfelix.agent.bpf.scratch import scratch_pin_dir
 
     if os.geteuid() != 0:
         raise PermissionError("bpf-verdict needs root (BPF programs)")
-    pin_dir = f"/sys/fs/bpf/pyfelix-bench-{secrets.token_hex(4)}"
     quick = ctx.settings.repeats <= 3 and ctx.settings.min_sample_seconds < 0.05
-    try:
-        with load_dataplane(BuildConfig(pin_dir=pin_dir, map_sizes=MEASURE_MAP_SIZES)) as dp:
-            raw = measure_verdict_samples(
-                dp, rule_counts=RULE_COUNTS, samples=max(1, ctx.settings.repeats),
-                repeat=2_000 if quick else 20_000)
-            compile_s, load_s = dp.compile_seconds, dp.load_seconds
-    finally:
-        remove_pin_dir(pin_dir)
+    with scratch_pin_dir("bench-verdict") as pin_dir, \
+            load_dataplane(BuildConfig(pin_dir=pin_dir, map_sizes=MEASURE_MAP_SIZES)) as dp:
+        raw = measure_verdict_samples(
+            dp, rule_counts=RULE_COUNTS, samples=max(1, ctx.settings.repeats),
+            repeat=2_000 if quick else 20_000)
+        compile_s, load_s = dp.compile_seconds, dp.load_seconds
     figures: Figures = {}
     figures.update(Stat.of([float(v) for v in raw["ct_hit_ns"]]).figures("ct_hit_ns"))
     figures.update(Stat.of([float(v) for v in raw["ct_hit_from_wep_ns"]])

@@ -3,7 +3,7 @@
 the real calico_from_wep), and (2) new connections/s from a lab pod to a ClusterIP, beside
 the same scenario on the iptables dataplane with kube-proxy's rules (`conn_rate_figures`).
 
-Setup: one BCC build with maps pinned under /sys/fs/bpf/pyfelix-bench-svc-* (removed
+Setup: one BCC build with maps pinned under a scratch pin dir (agent.bpf.scratch; removed
 afterwards, also on failure); one endpoint on the loopback ifindex allowing everything (as
 agent.bpf.measure); N Services of 3 backends each written by the agent's BpfNatManager.
 
@@ -28,7 +28,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import random
-import secrets
 import statistics
 
 from pyfelix.bench.registry import BenchContext, Figures, Stat, benchmark
@@ -63,8 +62,9 @@ def first_packet_figures(ctx: BenchContext) -> Figures:
     from pyfelix.agent import proto as p
     from pyfelix.agent.bpf import packets
     from pyfelix.agent.bpf.compiler import PolicyCompiler, PolicyState
-    from pyfelix.agent.bpf.loader import BuildConfig, load_dataplane, remove_pin_dir
+    from pyfelix.agent.bpf.loader import BuildConfig, load_dataplane
     from pyfelix.agent.bpf.measure import LOOPBACK_IFINDEX, POD, _program
+    from pyfelix.agent.bpf.scratch import scratch_pin_dir
     from pyfelix.agent.bpf.syscall import load_return_zero_tc_prog
     from pyfelix.agent.bpf.testrun import TC_ACT_OK, run_tc
     from pyfelix.agent.dataplane.managers.bpf_nat import BpfNatManager
@@ -74,14 +74,12 @@ def first_packet_figures(ctx: BenchContext) -> Figures:
     quick = ctx.settings.repeats <= 3 and ctx.settings.min_sample_seconds < 0.05
     samples = 200 if quick else 2000
     repeats = max(1, ctx.settings.repeats)
-    pin_dir = f"/sys/fs/bpf/pyfelix-bench-svc-{secrets.token_hex(4)}"
     rng = random.Random(7)
     medians: dict[int, list[float]] = {n: [] for n in SERVICE_COUNTS}
     harness: list[float] = []
-    try:
-        with load_dataplane(BuildConfig(pin_dir=pin_dir, map_sizes={
-                "rules": 1024, "conntrack": 1 << 16, "nat_frontend": 16384,
-                "nat_backend": 65536})) as dp:
+    sizes = {"rules": 1024, "conntrack": 1 << 16, "nat_frontend": 16384, "nat_backend": 65536}
+    with scratch_pin_dir("bench-svc") as pin_dir, \
+            load_dataplane(BuildConfig(pin_dir=pin_dir, map_sizes=sizes)) as dp:
             state = PolicyState()
             compiler = PolicyCompiler(rules_capacity=dp.maps["rules"].max_entries,
                                       cls_words=dp.maps["cls_words"].max_entries,
@@ -122,8 +120,6 @@ def first_packet_figures(ctx: BenchContext) -> Figures:
                     harness.append(float(statistics.median(times)))
             finally:
                 os.close(zero)
-    finally:
-        remove_pin_dir(pin_dir)
     figures: Figures = {}
     for n in SERVICE_COUNTS:
         figures.update(Stat.of(medians[n]).figures(f"bpf_first_packet_ns_{n}"))

@@ -18,6 +18,8 @@ Invariants:
   and removes them only when asked (`include_orphans=True`).
 - Removing a run: kill processes left in its namespaces (agents, BIRD), delete the
   namespaces (the kernel deletes the veths in them), its bpffs directory, then its state dir.
+- Every sweep also removes the scratch pin directories of dead processes (benchmarks' and
+  tests' own BPF builds, `agent.bpf.scratch`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pyfelix.agent.bpf.scratch import sweep_stale_scratch
 from pyfelix.lab import naming
 from pyfelix.lab.netns import kill_processes_in_netns, list_netns, remove_netns
 
@@ -163,6 +166,7 @@ class SweepReport:
     killed_pids: list[int] = field(default_factory=list)
     live_runs: list[str] = field(default_factory=list)
     orphan_netns: list[str] = field(default_factory=list)
+    removed_scratch_pin_dirs: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
 
@@ -194,6 +198,10 @@ def sweep_stale_runs(
             shutil.rmtree(run_dir, ignore_errors=True)
             report.removed_runs.append(run_id)
     _sweep_stale_staging(root)
+    try:  # in-process BPF builds of killed benchmarks and tests (agent.bpf.scratch)
+        report.removed_scratch_pin_dirs = sweep_stale_scratch(bpffs_root)
+    except OSError as exc:
+        report.errors.append(f"sweeping scratch pin directories: {exc}")
     return report
 
 

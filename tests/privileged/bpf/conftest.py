@@ -1,8 +1,8 @@
 """Fixtures for the real-kernel BPF tests.
 
 - `loaded` (session): ONE BCC build (compile ~3 s) with maps pinned under
-  /sys/fs/bpf/pyfelix-test-<random>/, small map sizes; unpinned and removed at the end, also
-  on failure.
+  /sys/fs/bpf/pyfelix-scratch-test-<random>/ (agent.bpf.scratch), small map sizes;
+  unpinned and removed at the end, also on failure (and after a kill, by the next sweep).
 - `netns` (session): a namespace `pyfbpf-<pid>` with veth interfaces d1..d4, and a worker
   thread inside it, so BPF_PROG_TEST_RUN can use their ifindexes; deleted at the end.
 - `harness` (per test): all maps emptied, a fresh compiler and state.
@@ -13,13 +13,13 @@
 from __future__ import annotations
 
 import os
-import secrets
 import subprocess
 from collections.abc import Iterator
 
 import pytest
 
-from pyfelix.agent.bpf.loader import BuildConfig, LoadedDataplane, load_dataplane, remove_pin_dir
+from pyfelix.agent.bpf.loader import BuildConfig, LoadedDataplane, load_dataplane
+from pyfelix.agent.bpf.scratch import scratch_pin_dir
 from pyfelix.agent.bpf.testrun import NetnsThread
 from tests.privileged.bpf.bpf_harness import Harness, reset_maps
 
@@ -34,7 +34,7 @@ def sh(*argv: str) -> str:
     return subprocess.run(argv, check=True, capture_output=True, text=True, timeout=60).stdout
 
 
-OUR_PREFIXES = ("pyfbpf-", "pyfelix-test-", "pyfelix-measure-")
+OUR_PREFIXES = ("pyfbpf-", "pyfelix-test-", "pyfelix-scratch-")
 
 
 def _root_snapshot() -> dict[str, object]:
@@ -65,11 +65,8 @@ def root_untouched() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def pin_dir(root_untouched: None) -> Iterator[str]:
-    path = f"/sys/fs/bpf/pyfelix-test-{secrets.token_hex(4)}"
-    try:
+    with scratch_pin_dir("test") as path:
         yield path
-    finally:
-        remove_pin_dir(path)
 
 
 @pytest.fixture(scope="session")

@@ -5,12 +5,11 @@ small-maps agent configuration they build with, and allow-all workload endpoints
 from __future__ import annotations
 
 import contextlib
-import secrets
 import subprocess
 from collections.abc import Iterable, Iterator
 
 from pyfelix.agent import proto as p
-from pyfelix.agent.bpf.loader import remove_pin_dir
+from pyfelix.agent.bpf.scratch import scratch_pin_dir
 from pyfelix.agent.bpf.testrun import NetnsThread
 from pyfelix.agent.config import Config, load_config
 
@@ -56,12 +55,10 @@ def node_namespace(name: str, veths: Iterable[tuple[str, str]], *,
 
 @contextlib.contextmanager
 def own_pin_dir(tag: str) -> Iterator[str]:
-    """A pin directory under /sys/fs/bpf named for this test run, removed afterwards."""
-    path = f"/sys/fs/bpf/pyfelix-test-{tag}-{secrets.token_hex(4)}"
-    try:
+    """A pin directory under /sys/fs/bpf for this test, removed afterwards (and by the next
+    scratch pin dir's sweep if this process is killed: agent.bpf.scratch)."""
+    with scratch_pin_dir(f"test-{tag}") as path:
         yield path
-    finally:
-        remove_pin_dir(path)
 
 
 def small_maps_config(pin_dir: str, **extra: str) -> Config:

@@ -115,5 +115,5 @@ def test_sweep_json(root_guard: Any) -> None:
     done = pyfelix("lab", "sweep", "-o", "json")
     assert done.returncode == 0, done.stderr
     assert {"removed_runs", "removed_netns", "killed_pids", "live_runs", "orphan_netns",
-            "errors"} == set(json.loads(done.stdout))
+            "removed_scratch_pin_dirs", "errors"} == set(json.loads(done.stdout))
     root_guard.check()
