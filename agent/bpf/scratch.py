@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from pyfelix.agent.bpf.loader import remove_pin_dir
+from pyfelix.agent.owner_lock import lock_is_held
 
 BPFFS_ROOT = Path("/sys/fs/bpf")
 LOCK_ROOT = Path("/run/pyfelix-scratch")
@@ -39,21 +40,6 @@ _TAG = re.compile(r"[a-z0-9-]{1,24}")
 
 def _lock_path(name: str, lock_root: Path) -> Path:
     return lock_root / f"{name}.lock"
-
-
-def _held_elsewhere(lock: Path) -> bool:
-    """True when a live process holds the lock (we could not take it)."""
-    try:
-        fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
 
 
 def sweep_stale_scratch(bpffs_root: Path = BPFFS_ROOT,
@@ -66,7 +52,7 @@ def sweep_stale_scratch(bpffs_root: Path = BPFFS_ROOT,
         if not entry.name.startswith(PREFIX):
             continue
         lock = _lock_path(entry.name, lock_root)
-        if _held_elsewhere(lock):
+        if lock_is_held(lock):
             continue
         remove_pin_dir(str(entry))
         with contextlib.suppress(FileNotFoundError):

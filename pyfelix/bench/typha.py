@@ -78,7 +78,7 @@ import threading
 import time
 import urllib.request
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -93,6 +93,16 @@ WRITTEN_AT = "bench.pyfelix.org/written-at"
 CHURN_PREFIX = "churn-"
 LOAD_CHUNK = 500
 HANDSHAKE_RETRIES = 20
+
+
+class _SessionEnded(Exception):
+    """A bench client's connection ended. `retryable`: it ended before the server's hello (or
+    with a refusal worth retrying), so it is tried again; after the hello it is an error."""
+
+    def __init__(self, retryable: bool, reason: str) -> None:
+        super().__init__(reason)
+        self.retryable = retryable
+        self.reason = reason
 # refusals a client tries again after: the server has too many connections waiting for their
 # hello ("try again later"), or did not get to this one's hello in time
 RETRYABLE_REFUSALS = ("server-full", "bad-hello")
@@ -643,11 +653,10 @@ class _SimulatedClients:
             encode_message,
         )
 
-        for attempt in itertools.count():
-            writer = None
+        async def session() -> None:
             follower: StreamFollower | None = None
+            reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
             try:
-                reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
                 writer.write(encode_message(client_hello(
                     hostname=hostname, syncer_type="felix", compression=KNOWN_COMPRESSIONS)))
                 frames = FrameReader()
@@ -667,33 +676,23 @@ class _SimulatedClients:
                         reply = follower.handle(message)
                         if reply is not None:
                             writer.write(encode_message(reply))
-            except asyncio.CancelledError:
-                return
-            except (ConnectionError, OSError, HelloRefused) as exc:
-                retryable = not isinstance(exc, HelloRefused) or exc.code in RETRYABLE_REFUSALS
-                if follower is None and retryable and attempt < HANDSHAKE_RETRIES:
-                    # refused before its hello (the server bounds connections waiting for
-                    # theirs): back off and try again, as an agent's client does
-                    self.retries += 1
-                    await asyncio.sleep(random.uniform(0.2, 1.0) * min(2 ** attempt, 8))
-                    continue
-                self.errors.append(f"{hostname}: {type(exc).__name__}: {exc}")
-                return
-            except Exception as exc:
-                self.errors.append(f"{hostname}: {type(exc).__name__}: {exc}")
-                return
+            except (ConnectionError, OSError) as exc:
+                raise _SessionEnded(follower is None, f"{type(exc).__name__}: {exc}") from exc
+            except HelloRefused as exc:
+                raise _SessionEnded(exc.code in RETRYABLE_REFUSALS,
+                                    f"HelloRefused: {exc}") from exc
             finally:
-                if writer is not None:
-                    writer.close()
+                writer.close()
+
+        await self._with_handshake_retries(hostname, session)
 
     async def _counting_client(self, hostname: str, callbacks: _BenchClient) -> None:
         """A counting client (`_CountingConnection`): same hello, retries and errors as
         `_client`, a fraction of its CPU."""
-        for attempt in itertools.count():
-            writer = None
+        async def session() -> None:
             connection = _CountingConnection(callbacks)
+            reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
             try:
-                reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
                 writer.write(_frame_json({"type": "client_hello", "protocol_version": 1,
                                           "hostname": hostname, "syncer_type": "felix",
                                           "compression": ["zlib", "none"],
@@ -703,21 +702,38 @@ class _SimulatedClients:
                     reply = connection.handle(await reader.readexactly(length))
                     if reply is not None:  # (we never restart our encoder: uncompressed)
                         writer.write(_frame_json(reply))
+            except (ConnectionError, OSError, asyncio.IncompleteReadError) as exc:
+                raise _SessionEnded(not connection.hello, f"{type(exc).__name__}: {exc}") from exc
+            finally:
+                writer.close()
+
+        await self._with_handshake_retries(hostname, session)
+
+    async def _with_handshake_retries(self, hostname: str,
+                                      session: Callable[[], Awaitable[None]]) -> None:
+        """Run a client's session. One that ends before the server's hello, or whose connect
+        fails (the server bounds connections waiting for their hello and refuses the rest),
+        is retried after a randomised exponential backoff, as an agent's client does, up to
+        HANDSHAKE_RETRIES times; any other end is recorded in `errors`. Cancellation ends
+        the client quietly."""
+        for attempt in itertools.count():
+            try:
+                await session()
+                return
             except asyncio.CancelledError:
                 return
-            except (ConnectionError, OSError, asyncio.IncompleteReadError) as exc:
-                if not connection.hello and attempt < HANDSHAKE_RETRIES:
+            except (_SessionEnded, ConnectionError, OSError) as exc:
+                ended = exc if isinstance(exc, _SessionEnded) else None
+                if (ended is None or ended.retryable) and attempt < HANDSHAKE_RETRIES:
                     self.retries += 1
                     await asyncio.sleep(random.uniform(0.2, 1.0) * min(2 ** attempt, 8))
                     continue
-                self.errors.append(f"{hostname}: {type(exc).__name__}: {exc}")
+                reason = ended.reason if ended else f"{type(exc).__name__}: {exc}"
+                self.errors.append(f"{hostname}: {reason}")
                 return
             except Exception as exc:
                 self.errors.append(f"{hostname}: {type(exc).__name__}: {exc}")
                 return
-            finally:
-                if writer is not None:
-                    writer.close()
 
     def stop(self) -> None:
         async def cancel_all() -> None:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pyfelix.agent.bpf.scratch import sweep_stale_scratch
+from pyfelix.agent.owner_lock import lock_is_held
 from pyfelix.lab import naming
 from pyfelix.lab.netns import kill_processes_in_netns, list_netns, remove_netns
 
@@ -103,17 +104,7 @@ class RunState:
 
 def run_is_alive(run_dir: Path) -> bool:
     """True when some process holds the run's lock."""
-    try:
-        fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
+    return lock_is_held(run_dir / LOCK_FILE)
 
 
 def run_netns_names(run_id: str) -> list[str]:
