@@ -42,6 +42,11 @@ MAP_HELP = {
     "ctlb_rev": "Host sockets sent to a service backend at connect time -> the VIP they asked.",
     "denied_sources": "Packets/bytes policy denied per (deciding rule counter, source address).",
     "verdict_trace": "The policy decision of the last pyfelix explain packet (BPF_PROG_TEST_RUN).",
+    "cls_chains": "Policy chain start -> its classifier instance (0: none, packets dropped).",
+    "cls_words": "Classifier instances' blocks: header and rule bitvectors (sizes shown).",
+    "cls_tries": "Classifier LPM lookups per instance: addresses, named ports, ports -> vector.",
+    "cls_l4": "Classifier protocol / ICMP type and code lookups per instance -> vector.",
+    "nat_vip_filter": "One bit per hashed service VIP: non-VIP packets skip the NAT lookup.",
 }
 
 

@@ -19,6 +19,14 @@ def test_help_lists_every_map_with_examples():
     assert "Examples:" in out.output and "pyfelix bpf endpoints dump" in out.output
 
 
+def test_every_map_says_what_it_holds():
+    from pyfelix.agent.bpf.maps import BY_NAME
+    from pyfelix.cli.commands.bpf import MAP_HELP
+
+    assert set(BY_NAME) - {"rules"} <= set(MAP_HELP)
+    assert all(len(text) > 20 for text in MAP_HELP.values())
+
+
 def test_every_map_has_a_dump_command_with_pin_dir_and_json():
     for name in BY_NAME:
         out = CliRunner().invoke(cli, ["bpf", name, "dump", "--help"])
