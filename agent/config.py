@@ -376,6 +376,9 @@ PARAMS: tuple[Param, ...] = (
           help="pyfelix: the syslog unix datagram socket LogSeveritySys logs to."),
     Param("DefaultEndpointToHostAction", "Drop", enum_of("Drop", "Return", "Accept"),
           restart=False),
+    Param("Ipv6Support", True, parse_bool, restart=True,
+          help="Police and route workload IPv6. false: workload IPv6 (but neighbour "
+               "discovery) is dropped and counted, and nothing IPv6 is programmed."),
     Param("IptablesBackend", "Auto", enum_of("Auto", "NFT", "Legacy"), restart=True),
     Param("IptablesRefreshInterval", 180.0, parse_seconds),
     Param("RouteRefreshInterval", 90.0, parse_seconds),

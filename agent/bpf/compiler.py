@@ -48,7 +48,7 @@ import dataclasses
 import ipaddress
 import struct
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pyfelix.agent import proto
@@ -161,10 +161,19 @@ class PolicyState:
         default_factory=dict)
     config: dict[str, str] = field(default_factory=dict)  # Felix settings, keys lower-case
     endpoints_version: int = 0  # bumped when a workload endpoint is added or removed
+    # Ipv6Support (a restart setting): False keeps every IPv6 address out of the state, so
+    # nothing IPv6 reaches a map; the programs drop workload IPv6 (CFG_IPV6_DISABLED)
+    ipv6: bool = True
+
+    @property
+    def families(self) -> frozenset[int]:
+        return frozenset((4, 6)) if self.ipv6 else frozenset((4,))
 
     def apply(self, msg: Any) -> None:
         """Fold one agent.proto message into the state. A delta for an unknown IP set
         raises CompileError naming it."""
+        if not self.ipv6:
+            msg = _without_ipv6(msg)
         match msg:
             case proto.IPSetUpdate():
                 old = self.ipsets.get(msg.id)
@@ -207,6 +216,35 @@ class PolicyState:
                 self.config = {k.lower(): v for k, v in msg.config}
             case _:
                 pass
+
+
+def _is_ipv6_member(member: str) -> bool:
+    """An IP-set member ("10.0.0.1/32", "fd00::1/128", "fd00::1/128,tcp:80") of IPv6?"""
+    return ":" in member.split(",", 1)[0]
+
+
+def _ipv4_only(prefixes: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(p for p in prefixes if ":" not in p)
+
+
+def _without_ipv6(msg: Any) -> Any:
+    """`msg` with its IPv6 addresses left out (Ipv6Support false): IP-set members, an
+    endpoint's IPv6 nets and IPv6 allowed source prefixes. Rules are filtered where they are
+    lowered (`_RuleLowerer.lower`), so their indices and counters stay as written."""
+    match msg:
+        case proto.IPSetUpdate():
+            return replace(msg, members=frozenset(
+                m for m in msg.members if not _is_ipv6_member(m)))
+        case proto.IPSetDeltaUpdate():
+            return replace(msg,
+                           added=frozenset(m for m in msg.added if not _is_ipv6_member(m)),
+                           removed=frozenset(m for m in msg.removed if not _is_ipv6_member(m)))
+        case proto.WorkloadEndpointUpdate():
+            ep = msg.endpoint
+            return replace(msg, endpoint=replace(
+                ep, ipv6_nets=(),
+                allow_spoofed_source_prefixes=_ipv4_only(ep.allow_spoofed_source_prefixes)))
+    return msg
 
 
 # --- id allocation ---------------------------------------------------------------------------
@@ -558,7 +596,10 @@ class _RuleLowerer:
         dst_nets, f_dst = _nets(rule.dst_nets, where, "dst_nets")
         not_src_nets, f_nsrc = _nets(rule.not_src_nets, where, "not_src_nets")
         not_dst_nets, f_ndst = _nets(rule.not_dst_nets, where, "not_dst_nets")
-        families = _rule_families(rule, f_src, f_dst, f_nsrc, f_ndst)
+        families = _rule_families(rule, f_src, f_dst, f_nsrc, f_ndst) & self.state.families
+        if 6 not in self.state.families:  # Ipv6Support false: IPv6 nets are never programmed
+            src_nets, dst_nets = _ipv4_only(src_nets), _ipv4_only(dst_nets)
+            not_src_nets, not_dst_nets = _ipv4_only(not_src_nets), _ipv4_only(not_dst_nets)
         if not families:
             return None  # e.g. IPv6 nets with ipVersion 4: matches nothing
         ip_version = None if len(families) == 2 else min(families)
@@ -1577,9 +1618,10 @@ class PolicyCompiler:
                     srcs = self._simple_src_deny(state, rule)
                     if srcs is None:
                         return out
+                    families = state.families
                     if rule.ip_version in (4, 6):  # the other family's prefixes do not apply
-                        srcs = [s for s in srcs
-                                if ipaddress.ip_network(s).version == rule.ip_version]
+                        families &= {rule.ip_version}
+                    srcs = [s for s in srcs if ipaddress.ip_network(s).version in families]
                     counter = self.counter_id(
                         rule.rule_id or f"policy:{tier.name}/{name}/{INGRESS}/{i}")
                     out += [(s, counter) for s in srcs]

@@ -164,7 +164,8 @@ def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
                      "BPFRedirectToPeer": str(config.bpf_redirect_to_peer),
                      "BPFConnectTimeLoadBalancing":
                          str(config.bpf_connect_time_load_balancing),
-                     "FlowLogsFileEnabled": str(config.flow_logs_file_enabled).lower()},
+                     "FlowLogsFileEnabled": str(config.flow_logs_file_enabled).lower(),
+                     "Ipv6Support": str(config.ipv6support).lower()},
         rules_per_prog=loaded.config.rules_per_prog,
         list_interfaces=netlink_lister(),
     )
@@ -189,7 +190,7 @@ def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
         timeouts=loaded.config.ct_timeouts,
     )
     routes = BpfRouteManager(loaded.maps["routes"], interface_prefixes=prefixes,
-                             list_interfaces=netlink_lister())
+                             list_interfaces=netlink_lister(), ipv6=config.ipv6support)
     nat = BpfNatManager(loaded.maps["nat_frontend"], loaded.maps["nat_backend"],
                         loaded.maps["nat_affinity"], loaded.maps["nat_vip_filter"])
     guard = BpfGuardManager(attach, interface_prefixes=prefixes)

@@ -109,6 +109,7 @@ class LinuxDataplaneConfig:
     # tests and tools that build a namespace's dataplane directly): no cleanup at all.
     bpf_pin_dir: str | None = None
     bpf_cgroup_v2: str = ""  # BPFCgroupV2: where a BPF-mode agent attached its cgroup programs
+    ipv6_support: bool = True  # Ipv6Support: False polices, routes and forwards no IPv6
 
     def __post_init__(self) -> None:
         if not 0 < self.vxlan_vni < 1 << 24:
@@ -139,6 +140,7 @@ class LinuxDataplaneConfig:
             bpf_pin_dir=config.bpf_pin_dir,
             bpf_cgroup_v2=str(config.bpf_cgroup_v2),
             route_protocol=config.route_table_protocol,
+            ipv6_support=config.ipv6support,
         )
 
 
@@ -159,10 +161,12 @@ def linux_managers(cfg: LinuxDataplaneConfig, *, netns: str | None = None,
         failsafes=Failsafes(cfg.failsafe_inbound, cfg.failsafe_outbound),
         vxlan_port=cfg.vxlan_port,
         host_endpoints_only=cfg.bpf_mode,
+        ipv6_policy=cfg.ipv6_support,
     )
     managers += [
         IPSetsManager(netns=netns, max_size=cfg.max_ipset_size,
-                      only=iptables.referenced_ip_sets if cfg.bpf_mode else None),
+                      only=iptables.referenced_ip_sets if cfg.bpf_mode else None,
+                      families=(4, 6) if cfg.ipv6_support else (4,)),
         HostIPsManager(netns=netns, exclude=InterfaceMatcher.parse(cfg.interface_exclude),
                        workload_prefixes=cfg.interface_prefixes),
         iptables,
@@ -171,10 +175,10 @@ def linux_managers(cfg: LinuxDataplaneConfig, *, netns: str | None = None,
     managers.append(NatOutgoingManager(netns=netns, backend=cfg.iptables_backend))
     managers += [
         RouteManager(netns=netns, interface_prefixes=cfg.interface_prefixes,
-                     protocol=cfg.route_protocol),
+                     protocol=cfg.route_protocol, ipv6=cfg.ipv6_support),
         VXLANManager(netns=netns, vni=cfg.vxlan_vni, port=cfg.vxlan_port, mtu=cfg.vxlan_mtu),
         SysctlManager(netns=netns, interface_prefixes=cfg.interface_prefixes,
-                      bpf_mode=cfg.bpf_mode),
+                      bpf_mode=cfg.bpf_mode, ipv6=cfg.ipv6_support),
     ]
     if endpoint_status is not None:
         managers.append(EndpointStatusManager(endpoint_status))

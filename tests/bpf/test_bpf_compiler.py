@@ -15,6 +15,7 @@ from pyfelix.agent.bpf.maps import ids as ids_map
 from pyfelix.agent.bpf.maps import ipsets as ipsets_map
 from pyfelix.agent.bpf.maps import rules as rules_map
 from pyfelix.agent.bpf.maps import untracked as untracked_map
+from pyfelix.agent.bpf.maps import wep_sources as sources_map
 from pyfelix.agent.bpf.maps.base import FakeMap
 from pyfelix.agent.bpf.maps.rules import Action
 from tests.bpf.bpf_reference import Pkt, Trie, expected_verdict, walk_chain
@@ -240,6 +241,38 @@ def test_rules_carry_the_families_felix_renders_them_for():
                        "fd00::1/128"]
     for rec in chain:  # the family survives the rules map
         assert rules_map.decode(rules_map.encode(rec)) == rec
+
+
+def test_ipv6_support_false_programs_no_ipv6_and_keeps_rule_indices():
+    s = c.PolicyState(hostname="node1", ipv6=False)
+    s.apply(p.ActiveProfileUpdate("kns.default", p.Profile(
+        inbound_rules=(p.Rule("allow"),), outbound_rules=(p.Rule("allow"),))))
+    s.apply(p.IPSetUpdate("s6", "net", frozenset({"fd00::1/128", "10.0.0.1/32"})))
+    s.apply(p.IPSetDeltaUpdate("s6", added=frozenset({"fd00::2/128", "10.0.0.2/32"})))
+    s.apply(policy("a", inbound=(
+        p.Rule("deny", ip_version=6),  # IPv6 only: nothing
+        p.Rule("deny", src_nets=("fd00::/64",)),  # IPv6 only by its nets: nothing
+        p.Rule("allow", src_nets=("fd00::/64", "10.0.0.0/8")),  # the IPv4 net only
+        p.Rule("allow", src_ip_set_ids=("s6",)),
+    )))
+    s.apply(p.WorkloadEndpointUpdate(WID, p.WorkloadEndpoint(
+        state="active", name="cali1", ipv4_nets=("10.1.0.1/32",), ipv6_nets=("fd00:1::1/128",),
+        allow_spoofed_source_prefixes=("192.0.2.0/24", "2001:db8::/32"),
+        tiers=(p.TierInfo("default", ("a",)),), profile_ids=("kns.default",))))
+    out = c.PolicyCompiler().compile(s, {"cali1": 7})
+    assert out.problems == []
+    chain = out.programs[WID].ingress.records
+    # rules 2 and 3, the tier's end, the profile's allow, the final deny
+    assert actions(chain) == ["allow", "allow", "deny", "allow", "deny"]
+    assert [r.ip_version for r in chain] == [4, 4, None, 4, None]  # rules: IPv4 only
+    members = sorted(ipsets_map.decode_key(k)["member"] for k in out.ipsets)
+    assert members == ["10.0.0.0/8", "10.0.0.1/32", "10.0.0.2/32"]
+    sources = sorted(sources_map.decode_key(k)["src"] for k in out.wep_sources)
+    assert sources == ["10.1.0.1/32", "192.0.2.0/24"]
+    # the counters keep the rule's place in the policy as written
+    names = {ids_map.decode_value(v) for v in out.ids.values()}
+    assert any("default/a/ingress/2" in n for n in names), names
+    assert not any("default/a/ingress/0" in n or "default/a/ingress/1" in n for n in names)
 
 
 def test_an_invalid_ip_version_is_a_problem_naming_the_field():

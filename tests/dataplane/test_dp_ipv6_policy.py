@@ -16,7 +16,7 @@ from pyfelix.agent.dataplane.iptables.ipv6 import (
     ipv6_base_chain_inserts,
     ipv6_workload_static_chains,
 )
-from pyfelix.agent.dataplane.iptables.names import COMMENT_SPOOFED_SOURCE
+from pyfelix.agent.dataplane.iptables.names import COMMENT_IPV6_DISABLED, COMMENT_SPOOFED_SOURCE
 from pyfelix.agent.dataplane.iptables.render import RuleRenderer
 from pyfelix.agent.dataplane.iptables.restore import (
     BACKENDS,
@@ -354,3 +354,40 @@ def test_bpf_mode_sweep_waits_for_insync() -> None:
     bpf.on_update(InSync())
     bpf.apply()
     assert cmds.iptables6.user_chains() == set()
+
+
+def test_ipv6_support_false_renders_only_drops_and_keeps_ipv6_sets_out() -> None:
+    """Ipv6Support false: no IPv6 policy, endpoint or dispatch chain and no cali60 set;
+    workload IPv6 dropped in every direction (ND/MLD still accepted), IPv4 unchanged."""
+    cmds = FakeCommands()
+    ipsets = IPSetsManager(runner=cmds, families=(4,))
+    iptables = IptablesManager(runner=cmds, ipv6_policy=False)
+    state = (ALLOW_ALL, IPSetUpdate("clients", "net", frozenset({"10.65.0.1/32", f"{A6}/128"})),
+             wep("cali1", "10.65.0.1", A6), wep("cali2", "10.65.0.2", B6), InSync())
+    for msg in state:
+        ipsets.on_update(msg)
+        iptables.on_update(msg)
+    ipsets.apply()
+    iptables.apply()
+    ipsets.finish_apply()
+    assert [n for n in cmds.ipset.sets if n.startswith("cali60")] == []
+    assert [n for n in cmds.ipset.sets if n.startswith("cali40s:")]
+    chains6 = set(cmds.iptables6.tables["filter"])
+    assert {c for c in chains6 if c.startswith("cali-")} == {"cali-FORWARD", "cali-INPUT",
+                                                            "cali-OUTPUT"}
+    w = walker6(cmds)
+    for packet in (Packet(src=A6, dst=B6, iif="cali1", oif="cali2", proto=UDP, dport=80),
+                   Packet(src=A6, dst=OUT6, iif="cali1", oif="eth0", proto=TCP, dport=80),
+                   Packet(src=OUT6, dst=B6, iif="eth0", oif="cali2", proto=TCP, dport=80)):
+        assert w.verdict("FORWARD", packet) == "DROP", packet
+    assert w.verdict("INPUT", Packet(src=A6, dst=HOST6, iif="cali1", proto=UDP,
+                                     dport=53)) == "DROP"
+    assert w.verdict("OUTPUT", Packet(src=HOST6, dst=A6, oif="cali1", proto=UDP,
+                                      dport=53)) == "DROP"
+    assert w.verdict("INPUT", Packet(src=HOST6, dst=HOST6, iif="cali1", proto=ICMPV6,
+                                     icmp_type=135)) == "ACCEPT"
+    assert all(COMMENT_IPV6_DISABLED in rule
+               for rule in cmds.iptables6.tables["filter"]["cali-FORWARD"])
+    v4 = PacketWalker(cmds.iptables, cmds.ipset)
+    assert v4.verdict("FORWARD", Packet(src="10.65.0.1", dst="10.65.0.2", iif="cali1",
+                                        oif="cali2", proto=UDP, dport=80)) == "ACCEPT"

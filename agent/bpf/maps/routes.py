@@ -73,6 +73,11 @@ def encode_key(cidr: str | ipaddress.IPv4Network | ipaddress.IPv6Network) -> byt
     return _KEY.pack(KEY_FIXED_BITS + net.prefixlen, family, addr)
 
 
+def key_family(raw: bytes) -> int:
+    """4 or 6: the family of an encoded key."""
+    return _KEY.unpack(raw)[1]
+
+
 def decode_key(raw: bytes) -> str:
     plen, family, addr = _KEY.unpack(raw)
     return f"{addr16_to_ip(family, addr)}/{plen - KEY_FIXED_BITS}"

@@ -29,6 +29,11 @@ link-local, so the source check, which they would fail with their fe80:: sources
 sees them). Traffic not on a workload interface (the host's own IPv6) falls off the end
 of our chains. Not rendered for IPv6: host endpoint policy, preDNAT and doNotTrack rules,
 failsafes (the host's IPv6 is not policed), the IPVS rules.
+
+With Ipv6Support false (`ipv6_disabled_static_chains`) there is no IPv6 policy at all: the
+same three base-chain jumps lead to chains that accept neighbour discovery / MLD and drop
+every other IPv6 packet from or to a workload interface (comment "pyfelix: Ipv6Support
+false"; the rules' counters count them), as the BPF programs do with CFG_IPV6_DISABLED.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ from pyfelix.agent.dataplane.iptables.names import (
     CHAIN_OUTPUT,
     CHAIN_TO_WL_DISPATCH,
     CHAIN_WL_TO_HOST,
+    COMMENT_IPV6_DISABLED,
+    reason_comment,
 )
 from pyfelix.agent.dataplane.iptables.render import (
     ENDPOINT_TO_HOST_ACTIONS,
@@ -97,3 +104,23 @@ def ipv6_workload_static_chains(renderer: RuleRenderer) -> list[Chain]:
     output += [f"-o {w} -j RETURN" for w in wildcards]
     return [Chain(CHAIN_FORWARD, tuple(forward)), Chain(CHAIN_INPUT, tuple(input_rules)),
             Chain(CHAIN_WL_TO_HOST, tuple(wl_to_host)), Chain(CHAIN_OUTPUT, tuple(output))]
+
+
+def ipv6_disabled_static_chains(interface_prefixes: tuple[str, ...]) -> list[Chain]:
+    """cali-FORWARD, cali-INPUT and cali-OUTPUT with Ipv6Support false: neighbour discovery
+    and MLD accepted on workload links, every other workload IPv6 packet dropped (counted by
+    the rules' counters), nothing else of ours in ip6tables.
+
+        cali-FORWARD: -i cali+ DROP; -o cali+ DROP
+        cali-INPUT:   -i cali+ ND/MLD -> ACCEPT; -i cali+ DROP
+        cali-OUTPUT:  -o cali+ ND/MLD -> ACCEPT; -o cali+ DROP
+    """
+    wildcards = [f"{p}+" for p in interface_prefixes]
+    drop = f"{reason_comment(COMMENT_IPV6_DISABLED)} -j DROP"
+    forward = [f"-i {w} {drop}" for w in wildcards] + [f"-o {w} {drop}" for w in wildcards]
+    input_rules = [icmpv6_accept("-i", w, t) for w in wildcards for t in ICMPV6_TO_HOST]
+    input_rules += [f"-i {w} {drop}" for w in wildcards]
+    output = [icmpv6_accept("-o", w, t) for w in wildcards for t in ICMPV6_FROM_HOST]
+    output += [f"-o {w} {drop}" for w in wildcards]
+    return [Chain(CHAIN_FORWARD, tuple(forward)), Chain(CHAIN_INPUT, tuple(input_rules)),
+            Chain(CHAIN_OUTPUT, tuple(output))]

@@ -60,6 +60,7 @@ ALL_INTERFACES_CHAIN_SUFFIX = "any-interface-at-all"
 # Second comments of DROP rules: why the packet was dropped (counted by iptables-save -c).
 COMMENT_SPOOFED_SOURCE = "pyfelix: spoofed source"
 COMMENT_UNKNOWN_WORKLOAD = "pyfelix: no workload endpoint"
+COMMENT_IPV6_DISABLED = "pyfelix: Ipv6Support false"
 
 IPSET_TYPE_NET = "net"  # proto.IPSetUpdate.type -> kernel type hash:net
 IPSET_TYPE_IP_PORT = "ip_port"  # -> hash:net,port

@@ -210,7 +210,11 @@ class BpfPolicyManager(ManagerBase):
         self._base_config = {k.lower(): v for k, v in (base_config or {}).items()}
         self._rules_per_prog = rules_per_prog
         self._list_interfaces = list_interfaces
-        self.state = PolicyState(hostname=hostname, config=dict(self._base_config))
+        # Ipv6Support restarts the agent when it changes, so the agent's value holds for
+        # this manager's life
+        ipv6 = self._base_config.get("ipv6support", "true").strip().lower()
+        self.state = PolicyState(hostname=hostname, config=dict(self._base_config),
+                                 ipv6=ipv6 not in ("false", "0", "no", "off"))
         self.interfaces = InterfaceTable()
         self.compiler: PolicyCompiler | None = None
         self._dirty = True

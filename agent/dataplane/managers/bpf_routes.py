@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pyfelix.agent import proto
+from pyfelix.agent.bpf.maps import routes as routes_map
 from pyfelix.agent.bpf.route_table import RouteInputs, compile_routes
 from pyfelix.agent.dataplane.events import InterfaceAddrsUpdate, InterfaceUpdate
 from pyfelix.agent.dataplane.manager import ManagerBase
@@ -42,8 +43,10 @@ class BpfRouteManager(ManagerBase):
     policy_critical = True  # LOCAL_HOST entries carry DefaultEndpointToHostAction=Drop
 
     def __init__(self, routes_map: Any, *, interface_prefixes: tuple[str, ...] = ("cali",),
-                 hostname: str = "", list_interfaces: Lister | None = None) -> None:
+                 hostname: str = "", list_interfaces: Lister | None = None,
+                 ipv6: bool = True) -> None:
         super().__init__()
+        self._ipv6 = ipv6  # Ipv6Support: False leaves every IPv6 route out of the map
         self._mirror = MapMirror(routes_map)
         self._prefixes = interface_prefixes
         self._list_interfaces = list_interfaces
@@ -77,6 +80,9 @@ class BpfRouteManager(ManagerBase):
                 if not name.startswith(self._prefixes)}
             problems: list[str] = []
             desired = compile_routes(self.inputs, self.interfaces.index_by_name, problems)
+            if not self._ipv6:
+                desired = {k: v for k, v in desired.items()
+                           if routes_map.key_family(k) == 4}
             if problems != self.problems:
                 for problem in sorted(set(problems) - set(self.problems)):
                     log.error("BPF routes: %s", problem)

@@ -29,6 +29,9 @@ same backend, by one ip6tables-restore in the same apply():
              cali-fw-IF, neighbour discovery/MLD between a workload and the host accepted
              first (`ipv6.ipv6_workload_static_chains`). Host endpoints' IPv6 and
              preDNAT/doNotTrack IPv6 rules are not rendered (not policed in IPv6).
+             With Ipv6Support false (`ipv6_policy=False`): no IPv6 policy, endpoint or
+             dispatch chain, only `ipv6.ipv6_disabled_static_chains` (ND/MLD accepted,
+             every other workload IPv6 packet dropped).
 
 One family failing does not stop the other from being programmed in the round; either
 failure is raised. ip6tables missing, or a kernel without IPv6, is such a failure (named as
@@ -87,6 +90,7 @@ from pyfelix.agent.dataplane.iptables.hostendpoints import (
 )
 from pyfelix.agent.dataplane.iptables.ipv6 import (
     ipv6_base_chain_inserts,
+    ipv6_disabled_static_chains,
     ipv6_workload_static_chains,
 )
 from pyfelix.agent.dataplane.iptables.names import IPSET_ALL_VXLAN, valid_iface_name
@@ -161,10 +165,13 @@ class IptablesManager(ManagerBase):
         failsafes: Failsafes | None = None,
         vxlan_port: int = 4789,
         host_endpoints_only: bool = False,
+        ipv6_policy: bool = True,
     ) -> None:
         super().__init__()
         # BPF mode: workloads are the tc programs' business (see the module docstring)
         self.host_endpoints_only = host_endpoints_only
+        # Ipv6Support (iptables mode): False renders no IPv6 policy, only the drop chains
+        self._ipv6_policy = ipv6_policy and not host_endpoints_only
         self._runner = runner or NetnsCommandRunner(netns)
         self._vxlan_port = vxlan_port
         self._vxlan_sources: dict[str, str] = {}  # node -> its VTEP's parent IP
@@ -430,7 +437,7 @@ class IptablesManager(ManagerBase):
         """The filter tables normal policy and profiles are rendered into, with their
         renderers: IPv4, and in iptables mode IPv6."""
         tables = [(self._renderer, self.table)]
-        if not self.host_endpoints_only:
+        if self._ipv6_policy:
             tables.append((self._renderer6, self.table6))
         return tables
 
@@ -477,7 +484,9 @@ class IptablesManager(ManagerBase):
             filter_table.set_base_inserts(base, rules)
         if workloads:
             table6 = self.table6
-            for chain in ipv6_workload_static_chains(self._renderer6):
+            static6 = (ipv6_workload_static_chains(self._renderer6) if self._ipv6_policy
+                       else ipv6_disabled_static_chains(self._renderer6.interface_prefixes))
+            for chain in static6:
                 table6.set_chain(chain)
             for base, rules in ipv6_base_chain_inserts().items():
                 table6.set_base_inserts(base, rules)
@@ -500,14 +509,14 @@ class IptablesManager(ManagerBase):
         if old_table is not None and (policy is None or policy_table(policy) != old_table):
             for chain in self._renderer.policy_chains(pid, Policy()):
                 self.table_for(old_table).remove_chain(chain.name)
-                if old_table == FILTER and not self.host_endpoints_only:
+                if old_table == FILTER and self._ipv6_policy:
                     self.table6.remove_chain(chain.name)
         if policy is None:
             return
         name = policy_table(policy)
         for chain in self._renderer.policy_chains(pid, policy):
             self.table_for(name).set_chain(chain)
-        if name == FILTER and not self.host_endpoints_only:
+        if name == FILTER and self._ipv6_policy:
             for chain in self._renderer6.policy_chains(pid, policy):
                 self.table6.set_chain(chain)
         self._policy_tables[pid] = name
@@ -518,8 +527,9 @@ class IptablesManager(ManagerBase):
             log.error("two workload endpoints share an interface name; one wins")
         for chain in self._renderer.dispatch_chains(ifaces):
             self.table.set_chain(chain)
-        for chain in self._renderer6.dispatch_chains(ifaces):
-            self.table6.set_chain(chain)
+        if self._ipv6_policy:
+            for chain in self._renderer6.dispatch_chains(ifaces):
+                self.table6.set_chain(chain)
         self.table_for(RAW).set_chain(self._renderer.source_dispatch_chain(ifaces))
 
     def _render_endpoint(self, ep_id: WorkloadEndpointID) -> None:
@@ -532,8 +542,9 @@ class IptablesManager(ManagerBase):
                  "profile_known": lambda prof: prof in self._profiles}
         chains = [(FILTER, chain) for chain in self._renderer.endpoint_chains(endpoint, **known)]
         chains.append((RAW, self._renderer.source_check_chain(endpoint)))
-        chains += [(FILTER6, chain)
-                   for chain in self._renderer6.endpoint_chains(endpoint, **known)]
+        if self._ipv6_policy:
+            chains += [(FILTER6, chain)
+                       for chain in self._renderer6.endpoint_chains(endpoint, **known)]
         for table, chain in chains:
             self._table_named(table).set_chain(chain)
         self._endpoint_chains[ep_id] = tuple((table, c.name) for table, c in chains)

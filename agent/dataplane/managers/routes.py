@@ -106,8 +106,10 @@ class RouteManager(ManagerBase):
         neighbours: LinkNetlink | None = None,
         protocol: int = ROUTE_PROTOCOL,
         interface_prefixes: tuple[str, ...] = ("cali",),
+        ipv6: bool = True,
     ) -> None:
         super().__init__()
+        self._ipv6 = ipv6  # Ipv6Support: False programs no IPv6 route
         self._netns = netns
         self._netlink = netlink
         self._neighbours = neighbours
@@ -142,7 +144,9 @@ class RouteManager(ManagerBase):
 
     def on_update(self, msg: object) -> None:
         if isinstance(msg, WorkloadEndpointUpdate):
-            nets = tuple(msg.endpoint.ipv4_nets) + tuple(msg.endpoint.ipv6_nets)
+            nets = tuple(msg.endpoint.ipv4_nets)
+            if self._ipv6:
+                nets += tuple(msg.endpoint.ipv6_nets)
             self._endpoints[msg.id] = (msg.endpoint.name, nets, msg.endpoint.mac.lower())
             self._desired_dirty = True
         elif isinstance(msg, WorkloadEndpointRemove):
@@ -155,6 +159,8 @@ class RouteManager(ManagerBase):
                 dst = _host_route_dst(msg.dst)
                 if dst is None:
                     log.error("RouteUpdate %r: dst is not a CIDR; ignored", msg.dst)
+                elif dst[1] == AF_INET6 and not self._ipv6:
+                    pass
                 elif dst[0] not in self._blocks:
                     self._blocks.add(dst[0])
                     self._desired_dirty = True

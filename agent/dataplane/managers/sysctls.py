@@ -108,6 +108,7 @@ class SysctlManager(ManagerBase):
         interface_prefixes: tuple[str, ...] = ("cali",),
         bpf_mode: bool = False,
         sysctls: Sysctls | None = None,
+        ipv6: bool = True,
     ) -> None:
         super().__init__()
         if not interface_prefixes or not all(interface_prefixes):
@@ -116,6 +117,7 @@ class SysctlManager(ManagerBase):
         self._sysctls = sysctls
         self._prefixes = tuple(interface_prefixes)
         self._bpf_mode = bpf_mode
+        self._ipv6 = ipv6  # Ipv6Support: False leaves IPv6 forwarding as it is
         self._tracker: DeltaTracker[str, str] = DeltaTracker()
         self._optional: set[str] = set()
         self._iface_paths: dict[str, set[str]] = {}
@@ -126,8 +128,9 @@ class SysctlManager(ManagerBase):
         for path, value in GLOBAL_SYSCTLS.items():
             self._tracker.set_desired(path, value)
         for path, value in OPTIONAL_GLOBAL_SYSCTLS.items():  # absent: no IPv6 in the kernel
-            self._tracker.set_desired(path, value)
-            self._optional.add(path)
+            if ipv6:
+                self._tracker.set_desired(path, value)
+                self._optional.add(path)
 
     @property
     def sysctls(self) -> Sysctls:
@@ -146,6 +149,8 @@ class SysctlManager(ManagerBase):
             elif msg.name not in self._iface_paths:
                 required, optional = interface_sysctls(msg.name, bpf_mode=self._bpf_mode,
                                                        loose_rpf=self._loose_rpf(msg.name))
+                if not self._ipv6:  # still refuse router advertisements, never forward
+                    optional = {p: v for p, v in optional.items() if p.endswith("/accept_ra")}
                 self._iface_paths[msg.name] = set(required) | set(optional)
                 self._optional.update(optional)
                 for path, value in {**required, **optional}.items():

@@ -22,6 +22,7 @@ Checked on each dataplane, with the same helpers and the same cases:
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import socket
 import threading
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from pyfelix.agent.dataplane.iptables.names import COMMENT_SPOOFED_SOURCE
+from pyfelix.agent.dataplane.iptables.names import COMMENT_IPV6_DISABLED, COMMENT_SPOOFED_SOURCE
 from pyfelix.agent.dataplane.iptables.restore import BACKENDS6
 from pyfelix.agent.dataplane.linux import LinuxDataplane, LinuxDataplaneConfig
 from pyfelix.agent.proto import (
@@ -278,6 +279,117 @@ def test_ipv6_gets_the_same_policy_as_ipv4(make_netns, mode: str, record_propert
                   "A's IPv6 source check counting the forged packets")
             time.sleep(0.2)
             assert not sniffer.saw(FORGED6, UDP, 7000)
+            assert not dp.loop.fatal.is_set()
+    finally:
+        for s in listeners:
+            s.close()
+        sniffer.close()
+        a_thread.close()
+        b_thread.close()
+
+
+def _holds_ipv6(row: dict) -> bool:
+    """A dumped map row with an IPv6 address or prefix in any of its fields."""
+    for value in row.values():
+        try:
+            if ipaddress.ip_network(str(value), strict=False).version == 6:
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def _ipv6_disabled_drops(router: str, backend: str) -> int:
+    """iptables mode, Ipv6Support false: packets the ip6tables drop rules counted."""
+    save = in_ns(router, BACKENDS6[backend].save, "-c", "-t", "filter")
+    return sum(int(m.group(1)) for line in save.splitlines()
+               if (m := re.match(r"\[(\d+):\d+\] -A cali-", line))
+               and COMMENT_IPV6_DISABLED in line)
+
+
+@pytest.mark.parametrize("mode", ["nft", "bpf"])
+def test_ipv6_support_false_drops_workload_ipv6_and_programs_nothing_ipv6(
+        make_netns, mode: str) -> None:
+    """Ipv6Support false: pods with IPv6 addresses in the datastore, a policy whose IP set
+    holds both families. Nothing IPv6 is programmed (no IPv6 route, forwarding, IP-set
+    member, BPF map entry or ip6tables policy chain); IPv4 works; and with IPv6 forwarding
+    and a route to B added by hand (an operator's doing), A's IPv6 still never reaches B,
+    each packet counted as dropped."""
+    router, a_ns, b_ns = make_netns(), make_netns(), make_netns()
+    in_ns(router, "ip", "link", "add", "up0", "type", "veth", "peer", "name", "up1")
+    in_ns(router, "ip", "link", "set", "up1", "up")
+    in_ns(router, "ip", "link", "set", "up0", "up")
+    in_ns(router, "ip", "route", "add", "default", "dev", "up0")
+    _pod(router, a_ns, "cali1", A, A6)
+    _pod(router, b_ns, "cali2", B, B6)
+    a_thread, b_thread = NetnsThread(a_ns), NetnsThread(b_ns)
+    listeners = [_listen(b_thread, socket.AF_INET, B, 8080),
+                 _listen(b_thread, socket.AF_INET6, B6, 8080)]
+    sniffer = Sniffer(b_thread)
+    try:
+        with ExitStack() as stack:
+            if mode == "bpf":
+                from pyfelix.agent.bpf.maps import dump_pinned
+                from pyfelix.agent.dataplane.bpf_dataplane import build_bpf_managers
+
+                pin_dir = stack.enter_context(own_pin_dir("ipv6off"))
+                thread = NetnsThread(router)
+                stack.callback(thread.close)
+                managers = thread.call(build_bpf_managers, small_maps_config(
+                    pin_dir, FELIX_IPV6SUPPORT="false"))
+                dp = thread.call(lambda: LinuxDataplane(
+                    netns=router, config=LinuxDataplaneConfig(bpf_mode=True, ipv6_support=False),
+                    extra_managers=managers))
+                thread.call(dp.start)
+
+                def drops() -> int:
+                    return _bpf_counter(pin_dir, "ipv6_dropped")
+            else:
+                dp = LinuxDataplane(netns=router, config=LinuxDataplaneConfig(
+                    iptables_backend=mode, ipv6_support=False))
+                dp.start()
+
+                def drops() -> int:
+                    return _ipv6_disabled_drops(router, mode)
+            stack.callback(dp.stop)
+            for msg in (IPSetUpdate("clients", "net", frozenset({f"{A}/32", f"{A6}/128"})),
+                        OPEN, _web(None), _ep("cali1", A, A6), _ep("cali2", B, B6, (WEB,)),
+                        InSync()):
+                dp.enqueue(msg)
+            assert dp.loop.in_sync.wait(15)
+            _eventually(lambda: _connects(a_thread, B, 8080), "IPv4 8080 never allowed")
+
+            # nothing IPv6 programmed
+            assert in_ns(router, "ip", "-6", "route", "show", f"{B6}/128").strip() == ""
+            assert in_ns(router, "cat", "/proc/sys/net/ipv6/conf/all/forwarding").strip() == "0"
+            if mode == "bpf":
+                for name in ("ipsets", "wep_sources", "routes"):
+                    rows = dump_pinned(name, pin_dir)
+                    assert rows, f"{name}: IPv4 entries expected"
+                    assert not [r for r in rows if _holds_ipv6(r)], (name, rows)
+            else:
+                assert "cali60" not in in_ns(router, "ipset", "list", "-n")
+                assert "cali40" in in_ns(router, "ipset", "list", "-n")
+                chains6 = in_ns(router, BACKENDS6[mode].save, "-t", "filter")
+                assert not re.search(r"^:cali-(fw|tw|pi|pri|pro|from|to)-", chains6, re.M)
+                assert COMMENT_IPV6_DISABLED in chains6
+
+            # an operator enables IPv6 forwarding and routes B by hand: still dropped
+            in_ns(router, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
+            in_ns(router, "ip", "-6", "route", "add", f"{B6}/128", "dev", "cali2")
+            before = drops()
+
+            def send() -> None:
+                with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+                    for _ in range(5):
+                        s.sendto(b"pyfelix", (B6, 7001))
+
+            a_thread.call(send)
+            _wait(lambda: drops() >= before + 5, "the IPv6 drops counted")
+            assert not _connects(a_thread, B6, 8080)
+            time.sleep(0.2)
+            assert not sniffer.saw(A6, UDP, 7001)
+            assert _connects(a_thread, B, 8080)
             assert not dp.loop.fatal.is_set()
     finally:
         for s in listeners:
