@@ -35,7 +35,7 @@ lint: setup
 bench: setup
 	mkdir -p bench
 	$(VENV)/bin/pyfelix bench -o json > bench/results.json
-	$(PY) -m pyfelix.bench.report bench/results.json --plots bench > bench/results.md
+	$(PY) -m pyfelix.bench.report bench/results.json --plots bench --baseline bench/baseline_linear_walk.json > bench/results.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -4,9 +4,11 @@ Role: turn the figures that `make bench` measured into three charts, drawing onl
 file holds (a chart whose figures are absent is not drawn; a point that failed is marked
 with its note, never given a value):
 - `per_packet_cost.png` (bench `bpf-verdict`): first-packet verdict cost against the number
-  of rules, one line per series `<prefix>first_packet_ns_<N>` (e.g. the rule walk, and any
-  other classifier a results file reports under its own prefix), with `ct_hit_ns` and
-  `harness_ns` as horizontal references; log-log.
+  of rules, one line per series `<prefix>first_packet_ns_<N>` and
+  `<prefix>first_packet_v6_ns_<N>` (IPv4 and IPv6 packets), with `ct_hit_ns` and
+  `harness_ns` as horizontal references; log-log. With a baseline results file (`report
+  --baseline`, e.g. bench/baseline_linear_walk.json: the linear rule walk the classifier
+  replaced, as it was measured), its series are drawn beside, labelled with its `label`.
 - `new_conn_rate.png` (bench `dataplane-compare`): new connections/s against rules for each
   dataplane (`<dp>_new_conn_per_s_<N>` with _min/_max as error bars); a failed point (note
   `<dp>_<N>`) is drawn as a cross on the axis, labelled "failed".
@@ -66,14 +68,24 @@ def _with_ranges(series: Series, figures: Mapping[str, float], name_of: Any) -> 
     return series
 
 
-def per_packet_series(results: Results) -> list[Series]:
-    figures = results.get("bpf-verdict", {})
+def per_packet_series(results: Results, baseline: Mapping[str, Any] | None = None
+                      ) -> list[Series]:
+    """First-packet series of `results` and, labelled "<its label>", of `baseline`."""
     out = []
-    for prefix, points in sorted(_suffixed(figures, r"(.*)first_packet_ns_(\d+)").items()):
-        label = prefix.rstrip("_") or "BPF first packet"
-        series = Series(label, dict(sorted(points.items())))
-        out.append(_with_ranges(series, figures,
-                                lambda n, p=prefix: f"{p}first_packet_ns_{n}"))
+    sources = [(results, "")]
+    if baseline:
+        label = str(baseline.get("label") or "baseline")
+        sources.append((baseline, label))
+    for source, source_label in sources:
+        figures = source.get("bpf-verdict", {})
+        found = _suffixed(figures, r"(.*first_packet_(?:v6_)?)ns_(\d+)")
+        for stem, points in sorted(found.items()):
+            prefix = stem.removesuffix("first_packet_").removesuffix("first_packet_v6_")
+            family = "IPv6" if stem.endswith("v6_") else "IPv4"
+            name = prefix.rstrip("_") or "BPF first packet"
+            label = f"{source_label or name} ({family})"
+            series = Series(label, dict(sorted(points.items())))
+            out.append(_with_ranges(series, figures, lambda n, s=stem: f"{s}ns_{n}"))
     return out
 
 
@@ -124,8 +136,9 @@ def _error_bars(series: Series, xs: list[int]) -> list[list[float]] | None:
     return [low, high]
 
 
-def draw_per_packet(results: Results, path: Path) -> bool:
-    series = per_packet_series(results)
+def draw_per_packet(results: Results, path: Path,
+                    baseline: Mapping[str, Any] | None = None) -> bool:
+    series = per_packet_series(results, baseline)
     if not series:
         return False
     figures = results.get("bpf-verdict", {})
@@ -222,11 +235,12 @@ def draw_typha(results: Results, path: Path, notes: Notes | None = None) -> bool
     return True
 
 
-def draw_all(results: Results, notes: Notes, directory: Path) -> list[str]:
+def draw_all(results: Results, notes: Notes, directory: Path,
+             baseline: Mapping[str, Any] | None = None) -> list[str]:
     """Draw every chart the results allow; the file names written, in order."""
     directory.mkdir(parents=True, exist_ok=True)
     written = []
-    if draw_per_packet(results, directory / PER_PACKET_PNG):
+    if draw_per_packet(results, directory / PER_PACKET_PNG, baseline):
         written.append(PER_PACKET_PNG)
     if draw_new_conn(results, notes, directory / NEW_CONN_PNG):
         written.append(NEW_CONN_PNG)

@@ -130,15 +130,28 @@ def notes_markdown(notes: Mapping[str, Mapping[str, str]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    plots_dir = None
-    if len(args) == 3 and args[1] == "--plots":
-        plots_dir = args.pop(2)
-        args.pop(1)
+    options: dict[str, str] = {}
+    for option in ("--plots", "--baseline"):
+        if option in args:
+            at = args.index(option)
+            if at + 1 >= len(args):
+                args = []
+                break
+            options[option] = args.pop(at + 1)
+            args.pop(at)
     if len(args) != 1:
-        print("usage: python -m pyfelix.bench.report RESULTS.json [--plots DIR]", file=sys.stderr)
+        print("usage: python -m pyfelix.bench.report RESULTS.json [--plots DIR] "
+              "[--baseline BASELINE.json]", file=sys.stderr)
         return 2
+    plots_dir = options.get("--plots")
     try:
         results, notes = load_document(args[0])
+        baseline = None
+        if "--baseline" in options:
+            with open(options["--baseline"]) as f:
+                baseline = json.load(f)
+            if not isinstance(baseline, dict):
+                raise ValueError(f"{options['--baseline']}: not a JSON object")
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -150,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from pyfelix.bench.plots import draw_all
 
-        for name in draw_all(results, notes, Path(plots_dir)):
+        for name in draw_all(results, notes, Path(plots_dir), baseline):
             print(f"\n![{name.removesuffix('.png').replace('_', ' ')}]({name})")
     return 0
 

@@ -31,6 +31,16 @@ def test_per_packet_series_with_ranges():
     assert series.ranges == {1000: (8000.0, 11000.0)}
 
 
+def test_per_packet_series_per_family_and_from_a_baseline():
+    results = {"bpf-verdict": {"first_packet_ns_10": 300.0, "first_packet_v6_ns_10": 320.0}}
+    baseline = {"label": "linear walk", "bpf-verdict": {"first_packet_ns_10": 340.0,
+                                                        "first_packet_ns_1000": 7700.0}}
+    series = {s.label: s.points for s in plots.per_packet_series(results, baseline)}
+    assert series == {"BPF first packet (IPv4)": {10: 300.0},
+                      "BPF first packet (IPv6)": {10: 320.0},
+                      "linear walk (IPv4)": {10: 340.0, 1000: 7700.0}}
+
+
 def test_new_conn_series_marks_failed_points_from_notes():
     bpf, iptables = plots.new_conn_series(RESULTS, NOTES)
     assert bpf.points == {0: 5000.0, 1000: 4800.0}
