@@ -207,13 +207,9 @@ def _dataplane(mode: str, router: str) -> Iterator[Running]:
                       lambda: _bpf_counter(pin_dir, "ipv6_nd_passed"))
 
 
-def _flush_neighbours(*namespaces: str) -> None:
-    for ns in namespaces:
-        in_ns(ns, "ip", "-6", "neigh", "flush", "all")
-
-
-@pytest.mark.parametrize("mode", ["nft", "legacy", "bpf"])
-def test_ipv6_gets_the_same_policy_as_ipv4(make_netns, mode: str, record_property) -> None:
+def _router_and_pods(make_netns: Callable[[], str]) -> tuple[str, str, str]:
+    """A router namespace with an uplink and default route, and pods A (cali1) and B (cali2)
+    with both families' addresses behind it; (router, a_ns, b_ns)."""
     router, a_ns, b_ns = make_netns(), make_netns(), make_netns()
     in_ns(router, "ip", "link", "add", "up0", "type", "veth", "peer", "name", "up1")
     in_ns(router, "ip", "link", "set", "up1", "up")
@@ -221,6 +217,23 @@ def test_ipv6_gets_the_same_policy_as_ipv4(make_netns, mode: str, record_propert
     in_ns(router, "ip", "route", "add", "default", "dev", "up0")
     _pod(router, a_ns, "cali1", A, A6)
     _pod(router, b_ns, "cali2", B, B6)
+    return router, a_ns, b_ns
+
+
+def _policed_pods() -> tuple[object, ...]:
+    """A and B open, B's ingress TCP 8080 allowed from the set holding A's two addresses."""
+    return (IPSetUpdate("clients", "net", frozenset({f"{A}/32", f"{A6}/128"})),
+            OPEN, _web(None), _ep("cali1", A, A6), _ep("cali2", B, B6, (WEB,)), InSync())
+
+
+def _flush_neighbours(*namespaces: str) -> None:
+    for ns in namespaces:
+        in_ns(ns, "ip", "-6", "neigh", "flush", "all")
+
+
+@pytest.mark.parametrize("mode", ["nft", "legacy", "bpf"])
+def test_ipv6_gets_the_same_policy_as_ipv4(make_netns, mode: str, record_property) -> None:
+    router, a_ns, b_ns = _router_and_pods(make_netns)
     a_thread, b_thread = NetnsThread(a_ns), NetnsThread(b_ns)
     listeners: list[socket.socket] = []
     sniffer = Sniffer(b_thread)
@@ -229,9 +242,7 @@ def test_ipv6_gets_the_same_policy_as_ipv4(make_netns, mode: str, record_propert
             listeners += [_listen(b_thread, family, ip, port) for port in (8080, 9090)]
         with _dataplane(mode, router) as run:
             dp = run.dp
-            for msg in (IPSetUpdate("clients", "net", frozenset({f"{A}/32", f"{A6}/128"})),
-                        OPEN, _web(None), _ep("cali1", A, A6), _ep("cali2", B, B6, (WEB,)),
-                        InSync()):
+            for msg in _policed_pods():
                 dp.enqueue(msg)
             assert dp.loop.in_sync.wait(15)
             if mode == "bpf":  # policy is the tc programs' (iptables: host endpoints only)
@@ -315,13 +326,7 @@ def test_ipv6_support_false_drops_workload_ipv6_and_programs_nothing_ipv6(
     member, BPF map entry or ip6tables policy chain); IPv4 works; and with IPv6 forwarding
     and a route to B added by hand (an operator's doing), A's IPv6 still never reaches B,
     each packet counted as dropped."""
-    router, a_ns, b_ns = make_netns(), make_netns(), make_netns()
-    in_ns(router, "ip", "link", "add", "up0", "type", "veth", "peer", "name", "up1")
-    in_ns(router, "ip", "link", "set", "up1", "up")
-    in_ns(router, "ip", "link", "set", "up0", "up")
-    in_ns(router, "ip", "route", "add", "default", "dev", "up0")
-    _pod(router, a_ns, "cali1", A, A6)
-    _pod(router, b_ns, "cali2", B, B6)
+    router, a_ns, b_ns = _router_and_pods(make_netns)
     a_thread, b_thread = NetnsThread(a_ns), NetnsThread(b_ns)
     listeners = [_listen(b_thread, socket.AF_INET, B, 8080),
                  _listen(b_thread, socket.AF_INET6, B6, 8080)]
@@ -352,9 +357,7 @@ def test_ipv6_support_false_drops_workload_ipv6_and_programs_nothing_ipv6(
                 def drops() -> int:
                     return _ipv6_disabled_drops(router, mode)
             stack.callback(dp.stop)
-            for msg in (IPSetUpdate("clients", "net", frozenset({f"{A}/32", f"{A6}/128"})),
-                        OPEN, _web(None), _ep("cali1", A, A6), _ep("cali2", B, B6, (WEB,)),
-                        InSync()):
+            for msg in _policed_pods():
                 dp.enqueue(msg)
             assert dp.loop.in_sync.wait(15)
             _eventually(lambda: _connects(a_thread, B, 8080), "IPv4 8080 never allowed")
