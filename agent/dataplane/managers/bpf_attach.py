@@ -23,9 +23,10 @@ Role: keeps, in the agent's own network namespace,
   or `lo`) while at least one NodePort frontend exists (ServiceFrontendUpdate of kind
   "nodeport"): without NodePorts, such interfaces carry no program of ours, as before.
 
-Inputs (`on_update`): ServiceFrontendUpdate/Remove (NodePorts only), InterfaceUpdate (a new interface is checked in the very next apply,
-which the loop runs right after the batch: attach latency is the loop's batch latency, see
-`pyfelix_bpf_attach_latency_seconds`), HostEndpointUpdate/Remove, InSync.
+Inputs (`on_update`): ServiceFrontendUpdate/Remove (NodePorts only), InterfaceUpdate (a new
+interface is checked in the very next apply, which the loop runs right after the batch:
+attach latency is the loop's batch latency, see `pyfelix_bpf_attach_latency_seconds`),
+HostEndpointUpdate/Remove, InSync.
 
 `apply()` checks only the interfaces marked dirty (new ones, all of them at a resync):
 lists that hook's filters; keeps ours if it runs the current program; replaces ours if it
