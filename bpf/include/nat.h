@@ -562,7 +562,8 @@ PF_INLINE int nat_snat_reply(struct __sk_buff *skb, struct pkt_info *pkt, __u64 
 }
 
 /* An SNAT port for a new NodePort flow to a remote backend: the client's own port unless
- * another live flow holds (backend, node address, backend port, port), else random ones.
+ * another live flow holds (backend, node address, backend port, port) or it is a NodePort's
+ * number, else random ones.
  * Returns the port, or 0 when every try is taken. */
 PF_INLINE __u16 nat_snat_port(struct pkt_info *pkt, __be32 be_addr, __u16 be_port, __u64 now)
 {
@@ -576,6 +577,13 @@ PF_INLINE __u16 nat_snat_port(struct pkt_info *pkt, __be32 be_addr, __u16 be_por
 		__u16 port = i == 0 ? pkt->sport
 				    : NAT_SNAT_PORT_MIN + bpf_get_prandom_u32() % NAT_SNAT_PORT_SPAN;
 		rk.dport = port;
+		/* never a NodePort's number: the reply would look like a new NodePort flow */
+		struct nat_fe_key fk = {};
+		fk.addr = NAT_NODEPORT_ADDR;
+		fk.port = port;
+		fk.proto = pkt->proto;
+		if (nat_frontend.lookup(&fk))
+			continue;
 		struct nat_ct_value *taken = nat_ct.lookup(&rk);
 		if (!taken || (taken->peer_addr == pkt->saddr && taken->peer_port == pkt->sport) ||
 		    (now > taken->last_seen_ns &&
