@@ -204,6 +204,11 @@ class TopologyBuilder:
                 self._wire_pod(ipr, pod)
             if self.static_cross_node_routes:
                 self._add_cross_node_routes(ipr, node, eth0)
+        # no ICMP redirects: the underlay is one flat segment, and a redirect (sent when a
+        # node forwards a NodePort packet back out of eth0) uses the per-peer ICMP rate
+        # state, so the next REJECTs to that client would be rate-limited away
+        for conf in ("all", NODE_UNDERLAY_IFNAME):
+            write_sysctl(node.netns, f"net.ipv4.conf.{conf}.send_redirects", "0")
         if self.program_routes:
             write_sysctl(node.netns, "net.ipv4.ip_forward", "1")
             for pod in local_pods:
