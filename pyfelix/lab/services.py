@@ -251,17 +251,18 @@ class KubeProxyRules:
     def __init__(self, iptables: str = "iptables") -> None:
         self.iptables = iptables
 
-    def _run(self, netns: str, *args: str, stdin: str | None = None,
-             check: bool = True) -> subprocess.CompletedProcess[str]:
+    def _run(self, netns: str, *args: str, stdin: str | None = None, check: bool = True,
+             timeout: float = 30) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["ip", "netns", "exec", netns, *args], input=stdin, text=True,
-                              capture_output=True, check=check, timeout=30)
+                              capture_output=True, check=check, timeout=timeout)
 
     def sync(self, netns: str, frontends: Iterable[proto.ServiceFrontendUpdate]) -> None:
-        saved = self._run(netns, f"{self.iptables}-save", "-t", "nat").stdout
+        saved = self._run(netns, f"{self.iptables}-save", "-t", "nat", timeout=600).stdout
         existing = [line[1:].split()[0] for line in saved.splitlines()
                     if line.startswith((":KUBE-SVC-", ":KUBE-SEP-", ":KUBE-EXT-"))]
+        # 10,000 Services are ~100,000 rules: minutes on a loaded machine
         self._run(netns, f"{self.iptables}-restore", "--noflush",
-                  stdin=kube_proxy_restore(frontends, existing))
+                  stdin=kube_proxy_restore(frontends, existing), timeout=600)
         for base, rule in NAT_JUMPS:
             if self._run(netns, self.iptables, "-t", "nat", "-C", base, *rule.split(),
                          check=False).returncode != 0:
