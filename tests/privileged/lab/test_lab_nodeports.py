@@ -11,7 +11,8 @@ Two nodes; the `external` client is the underlay's own namespace (no agent). The
   through node2 (no local backend) refused at once;
 - the backend's ingress policy still applies: `locked` admits pods labelled app=web only,
   so its NodePort is denied through either node;
-- traffic to the node that is not a NodePort (a port nothing serves) is refused as before.
+- traffic to the node that is not a NodePort (a port nothing serves) is refused as before;
+- a host-networked client (`node/node2`) reaches the backend pod directly.
 The root namespace must be as before afterwards (root_guard).
 """
 
@@ -76,6 +77,7 @@ SCENARIO: dict[str, Any] = {
     "probes": [
         # pods reach each other (the lab works), and the backend is alive
         {"from": "shop/client", "to": "shop/web-1", "port": 8080, "expect": "allow"},
+        {"from": "node/node2", "to": "shop/web-1", "port": 8080, "expect": "allow"},  # host
         _probe("node/node1", 30080, "allow"),
         _probe("node/node2", 30080, "allow"),
         _probe("node/node1", 30053, "allow", "UDP"),
