@@ -1,6 +1,6 @@
 """NodePort Services from a client outside the cluster, in the lab, with real agents, on BOTH
 dataplanes (BPF: calico_from_host at the nodes' eth0, bpf/include/nat.h; iptables: the lab's
-kube-proxy rules, KUBE-NODEPORTS), from one scenario.
+kube-proxy rules, KUBE-NODEPORTS), from one scenario (tests/lab/scenarios/services-nodeport.yaml).
 
 Two nodes; the `external` client is the underlay's own namespace (no agent). The backends
 (web-1, locked-1) run on node1 only, so:
@@ -18,84 +18,24 @@ The root namespace must be as before afterwards (root_guard).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pyfelix.lab.agents import AgentProcesses
 from pyfelix.lab.runner import LabRunner
-from pyfelix.lab.scenario import EXTERNAL_CLIENT_IP, parse_scenario
+from pyfelix.lab.scenario import EXTERNAL_CLIENT_IP, load_scenario
 
 pytestmark = pytest.mark.privileged
 
+SCENARIO = Path(__file__).resolve().parents[2] / "lab" / "scenarios" / "services-nodeport.yaml"
 PROBE_TIMEOUT = 2.0
-
-
-def _node_port_service(name: str, cluster_ip: str, selector: str,
-                       node_ports: tuple[int, int], **spec: Any) -> dict[str, Any]:
-    tcp, udp = node_ports
-    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "shop"},
-            "spec": {"type": "NodePort", "clusterIP": cluster_ip,
-                     "selector": {"app": selector},
-                     "ports": [{"name": "http", "port": 80, "protocol": "TCP",
-                                "targetPort": 8080, "nodePort": tcp},
-                               {"name": "dns", "port": 53, "protocol": "UDP",
-                                "targetPort": 5353, "nodePort": udp}], **spec}}
-
-
-def _probe(target: str, port: int, expect: str, protocol: str = "TCP") -> dict[str, Any]:
-    return {"from": "external", "to": target, "port": port, "protocol": protocol,
-            "expect": expect}
-
-
-SERVICES = [
-    _node_port_service("web", "10.96.0.40", "web", (30080, 30053)),
-    _node_port_service("web-local", "10.96.0.41", "web", (30081, 30054),
-                       externalTrafficPolicy="Local"),
-    _node_port_service("locked", "10.96.0.42", "locked", (30082, 30055)),
-]
-
-SCENARIO: dict[str, Any] = {
-    "name": "services-nodeport",
-    "nodes": ["node1", "node2"],
-    "namespaces": [{"name": "shop"}],
-    "pods": [
-        {"namespace": "shop", "name": "web-1", "node": "node1", "labels": {"app": "web"},
-         "ports": [{"port": 8080, "protocol": "TCP"}, {"port": 5353, "protocol": "UDP"}]},
-        {"namespace": "shop", "name": "locked-1", "node": "node1", "labels": {"app": "locked"},
-         "ports": [{"port": 8080, "protocol": "TCP"}]},
-        {"namespace": "shop", "name": "client", "node": "node2", "labels": {"app": "client"}},
-    ],
-    "resources": [
-        *SERVICES,
-        {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-         "metadata": {"name": "locked-from-web", "namespace": "shop"},
-         "spec": {"podSelector": {"matchLabels": {"app": "locked"}},
-                  "policyTypes": ["Ingress"],
-                  "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}]}]}},
-    ],
-    "probes": [
-        # pods reach each other (the lab works), and the backend is alive
-        {"from": "shop/client", "to": "shop/web-1", "port": 8080, "expect": "allow"},
-        {"from": "node/node2", "to": "shop/web-1", "port": 8080, "expect": "allow"},  # host
-        _probe("node/node1", 30080, "allow"),
-        _probe("node/node2", 30080, "allow"),
-        _probe("node/node1", 30053, "allow", "UDP"),
-        _probe("node/node2", 30053, "allow", "UDP"),
-        _probe("node/node1", 30081, "allow"),
-        _probe("node/node2", 30081, "deny"),
-        _probe("node/node1", 30054, "allow", "UDP"),
-        _probe("node/node2", 30054, "deny", "UDP"),
-        _probe("node/node1", 30082, "deny"),
-        _probe("node/node2", 30082, "deny"),
-        _probe("node/node1", 31999, "deny"),  # not a NodePort: nothing listens
-    ],
-}
 
 
 @pytest.mark.parametrize("dataplane", ["bpf", "iptables"])
 def test_node_ports_from_an_external_client(dataplane: str, root_guard: Any) -> None:
-    scenario = parse_scenario(SCENARIO)
+    scenario = load_scenario(SCENARIO)
     with LabRunner(scenario, agents=AgentProcesses(dataplane), dataplane=dataplane,
                    program_routes=False, probe_timeout=PROBE_TIMEOUT) as lab:
         lab.build()
