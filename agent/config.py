@@ -166,6 +166,15 @@ def parse_str(text: str) -> str:
     return text.strip()
 
 
+def parse_regexp(text: str) -> str:
+    """A Python regular expression (checked: it compiles)."""
+    try:
+        re.compile(text.strip())
+    except re.error as exc:
+        raise ValueError(f"{text!r} is not a valid regular expression: {exc}") from exc
+    return text.strip()
+
+
 def enum_of(*choices: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         for choice in choices:
@@ -332,6 +341,11 @@ PARAMS: tuple[Param, ...] = (
           help="BPF mode: host-networked clients' connects to a Service address are sent to "
                "a backend at the socket (cgroup programs, bpf/ctlb.c): TCP only, TCP and UDP "
                "(Enabled), or not at all."),
+    Param("BPFDataIfacePattern", r"^((en|wl|ww|sl|ib)[Popsx].*|(eth|wlan|wwan|bond).*)",
+          parse_regexp, restart=True,
+          help="BPF mode: the node's data interfaces (a regular expression on the name): "
+               "while NodePort Services exist, calico_from_host serves NodePorts at their tc "
+               "ingress (host endpoint interfaces get it from calico_from_hep)."),
     Param("BPFCgroupV2", "", parse_str, restart=True,
           help="The cgroup v2 directory the connect-time load balancer attaches to; empty: "
                "the root of the first cgroup2 mount (every process of the node)."),

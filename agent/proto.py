@@ -313,7 +313,10 @@ class ServiceFrontendUpdate:
     `backends` (sorted; empty: reject, as kube-proxy does for a Service without ready
     endpoints). `id` is `<vip>:<port>/<protocol number>`, the frontend map's key.
     `affinity_timeout` > 0: ClientIP session affinity for that many seconds. `kind` is
-    "cluster" (a ClusterIP) or "external" (externalIPs, load balancer ingress IPs)."""
+    "cluster" (a ClusterIP), "external" (externalIPs, load balancer ingress IPs) or
+    "nodeport" (`vip` NODEPORT_VIP: any of this node's addresses, on a host interface).
+    `traffic_local`: the backends are limited to this node's (internal/external traffic
+    policy Local)."""
 
     id: str
     service: str  # "<namespace>/<name>"
@@ -324,6 +327,10 @@ class ServiceFrontendUpdate:
     kind: str = "cluster"
     backends: tuple[ServiceBackend, ...] = ()
     affinity_timeout: int = 0
+    traffic_local: bool = False
+
+
+NODEPORT_VIP = "0.0.0.0"  # a NodePort frontend's address: any of the node's own
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,10 @@
  *   calico_to_wep    tc EGRESS of the host veth: packets to the pod     -> pod INGRESS policy
  *   calico_policy    the classifier both of them tail-call (policy_progs[0], classifier.h)
  *   calico_from_hep  tc INGRESS of host endpoint interfaces: the reverse-path check of
- *                    Felix's BPFEnforceRPF (host endpoint POLICY is iptables' in BPF mode)
+ *                    Felix's BPFEnforceRPF (host endpoint POLICY is iptables' in BPF mode),
+ *                    then NodePorts (nat.h)
+ *   calico_from_host tc INGRESS of other data interfaces (BPFDataIfacePattern) while
+ *                    NodePort frontends exist: NodePorts only
  *
  * Per packet: parse (common.h: IPv4 or IPv6, extension headers walked) -> neither: ARP
  * passes, everything else drops (fail closed); malformed or an IPv6 extension header chain
@@ -15,7 +18,8 @@
  * sources.h, both families) -> from the pod, IPv4: service NAT (nat.h: DNAT to a backend,
  * or reject) ->
  * conntrack hit or related ICMP error: allow (to the pod: a service reply's source goes
- * back to the VIP) ->
+ * back to the VIP; from the pod: a NodePort reply's source goes back to the node address,
+ * nat.h) -> to the pod, IPv4: a NodePort flow's first packet is marked (nat_mark_nodeport) ->
  * otherwise find the first matching record of the endpoint's chain for this direction
  * (classifier.h, policy.h); on allow create a
  * conntrack entry, and for a flow from the pod to this host apply endpoint_to_host_action ->
@@ -63,10 +67,7 @@ PF_INLINE int ep_to_host_allowed(struct pkt_info *pkt)
  * takes the normal path, so the stack sends Time Exceeded. Hairpin packets (nat.h) keep
  * their own redirect; everything else (to the host, off the node, IPv6) takes the normal
  * path. */
-/* BCC 0.26 declares bpf_redirect_neigh without its `plen` argument, which would leave the
- * kernel's `flags` register unset: declared here as the kernel defines it. */
-static long (*pf_redirect_neigh)(__u32 ifindex, void *params, int plen, __u64 flags) =
-	(void *)BPF_FUNC_redirect_neigh;
+/* pf_redirect_neigh: see nat.h (BCC 0.26 declares bpf_redirect_neigh without `plen`). */
 
 PF_INLINE int fastpath_verdict(struct __sk_buff *skb, struct pkt_info *pkt, int verdict)
 {
@@ -313,6 +314,11 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 		count_endpoint(endpoint_id, hook, 1, pkt.len);
 		if (hit == CT_HIT_SVC_NAT && hook == HOOK_TO_WEP)
 			return nat_rev_to_wep(skb, &pkt, now);
+		if (hit == CT_HIT_SVC_NAT && !v6) { /* a backend's reply to a NodePort client */
+			int nat = nat_rev_from_wep(skb, &pkt, now);
+			if (nat != NAT_CONTINUE)
+				return nat;
+		}
 		int verdict = nat_hairpin_verdict(skb, &pkt, TC_ACT_OK);
 		return hook == HOOK_FROM_WEP ? fastpath_verdict(skb, &pkt, verdict) : verdict;
 	}
@@ -322,6 +328,8 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 		return hook == HOOK_TO_WEP && !v6 ? nat_rev_icmp_to_wep(skb, &pkt) : TC_ACT_OK;
 	}
 
+	if (hook == HOOK_TO_WEP && !v6)
+		nat_mark_nodeport(&pkt); /* a NodePort flow's first packet: track it as one */
 	__u32 zero = 0;
 	struct policy_state *st = policy_scratch.lookup(&zero);
 	if (!st)
@@ -377,6 +385,15 @@ PF_INLINE int hep_source_ok(struct __sk_buff *skb, struct pkt_info *pkt, __u32 m
 	return mode == CFG_RPF_LOOSE || fib.ifindex == skb->ifindex;
 }
 
+/* NodePorts (nat.h) of a parsed IPv4 packet from a host interface: the NAT's verdict, or
+ * TC_ACT_OK (not NodePort traffic: the host's stack and iptables judge it, as before). */
+PF_INLINE int host_nodeport_verdict(struct __sk_buff *skb, struct pkt_info *pkt)
+{
+	pkt->len = skb->len;
+	int nat = nat_from_host(skb, pkt, ct_now_ns());
+	return nat == NAT_CONTINUE ? TC_ACT_OK : nat;
+}
+
 int calico_from_hep(struct __sk_buff *skb)
 {
 	void *data = (void *)(long)skb->data;
@@ -388,7 +405,20 @@ int calico_from_hep(struct __sk_buff *skb)
 	struct config_value *cfg = config.lookup(&zero);
 	__u32 mode = cfg ? (cfg->flags & CFG_RPF_MASK) : CFG_RPF_STRICT;
 	if (mode == CFG_RPF_DISABLED || hep_source_ok(skb, &pkt, mode))
-		return TC_ACT_OK;
+		return host_nodeport_verdict(skb, &pkt);
 	count_global(GCNT_HEP_RPF_DROPPED);
 	return TC_ACT_SHOT;
+}
+
+/* calico_from_host: tc INGRESS of the node's data interfaces that are not a host endpoint's
+ * (BPFDataIfacePattern), while NodePort frontends exist: NodePorts only (nat.h), everything
+ * else passes exactly as with no program. */
+int calico_from_host(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct pkt_info pkt = {};
+	if (parse_ipv4(data, data_end, &pkt) != PARSE_OK)
+		return TC_ACT_OK;
+	return host_nodeport_verdict(skb, &pkt);
 }

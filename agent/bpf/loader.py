@@ -53,7 +53,8 @@ log = logging.getLogger(__name__)
 
 BPF_DIR = Path(os.environ.get("PYFELIX_BPF_DIR", Path(__file__).resolve().parents[2] / "bpf"))
 ENTRY_FILES = ("tc.c", "xdp.c", "ctlb.c")
-TC_PROGRAMS = ("calico_from_wep", "calico_to_wep", "calico_policy", "calico_from_hep")
+TC_PROGRAMS = ("calico_from_wep", "calico_to_wep", "calico_policy", "calico_from_hep",
+               "calico_from_host")
 XDP_PROGRAMS = ("calico_xdp",)
 # cgroup v2 socket-address programs (ctlb.c) and the attach type each is loaded for
 CTLB_PROGRAMS = {

@@ -5,8 +5,10 @@ BPF mode reads the same objects). Inputs: `Service` and `EndpointSlice` updates 
 dispatcher. Output: `sink.on_service_frontend_update(id, ServiceFrontendUpdate | None)`.
 
 One frontend per (virtual IP, service port, protocol): the Service's IPv4 cluster IPs
-(kind "cluster"), its externalIPs and load-balancer ingress IPs (kind "external"). Its
-backends, per Kubernetes' rules:
+(kind "cluster"), its externalIPs and load-balancer ingress IPs (kind "external"), and for
+a NodePort or LoadBalancer Service each port's nodePort (kind "nodeport", virtual IP
+`proto.NODEPORT_VIP`: any of this node's addresses; backends as an external frontend's).
+Its backends, per Kubernetes' rules:
 - from every EndpointSlice labelled `kubernetes.io/service-name: <service>` in the
   Service's namespace, IPv4 slices only; the slice port with the Service port's name and
   protocol gives the target port (a Service port whose slices have no such port has no
@@ -16,7 +18,8 @@ backends, per Kubernetes' rules:
   endpoint is otherwise not a backend for NEW connections; existing flows to it keep
   working because the dataplane's NAT conntrack entries carry their backend;
 - `internalTrafficPolicy: Local` (cluster frontends) and `externalTrafficPolicy: Local`
-  (external frontends): only endpoints whose `nodeName` is this node;
+  (external and nodeport frontends): only endpoints whose `nodeName` is this node (none
+  here: the frontend has no backends and its traffic is rejected);
 - deduplicated (an address in two slices counts once) and sorted, so the same state
   always yields the same message.
 A Service without ready backends still gets its frontend, with no backends: the dataplane
@@ -149,7 +152,8 @@ class ServiceIndex:
         vips = [(ip, "cluster") for ip in service.cluster_ips if _is_ipv4(ip)]
         vips += [(ip, "external") for ip in (*service.external_ips, *service.load_balancer_ips)
                  if _is_ipv4(ip)]
-        if not vips:
+        node_ports = service.type in ("NodePort", "LoadBalancer")
+        if not vips and not node_ports:
             return {}
         slices = [self._slices[k] for k in sorted(self._slices_by_service.get(name, ()))]
         out: dict[str, proto.ServiceFrontendUpdate] = {}
@@ -166,7 +170,15 @@ class ServiceIndex:
                     out[fid] = proto.ServiceFrontendUpdate(
                         id=fid, service=f"{name[0]}/{name[1]}", port_name=port.name, vip=vip,
                         port=port.port, protocol=port.protocol, kind=kind,
-                        backends=backends, affinity_timeout=affinity)
+                        backends=backends, affinity_timeout=affinity,
+                        traffic_local=local_only)
+                if kind == "external" and node_ports and port.node_port:
+                    fid = frontend_id(proto.NODEPORT_VIP, port.node_port, port.protocol)
+                    out[fid] = proto.ServiceFrontendUpdate(
+                        id=fid, service=f"{name[0]}/{name[1]}", port_name=port.name,
+                        vip=proto.NODEPORT_VIP, port=port.node_port, protocol=port.protocol,
+                        kind="nodeport", backends=backends, affinity_timeout=affinity,
+                        traffic_local=local_only)
         return out
 
     def _backends(self, slices: list[EndpointSlice], port: ServicePort, local_only: bool

@@ -180,6 +180,8 @@ def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
          "egress": program_ref(loaded, "calico_to_wep")},
         program_ref(loaded, "calico_xdp") if config.xdp_enabled else None,
         hep_program=program_ref(loaded, "calico_from_hep"),
+        host_program=program_ref(loaded, "calico_from_host"),
+        data_iface_pattern=str(config.bpf_data_iface_pattern),
         xdp_modes=("native", "generic") if config.generic_xdp_enabled else ("native",),
         interface_prefixes=prefixes,
         on_all_current=sweep,

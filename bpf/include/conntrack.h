@@ -92,7 +92,7 @@
 
 /* ct_lookup_update() results (non-zero: a hit) */
 #define CT_HIT 1
-#define CT_HIT_SVC_NAT 3 /* a hit on a service flow: replies need reverse NAT */
+#define CT_HIT_SVC_NAT 3 /* a reply of a service flow: it needs the reverse NAT */
 
 struct ct_key {
 	__u32 ifindex;
@@ -190,7 +190,7 @@ PF_INLINE int ct_expired(struct ct_value *v, __u8 proto, __u64 now)
 }
 
 /* Established/reply packet of a tracked flow? Updates the entry on a hit. Returns 0 on a
- * miss, CT_HIT, or CT_HIT_SVC_NAT for a service flow (nat.h). */
+ * miss, CT_HIT, or CT_HIT_SVC_NAT for a reply-direction packet of a service flow (nat.h). */
 PF_INLINE int ct_lookup_update(struct pkt_info *pkt, __u32 ifindex, __u8 hook, __u64 now)
 {
 	struct ct_key key = {};
@@ -240,7 +240,8 @@ PF_INLINE int ct_lookup_update(struct pkt_info *pkt, __u32 ifindex, __u8 hook, _
 	v->last_seen_ns = now;
 	v->packets += 1;
 	v->bytes += pkt->len;
-	return (flags & CT_F_SVC_NAT) ? CT_HIT_SVC_NAT : CT_HIT;
+	/* only replies need the reverse NAT; the client's own packets are translated before */
+	return (flags & CT_F_SVC_NAT) && !orig_dir ? CT_HIT_SVC_NAT : CT_HIT;
 }
 
 /* An ICMP error whose inner packet belongs to a live flow tracked at this interface? */

@@ -45,8 +45,43 @@
  * ICMP errors about a service flow (a backend's port unreachable, say) are passed to the
  * client as related by conntrack and translated back by nat_rev_icmp_to_wep.
  *
- * Not done here (yet): NodePorts and traffic from host interfaces, SCTP port changes (its
- * CRC32c covers the ports).
+ * NODEPORTS (nat_from_host; calico_from_host on data interfaces, calico_from_hep on host
+ * endpoint interfaces, after its RPF check): a packet arriving on a host interface, TCP/UDP,
+ * to one of this node's addresses (the routes map's RT_F_LOCAL_HOST), whose (port, proto)
+ * has a NodePort frontend (key address NAT_NODEPORT_ADDR: "any address of this node"):
+ *   - a later packet of the flow: the nat_ct FWD entry (flag NAT_CT_F_NODEPORT), as above;
+ *   - a new flow: count == 0 -> REJECT back out of the interface (a Service without ready
+ *     endpoints, or externalTrafficPolicy: Local on a node with no local endpoint: the calc
+ *     graph then gives the frontend no backends); else affinity / a random backend.
+ *   - backend on THIS node (RT_F_LOCAL_WORKLOAD): DNAT only, the CLIENT'S ADDRESS KEPT; the
+ *     packet goes on through the host's stack (netfilter, routing) to the pod's interface,
+ *     where calico_to_wep applies the backend's ingress policy to the real client. The
+ *     REV entry (backend, client, ...) is flagged NAT_CT_F_NODEPORT; calico_to_wep marks the
+ *     flow's conntrack entry CT_F_SVC_NAT when it finds one (nat_mark_nodeport, first
+ *     packet only), so the backend's replies hit CT_HIT_SVC_NAT at calico_from_wep, whose
+ *     nat_rev_from_wep puts (node address, node port) back as the source;
+ *   - backend on ANOTHER node: DNAT and SNAT TO THE NODE (the address the client used,
+ *     port: the client's own when free, else one of NAT_SNAT_TRIES random ports in
+ *     [NAT_SNAT_PORT_MIN, 65535], above Linux's default ephemeral range; none free: drop,
+ *     NAT_CNT_SNAT_NO_PORT), as kube-proxy's MASQUERADE does, so the backend's replies come
+ *     back through this node: REV (backend, node address, backend port, SNAT port) ->
+ *     (node address, node port, client). The backend's ingress policy (on its own node)
+ *     sees this node's address, as with kube-proxy. externalTrafficPolicy: Local keeps the
+ *     client's address because it never forwards.
+ *   Packets whose source is (after SNAT) or whose destination was one of this node's own
+ *   addresses cannot go through the host's input routing (a local source is a martian):
+ *   the SNATed forward packets, the replies returned to the client at the host interface
+ *   (nat_snat_reply) and at calico_from_wep (nat_rev_from_wep) are sent with a FIB lookup
+ *   and bpf_redirect_neigh (nat_fib_redirect; no route: drop, NAT_CNT_NO_ROUTE). Those
+ *   skip the node's netfilter; the TTL is not decremented.
+ * Everything else arriving on a host interface (not TCP/UDP, not to a local address, no
+ * NodePort frontend, no SNAT reply) takes exactly the path it took before: the program
+ * returns TC_ACT_OK (calico_from_hep: after its RPF check). Its cost: a routes lookup, and
+ * for local destinations a frontend and a nat_ct lookup.
+ *
+ * Not done here (yet): a pod or the host itself reaching a NodePort (only traffic arriving
+ * on host interfaces is translated), ICMP errors about NodePort flows, SCTP port changes
+ * (its CRC32c covers the ports).
  */
 #ifndef PYFELIX_NAT_H
 #define PYFELIX_NAT_H
@@ -59,6 +94,7 @@
 #include "nat_ct.h"
 #include "nat_counters.h"
 #include "nat_vip_filter.h"
+#include "routes.h"
 
 #define NAT_CONTINUE -1 /* nat_from_wep: go on with conntrack and policy */
 /* skb->mark of a hairpin packet sent back to its pod: the WHOLE mark is set to this value
@@ -220,6 +256,46 @@ PF_INLINE int nat_hairpin_reply(struct pkt_info *pkt)
 	return NAT_CONTINUE;
 }
 
+/* A new flow's backend: the client's affinity backend while fresh, else a random index of
+ * [0, fe->count) (count > 0), recorded as the client's affinity. Returns 0, or -1 when the
+ * chosen index is missing (between two writes of an update: the caller drops). */
+PF_INLINE int nat_choose_backend(struct nat_fe_value *fe, struct pkt_info *pkt, __u64 now,
+				 __be32 *be_addr, __u16 *be_port)
+{
+	struct nat_aff_key ak = {};
+	ak.service_id = fe->service_id;
+	ak.client = pkt->saddr;
+	if (fe->flags & NAT_FE_F_AFFINITY) {
+		struct nat_aff_value *av = nat_affinity.lookup(&ak);
+		__u64 timeout = (__u64)fe->affinity_timeout * CT_NS_PER_S;
+		if (av && !(now > av->last_used_ns && now - av->last_used_ns > timeout)) {
+			*be_addr = av->addr;
+			*be_port = av->port;
+			av->last_used_ns = now;
+			count_nat(NAT_CNT_AFFINITY_HIT);
+			return 0;
+		}
+	}
+	struct nat_be_key bk = {};
+	bk.service_id = fe->service_id;
+	bk.index = bpf_get_prandom_u32() % fe->count;
+	struct nat_be_value *be = nat_backend.lookup(&bk);
+	if (!be) {
+		count_nat(NAT_CNT_NO_BACKEND);
+		return -1;
+	}
+	*be_addr = be->addr;
+	*be_port = be->port;
+	if (fe->flags & NAT_FE_F_AFFINITY) {
+		struct nat_aff_value nav = {};
+		nav.addr = be->addr;
+		nav.port = be->port;
+		nav.last_used_ns = now;
+		nat_affinity.update(&ak, &nav);
+	}
+	return 0;
+}
+
 /* The service NAT of a packet from a pod (see the top of this file). Returns NAT_CONTINUE
  * (translated or not a service flow: conntrack and policy follow) or a tc verdict. */
 PF_INLINE int nat_from_wep(struct __sk_buff *skb, struct pkt_info *pkt, __u32 ifindex,
@@ -253,44 +329,10 @@ PF_INLINE int nat_from_wep(struct __sk_buff *skb, struct pkt_info *pkt, __u32 if
 		cv->last_seen_ns = now;
 		count_nat(NAT_CNT_CT_HIT);
 	} else {
-		__u32 count = fe->count;
-		if (count == 0)
+		if (fe->count == 0)
 			return nat_reject(skb, pkt, ifindex, now);
-		__u32 service_id = fe->service_id;
-		int chosen = 0;
-		struct nat_aff_key ak = {};
-		ak.service_id = service_id;
-		ak.client = pkt->saddr;
-		if (fe->flags & NAT_FE_F_AFFINITY) {
-			struct nat_aff_value *av = nat_affinity.lookup(&ak);
-			__u64 timeout = (__u64)fe->affinity_timeout * CT_NS_PER_S;
-			if (av && !(now > av->last_used_ns && now - av->last_used_ns > timeout)) {
-				be_addr = av->addr;
-				be_port = av->port;
-				av->last_used_ns = now;
-				chosen = 1;
-				count_nat(NAT_CNT_AFFINITY_HIT);
-			}
-		}
-		if (!chosen) {
-			struct nat_be_key bk = {};
-			bk.service_id = service_id;
-			bk.index = bpf_get_prandom_u32() % count;
-			struct nat_be_value *be = nat_backend.lookup(&bk);
-			if (!be) {
-				count_nat(NAT_CNT_NO_BACKEND);
-				return TC_ACT_SHOT;
-			}
-			be_addr = be->addr;
-			be_port = be->port;
-			if (fe->flags & NAT_FE_F_AFFINITY) {
-				struct nat_aff_value nav = {};
-				nav.addr = be_addr;
-				nav.port = be_port;
-				nav.last_used_ns = now;
-				nat_affinity.update(&ak, &nav);
-			}
-		}
+		if (nat_choose_backend(fe, pkt, now, &be_addr, &be_port))
+			return TC_ACT_SHOT;
 		hairpin = be_addr == pkt->saddr ? NAT_CT_F_HAIRPIN : 0;
 		struct nat_ct_value fwd = {};
 		fwd.addr = be_addr;
@@ -450,6 +492,237 @@ PF_INLINE int nat_rev_icmp_to_wep(struct __sk_buff *skb, struct pkt_info *pkt)
 fail:
 	count_nat(NAT_CNT_XLATE_FAILED);
 	return TC_ACT_SHOT;
+}
+
+/* ---- NodePorts (see the top of this file) ---- */
+
+#define NAT_NODEPORT_ADDR 0     /* a NodePort frontend's key address: any of this node's */
+#define NAT_SNAT_PORT_MIN 61000 /* SNAT ports beyond the client's own: [MIN, 65535] */
+#define NAT_SNAT_PORT_SPAN (65536 - NAT_SNAT_PORT_MIN)
+#define NAT_SNAT_TRIES 4 /* the client's port, then random ones */
+
+/* BCC 0.26 declares bpf_redirect_neigh without its `plen` argument, which would leave the
+ * kernel's `flags` register unset: declared here as the kernel defines it. */
+static long (*pf_redirect_neigh)(__u32 ifindex, void *params, int plen, __u64 flags) =
+	(void *)BPF_FUNC_redirect_neigh;
+
+/* The routes map's flags for an IPv4 address (0: no route). */
+PF_INLINE __u32 nat_route_flags(__be32 addr)
+{
+	struct route_key key = {};
+	key.prefixlen = ROUTE_KEY_FIXED_BITS + 32;
+	key.family = 4;
+	key.addr.w[0] = addr;
+	struct route_value *v = routes.lookup(&key);
+	return v ? v->flags : 0;
+}
+
+/* Send the (translated) packet towards its destination without the host's input routing:
+ * the interface from a FIB lookup, the next hop's MAC by bpf_redirect_neigh. */
+PF_INLINE int nat_fib_redirect(struct __sk_buff *skb, struct pkt_info *pkt)
+{
+	struct bpf_fib_lookup fib = {};
+	fib.family = 2; /* AF_INET */
+	fib.l4_protocol = pkt->proto;
+	fib.tot_len = 0;
+	fib.ipv4_src = pkt->saddr;
+	fib.ipv4_dst = pkt->daddr;
+	fib.ifindex = skb->ifindex;
+	int rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) {
+		count_nat(NAT_CNT_NO_ROUTE);
+		return TC_ACT_SHOT;
+	}
+	return pf_redirect_neigh(fib.ifindex, NULL, 0, 0);
+}
+
+/* A reply from a backend on another node to a flow source-NATed to this node (the packet
+ * is addressed to this node's address and SNAT port)? Back to (node address, node port) ->
+ * client, sent on with nat_fib_redirect. Otherwise NAT_CONTINUE. */
+PF_INLINE int nat_snat_reply(struct __sk_buff *skb, struct pkt_info *pkt, __u64 now)
+{
+	struct nat_ct_key rk = {};
+	rk.saddr = pkt->saddr;
+	rk.daddr = pkt->daddr;
+	rk.sport = pkt->sport;
+	rk.dport = pkt->dport;
+	rk.proto = pkt->proto;
+	rk.kind = NAT_CT_REV;
+	struct nat_ct_value *rv = nat_ct.lookup(&rk);
+	if (!rv || !(rv->flags & NAT_CT_F_SNAT))
+		return NAT_CONTINUE;
+	rv->last_seen_ns = now;
+	if (nat_rewrite(skb, pkt, 0, rv->addr, rv->port) ||
+	    nat_rewrite(skb, pkt, 1, rv->peer_addr, rv->peer_port)) {
+		count_nat(NAT_CNT_XLATE_FAILED);
+		return TC_ACT_SHOT;
+	}
+	count_nat(NAT_CNT_REPLIES);
+	return nat_fib_redirect(skb, pkt);
+}
+
+/* An SNAT port for a new NodePort flow to a remote backend: the client's own port unless
+ * another live flow holds (backend, node address, backend port, port) or it is a NodePort's
+ * number, else random ones.
+ * Returns the port, or 0 when every try is taken. */
+PF_INLINE __u16 nat_snat_port(struct pkt_info *pkt, __be32 be_addr, __u16 be_port, __u64 now)
+{
+	struct nat_ct_key rk = {};
+	rk.saddr = be_addr;
+	rk.daddr = pkt->daddr;
+	rk.sport = be_port;
+	rk.proto = pkt->proto;
+	rk.kind = NAT_CT_REV;
+	for (int i = 0; i < NAT_SNAT_TRIES; i++) {
+		__u16 port = i == 0 ? pkt->sport
+				    : NAT_SNAT_PORT_MIN + bpf_get_prandom_u32() % NAT_SNAT_PORT_SPAN;
+		rk.dport = port;
+		/* never a NodePort's number: the reply would look like a new NodePort flow */
+		struct nat_fe_key fk = {};
+		fk.addr = NAT_NODEPORT_ADDR;
+		fk.port = port;
+		fk.proto = pkt->proto;
+		if (nat_frontend.lookup(&fk))
+			continue;
+		struct nat_ct_value *taken = nat_ct.lookup(&rk);
+		if (!taken || (taken->peer_addr == pkt->saddr && taken->peer_port == pkt->sport) ||
+		    (now > taken->last_seen_ns &&
+		     now - taken->last_seen_ns > nat_idle_ns(pkt->proto)))
+			return port;
+	}
+	return 0;
+}
+
+/* The NodePort NAT of a packet arriving on a host interface (see the top of this file).
+ * Returns NAT_CONTINUE (not NodePort traffic: the interface's usual path) or a tc verdict. */
+PF_INLINE int nat_from_host(struct __sk_buff *skb, struct pkt_info *pkt, __u64 now)
+{
+	if (!(pkt->flags & PKT_F_PORTS) || !(nat_route_flags(pkt->daddr) & RT_F_LOCAL_HOST))
+		return NAT_CONTINUE;
+	struct nat_fe_key fk = {};
+	fk.addr = NAT_NODEPORT_ADDR;
+	fk.port = pkt->dport;
+	fk.proto = pkt->proto;
+	struct nat_fe_value *fe = nat_frontend.lookup(&fk);
+	if (!fe)
+		return nat_snat_reply(skb, pkt, now);
+
+	struct nat_ct_key ck = {};
+	ck.saddr = pkt->saddr;
+	ck.daddr = pkt->daddr;
+	ck.sport = pkt->sport;
+	ck.dport = pkt->dport;
+	ck.proto = pkt->proto;
+	ck.kind = NAT_CT_FWD;
+	__be32 be_addr = 0;
+	__u16 be_port = 0;
+	__u16 snat_port = 0;
+	struct nat_ct_value *cv = nat_ct.lookup(&ck);
+	if (cv && (cv->flags & NAT_CT_F_NODEPORT) && nat_ct_usable(cv, pkt, now)) {
+		be_addr = cv->addr;
+		be_port = cv->port;
+		snat_port = (cv->flags & NAT_CT_F_SNAT) ? cv->peer_port : 0;
+		cv->last_seen_ns = now;
+		count_nat(NAT_CNT_CT_HIT);
+	} else {
+		if (fe->count == 0)
+			return nat_reject(skb, pkt, skb->ifindex, now);
+		if (nat_choose_backend(fe, pkt, now, &be_addr, &be_port))
+			return TC_ACT_SHOT;
+		__u16 flags = NAT_CT_F_NODEPORT;
+		if (!(nat_route_flags(be_addr) & RT_F_LOCAL_WORKLOAD)) {
+			snat_port = nat_snat_port(pkt, be_addr, be_port, now);
+			if (!snat_port) {
+				count_nat(NAT_CNT_SNAT_NO_PORT);
+				return TC_ACT_SHOT;
+			}
+			flags |= NAT_CT_F_SNAT;
+			count_nat(NAT_CNT_NODEPORT_SNAT);
+		}
+		struct nat_ct_value fwd = {};
+		fwd.addr = be_addr;
+		fwd.port = be_port;
+		fwd.flags = flags;
+		fwd.created_ns = now;
+		fwd.last_seen_ns = now;
+		if (snat_port) {
+			fwd.peer_addr = pkt->daddr;
+			fwd.peer_port = snat_port;
+		}
+		nat_ct.update(&ck, &fwd);
+		struct nat_ct_key rk = {};
+		rk.saddr = be_addr;
+		rk.daddr = snat_port ? pkt->daddr : pkt->saddr;
+		rk.sport = be_port;
+		rk.dport = snat_port ? snat_port : pkt->sport;
+		rk.proto = pkt->proto;
+		rk.kind = NAT_CT_REV;
+		struct nat_ct_value rev = {};
+		rev.addr = pkt->daddr;
+		rev.port = pkt->dport;
+		rev.flags = flags;
+		rev.created_ns = now;
+		rev.last_seen_ns = now;
+		rev.peer_addr = pkt->saddr;
+		rev.peer_port = pkt->sport;
+		nat_ct.update(&rk, &rev);
+		count_nat(NAT_CNT_NEW_FLOWS);
+		count_nat(NAT_CNT_NODEPORT_NEW);
+	}
+	__be32 node_addr = pkt->daddr;
+	if (nat_rewrite(skb, pkt, 1, be_addr, be_port) ||
+	    (snat_port && nat_rewrite(skb, pkt, 0, node_addr, snat_port))) {
+		count_nat(NAT_CNT_XLATE_FAILED);
+		return TC_ACT_SHOT;
+	}
+	if (!snat_port)
+		return TC_ACT_OK; /* to the local backend through the stack: its to_wep polices it */
+	return nat_fib_redirect(skb, pkt);
+}
+
+/* calico_to_wep, first packet of a flow (conntrack missed): a NodePort flow DNATed at a
+ * host interface to this local backend? Then its conntrack entry is marked CT_F_SVC_NAT,
+ * so the backend's replies get nat_rev_from_wep. */
+PF_INLINE void nat_mark_nodeport(struct pkt_info *pkt)
+{
+	if (!(pkt->flags & PKT_F_PORTS))
+		return;
+	struct nat_ct_key rk = {};
+	rk.saddr = pkt->daddr;
+	rk.daddr = pkt->saddr;
+	rk.sport = pkt->dport;
+	rk.dport = pkt->sport;
+	rk.proto = pkt->proto;
+	rk.kind = NAT_CT_REV;
+	struct nat_ct_value *rv = nat_ct.lookup(&rk);
+	if (rv && (rv->flags & (NAT_CT_F_NODEPORT | NAT_CT_F_SNAT)) == NAT_CT_F_NODEPORT)
+		pkt->flags |= PKT_F_SVC_NAT;
+}
+
+/* calico_from_wep, a reply (conntrack: CT_HIT_SVC_NAT) of a flow that reached this pod
+ * through a NodePort: source back to (node address, node port), sent to the client with
+ * nat_fib_redirect. Other packets (a ClusterIP client's own): NAT_CONTINUE. */
+PF_INLINE int nat_rev_from_wep(struct __sk_buff *skb, struct pkt_info *pkt, __u64 now)
+{
+	if (!(pkt->flags & PKT_F_PORTS))
+		return NAT_CONTINUE;
+	struct nat_ct_key rk = {};
+	rk.saddr = pkt->saddr;
+	rk.daddr = pkt->daddr;
+	rk.sport = pkt->sport;
+	rk.dport = pkt->dport;
+	rk.proto = pkt->proto;
+	rk.kind = NAT_CT_REV;
+	struct nat_ct_value *rv = nat_ct.lookup(&rk);
+	if (!rv || (rv->flags & (NAT_CT_F_NODEPORT | NAT_CT_F_SNAT)) != NAT_CT_F_NODEPORT)
+		return NAT_CONTINUE;
+	rv->last_seen_ns = now;
+	if (nat_rewrite(skb, pkt, 0, rv->addr, rv->port)) {
+		count_nat(NAT_CNT_XLATE_FAILED);
+		return TC_ACT_SHOT;
+	}
+	count_nat(NAT_CNT_REPLIES);
+	return nat_fib_redirect(skb, pkt);
 }
 
 #endif /* PYFELIX_NAT_H */

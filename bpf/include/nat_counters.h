@@ -16,14 +16,18 @@
 #define NAT_CNT_REJECT_FAILED 5 /* the reject could not be built: dropped */
 #define NAT_CNT_XLATE_FAILED 6  /* a rewrite failed (or SCTP port change): dropped */
 #define NAT_CNT_NO_BACKEND 7    /* backend index missing (mid-update): dropped */
-#define NAT_CNT_COUNT 8
+#define NAT_CNT_NODEPORT_NEW 8  /* first packets to a NodePort (also counted in NEW_FLOWS) */
+#define NAT_CNT_NODEPORT_SNAT 9 /* ... of those, source-NATed to a backend on another node */
+#define NAT_CNT_SNAT_NO_PORT 10 /* no free SNAT port for a NodePort flow: dropped */
+#define NAT_CNT_NO_ROUTE 11     /* a NodePort packet with no route to its new destination: dropped */
+#define NAT_CNT_COUNT 12
 
 #ifndef NAT_COUNTERS_MAX_ENTRIES
-#define NAT_COUNTERS_MAX_ENTRIES 8
+#define NAT_COUNTERS_MAX_ENTRIES 16
 #endif
 
 BPF_TABLE_PINNED("percpu_array", __u32, __u64, nat_counters, NAT_COUNTERS_MAX_ENTRIES,
-		 PIN_DIR "/nat_counters_v1");
+		 PIN_DIR "/nat_counters_v2");
 
 PF_INLINE void count_nat(__u32 idx)
 {

@@ -17,6 +17,7 @@
 
 #define NAT_FE_F_AFFINITY 0x01 /* ClientIP session affinity (affinity_timeout seconds) */
 #define NAT_FE_F_EXTERNAL 0x02 /* an external / load balancer IP (not a ClusterIP) */
+#define NAT_FE_F_NODEPORT 0x04 /* a NodePort: key address 0 = any of this node's (nat.h) */
 
 struct nat_fe_key {
 	__be32 addr;

@@ -49,7 +49,14 @@ from pyfelix.lab import naming
 from pyfelix.lab.datastore import LabDatastore, topology_documents
 from pyfelix.lab.probe import DEFAULT_TIMEOUT_SECONDS, Prober, ProbeResult
 from pyfelix.lab.runstate import RunState, remove_run_kernel_objects, sweep_stale_runs
-from pyfelix.lab.scenario import ProbeSpec, ResourceRef, Scenario, Step
+from pyfelix.lab.scenario import (
+    EXTERNAL_SOURCE,
+    NODE_PREFIX,
+    ProbeSpec,
+    ResourceRef,
+    Scenario,
+    Step,
+)
 from pyfelix.lab.servers import PodServers
 from pyfelix.lab.services import (
     MANAGED_BY_LAB,
@@ -173,9 +180,12 @@ class LabRunner:
         self.topology = plan_topology(self.run_id, scenario, interface_prefix)
         self.datastore = LabDatastore(self.state.datastore_dir, self.state.staging_dir)
         self.servers = PodServers()
-        self.prober = Prober(
-            {key: pod.netns for key, pod in self.topology.pods.items()}, timeout=probe_timeout
-        )
+        # probe sources: pods, `node/NAME` (host-networked) and `external` (the underlay)
+        sources = {key: pod.netns for key, pod in self.topology.pods.items()}
+        sources.update({f"{NODE_PREFIX}{name}": node.netns
+                        for name, node in self.topology.nodes.items()})
+        sources[EXTERNAL_SOURCE] = self.topology.underlay_netns
+        self.prober = Prober(sources, timeout=probe_timeout)
         self.report = LabReport(scenario.name, self.run_id, self.agents.enforces_policy)
         self._owner_pid = os.getpid()
         self._previous_handlers: dict[int, Any] = {}

@@ -7,7 +7,10 @@ Inputs: a file path (`load_scenario`) or already-loaded YAML data (`parse_scenar
 Outputs: `Scenario` with defaults filled in: nodes default to `[node1]`, a pod's node to the
 first node, a pod's IP is allocated from 10.65.0.0/16 when absent (in pod order, skipping
 explicit addresses), protocols default to TCP, named probe ports are resolved against the
-target pod. `resources` + `probes` become a single step 0, so consumers only see `steps`.
+target pod. Probe sources: a pod, `node/NAME` (a host-networked client in that node's
+namespace) or `external` (the underlay's own namespace, EXTERNAL_CLIENT_IP, which runs no
+agent); targets: a pod, an IPv4 address, or `node/NAME` (that node's underlay address, for
+NodePorts). `resources` + `probes` become a single step 0, so consumers only see `steps`.
 
 Invariants:
 - Resources (top level and in steps) stay raw dicts: the datastore and the resource model
@@ -36,6 +39,15 @@ UNDERLAY_NETWORK = ipaddress.IPv4Network("198.18.0.0/15")
 POD_GATEWAY = ipaddress.IPv4Address("169.254.1.1")
 PROTOCOLS = ("TCP", "UDP")
 EXPECTATIONS = ("allow", "deny")
+EXTERNAL_SOURCE = "external"  # probe source: a client on the underlay, outside every node
+NODE_PREFIX = "node/"  # probe source or target `node/NAME`
+# the external client's address, on the underlay's bridge (nodes are .0.1, .0.2, ...)
+EXTERNAL_CLIENT_IP = ipaddress.IPv4Interface("198.19.255.254/15")
+
+
+def node_underlay_ip(node_index: int) -> ipaddress.IPv4Address:
+    """The underlay address of the scenario's node number `node_index` (0-based)."""
+    return UNDERLAY_NETWORK.network_address + node_index + 1
 
 # Kubernetes object names (RFC 1123 labels/subdomains); also safe in netns file names.
 _DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$")
@@ -171,6 +183,7 @@ class _ScenarioParser:
     def __init__(self, source: str) -> None:
         self.source = source
         self.problems: list[str] = []
+        self.nodes: tuple[str, ...] = DEFAULT_NODES
 
     def fail(self, path: str, message: str) -> None:
         self.problems.append(f"{path}: {message}")
@@ -184,6 +197,7 @@ class _ScenarioParser:
         self.check_keys(data, _TOP_LEVEL_KEYS, "")
         name = self.optional_str(data, "name", "name") or default_name
         nodes = self.parse_nodes(data.get("nodes"))
+        self.nodes = nodes
         namespaces = self.parse_namespaces(data.get("namespaces"))
         pods = self.parse_pods(data.get("pods"), nodes, {ns.name for ns in namespaces})
         pods_by_key = {p.key: p for p in pods}
@@ -346,8 +360,9 @@ class _ScenarioParser:
         source = item.get("from")
         if source is None:
             self.fail(f"{path}.from", "missing")
-        elif source not in pods:
-            self.fail(f"{path}.from", f"{source!r} is not a pod (use namespace/name)")
+        elif source not in pods and source != EXTERNAL_SOURCE and not self.is_node_ref(source):
+            self.fail(f"{path}.from", f"{source!r} is not a pod (use namespace/name), "
+                      f"node/NAME of a scenario node, or {EXTERNAL_SOURCE!r}")
             source = None
         target, target_pod, target_ip = self.probe_target(item.get("to"), f"{path}.to", pods)
         protocol = self.protocol(item.get("protocol", "TCP"), f"{path}.protocol")
@@ -376,15 +391,23 @@ class _ScenarioParser:
         if isinstance(raw, str) and raw in pods:
             pod = pods[raw]
             return raw, pod, pod.ip
+        if self.is_node_ref(raw):
+            return str(raw), None, node_underlay_ip(self.nodes.index(str(raw)[len(NODE_PREFIX):]))
         try:
             ip = ipaddress.ip_address(str(raw))
         except ValueError:
-            self.fail(path, f"{raw!r} is neither a pod (namespace/name) nor an IPv4 address")
+            self.fail(path, f"{raw!r} is neither a pod (namespace/name), node/NAME of a "
+                      "scenario node, nor an IPv4 address")
             return None, None, None
         if not isinstance(ip, ipaddress.IPv4Address):
             self.fail(path, f"{raw!r}: only IPv4 targets are supported")
             return None, None, None
         return str(ip), None, ip
+
+    def is_node_ref(self, raw: object) -> bool:
+        """`node/NAME` naming one of the scenario's nodes?"""
+        return (isinstance(raw, str) and raw.startswith(NODE_PREFIX)
+                and raw[len(NODE_PREFIX):] in self.nodes)
 
     def probe_port(
         self, raw: object, path: str, target: PodSpec | None, protocol: str | None

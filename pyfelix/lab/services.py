@@ -24,11 +24,20 @@ mode Services are kube-proxy's job, as in Felix).
   ClientIP affinity with `recent` (`--rcheck --seconds T --reap` then `--set`), as
   kube-proxy renders it; hairpin (an endpoint reaching itself) marked in its KUBE-SEP
   chain and masqueraded in KUBE-POSTROUTING; a frontend without endpoints becomes the
-  filter `KUBE-SERVICES` REJECT (icmp-port-unreachable). Chains of frontends that went
-  are flushed and deleted.
+  filter `KUBE-SERVICES` REJECT (icmp-port-unreachable). NodePorts (frontends of kind
+  "nodeport"): the last rule of nat `KUBE-SERVICES` sends packets to a local address to
+  `KUBE-NODEPORTS`, which matches the node port and jumps to `KUBE-EXT-<hash>`: marked for
+  MASQUERADE unless externalTrafficPolicy is Local (`traffic_local`: the client address
+  is kept), then the frontend's own `KUBE-SVC-<hash>`; a node port without (local)
+  endpoints is the filter `KUBE-EXTERNAL-SERVICES` REJECT for local destinations, reached
+  from INPUT. (kube-proxy REJECTs a Service without endpoints but DROPs external traffic
+  of an externalTrafficPolicy: Local Service without local endpoints; the lab rejects
+  both, as the BPF dataplane does, so a probe is refused at once on both.) Chains of
+  frontends that went are flushed and deleted.
 - `KubeProxyRules.sync(netns, frontends)`: writes that into a node namespace and makes sure
   the base chains jump to it: nat PREROUTING and OUTPUT, and filter FORWARD and OUTPUT
-  (`--ctstate NEW`) at the TOP, re-inserted at every sync. The agent's own inserts are put
+  (`--ctstate NEW`), and filter INPUT to `KUBE-EXTERNAL-SERVICES`, at the TOP, re-inserted
+  at every sync. The agent's own inserts are put
   first by its iptables manager, and its cali-FORWARD accepts what policy allowed (Calico
   before 3.21 had the same layout and so never reached kube-proxy's REJECT, projectcalico
   issue 3650); the lab puts the REJECT first, as Calico's later layout lets it run.
@@ -173,17 +182,35 @@ def kube_proxy_restore(frontends: Iterable[proto.ServiceFrontendUpdate],
         f"-A KUBE-POSTROUTING -j MARK --set-xmark 0x0/{MASQ_MARK}",
         "-A KUBE-POSTROUTING -j MASQUERADE"]
     reject_rules: list[str] = []
+    external_rejects: list[str] = []
+    node_ports = False
     for fe in frontends:
         proto_name = PROTOCOL_NAMES.get(fe.protocol, str(fe.protocol))
-        match = f"-d {fe.vip}/32 -p {proto_name} -m {proto_name} --dport {fe.port}"
+        is_node_port = fe.kind == "nodeport"
+        node_ports |= is_node_port
+        match = (f"-p {proto_name} -m {proto_name} --dport {fe.port}" if is_node_port
+                 else f"-d {fe.vip}/32 -p {proto_name} -m {proto_name} --dport {fe.port}")
         comment = f'-m comment --comment "{fe.service}:{fe.port_name or fe.port}"'
         if not fe.backends:
-            reject_rules.append(f"-A KUBE-SERVICES {match} {comment} -j REJECT "
-                                "--reject-with icmp-port-unreachable")
+            if is_node_port:
+                external_rejects.append(f"-A KUBE-EXTERNAL-SERVICES -m addrtype --dst-type "
+                                        f"LOCAL {match} {comment} -j REJECT "
+                                        "--reject-with icmp-port-unreachable")
+            else:
+                reject_rules.append(f"-A KUBE-SERVICES {match} {comment} -j REJECT "
+                                    "--reject-with icmp-port-unreachable")
             continue
         svc_chain = _chain("KUBE-SVC", fe.id)
         nat_chains.append(svc_chain)
-        nat_rules.append(f"-A KUBE-SERVICES {match} {comment} -j {svc_chain}")
+        if is_node_port:
+            ext_chain = _chain("KUBE-EXT", fe.id)
+            nat_chains.append(ext_chain)
+            nat_rules.append(f"-A KUBE-NODEPORTS {match} {comment} -j {ext_chain}")
+            if not fe.traffic_local:
+                nat_rules.append(f"-A {ext_chain} -j KUBE-MARK-MASQ")
+            nat_rules.append(f"-A {ext_chain} -j {svc_chain}")
+        else:
+            nat_rules.append(f"-A KUBE-SERVICES {match} {comment} -j {svc_chain}")
         seps = [_chain("KUBE-SEP", fe.id, b.addr, b.port) for b in fe.backends]
         nat_chains += seps
         if fe.affinity_timeout:
@@ -200,17 +227,22 @@ def kube_proxy_restore(frontends: Iterable[proto.ServiceFrontendUpdate],
             nat_rules.append(f"-A {sep} -s {backend.addr}/32 -j KUBE-MARK-MASQ")  # hairpin
             nat_rules.append(f"-A {sep} -p {proto_name} {recent}-m {proto_name} -j DNAT "
                              f"--to-destination {backend.addr}:{backend.port}")
+    nat_chains.append("KUBE-NODEPORTS")
+    if node_ports:  # kube-proxy's last KUBE-SERVICES rule
+        nat_rules.append("-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS")
     stale = sorted(set(existing_chains) - set(nat_chains))
     lines = ["*nat", *(f":{c} - [0:0]" for c in [*nat_chains, *stale]), *nat_rules,
              *(f"-X {c}" for c in stale), "COMMIT",
-             "*filter", ":KUBE-SERVICES - [0:0]", *reject_rules, "COMMIT", ""]
+             "*filter", ":KUBE-SERVICES - [0:0]", ":KUBE-EXTERNAL-SERVICES - [0:0]",
+             *reject_rules, *external_rejects, "COMMIT", ""]
     return "\n".join(lines)
 
 
 NAT_JUMPS = (("PREROUTING", "-j KUBE-SERVICES"), ("OUTPUT", "-j KUBE-SERVICES"),
              ("POSTROUTING", "-j KUBE-POSTROUTING"))
 FILTER_JUMPS = (("FORWARD", "-m conntrack --ctstate NEW -j KUBE-SERVICES"),
-                ("OUTPUT", "-m conntrack --ctstate NEW -j KUBE-SERVICES"))
+                ("OUTPUT", "-m conntrack --ctstate NEW -j KUBE-SERVICES"),
+                ("INPUT", "-m conntrack --ctstate NEW -j KUBE-EXTERNAL-SERVICES"))
 
 
 class KubeProxyRules:
@@ -219,17 +251,18 @@ class KubeProxyRules:
     def __init__(self, iptables: str = "iptables") -> None:
         self.iptables = iptables
 
-    def _run(self, netns: str, *args: str, stdin: str | None = None,
-             check: bool = True) -> subprocess.CompletedProcess[str]:
+    def _run(self, netns: str, *args: str, stdin: str | None = None, check: bool = True,
+             timeout: float = 30) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["ip", "netns", "exec", netns, *args], input=stdin, text=True,
-                              capture_output=True, check=check, timeout=30)
+                              capture_output=True, check=check, timeout=timeout)
 
     def sync(self, netns: str, frontends: Iterable[proto.ServiceFrontendUpdate]) -> None:
-        saved = self._run(netns, f"{self.iptables}-save", "-t", "nat").stdout
+        saved = self._run(netns, f"{self.iptables}-save", "-t", "nat", timeout=600).stdout
         existing = [line[1:].split()[0] for line in saved.splitlines()
-                    if line.startswith((":KUBE-SVC-", ":KUBE-SEP-"))]
+                    if line.startswith((":KUBE-SVC-", ":KUBE-SEP-", ":KUBE-EXT-"))]
+        # 10,000 Services are ~100,000 rules: minutes on a loaded machine
         self._run(netns, f"{self.iptables}-restore", "--noflush",
-                  stdin=kube_proxy_restore(frontends, existing))
+                  stdin=kube_proxy_restore(frontends, existing), timeout=600)
         for base, rule in NAT_JUMPS:
             if self._run(netns, self.iptables, "-t", "nat", "-C", base, *rule.split(),
                          check=False).returncode != 0:

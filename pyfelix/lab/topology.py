@@ -3,7 +3,8 @@
 Role: the lab's "cluster + CNI plugin". Creates, with pyroute2, only inside namespaces named
 by `lab.naming` for this run:
 
-    underlay ns  pfXXXXXX-ul      bridge br0, ports n0..nK
+    underlay ns  pfXXXXXX-ul      bridge br0 198.19.255.254/15 (the `external` probe
+                                   client), ports n0..nK
                                    | veth
     node ns      pfXXXXXX-n-NODE  eth0 198.18.0.(i+1)/15, one cali<hash> per local pod
                                    | veth (host side cali<hash>, MAC ee:ee:ee:ee:ee:ee)
@@ -45,7 +46,14 @@ from pyroute2 import IPRoute
 
 from pyfelix.lab import naming
 from pyfelix.lab.netns import create_netns, write_sysctl
-from pyfelix.lab.scenario import POD_GATEWAY, UNDERLAY_NETWORK, PodSpec, Scenario
+from pyfelix.lab.scenario import (
+    EXTERNAL_CLIENT_IP,
+    POD_GATEWAY,
+    UNDERLAY_NETWORK,
+    PodSpec,
+    Scenario,
+    node_underlay_ip,
+)
 
 HOST_SIDE_MAC = "ee:ee:ee:ee:ee:ee"
 UNDERLAY_BRIDGE = "br0"
@@ -97,7 +105,7 @@ class LabTopology:
 
 
 def underlay_ip_for(node_index: int) -> ipaddress.IPv4Interface:
-    address = UNDERLAY_NETWORK.network_address + node_index + 1
+    address = node_underlay_ip(node_index)
     return ipaddress.IPv4Interface(f"{address}/{UNDERLAY_NETWORK.prefixlen}")
 
 
@@ -167,6 +175,9 @@ class TopologyBuilder:
             ipr.link("add", ifname=UNDERLAY_BRIDGE, kind="bridge")
             bridge = _index(ipr, UNDERLAY_BRIDGE)
             ipr.link("set", index=bridge, state="up")
+            # the `external` probe source: a client on the underlay that runs no agent
+            ipr.addr("add", index=bridge, address=str(EXTERNAL_CLIENT_IP.ip),
+                     prefixlen=EXTERNAL_CLIENT_IP.network.prefixlen)
             for node in self.topology.nodes.values():
                 port = naming.underlay_port_name(node.index)
                 ipr.link(
@@ -193,6 +204,11 @@ class TopologyBuilder:
                 self._wire_pod(ipr, pod)
             if self.static_cross_node_routes:
                 self._add_cross_node_routes(ipr, node, eth0)
+        # no ICMP redirects: the underlay is one flat segment, and a redirect (sent when a
+        # node forwards a NodePort packet back out of eth0) uses the per-peer ICMP rate
+        # state, so the next REJECTs to that client would be rate-limited away
+        for conf in ("all", NODE_UNDERLAY_IFNAME):
+            write_sysctl(node.netns, f"net.ipv4.conf.{conf}.send_redirects", "0")
         if self.program_routes:
             write_sysctl(node.netns, "net.ipv4.ip_forward", "1")
             for pod in local_pods:

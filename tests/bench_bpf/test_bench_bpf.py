@@ -79,6 +79,10 @@ def test_services_figures(leaves_nothing, tmp_path):
         assert f[f"bpf_first_packet_ns_{n}"] > f["bpf_first_packet_harness_ns"] > 0
     assert f["bpf_first_packet_ratio_10000_to_10"] == pytest.approx(
         f["bpf_first_packet_ns_10000"] / f["bpf_first_packet_ns_10"], rel=0.01)
+    # the diagnostic: 10,000 Services, packets to the same 10 ClusterIPs
+    assert f["bpf_first_packet_ns_10000_hot10"] > f["bpf_first_packet_harness_ns"]
+    assert f["bpf_first_packet_ratio_10000_hot10_to_10"] == pytest.approx(
+        f["bpf_first_packet_ns_10000_hot10"] / f["bpf_first_packet_ns_10"], rel=0.01)
     binary = build_conn_rate(str(tmp_path))
     for dataplane in ("bpf", "iptables"):
         rates = measure_conn_rates(dataplane, 10, binary, samples=1, seconds=0.3)

@@ -229,6 +229,40 @@ def test_reverse_path_program_left_by_an_earlier_agent_is_removed_after_in_sync(
     assert ours(fake, "eth0")["ingress"] == []
 
 
+HOST = ProgramRef(fd=105, prog_id=505, name="calico_from_host")
+NODEPORT = p.ServiceFrontendUpdate(id="0.0.0.0:30080/6", service="default/web", port_name="",
+                                   vip="0.0.0.0", port=30080, protocol=6, kind="nodeport")
+CLUSTER = p.ServiceFrontendUpdate(id="10.96.0.10:80/6", service="default/web", port_name="",
+                                  vip="10.96.0.10", port=80, protocol=6)
+
+
+def test_nodeport_program_on_data_interfaces_only_while_nodeports_exist():
+    m, fake, _ = setup(hep_program=HEP, host_program=HOST)
+    fake.add_link("eth1", 3)
+    fake.add_link("tunl0", 4)
+    m.on_update(p.InSync())
+    m.on_update(CLUSTER)  # a ClusterIP alone: host interfaces stay without a program
+    m.apply()
+    assert not fake.links["eth0"].clsact and not fake.links["eth1"].clsact
+    m.on_update(NODEPORT)
+    m.on_update(p.HostEndpointUpdate(p.HostEndpointID("node1-eth1"),
+                                     p.HostEndpoint("eth1", profile_ids=("open",))))
+    m.apply()
+    assert ours(fake, "eth0")["ingress"] == [filter_name("calico_from_host", 505)]
+    assert ours(fake, "eth1")["ingress"] == [filter_name("calico_from_hep", 504)]  # RPF too
+    assert not fake.links["tunl0"].clsact and not fake.links["lo"].clsact
+    assert ours(fake, "cali1") == CURRENT
+    assert m.nodeport_interfaces == {2} and m.host_endpoint_interfaces == {3}
+    before = fake.mutations
+    m.apply()
+    assert fake.mutations == before
+    m.on_update(p.ServiceFrontendRemove(NODEPORT.id))
+    m.apply()
+    assert ours(fake, "eth0")["ingress"] == []
+    assert ours(fake, "eth1")["ingress"] == [filter_name("calico_from_hep", 504)]
+    assert m.nodeport_interfaces == frozenset()
+
+
 # --- XDP modes (XDPEnabled / GenericXDPEnabled) ---------------------------------------------
 
 UNTRACKED_ETH0 = p.HostEndpointUpdate(p.HostEndpointID("node1-eth0"), p.HostEndpoint(

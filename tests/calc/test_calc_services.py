@@ -119,6 +119,29 @@ def test_traffic_policy_local_and_external_ips() -> None:
     assert len(h.backends()["10.96.0.10:80/6"]) == 2
 
 
+def test_node_ports_follow_the_external_traffic_policy() -> None:
+    h = Harness()
+    ports = [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}]
+    h.put(svc("web", "10.96.0.10", ports, type="NodePort"),
+          eps("web-a", "web", [("10.65.0.1", "node1", "ready"), ("10.65.0.4", "node2", "ready")],
+              SLICE_PORTS))
+    both = (B("10.65.0.1", 8080, "node1"), B("10.65.0.4", 8080, "node2"))
+    assert h.backends() == {"0.0.0.0:30080/6": both, "10.96.0.10:80/6": both}
+    node_port = h.dataplane.service_frontends["0.0.0.0:30080/6"]
+    assert (node_port.kind, node_port.vip, node_port.port, node_port.traffic_local) == (
+        "nodeport", proto.NODEPORT_VIP, 30080, False)
+    # Local: this node's endpoints only; none here -> no backends (rejected)
+    h.put(svc("web", "10.96.0.10", ports, type="NodePort", externalTrafficPolicy="Local"))
+    assert h.backends()["0.0.0.0:30080/6"] == (B("10.65.0.1", 8080, "node1"),)
+    assert h.dataplane.service_frontends["0.0.0.0:30080/6"].traffic_local
+    h.put(eps("web-a", "web", [("10.65.0.4", "node2", "ready")], SLICE_PORTS))
+    assert h.backends()["0.0.0.0:30080/6"] == ()
+    assert h.backends()["10.96.0.10:80/6"] == (B("10.65.0.4", 8080, "node2"),)
+    # back to ClusterIP: the node port goes
+    sent = h.put(svc("web", "10.96.0.10", [{"name": "http", "port": 80, "targetPort": 8080}]))
+    assert proto.ServiceFrontendRemove(id="0.0.0.0:30080/6") in sent
+
+
 def test_an_invalid_slice_drops_only_its_own_backends() -> None:
     h = Harness()
     h.put(svc("web", "10.96.0.10", HTTP),

@@ -115,6 +115,21 @@ def test_probe_to_named_port_and_to_bare_ip() -> None:
         "10.65.9.9", ipaddress.IPv4Address("10.65.9.9"))
 
 
+def test_probes_from_external_and_nodes_to_node_addresses() -> None:
+    data = minimal(nodes=["node1", "node2"], probes=[
+        {"from": "external", "to": "node/node2", "port": 30080},
+        {"from": "node/node1", "to": "x/b", "port": 81, "protocol": "UDP"},
+    ])
+    probes = parse_scenario(data).probes
+    assert (probes[0].source, probes[0].target, probes[0].target_ip) == (
+        "external", "node/node2", ipaddress.IPv4Address("198.18.0.2"))
+    assert probes[1].source == "node/node1"
+    problems = problems_of(minimal(probes=[{"from": "node/nope", "to": "node/node9",
+                                            "port": 1}]))
+    assert any("probes[0].from" in p and "node/NAME" in p for p in problems), problems
+    assert any("probes[0].to" in p and "node/node9" in p for p in problems), problems
+
+
 def test_steps_with_apply_delete_and_probes() -> None:
     policy = {"apiVersion": "projectcalico.org/v3", "kind": "NetworkPolicy",
               "metadata": {"name": "p", "namespace": "x"}, "spec": {}}

@@ -81,3 +81,32 @@ def test_kube_proxy_layout() -> None:
     filt = lines[lines.index("*filter"):]
     assert any("-d 10.96.0.11/32 -p udp" in line and "REJECT --reject-with "
                "icmp-port-unreachable" in line for line in filt)
+
+
+def test_kube_proxy_node_ports() -> None:
+    backends = (proto.ServiceBackend("10.65.0.1", 8080, "node1"),)
+    cluster = proto.ServiceFrontendUpdate(
+        id="0.0.0.0:30080/6", service="shop/web", port_name="", vip="0.0.0.0", port=30080,
+        protocol=6, kind="nodeport", backends=backends)
+    local = proto.ServiceFrontendUpdate(
+        id="0.0.0.0:30081/6", service="shop/local", port_name="", vip="0.0.0.0", port=30081,
+        protocol=6, kind="nodeport", backends=backends, traffic_local=True)
+    none = proto.ServiceFrontendUpdate(
+        id="0.0.0.0:30082/17", service="shop/gone", port_name="", vip="0.0.0.0", port=30082,
+        protocol=17, kind="nodeport", traffic_local=True)
+    lines = kube_proxy_restore([cluster, local, none]).splitlines()
+    nat = lines[:lines.index("COMMIT")]
+    # NodePorts last in KUBE-SERVICES, for local destinations only
+    assert [x for x in nat if x.startswith("-A KUBE-SERVICES")] == [
+        "-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS"]
+    jumps = {x.split("--dport ")[1].split()[0]: x.split()[-1]
+             for x in nat if x.startswith("-A KUBE-NODEPORTS")}
+    assert sorted(jumps) == ["30080", "30081"]
+    ext = {port: [x for x in nat if x.startswith(f"-A {chain} ")] for port, chain in jumps.items()}
+    assert ext["30080"][0].endswith("-j KUBE-MARK-MASQ")  # Cluster: masqueraded
+    assert not any("KUBE-MARK-MASQ" in x for x in ext["30081"])  # Local: client kept
+    assert all(rules[-1].split()[-1].startswith("KUBE-SVC-") for rules in ext.values())
+    filt = lines[lines.index("*filter"):]
+    assert any(x.startswith("-A KUBE-EXTERNAL-SERVICES -m addrtype --dst-type LOCAL -p udp")
+               and "--dport 30082" in x and "REJECT" in x for x in filt)
+    assert not any("0.0.0.0" in x for x in lines)

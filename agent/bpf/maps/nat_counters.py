@@ -21,11 +21,15 @@ class NatCounter(enum.IntEnum):
     REJECT_FAILED = 5
     XLATE_FAILED = 6
     NO_BACKEND = 7
+    NODEPORT_NEW = 8
+    NODEPORT_SNAT = 9
+    SNAT_NO_PORT = 10
+    NO_ROUTE = 11
 
 
 PARAMS = MapParams(
     name="nat_counters", map_type=MapType.PERCPU_ARRAY, key_type=ctypes.c_uint32,
-    value_type=ctypes.c_uint64, max_entries=8, version=1, header="nat_counters.h",
+    value_type=ctypes.c_uint64, max_entries=16, version=2, header="nat_counters.h",
 )
 
 _U32 = struct.Struct("=I")

@@ -37,19 +37,23 @@ class Value(ctypes.Structure):
 
     _fields_ = [("addr", ctypes.c_uint32), ("port", ctypes.c_uint16),
                 ("flags", ctypes.c_uint16),
-                ("created_ns", ctypes.c_uint64), ("last_seen_ns", ctypes.c_uint64)]
+                ("created_ns", ctypes.c_uint64), ("last_seen_ns", ctypes.c_uint64),
+                ("peer_addr", ctypes.c_uint32), ("peer_port", ctypes.c_uint16),
+                ("pad", ctypes.c_uint16)]
 
 
 HAIRPIN = 0x01  # must match NAT_CT_F_HAIRPIN
+NODEPORT = 0x02  # must match NAT_CT_F_NODEPORT
+SNAT = 0x04  # must match NAT_CT_F_SNAT
 
 
 PARAMS = MapParams(
     name="nat_ct", map_type=MapType.LRU_HASH, key_type=Key, value_type=Value,
-    max_entries=262144, version=1, header="nat_ct.h",
+    max_entries=262144, version=2, header="nat_ct.h",
 )
 
 _KEY = struct.Struct("=IIHHBBxx")
-_VALUE = struct.Struct("=IHHQQ")
+_VALUE = struct.Struct("=IHHQQIHxx")
 
 
 def encode_key(saddr: str, daddr: str, sport: int, dport: int, proto: int,
@@ -65,9 +69,12 @@ def decode_key(raw: bytes) -> dict:
 
 
 def decode_value(raw: bytes) -> dict:
-    addr, port, flags, created, last = _VALUE.unpack(raw)
-    return {"to": f"{be32_to_ip(addr)}:{port}", "hairpin": bool(flags & HAIRPIN),
-            "created_ns": created, "last_seen_ns": last}
+    addr, port, flags, created, last, peer_addr, peer_port = _VALUE.unpack(raw)
+    out = {"to": f"{be32_to_ip(addr)}:{port}", "hairpin": bool(flags & HAIRPIN),
+           "nodeport": bool(flags & NODEPORT), "created_ns": created, "last_seen_ns": last}
+    if flags & SNAT:
+        out["snat_peer"] = f"{be32_to_ip(peer_addr)}:{peer_port}"
+    return out
 
 
 def open_pinned(pin_dir: str | os.PathLike[str]) -> BpfMap:

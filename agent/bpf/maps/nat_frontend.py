@@ -21,6 +21,7 @@ class FrontendFlags(enum.IntFlag):
 
     AFFINITY = 0x01
     EXTERNAL = 0x02
+    NODEPORT = 0x04  # key address 0.0.0.0: any of the node's addresses
 
 
 class Key(ctypes.Structure):

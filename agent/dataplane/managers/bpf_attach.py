@@ -16,11 +16,17 @@ Role: keeps, in the agent's own network namespace,
 - `calico_from_hep` at tc ingress of every host interface of a host endpoint (resolved the
   same way, whatever its policy): the reverse-path check of Felix's BPFEnforceRPF (the mode
   is in the config map; Disabled passes everything). Removed from an interface that stops
-  being a host endpoint's (only our filter, at our slot).
+  being a host endpoint's (only our filter, at our slot). It also serves NodePorts
+  (bpf/include/nat.h);
+- `calico_from_host` (NodePorts only) at tc ingress of every other data interface (name
+  matching `data_iface_pattern`, Felix's BPFDataIfacePattern; never a workload interface
+  or `lo`) while at least one NodePort frontend exists (ServiceFrontendUpdate of kind
+  "nodeport"): without NodePorts, such interfaces carry no program of ours, as before.
 
-Inputs (`on_update`): InterfaceUpdate (a new interface is checked in the very next apply,
-which the loop runs right after the batch: attach latency is the loop's batch latency, see
-`pyfelix_bpf_attach_latency_seconds`), HostEndpointUpdate/Remove, InSync.
+Inputs (`on_update`): ServiceFrontendUpdate/Remove (NodePorts only), InterfaceUpdate (a new
+interface is checked in the very next apply, which the loop runs right after the batch:
+attach latency is the loop's batch latency, see `pyfelix_bpf_attach_latency_seconds`),
+HostEndpointUpdate/Remove, InSync.
 
 `apply()` checks only the interfaces marked dirty (new ones, all of them at a resync):
 lists that hook's filters; keeps ours if it runs the current program; replaces ours if it
@@ -42,6 +48,7 @@ exits (kill -9 included): the maps and prog array they use are pinned.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,6 +73,11 @@ log = logging.getLogger(__name__)
 
 HOOKS = ("ingress", "egress")
 HEP_PROGRAM = "calico_from_hep"
+HOST_PROGRAM = "calico_from_host"
+NODEPORT_KIND = "nodeport"  # ServiceFrontendUpdate.kind of a NodePort frontend
+# Felix's BPFDataIfacePattern default, less its tunnel devices: the node's physical
+# and bonded interfaces
+DEFAULT_DATA_IFACE_PATTERN = r"^((en|wl|ww|sl|ib)[Popsx].*|(eth|wlan|wwan|bond).*)$"
 
 
 @dataclass(frozen=True)
@@ -87,6 +99,8 @@ class BpfAttachManager(ManagerBase):
         xdp_program: ProgramRef | None,
         *,
         hep_program: ProgramRef | None = None,
+        host_program: ProgramRef | None = None,
+        data_iface_pattern: str = DEFAULT_DATA_IFACE_PATTERN,
         xdp_modes: tuple[str, ...] = ("native", "generic"),
         interface_prefixes: tuple[str, ...] = ("cali",),
         attacher: Attacher | None = None,
@@ -102,6 +116,9 @@ class BpfAttachManager(ManagerBase):
         self._xdp_modes = xdp_modes
         self._xdp_unsupported: set[int] = set()  # no allowed mode works there: iptables only
         self._hep = hep_program
+        self._host = host_program
+        self._data_iface = re.compile(data_iface_pattern)
+        self._nodeports: set[str] = set()  # NodePort frontend ids
         self._prefixes = interface_prefixes
         self._attacher = attacher
         self._attacher_factory = attacher_factory
@@ -116,7 +133,8 @@ class BpfAttachManager(ManagerBase):
         # their expected IPs apply to the interfaces carrying them)
         self._xdp_wanted: dict[proto.HostEndpointID, proto.HostEndpoint] = {}
         self._host_endpoints: dict[proto.HostEndpointID, proto.HostEndpoint] = {}
-        self._hep_attached: set[int] = set()  # host ifindexes running calico_from_hep
+        # host ifindexes running calico_from_hep or calico_from_host -> that program's name
+        self._hep_attached: dict[int, str] = {}
         self._addrs: dict[str, frozenset[str]] = {}
         self._xdp_attached: dict[int, int] = {}  # ifindex -> our XDP prog id
         self._hep_dirty = True
@@ -137,6 +155,15 @@ class BpfAttachManager(ManagerBase):
                 self._addrs[msg.name] = msg.addrs
             if self._host_endpoints:
                 self._hep_dirty = True
+        elif isinstance(msg, proto.ServiceFrontendUpdate | proto.ServiceFrontendRemove):
+            had = bool(self._nodeports)
+            if isinstance(msg, proto.ServiceFrontendUpdate) and msg.kind == NODEPORT_KIND:
+                self._nodeports.add(msg.id)
+            else:
+                self._nodeports.discard(msg.id)
+            if had != bool(self._nodeports):
+                self._hep_dirty = True
+                self._hep_check_all = True
         elif isinstance(msg, proto.HostEndpointUpdate):
             self._host_endpoints[msg.id] = msg.endpoint
             if msg.endpoint.untracked_tiers:
@@ -176,7 +203,7 @@ class BpfAttachManager(ManagerBase):
         self._first_seen.pop(ifindex, None)
         self._xdp_attached.pop(ifindex, None)
         self._xdp_unsupported.discard(ifindex)
-        self._hep_attached.discard(ifindex)
+        self._hep_attached.pop(ifindex, None)
 
     def _is_workload(self, name: str) -> bool:
         return name.startswith(self._prefixes)
@@ -250,9 +277,11 @@ class BpfAttachManager(ManagerBase):
                     attacher.delete_filter(ifindex, hook, f.prio, f.handle)
 
     def _sync_xdp(self, attacher: Attacher) -> list[str]:
-        """XDP and calico_from_hep on host endpoint interfaces, and off every other one."""
+        """XDP and calico_from_hep on host endpoint interfaces, calico_from_host on the other
+        data interfaces while NodePorts exist, and neither on any other interface."""
         wanted = self._xdp_interfaces()
         hep_wanted = self._host_interfaces(self._host_endpoints) if self._hep else set()
+        nodeports = bool(self._nodeports) and self._host is not None
         errors = []
         for name, ifindex in sorted(self._links.items()):
             try:
@@ -263,7 +292,11 @@ class BpfAttachManager(ManagerBase):
                         or (self._hep_check_all and not self._is_workload(name))):
                     self._remove_xdp(attacher, ifindex)
                 if ifindex in hep_wanted:
-                    self._ensure_hep_tc(attacher, ifindex)
+                    assert self._hep is not None
+                    self._ensure_hep_tc(attacher, ifindex, self._hep)
+                elif nodeports and self._is_data_iface(name):
+                    assert self._host is not None
+                    self._ensure_hep_tc(attacher, ifindex, self._host)
                 elif self._datastore_in_sync and (
                         ifindex in self._hep_attached
                         or (self._hep_check_all and not self._is_workload(name))):
@@ -278,6 +311,10 @@ class BpfAttachManager(ManagerBase):
             if self._datastore_in_sync:
                 self._hep_check_all = False
         return errors
+
+    def _is_data_iface(self, name: str) -> bool:
+        return (not self._is_workload(name) and name != "lo"
+                and self._data_iface.match(name) is not None)
 
     def _xdp_interfaces(self) -> set[int]:
         if self._xdp is None:
@@ -336,12 +373,12 @@ class BpfAttachManager(ManagerBase):
                     "" if "generic" in self._xdp_modes else
                     " (GenericXDPEnabled is false)")
 
-    def _ensure_hep_tc(self, attacher: Attacher, ifindex: int) -> None:
-        assert self._hep is not None
-        if ifindex in self._hep_attached:
+    def _ensure_hep_tc(self, attacher: Attacher, ifindex: int, prog: ProgramRef) -> None:
+        """`prog` (calico_from_hep or calico_from_host) at our ingress slot of ifindex."""
+        if self._hep_attached.get(ifindex) == prog.name:
             return
         attacher.ensure_clsact(ifindex)
-        want = filter_name(self._hep.name, self._hep.prog_id)
+        want = filter_name(prog.name, prog.prog_id)
         present = [f for f in attacher.list_filters(ifindex, "ingress")
                    if (f.prio, f.handle) == (TC_PRIO, TC_HANDLE)]
         if present and not present[0].ours:
@@ -350,15 +387,15 @@ class BpfAttachManager(ManagerBase):
                 f"({present[0].kind} {present[0].name!r}) holds priority {TC_PRIO} handle "
                 f"{TC_HANDLE}; not replacing it")
         if not present or present[0].name != want:
-            attacher.replace_filter(ifindex, "ingress", self._hep.fd, want)
-        self._hep_attached.add(ifindex)
+            attacher.replace_filter(ifindex, "ingress", prog.fd, want)
+        self._hep_attached[ifindex] = prog.name
 
     def _remove_hep_tc(self, attacher: Attacher, ifindex: int) -> None:
-        prefix = f"{FILTER_NAME_PREFIX}{HEP_PROGRAM}:"
+        prefixes = tuple(f"{FILTER_NAME_PREFIX}{name}:" for name in (HEP_PROGRAM, HOST_PROGRAM))
         for f in attacher.list_filters(ifindex, "ingress"):
-            if f.ours and f.name.startswith(prefix):
+            if f.ours and f.name.startswith(prefixes):
                 attacher.delete_filter(ifindex, "ingress", f.prio, f.handle)
-        self._hep_attached.discard(ifindex)
+        self._hep_attached.pop(ifindex, None)
 
     def _remove_xdp(self, attacher: Attacher, ifindex: int) -> None:
         current = attacher.xdp_prog_id(ifindex)
@@ -401,7 +438,12 @@ class BpfAttachManager(ManagerBase):
     @property
     def host_endpoint_interfaces(self) -> frozenset[int]:
         """Host interfaces running calico_from_hep."""
-        return frozenset(self._hep_attached)
+        return frozenset(i for i, name in self._hep_attached.items() if name == HEP_PROGRAM)
+
+    @property
+    def nodeport_interfaces(self) -> frozenset[int]:
+        """Data interfaces running calico_from_host (NodePorts only)."""
+        return frozenset(i for i, name in self._hep_attached.items() if name == HOST_PROGRAM)
 
     @property
     def links(self) -> dict[str, int]:

@@ -156,6 +156,8 @@ class BpfNatManager(ManagerBase):
                 flags |= fe_map.FrontendFlags.AFFINITY
             if msg.kind == "external":
                 flags |= fe_map.FrontendFlags.EXTERNAL
+            elif msg.kind == "nodeport":
+                flags |= fe_map.FrontendFlags.NODEPORT
             desired_fe[key] = fe_map.encode_value(self._ids[key], count, flags,
                                                   msg.affinity_timeout)
         if failed_be:

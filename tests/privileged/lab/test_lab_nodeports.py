@@ -1,0 +1,70 @@
+"""NodePort Services from a client outside the cluster, in the lab, with real agents, on BOTH
+dataplanes (BPF: calico_from_host at the nodes' eth0, bpf/include/nat.h; iptables: the lab's
+kube-proxy rules, KUBE-NODEPORTS), from one scenario (tests/lab/scenarios/services-nodeport.yaml).
+
+Two nodes; the `external` client is the underlay's own namespace (no agent). The backends
+(web-1, locked-1) run on node1 only, so:
+- NodePort (externalTrafficPolicy Cluster) through node1 reaches the local backend, through
+  node2 the backend on node1 (forwarded, source-NATed to node2: the backend sees node2's
+  address on both dataplanes), TCP and UDP;
+- externalTrafficPolicy Local: served through node1 with the client's own address kept;
+  through node2 (no local backend) refused at once;
+- the backend's ingress policy still applies: `locked` admits pods labelled app=web only,
+  so its NodePort is denied through either node;
+- traffic to the node that is not a NodePort (a port nothing serves) is refused as before;
+- a host-networked client (`node/node2`) reaches the backend pod directly.
+The root namespace must be as before afterwards (root_guard).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pyfelix.lab.agents import AgentProcesses
+from pyfelix.lab.runner import LabRunner
+from pyfelix.lab.scenario import EXTERNAL_CLIENT_IP, load_scenario
+
+pytestmark = pytest.mark.privileged
+
+SCENARIO = Path(__file__).resolve().parents[2] / "lab" / "scenarios" / "services-nodeport.yaml"
+PROBE_TIMEOUT = 2.0
+
+
+@pytest.mark.parametrize("dataplane", ["bpf", "iptables"])
+def test_node_ports_from_an_external_client(dataplane: str, root_guard: Any) -> None:
+    scenario = load_scenario(SCENARIO)
+    with LabRunner(scenario, agents=AgentProcesses(dataplane), dataplane=dataplane,
+                   program_routes=False, probe_timeout=PROBE_TIMEOUT) as lab:
+        lab.build()
+        lab.start_agents()
+        results = lab.run_steps()
+        wrong = [r.to_json() for r in results if r.mismatch]
+        assert not wrong, wrong
+        by_target = {(r.probe.target, r.probe.port): r for r in results}
+        # externalTrafficPolicy Local without a local endpoint: refused at once
+        for port in (30081, 30054):
+            refused = by_target[("node/node2", port)]
+            assert refused.detail == "refused" and refused.seconds < PROBE_TIMEOUT / 2, \
+                refused.to_json()
+        assert by_target[("node/node1", 31999)].detail == "refused"
+
+        # who the backend saw: one connection at a time
+        web = lab.topology.pods["shop/web-1"].netns
+        node2_ip = str(lab.topology.nodes["node2"].ip)
+        client_ip = str(EXTERNAL_CLIENT_IP.ip)
+
+        def peers_of(target: str, port: int) -> set[str]:
+            lab.servers.peers.clear()
+            probe = next(p for p in scenario.steps[0].probes
+                         if (p.target, p.port) == (target, port))
+            assert lab.run_probes([probe])[0].result == "allow"
+            return set(lab.servers.peers[(web, 8080, "TCP")])
+
+        assert peers_of("node/node2", 30080) == {node2_ip}  # forwarded: SNAT to node2
+        assert peers_of("node/node1", 30081) == {client_ip}  # Local: the client kept
+        if dataplane == "bpf":  # a local backend keeps the client (kube-proxy masquerades)
+            assert peers_of("node/node1", 30080) == {client_ip}
+    root_guard.check()
