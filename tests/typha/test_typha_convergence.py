@@ -92,7 +92,9 @@ def test_slow_client_is_dropped_then_reconnects_and_gets_the_deletes_it_missed(
     _seed(store)
     server = start_server(write_timeout=0.3, max_send_buffer=64 * 1024,
                           socket_send_buffer=32 * 1024)
-    healthy, healthy_rec = start_client(server.address)
+    # the healthy client's socket takes the whole burst (~1.7 MB), so a CPU stall of this
+    # process under load cannot make it look slow; the slow one's takes 32 KiB
+    healthy, healthy_rec = start_client(server.address, socket_receive_buffer=8 * 1024 * 1024)
     gate = threading.Event()
     gate.set()
     slow, slow_rec = start_client(server.address, recorder=Recorder(block=gate),
