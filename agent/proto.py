@@ -298,6 +298,24 @@ class VXLANTunnelEndpointRemove:
     node: str
 
 
+@dataclass(frozen=True)
+class IPIPTunnelUpdate:
+    """A node's IPIP tunnel: `ipv4_addr` is the address of its `tunl0` (the Node's
+    `bgp.ipv4IPIPTunnelAddr`, else derived from the first IPIP pool; "" when neither),
+    `parent_device_ip` the host address IPIP packets to and from it use. Sent for every node
+    while an IPIP pool exists; the IPIP manager finds its own by the parent address and
+    admits IPIP only from the others' parent addresses."""
+
+    node: str
+    ipv4_addr: str
+    parent_device_ip: str
+
+
+@dataclass(frozen=True)
+class IPIPTunnelRemove:
+    node: str
+
+
 @dataclass(frozen=True, order=True)
 class ServiceBackend:
     """One backend of a service frontend: a ready endpoint's address and target port."""

@@ -85,8 +85,13 @@ class LabDatastore:
 
 
 def topology_documents(scenario: Scenario, topology: LabTopology) -> list[dict[str, Any]]:
-    """The cluster state the scenario describes, as a real cluster's datastore holds it."""
-    docs: list[dict[str, Any]] = []
+    """The cluster state the scenario describes, as a real cluster's datastore holds it.
+
+    The IP pools the scenario declares from the start (its first step) are written here too,
+    before any agent starts: a pool's routing mode (BGP, VXLAN, IPIP) is part of how the
+    cluster is built, and the lab's default pool is only added when the scenario has none."""
+    docs: list[dict[str, Any]] = [dict(d) for d in scenario.steps[0].apply
+                                  if d.get("kind") == "IPPool"] if scenario.steps else []
     for node in topology.nodes.values():
         docs.append({
             "apiVersion": CALICO_API,

@@ -6,7 +6,9 @@ iptables). Inputs (`on_update`): `ActivePolicyUpdate/Remove`, `ActiveProfileUpda
 (DefaultEndpointToHostAction, FailsafeInboundHostPorts, FailsafeOutboundHostPorts),
 `VXLANTunnelEndpointUpdate/Remove` (the nodes' VXLAN parent IPs, kept in the set
 `cali40all-vxlan-net`: the only sources VXLAN packets are accepted from, and no host endpoint
-policy blocks them), the interface monitor's `InterfaceAddrsUpdate` (host endpoints given by
+policy blocks them), `IPIPTunnelUpdate/Remove` (the nodes' host IPs, kept in
+`cali40all-hosts-net`: the only sources IPIP packets are accepted from), the interface
+monitor's `InterfaceAddrsUpdate` (host endpoints given by
 `expectedIPs` only are resolved to the interfaces carrying those addresses) and
 `InterfaceUpdate` (`kube-ipvs0` appearing or going switches the IPVS rules), `InSync`.
 Output (`apply`): three IPv4 tables of the namespace hold exactly the rendered chains
@@ -89,7 +91,11 @@ from pyfelix.agent.dataplane.iptables.ipv6 import (
     ipv6_base_chain_inserts,
     ipv6_workload_static_chains,
 )
-from pyfelix.agent.dataplane.iptables.names import IPSET_ALL_VXLAN, valid_iface_name
+from pyfelix.agent.dataplane.iptables.names import (
+    IPSET_ALL_HOSTS,
+    IPSET_ALL_VXLAN,
+    valid_iface_name,
+)
 from pyfelix.agent.dataplane.iptables.render import (
     ENDPOINT_TO_HOST_ACTIONS,
     Marks,
@@ -116,6 +122,8 @@ from pyfelix.agent.proto import (
     HostEndpointRemove,
     HostEndpointUpdate,
     InSync,
+    IPIPTunnelRemove,
+    IPIPTunnelUpdate,
     Policy,
     PolicyID,
     Profile,
@@ -168,7 +176,9 @@ class IptablesManager(ManagerBase):
         self._runner = runner or NetnsCommandRunner(netns)
         self._vxlan_port = vxlan_port
         self._vxlan_sources: dict[str, str] = {}  # node -> its VTEP's parent IP
-        self._vxlan_sets = FixedIPSets(self._runner, (IPSET_ALL_VXLAN,))
+        self._ipip_sources: dict[str, str] = {}  # node -> its host IP (IPIP tunnels)
+        # both tunnel source sets (cali40all-vxlan-net, cali40all-hosts-net)
+        self._vxlan_sets = FixedIPSets(self._runner, (IPSET_ALL_VXLAN, IPSET_ALL_HOSTS))
         self._vxlan_set_dirty = False
         self._vxlan_set_checked = False
         self._backend_mode = backend
@@ -315,6 +325,15 @@ class IptablesManager(ManagerBase):
                 self._vxlan_sources.pop(msg.node, None)
             self._vxlan_set_dirty = True
             if had_any != bool(self._vxlan_sources):
+                self._static_dirty = True
+        elif isinstance(msg, IPIPTunnelUpdate | IPIPTunnelRemove):
+            had_any = bool(self._ipip_sources)
+            if isinstance(msg, IPIPTunnelUpdate):
+                self._ipip_sources[msg.node] = msg.parent_device_ip
+            else:
+                self._ipip_sources.pop(msg.node, None)
+            self._vxlan_set_dirty = True
+            if had_any != bool(self._ipip_sources):
                 self._static_dirty = True
         elif isinstance(msg, ConfigUpdate):
             self._on_config(dict(msg.config))
@@ -471,6 +490,7 @@ class IptablesManager(ManagerBase):
         vxlan_port = self._vxlan_port if self._vxlan_sources else None
         for chain in self._renderer.static_chains(ipvs=self._ipvs and workloads,
                                                   vxlan_port=vxlan_port,
+                                                  ipip=bool(self._ipip_sources),
                                                   workload_policy=workloads):
             filter_table.set_chain(chain)
         for base, rules in self._renderer.base_chain_inserts().items():
@@ -579,13 +599,15 @@ class IptablesManager(ManagerBase):
             self._vxlan_set_checked = False
             self._resync_requested = False
         if self._vxlan_set_dirty:
-            if self._vxlan_sources:
-                self._vxlan_sets.set_members(IPSET_ALL_VXLAN, self._vxlan_sources.values())
-            else:
-                self._vxlan_sets.remove(IPSET_ALL_VXLAN)
+            for name, sources in ((IPSET_ALL_VXLAN, self._vxlan_sources),
+                                  (IPSET_ALL_HOSTS, self._ipip_sources)):
+                if sources:
+                    self._vxlan_sets.set_members(name, sources.values())
+                else:
+                    self._vxlan_sets.remove(name)
             self._vxlan_set_dirty = False
-        if self._vxlan_sources:
-            self._vxlan_sets.apply()  # before the rules that match it
+        if self._vxlan_sources or self._ipip_sources:
+            self._vxlan_sets.apply()  # before the rules that match them
         # One restore; raw and mangle first: the filter table's cali-INPUT/-OUTPUT trust the
         # ACCEPT mark their policies set. Then IPv6 (its own restore), even when IPv4 failed.
         errors: list[IptablesError] = []
@@ -624,7 +646,7 @@ class IptablesManager(ManagerBase):
                 f"kernel): {exc}") from exc
 
     def finish_apply(self) -> None:
-        if self._datastore_in_sync and not self._vxlan_sources:
+        if self._datastore_in_sync and not (self._vxlan_sources and self._ipip_sources):
             # The rules using the set are gone by now. The first time, read the kernel
             # (`apply` resyncs) so a set left by an earlier run is swept too.
             if not self._vxlan_set_checked:
