@@ -34,7 +34,8 @@ The kernel protocol imports ("learns") only kernel routes inside enabled pools, 
 every BGP route into the kernel except those inside VXLAN and IPIP pools (the agent programs
 those itself: via vxlan.calico, or via tunl0 onlink - Calico's BIRD does the latter with
 its `krt_tunnel` extension, which stock BIRD lacks, so here the agent's IPIP manager does it,
-as Felix does with ProgramClusterRoutes), device routes and our service blackholes. Communities from `prefixAdvertisements` are added to matching routes.
+as Felix does with ProgramClusterRoutes), device routes and our service blackholes.
+Communities from `prefixAdvertisements` are added to matching routes.
 
 Mesh rule (as Calico's template): with nodeToNodeMeshEnabled (default true) this node peers
 with every other Node that has `bgp.ipv4Address`, each with its own AS (node `asNumber`, else
