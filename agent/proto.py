@@ -150,6 +150,17 @@ class WorkloadEndpoint:
     # sources the workload may send from besides ipv4_nets/ipv6_nets (Calico's
     # allowSpoofedSourcePrefixes); every other source is dropped (RPF)
     allow_spoofed_source_prefixes: tuple[str, ...] = ()
+    # floating IPs (the WorkloadEndpoint's IPv4 ipNATs), Felix's ipv4_nat: programmed only
+    # with FloatingIPs Enabled
+    ipv4_nat: tuple[NatInfo, ...] = ()
+
+
+@dataclass(frozen=True, order=True)
+class NatInfo:
+    """One floating IP: traffic to `ext_ip` is DNATed to the workload's `int_ip`."""
+
+    ext_ip: str
+    int_ip: str
 
 
 @dataclass(frozen=True)

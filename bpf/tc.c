@@ -68,7 +68,8 @@ PF_INLINE int ep_to_host_allowed(struct pkt_info *pkt)
 static long (*pf_redirect_neigh)(__u32 ifindex, void *params, int plen, __u64 flags) =
 	(void *)BPF_FUNC_redirect_neigh;
 
-PF_INLINE int fastpath_verdict(struct __sk_buff *skb, struct pkt_info *pkt, int verdict)
+PF_INLINE int fastpath_verdict(struct __sk_buff *skb, struct pkt_info *pkt, int verdict,
+				int reply)
 {
 	/* IPv6 takes the normal path (the TTL rewrite below is IPv4's hop count) */
 	if (verdict != TC_ACT_OK || (pkt->flags & (PKT_F_HAIRPIN | PKT_F_HAIRPIN_REPLY)) ||
@@ -87,6 +88,16 @@ PF_INLINE int fastpath_verdict(struct __sk_buff *skb, struct pkt_info *pkt, int 
 	    rt->ifindex == skb->ifindex)
 		return verdict;
 	__u32 target = rt->ifindex;
+	/* A reply goes straight to a local pod only when that pod's calico_from_wep tracked
+	 * this very tuple. Otherwise the flow's forward packets were rewritten on the way
+	 * (netfilter's DNAT of a floating IP: the pod sent to the floating IP, this pod saw its
+	 * own address) and the reply needs the stack, where conntrack un-NATs it. */
+	if (reply) {
+		struct ct_key peer = {};
+		ct_fill_pkt_key(&peer, target, pkt);
+		if (!conntrack.lookup(&peer))
+			return verdict;
+	}
 	/* TTL and protocol share a 16-bit word of the IPv4 header (offset 8) */
 	__u16 old_word = 0;
 	if (bpf_skb_load_bytes(skb, ETH_HLEN + 8, &old_word, sizeof(old_word)))
@@ -145,7 +156,7 @@ PF_INLINE int policy_decided(struct __sk_buff *skb, struct policy_state *st, __u
 		return verdict;
 	verdict = nat_hairpin_verdict(skb, &st->pkt, verdict);
 	if (st->hook == HOOK_FROM_WEP)
-		verdict = fastpath_verdict(skb, &st->pkt, verdict);
+		verdict = fastpath_verdict(skb, &st->pkt, verdict, 0);
 	return verdict;
 }
 
@@ -307,14 +318,16 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 			return nat;
 	}
 	__u32 ct_if = nat_ct_ifindex(skb, &pkt, ifindex, hook);
-	int hit = ct_lookup_update(&pkt, ct_if, hook, now);
+	int reply = 0;
+	int hit = ct_lookup_update(&pkt, ct_if, hook, now, &reply);
 	if (hit) {
 		count_global(GCNT_CT_HIT);
 		count_endpoint(endpoint_id, hook, 1, pkt.len);
 		if (hit == CT_HIT_SVC_NAT && hook == HOOK_TO_WEP)
 			return nat_rev_to_wep(skb, &pkt, now);
 		int verdict = nat_hairpin_verdict(skb, &pkt, TC_ACT_OK);
-		return hook == HOOK_FROM_WEP ? fastpath_verdict(skb, &pkt, verdict) : verdict;
+		return hook == HOOK_FROM_WEP ? fastpath_verdict(skb, &pkt, verdict, reply)
+					     : verdict;
 	}
 	if (ct_is_related(&pkt, ifindex, now)) {
 		count_global(GCNT_CT_RELATED);

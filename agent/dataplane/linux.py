@@ -108,6 +108,7 @@ class LinuxDataplaneConfig:
     ipip_enabled: bool | None = None  # IpInIpEnabled (None: follow the IP pools)
     ipip_mtu: int = 0  # IpInIpMtu (0: the parent interface's MTU - 20)
     ipip_tunnel_addr: str = ""  # IpInIpTunnelAddr (overrides the Node's / derived address)
+    floating_ips: bool = False  # FloatingIPs: Enabled programs the endpoints' ipNATs
     route_protocol: int = ROUTE_PROTOCOL  # RouteTableProtocol: marks the workload routes ours
     # BPFPinDir: where a BPF-mode agent pins its maps. In iptables mode, set: a
     # BpfCleanupManager removes that agent's programs and pins; None (the default here, for
@@ -144,6 +145,7 @@ class LinuxDataplaneConfig:
             ipip_enabled={"true": True, "false": False}.get(config.ip_in_ip_enabled),
             ipip_mtu=config.ip_in_ip_mtu,
             ipip_tunnel_addr=config.ip_in_ip_tunnel_addr,
+            floating_ips=config.get("FloatingIPs") == "Enabled",
             bpf_pin_dir=config.bpf_pin_dir,
             bpf_cgroup_v2=str(config.bpf_cgroup_v2),
             route_protocol=config.route_table_protocol,
@@ -176,10 +178,11 @@ def linux_managers(cfg: LinuxDataplaneConfig, *, netns: str | None = None,
         iptables,
     ]
     # NAT outgoing in both modes: in BPF mode it uses the same nat-table rules.
-    managers.append(NatOutgoingManager(netns=netns, backend=cfg.iptables_backend))
+    managers.append(NatOutgoingManager(netns=netns, backend=cfg.iptables_backend,
+                                       floating_ips=cfg.floating_ips))
     managers += [
         RouteManager(netns=netns, interface_prefixes=cfg.interface_prefixes,
-                     protocol=cfg.route_protocol),
+                     protocol=cfg.route_protocol, floating_ips=cfg.floating_ips),
         VXLANManager(netns=netns, vni=cfg.vxlan_vni, port=cfg.vxlan_port, mtu=cfg.vxlan_mtu),
         IPIPManager(netns=netns, enabled=cfg.ipip_enabled, mtu=cfg.ipip_mtu,
                     tunnel_addr=cfg.ipip_tunnel_addr),
