@@ -7,7 +7,9 @@ pools). After the probes the test checks that the cross-node path really was the
 every node's route to each remote pod goes through the tunnel device with the manager's
 protocol, no BIRD route covers it, and the tunnel device carried packets both ways. The
 scenarios deny two cross-node flows (wrong port, wrong source), so policy applies to the
-inner packets at the workload hooks on both dataplanes.
+inner packets at the workload hooks on both dataplanes; in BPF mode the global counters show
+the denials were made by the destination node's programs (the decapsulated packet at the pod's
+calico_to_wep), none by the sending node's.
 
 IPIP needs kernel support (CONFIG_NET_IPIP, the `ipip` module); on a kernel without it the
 IPIP cases are skipped with that reason (checked by creating an ipip link in a namespace of
@@ -24,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from pyfelix.agent.bpf.loader import resolve_pin_dir
+from pyfelix.agent.bpf.maps import dump_pinned
 from pyfelix.agent.dataplane.managers.ipip import IPIP_DEVICE, IPIP_ROUTE_PROTOCOL
 from pyfelix.agent.dataplane.managers.vxlan import VXLAN_DEVICE, VXLAN_ROUTE_PROTOCOL
 from pyfelix.lab.agents import AgentProcesses
@@ -46,6 +50,12 @@ def kernel_has_ipip() -> bool:
                               capture_output=True, timeout=10).returncode == 0
     finally:
         subprocess.run(["ip", "netns", "del", netns], check=True, timeout=10)
+
+
+def _globals(lab: LabRunner, node: str) -> dict[str, int]:
+    pin_dir = resolve_pin_dir(lab.bpffs_dir / node, mount=False)
+    return {row["counter"]: int(row["value"])
+            for row in dump_pinned("global_counters", str(pin_dir))}
 
 
 def _ip_json(netns: str, *args: str) -> Any:
@@ -83,4 +93,9 @@ def test_two_nodes_over_overlay_with_policy(overlay: str, dataplane: str,
             stats = _ip_json(node.netns, "-s", "link", "show", device)[0]["stats64"]
             # the probes crossed the tunnel both ways (SYNs out, SYN-ACKs back)
             assert stats["tx"]["packets"] > 0 and stats["rx"]["packets"] > 0, (name, stats)
+        if dataplane == "bpf":
+            # the two denials (node2's pods to a on node1) were decided on the decapsulated
+            # packets by a's calico_to_wep on node1; node2's programs denied nothing
+            denied = {name: _globals(lab, name)["policy_denied"] for name in lab.topology.nodes}
+            assert denied["node1"] >= 2 and denied["node2"] == 0, denied
     root_guard.check()
