@@ -409,6 +409,8 @@ PARAMS: tuple[Param, ...] = (
                "always, false never (IPIP routes are then not programmed)."),
     Param("IpInIpMtu", 0, int_in(68, 65535, also=(0,)), restart=True),
     Param("IpInIpTunnelAddr", "", parse_optional_ipv4, restart=True),
+    Param("AllowVXLANPacketsFromWorkloads", False, parse_bool, restart=True),
+    Param("AllowIPIPPacketsFromWorkloads", False, parse_bool, restart=True),
     Param("FloatingIPs", "Disabled", enum_of("Enabled", "Disabled"), restart=True,
           help="Program WorkloadEndpoint ipNATs (floating IPs): DNAT to the pod, a route."),
     # Flow logs (BPF mode): Calico Enterprise's names (Felix open source has only the interval)

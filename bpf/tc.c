@@ -116,6 +116,24 @@ PF_INLINE int fastpath_verdict(struct __sk_buff *skb, struct pkt_info *pkt, int 
 	return pf_redirect_neigh(target, NULL, 0, 0);
 }
 
+/* A VXLAN or IPIP packet a workload sends while that encapsulation is in use and not allowed
+ * from workloads (config.h, CFG_DROP_*_FROM_WEP): it would carry the pod's traffic past its
+ * egress policy, so it drops before policy, as Felix's iptables rules drop it. */
+PF_INLINE int tunnel_from_wep_dropped(struct pkt_info *pkt)
+{
+	if (pkt_is_v6(pkt))
+		return 0;
+	__u32 zero = 0;
+	struct config_value *cfg = config.lookup(&zero);
+	if (!cfg)
+		return 0;
+	__u32 flags = cfg->flags;
+	if ((flags & CFG_DROP_IPIP_FROM_WEP) && pkt->proto == 4)
+		return 1;
+	return (flags & CFG_DROP_VXLAN_FROM_WEP) && pkt->proto == PF_IPPROTO_UDP &&
+	       (pkt->flags & PKT_F_PORTS) && pkt->dport == (flags >> CFG_VXLAN_PORT_SHIFT);
+}
+
 /* Final verdict of the chain walk: counters, conntrack, endpoint-to-host. */
 PF_INLINE int policy_verdict(struct policy_state *st, int allowed, __u32 counter_id)
 {
@@ -308,6 +326,11 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 	if (hook == HOOK_FROM_WEP && !wep_source_allowed(ifindex, &pkt)) {
 		count_global(GCNT_SPOOFED_DROPPED);
 		count_spoofed(endpoint_id, pkt.len);
+		return TC_ACT_SHOT;
+	}
+	if (hook == HOOK_FROM_WEP && tunnel_from_wep_dropped(&pkt)) {
+		count_global(GCNT_TUNNEL_FROM_WEP_DROPPED);
+		count_endpoint(endpoint_id, hook, 0, pkt.len);
 		return TC_ACT_SHOT;
 	}
 

@@ -164,7 +164,12 @@ def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
                      "BPFRedirectToPeer": str(config.bpf_redirect_to_peer),
                      "BPFConnectTimeLoadBalancing":
                          str(config.bpf_connect_time_load_balancing),
-                     "FlowLogsFileEnabled": str(config.flow_logs_file_enabled).lower()},
+                     "FlowLogsFileEnabled": str(config.flow_logs_file_enabled).lower(),
+                     "VXLANPort": str(config.vxlan_port),
+                     "AllowVXLANPacketsFromWorkloads":
+                         str(config.get("AllowVXLANPacketsFromWorkloads")).lower(),
+                     "AllowIPIPPacketsFromWorkloads":
+                         str(config.get("AllowIPIPPacketsFromWorkloads")).lower()},
         rules_per_prog=loaded.config.rules_per_prog,
         list_interfaces=netlink_lister(),
     )

@@ -109,6 +109,8 @@ class LinuxDataplaneConfig:
     ipip_mtu: int = 0  # IpInIpMtu (0: the parent interface's MTU - 20)
     ipip_tunnel_addr: str = ""  # IpInIpTunnelAddr (overrides the Node's / derived address)
     floating_ips: bool = False  # FloatingIPs: Enabled programs the endpoints' ipNATs
+    allow_vxlan_from_workloads: bool = False  # AllowVXLANPacketsFromWorkloads
+    allow_ipip_from_workloads: bool = False  # AllowIPIPPacketsFromWorkloads
     route_protocol: int = ROUTE_PROTOCOL  # RouteTableProtocol: marks the workload routes ours
     # BPFPinDir: where a BPF-mode agent pins its maps. In iptables mode, set: a
     # BpfCleanupManager removes that agent's programs and pins; None (the default here, for
@@ -146,6 +148,8 @@ class LinuxDataplaneConfig:
             ipip_mtu=config.ip_in_ip_mtu,
             ipip_tunnel_addr=config.ip_in_ip_tunnel_addr,
             floating_ips=config.get("FloatingIPs") == "Enabled",
+            allow_vxlan_from_workloads=config.get("AllowVXLANPacketsFromWorkloads"),
+            allow_ipip_from_workloads=config.get("AllowIPIPPacketsFromWorkloads"),
             bpf_pin_dir=config.bpf_pin_dir,
             bpf_cgroup_v2=str(config.bpf_cgroup_v2),
             route_protocol=config.route_table_protocol,
@@ -169,6 +173,8 @@ def linux_managers(cfg: LinuxDataplaneConfig, *, netns: str | None = None,
         failsafes=Failsafes(cfg.failsafe_inbound, cfg.failsafe_outbound),
         vxlan_port=cfg.vxlan_port,
         host_endpoints_only=cfg.bpf_mode,
+        allow_vxlan_from_workloads=cfg.allow_vxlan_from_workloads,
+        allow_ipip_from_workloads=cfg.allow_ipip_from_workloads,
     )
     managers += [
         IPSetsManager(netns=netns, max_size=cfg.max_ipset_size,

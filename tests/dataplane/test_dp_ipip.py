@@ -131,3 +131,32 @@ def test_iptables_admits_ipip_only_from_known_nodes_in_both_modes() -> None:
         plain = {c.name: c.rules for c in RuleRenderer().static_chains(
             workload_policy=workload_policy)}
         assert not any("-p 4" in r for r in plain["cali-INPUT"] + plain["cali-OUTPUT"])
+
+
+@pytest.mark.parametrize(("allow_vxlan", "allow_ipip"), [(False, False), (True, True)])
+def test_iptables_workload_chains_drop_tunnel_packets_while_in_use(allow_vxlan: bool,
+                                                                  allow_ipip: bool) -> None:
+    import re
+
+    from pyfelix.agent.proto import IPIPTunnelRemove, VXLANTunnelEndpointRemove
+    from pyfelix.agent.proto import VXLANTunnelEndpointUpdate as Vtep
+    from tests.dataplane.dp_harness import Harness, endpoint
+
+    h = Harness(allow_vxlan_from_workloads=allow_vxlan, allow_ipip_from_workloads=allow_ipip)
+
+    def from_chain() -> list[str]:
+        rules = h.cmds.iptables.tables["filter"]["cali-fw-cali0"]
+        return [re.sub(r"\s*-m comment --comment \S+", "", str(r)).strip() for r in rules]
+
+    drops = {"-p udp --dport 4789 -j DROP", "-p 4 -j DROP"}
+    h.sync([endpoint("cali0", "10.65.0.1")])
+    assert not drops & set(from_chain())  # no tunnels in use
+    h.feed([tunnel("node2", "10.65.255.2", "198.18.0.2"),
+            Vtep("node2", "02:00:00:00:00:02", "10.65.254.2", "198.18.0.2")])
+    h.apply()
+    expected = set() if allow_vxlan else drops
+    assert drops & set(from_chain()) == expected
+    assert not drops & set(h.cmds.iptables.tables["filter"]["cali-tw-cali0"])  # ingress: policy's
+    h.feed([IPIPTunnelRemove("node2"), VXLANTunnelEndpointRemove("node2")])
+    h.apply()
+    assert not drops & set(from_chain())

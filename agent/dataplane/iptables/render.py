@@ -120,6 +120,17 @@ LOG_PREFIX = "calico-packet: "
 ENDPOINT_TO_HOST_ACTIONS = {"drop": "DROP", "return": "RETURN", "accept": "ACCEPT"}
 
 
+def workload_tunnel_drops(vxlan_port: int | None, ipip: bool) -> tuple[str, ...]:
+    """From-workload rules dropping VXLAN (UDP to `vxlan_port`, when given) and IPIP
+    packets a pod sends: encapsulation would carry its traffic past its egress policy."""
+    drops = []
+    if vxlan_port is not None:
+        drops.append(f"-p udp --dport {vxlan_port} -j DROP")
+    if ipip:
+        drops.append("-p 4 -j DROP")
+    return tuple(drops)
+
+
 def _tunnel_rules(vxlan_port: int | None, ipip: bool) -> tuple[list[str], list[str]]:
     """(cali-INPUT, cali-OUTPUT) rules that admit VXLAN only between known VTEPs and IPIP
     (IP protocol 4) only between known nodes (none without VXLAN / IPIP), as Felix's."""
@@ -267,6 +278,10 @@ class RuleRenderer:
         self.interface_prefixes = interface_prefixes
         self.endpoint_to_host_action = endpoint_to_host_action
         self._ipset_name = ipset_namer or (ipset_name if family == 4 else ipset_name6)
+        # rules at the top of every from-workload chain dropping tunnel packets a pod sends
+        # (Felix's "Drop VXLAN/IPinIP encapped packets originating in workloads"); the
+        # manager sets them while VXLAN / IPIP is in use (`workload_tunnel_drops`)
+        self.workload_tunnel_drops: tuple[str, ...] = ()
 
     # --- one rule ----------------------------------------------------------------------------
 
@@ -490,6 +505,7 @@ class RuleRenderer:
             "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
             "-m conntrack --ctstate INVALID -j DROP",
             set_mark(0, self.marks.all),
+            *(() if to_workload or self.family != 4 else self.workload_tunnel_drops),
             *self.policy_section(endpoint.name, endpoint.tiers, endpoint.profile_ids,
                                  inbound=to_workload, policy_known=policy_known,
                                  profile_known=profile_known),

@@ -100,6 +100,7 @@ from pyfelix.agent.dataplane.iptables.render import (
     ENDPOINT_TO_HOST_ACTIONS,
     Marks,
     RuleRenderer,
+    workload_tunnel_drops,
 )
 from pyfelix.agent.dataplane.iptables.restore import (
     IptablesBinaries,
@@ -169,8 +170,13 @@ class IptablesManager(ManagerBase):
         failsafes: Failsafes | None = None,
         vxlan_port: int = 4789,
         host_endpoints_only: bool = False,
+        allow_vxlan_from_workloads: bool = False,
+        allow_ipip_from_workloads: bool = False,
     ) -> None:
         super().__init__()
+        # AllowVXLANPacketsFromWorkloads / AllowIPIPPacketsFromWorkloads (Felix's)
+        self._allow_vxlan_from_workloads = allow_vxlan_from_workloads
+        self._allow_ipip_from_workloads = allow_ipip_from_workloads
         # BPF mode: workloads are the tc programs' business (see the module docstring)
         self.host_endpoints_only = host_endpoints_only
         self._runner = runner or NetnsCommandRunner(netns)
@@ -326,6 +332,7 @@ class IptablesManager(ManagerBase):
             self._vxlan_set_dirty = True
             if had_any != bool(self._vxlan_sources):
                 self._static_dirty = True
+                self._update_workload_tunnel_drops()
         elif isinstance(msg, IPIPTunnelUpdate | IPIPTunnelRemove):
             had_any = bool(self._ipip_sources)
             if isinstance(msg, IPIPTunnelUpdate):
@@ -335,10 +342,22 @@ class IptablesManager(ManagerBase):
             self._vxlan_set_dirty = True
             if had_any != bool(self._ipip_sources):
                 self._static_dirty = True
+                self._update_workload_tunnel_drops()
         elif isinstance(msg, ConfigUpdate):
             self._on_config(dict(msg.config))
         elif isinstance(msg, InSync):
             self._datastore_in_sync = True
+
+    def _update_workload_tunnel_drops(self) -> None:
+        """While VXLAN / IPIP is in use, pods may not send it (unless allowed): every
+        workload's from-chain gets the drops, so all endpoints are re-rendered."""
+        drops = workload_tunnel_drops(
+            self._vxlan_port if self._vxlan_sources and not self._allow_vxlan_from_workloads
+            else None,
+            bool(self._ipip_sources) and not self._allow_ipip_from_workloads)
+        if drops != self._renderer.workload_tunnel_drops:
+            self._renderer.workload_tunnel_drops = drops
+            self._all_endpoints_dirty = True
 
     def _on_host_endpoint(self, msg: HostEndpointUpdate) -> None:
         name = msg.endpoint.name
