@@ -97,6 +97,7 @@ class AgentProcesses:
         self.topology = topology
         if use_bgp:
             self._write_ip_pool(datastore_dir)
+            self._check_ipip_support(topology)
         self.datastore_url = str(datastore_dir)
         if self.typha:
             self.datastore_url = self._start_typha(topology, datastore_dir)
@@ -276,6 +277,24 @@ class AgentProcesses:
         assert self.datastore_dir is not None
         updates, _ = load_path(self.datastore_dir)
         return {f"{u.key.namespace}/{u.key.name}" for u in updates if u.key.kind == "Pod"}
+
+    def _check_ipip_support(self, topology: LabTopology) -> None:
+        """An IPIP pool on a kernel without IPIP (no tunl0, `type ipip` unknown) could never
+        become ready: say so at once (AgentStartError) instead of timing out later. Probed
+        by adding and removing an ipip link in the first node's namespace."""
+        ipip = sorted(name for _, name, mode in self._pools() if mode == "ipip")
+        if not ipip or not topology.nodes:
+            return
+        netns = topology.nodes[sorted(topology.nodes)[0]].netns
+        done = subprocess.run(["ip", "-n", netns, "link", "add", "pfipipchk", "type", "ipip"],
+                              capture_output=True, text=True, timeout=10)
+        if done.returncode != 0:
+            raise AgentStartError(
+                f"IPPool {ipip[0]} uses IPIP, but this kernel has no IPIP support "
+                f"(CONFIG_NET_IPIP: {done.stderr.strip() or 'ipip link refused'}); the lab "
+                "cannot run it here")
+        subprocess.run(["ip", "-n", netns, "link", "del", "pfipipchk"], capture_output=True,
+                       timeout=10)
 
     def _pools(self) -> list[tuple[ipaddress.IPv4Network, str, str]]:
         """(cidr, name, routing mode) of every enabled IPv4 pool in the datastore now; the
