@@ -97,7 +97,7 @@ class AgentProcesses:
         self.topology = topology
         if use_bgp:
             self._write_ip_pool(datastore_dir)
-            self._check_ipip_support(topology)
+        self._check_ipip_support(topology)
         self.datastore_url = str(datastore_dir)
         if self.typha:
             self.datastore_url = self._start_typha(topology, datastore_dir)
@@ -299,11 +299,15 @@ class AgentProcesses:
     def _pools(self) -> list[tuple[ipaddress.IPv4Network, str, str]]:
         """(cidr, name, routing mode) of every enabled IPv4 pool in the datastore now; the
         mode is "vxlan", "ipip" or "bgp" (no encapsulation), as the route resolver says."""
-        from pyfelix.lab.datastore import LabDatastore
+        import yaml
 
         assert self.datastore_dir is not None
         pools = []
-        docs = LabDatastore(self.datastore_dir, self.datastore_dir).documents()
+        # the pools' own files only (`ippool.*.yaml` as LabDatastore names them, and the
+        # default pool's): this runs on every readiness poll
+        paths = sorted(self.datastore_dir.glob("ippool.*.yaml"))
+        paths += sorted(self.datastore_dir.glob("lab-ippool.yaml"))
+        docs = [d for p in paths for d in yaml.safe_load_all(p.read_text()) if d]
         for doc in docs:
             if doc.get("kind") != "IPPool":
                 continue
