@@ -25,7 +25,8 @@ agent counts as in sync too. Each check must hold twice in a row, so a batch tha
 the calc graph and the dataplane is not mistaken for idleness. With several nodes, every
 node must also hold a route to every existing pod of the other nodes, from whoever routes
 that pod's IP pool: BIRD for pools without encapsulation, the agent's VXLAN or IPIP manager
-(by their route protocols) for `vxlanMode` / `ipipMode` pools. The lab's default pool
+(by their route protocols) for `vxlanMode` / `ipipMode` pools; with FloatingIPs Enabled
+also a BGP route to each remote pod's floating IPs. The lab's default pool
 (`LAB_IP_POOL`, BGP-routed) is written only when the scenario declares no pool of its own.
 
 Teardown (`stop`): SIGTERM each process group, then SIGKILL after a bound; BIRD through its
@@ -323,6 +324,18 @@ class AgentProcesses:
             pools.append((cidr, str(doc["metadata"]["name"]), mode))
         return pools
 
+    def _floating_ips_enabled(self) -> bool:
+        """FelixConfiguration `default` has floatingIPs: Enabled (the lab's agents take
+        their settings from the datastore)."""
+        import yaml
+
+        assert self.datastore_dir is not None
+        for path in self.datastore_dir.glob("felixconfiguration._.default.yaml"):
+            doc = yaml.safe_load(path.read_text()) or {}
+            value = str((doc.get("spec") or {}).get("floatingIPs", "Disabled"))
+            return value.lower() == "enabled"
+        return False
+
     def _routing_mode(self, address: ipaddress.IPv4Address,
                       pools: list[tuple[ipaddress.IPv4Network, str, str]]) -> str:
         """The mode of the most specific pool holding `address` (then by name, as the
@@ -342,6 +355,7 @@ class AgentProcesses:
         assert self.topology is not None
         existing = self._existing_pods()
         pools = self._pools()
+        floating = self._floating_ips_enabled()
         protocols = {"bgp": "bird", "vxlan": str(VXLAN_ROUTE_PROTOCOL),
                      "ipip": str(IPIP_ROUTE_PROTOCOL)}
         for name, node in self.topology.nodes.items():
@@ -349,18 +363,23 @@ class AgentProcesses:
             for pod in self.topology.pods.values():
                 if pod.node.name == name or pod.key not in existing:
                     continue
-                address = ipaddress.IPv4Address(str(pod.spec.ip))
-                mode = self._routing_mode(address, pools)
-                if mode not in nets_by_mode:
-                    done = subprocess.run(["ip", "-n", node.netns, "-j", "route", "show",
-                                           "proto", protocols[mode]],
-                                          capture_output=True, text=True, timeout=10)
-                    if done.returncode != 0:
+                # floating IPs travel over BGP only (BIRD advertises the agent's route)
+                wanted = [(ipaddress.IPv4Address(str(pod.spec.ip)), "")]
+                if floating:
+                    wanted += [(ipaddress.IPv4Address(str(ip)), "bgp")
+                               for ip in pod.spec.floating_ips]
+                for address, forced in wanted:
+                    mode = forced or self._routing_mode(address, pools)
+                    if mode not in nets_by_mode:
+                        done = subprocess.run(["ip", "-n", node.netns, "-j", "route", "show",
+                                               "proto", protocols[mode]],
+                                              capture_output=True, text=True, timeout=10)
+                        if done.returncode != 0:
+                            return False
+                        nets_by_mode[mode] = [ipaddress.ip_network(_route_dst(r))
+                                              for r in json.loads(done.stdout or "[]")]
+                    if not any(address in net for net in nets_by_mode[mode]):
                         return False
-                    nets_by_mode[mode] = [ipaddress.ip_network(_route_dst(r))
-                                          for r in json.loads(done.stdout or "[]")]
-                if not any(address in net for net in nets_by_mode[mode]):
-                    return False
         return True
 
 

@@ -44,3 +44,17 @@ def test_default_pool_only_without_a_scenario_pool(tmp_path: Path) -> None:
     LabDatastore(other, tmp_path).apply([_pool("vx", "10.65.0.0/16", vxlanMode="Always")])
     AgentProcesses._write_ip_pool(other)
     assert not (other / "lab-ippool.yaml").exists()
+
+
+def test_floating_ips_are_waited_for_only_when_enabled(tmp_path: Path) -> None:
+    store = tmp_path / "ds"
+    store.mkdir()
+    agents = AgentProcesses("iptables")
+    agents.datastore_dir = store
+    assert not agents._floating_ips_enabled()
+    felix = {"apiVersion": "projectcalico.org/v3", "kind": "FelixConfiguration",
+             "metadata": {"name": "default"}, "spec": {"floatingIPs": "Enabled"}}
+    LabDatastore(store, tmp_path).apply([felix])
+    assert agents._floating_ips_enabled()
+    LabDatastore(store, tmp_path).apply([{**felix, "spec": {"floatingIPs": "Disabled"}}])
+    assert not agents._floating_ips_enabled()
