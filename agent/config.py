@@ -175,6 +175,17 @@ def parse_regexp(text: str) -> str:
     return text.strip()
 
 
+def parse_optional_bool(text: str) -> str:
+    """Felix's `*bool`: "" (unset: decided elsewhere), "true" or "false"."""
+    return str(parse_bool(text)).lower() if text.strip() else ""
+
+
+def parse_optional_ipv4(text: str) -> str:
+    import ipaddress
+
+    return str(ipaddress.IPv4Address(text.strip())) if text.strip() else ""
+
+
 def enum_of(*choices: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         for choice in choices:
@@ -410,6 +421,15 @@ PARAMS: tuple[Param, ...] = (
     Param("VXLANVNI", 4096, int_in(1, (1 << 24) - 1), restart=True),
     Param("VXLANPort", 4789, parse_port, restart=True),
     Param("VXLANMTU", 0, int_in(68, 65535, also=(0,)), restart=True),
+    Param("IpInIpEnabled", "", parse_optional_bool, restart=True,
+          help="tunl0 wanted: unset follows the IP pools (an IPIP pool and a host IP), true "
+               "always, false never (IPIP routes are then not programmed)."),
+    Param("IpInIpMtu", 0, int_in(68, 65535, also=(0,)), restart=True),
+    Param("IpInIpTunnelAddr", "", parse_optional_ipv4, restart=True),
+    Param("AllowVXLANPacketsFromWorkloads", False, parse_bool, restart=True),
+    Param("AllowIPIPPacketsFromWorkloads", False, parse_bool, restart=True),
+    Param("FloatingIPs", "Disabled", enum_of("Enabled", "Disabled"), restart=True,
+          help="Program WorkloadEndpoint ipNATs (floating IPs): DNAT to the pod, a route."),
     # Flow logs (BPF mode): Calico Enterprise's names (Felix open source has only the interval)
     Param("FlowLogsFileEnabled", False, parse_bool, restart=True,
           help="pyfelix: write flow logs (BPF mode) as JSON lines to FlowLogsFileDirectory."),

@@ -150,6 +150,17 @@ class WorkloadEndpoint:
     # sources the workload may send from besides ipv4_nets/ipv6_nets (Calico's
     # allowSpoofedSourcePrefixes); every other source is dropped (RPF)
     allow_spoofed_source_prefixes: tuple[str, ...] = ()
+    # floating IPs (the WorkloadEndpoint's IPv4 ipNATs), Felix's ipv4_nat: programmed only
+    # with FloatingIPs Enabled
+    ipv4_nat: tuple[NatInfo, ...] = ()
+
+
+@dataclass(frozen=True, order=True)
+class NatInfo:
+    """One floating IP: traffic to `ext_ip` is DNATed to the workload's `int_ip`."""
+
+    ext_ip: str
+    int_ip: str
 
 
 @dataclass(frozen=True)
@@ -295,6 +306,24 @@ class VXLANTunnelEndpointUpdate:
 
 @dataclass(frozen=True)
 class VXLANTunnelEndpointRemove:
+    node: str
+
+
+@dataclass(frozen=True)
+class IPIPTunnelUpdate:
+    """A node's IPIP tunnel: `ipv4_addr` is the address of its `tunl0` (the Node's
+    `bgp.ipv4IPIPTunnelAddr`, else derived from the first IPIP pool; "" when neither),
+    `parent_device_ip` the host address IPIP packets to and from it use. Sent for every node
+    while an IPIP pool exists; the IPIP manager finds its own by the parent address and
+    admits IPIP only from the others' parent addresses."""
+
+    node: str
+    ipv4_addr: str
+    parent_device_ip: str
+
+
+@dataclass(frozen=True)
+class IPIPTunnelRemove:
     node: str
 
 

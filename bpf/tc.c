@@ -69,7 +69,8 @@ PF_INLINE int ep_to_host_allowed(struct pkt_info *pkt)
  * path. */
 /* pf_redirect_neigh: see nat.h (BCC 0.26 declares bpf_redirect_neigh without `plen`). */
 
-PF_INLINE int fastpath_verdict(struct __sk_buff *skb, struct pkt_info *pkt, int verdict)
+PF_INLINE int fastpath_verdict(struct __sk_buff *skb, struct pkt_info *pkt, int verdict,
+				int reply)
 {
 	/* IPv6 takes the normal path (the TTL rewrite below is IPv4's hop count) */
 	if (verdict != TC_ACT_OK || (pkt->flags & (PKT_F_HAIRPIN | PKT_F_HAIRPIN_REPLY)) ||
@@ -88,6 +89,16 @@ PF_INLINE int fastpath_verdict(struct __sk_buff *skb, struct pkt_info *pkt, int 
 	    rt->ifindex == skb->ifindex)
 		return verdict;
 	__u32 target = rt->ifindex;
+	/* A reply goes straight to a local pod only when that pod's calico_from_wep tracked
+	 * this very tuple. Otherwise the flow's forward packets were rewritten on the way
+	 * (netfilter's DNAT of a floating IP: the pod sent to the floating IP, this pod saw its
+	 * own address) and the reply needs the stack, where conntrack un-NATs it. */
+	if (reply) {
+		struct ct_key peer = {};
+		ct_fill_pkt_key(&peer, target, pkt);
+		if (!conntrack.lookup(&peer))
+			return verdict;
+	}
 	/* TTL and protocol share a 16-bit word of the IPv4 header (offset 8) */
 	__u16 old_word = 0;
 	if (bpf_skb_load_bytes(skb, ETH_HLEN + 8, &old_word, sizeof(old_word)))
@@ -104,6 +115,24 @@ PF_INLINE int fastpath_verdict(struct __sk_buff *skb, struct pkt_info *pkt, int 
 		return verdict; /* unchanged or consistent: the normal path is still right */
 	count_global(GCNT_FASTPATH_REDIRECTED);
 	return pf_redirect_neigh(target, NULL, 0, 0);
+}
+
+/* A VXLAN or IPIP packet a workload sends while that encapsulation is in use and not allowed
+ * from workloads (config.h, CFG_DROP_*_FROM_WEP): it would carry the pod's traffic past its
+ * egress policy, so it drops before policy, as Felix's iptables rules drop it. */
+PF_INLINE int tunnel_from_wep_dropped(struct pkt_info *pkt)
+{
+	if (pkt_is_v6(pkt))
+		return 0;
+	__u32 zero = 0;
+	struct config_value *cfg = config.lookup(&zero);
+	if (!cfg)
+		return 0;
+	__u32 flags = cfg->flags;
+	if ((flags & CFG_DROP_IPIP_FROM_WEP) && pkt->proto == 4)
+		return 1;
+	return (flags & CFG_DROP_VXLAN_FROM_WEP) && pkt->proto == PF_IPPROTO_UDP &&
+	       (pkt->flags & PKT_F_PORTS) && pkt->dport == (flags >> CFG_VXLAN_PORT_SHIFT);
 }
 
 /* Final verdict of the chain walk: counters, conntrack, endpoint-to-host. */
@@ -146,7 +175,7 @@ PF_INLINE int policy_decided(struct __sk_buff *skb, struct policy_state *st, __u
 		return verdict;
 	verdict = nat_hairpin_verdict(skb, &st->pkt, verdict);
 	if (st->hook == HOOK_FROM_WEP)
-		verdict = fastpath_verdict(skb, &st->pkt, verdict);
+		verdict = fastpath_verdict(skb, &st->pkt, verdict, 0);
 	return verdict;
 }
 
@@ -300,6 +329,11 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 		count_spoofed(endpoint_id, pkt.len);
 		return TC_ACT_SHOT;
 	}
+	if (hook == HOOK_FROM_WEP && tunnel_from_wep_dropped(&pkt)) {
+		count_global(GCNT_TUNNEL_FROM_WEP_DROPPED);
+		count_endpoint(endpoint_id, hook, 0, pkt.len);
+		return TC_ACT_SHOT;
+	}
 
 	__u64 now = ct_now_ns();
 	if (hook == HOOK_FROM_WEP && !v6) { /* service NAT (IPv4) before conntrack, policy */
@@ -308,7 +342,8 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 			return nat;
 	}
 	__u32 ct_if = nat_ct_ifindex(skb, &pkt, ifindex, hook);
-	int hit = ct_lookup_update(&pkt, ct_if, hook, now);
+	int reply = 0;
+	int hit = ct_lookup_update(&pkt, ct_if, hook, now, &reply);
 	if (hit) {
 		count_global(GCNT_CT_HIT);
 		count_endpoint(endpoint_id, hook, 1, pkt.len);
@@ -320,7 +355,8 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 				return nat;
 		}
 		int verdict = nat_hairpin_verdict(skb, &pkt, TC_ACT_OK);
-		return hook == HOOK_FROM_WEP ? fastpath_verdict(skb, &pkt, verdict) : verdict;
+		return hook == HOOK_FROM_WEP ? fastpath_verdict(skb, &pkt, verdict, reply)
+					     : verdict;
 	}
 	if (ct_is_related(&pkt, ifindex, now)) {
 		count_global(GCNT_CT_RELATED);

@@ -31,8 +31,11 @@ What is exported to BGP peers (the `pyfelix_export_rules` function, first match 
    `disableBGPExport`, or uses VXLAN (Felix programs VXLAN routes itself) are not;
 4. nothing else.
 The kernel protocol imports ("learns") only kernel routes inside enabled pools, and programs
-every BGP route into the kernel except those inside VXLAN pools, device routes and our
-service blackholes. Communities from `prefixAdvertisements` are added to matching routes.
+every BGP route into the kernel except those inside VXLAN and IPIP pools (the agent programs
+those itself: via vxlan.calico, or via tunl0 onlink - Calico's BIRD does the latter with
+its `krt_tunnel` extension, which stock BIRD lacks, so here the agent's IPIP manager does it,
+as Felix does with ProgramClusterRoutes), device routes and our service blackholes.
+Communities from `prefixAdvertisements` are added to matching routes.
 
 Mesh rule (as Calico's template): with nodeToNodeMeshEnabled (default true) this node peers
 with every other Node that has `bgp.ipv4Address`, each with its own AS (node `asNumber`, else
@@ -507,18 +510,20 @@ class _Computation:
         if pool.vxlan_mode != "Never":
             return PrefixRule(pool.cidr, False, False,
                               f"IPPool {name} uses VXLAN: Felix programs its routes")
-        if pool.ipip_mode != "Never":
-            self.note(f"IPPool({name}): spec.ipipMode {pool.ipip_mode} is not supported; "
-                      "its routes are exported without a tunnel")
         return PrefixRule(pool.cidr, False, True, f"IPPool {name}")
 
     def vxlan_rules(self) -> list[PrefixRule]:
-        """VXLAN pools: Felix programs their routes, so BIRD must not program them too."""
+        """VXLAN and IPIP pools: the agent programs their routes (through its tunnel
+        device), so BIRD must not program them too."""
         rules: dict[str, PrefixRule] = {}
         for pool in sorted(self.state.pools.values(), key=lambda p: p.key.name):
-            if pool.vxlan_mode != "Never" and _cidrs([pool.cidr], self.family):
+            if not _cidrs([pool.cidr], self.family):
+                continue
+            mode = ("VXLAN" if pool.vxlan_mode != "Never" else
+                    "IPIP" if pool.ipip_mode != "Never" else "")
+            if mode:
                 rules.setdefault(pool.cidr, PrefixRule(pool.cidr, False, False,
-                                                       f"IPPool {pool.key.name} uses VXLAN"))
+                                                       f"IPPool {pool.key.name} uses {mode}"))
         return sorted(rules.values(), key=lambda r: ipaddress.ip_network(r.cidr))
 
     @staticmethod

@@ -160,6 +160,9 @@ class PolicyState:
     host_endpoints: dict[proto.HostEndpointID, proto.HostEndpoint] = field(
         default_factory=dict)
     config: dict[str, str] = field(default_factory=dict)  # Felix settings, keys lower-case
+    # the nodes with a VXLAN tunnel endpoint / an IPIP tunnel: VXLAN / IPIP is in use
+    vxlan_nodes: set[str] = field(default_factory=set)
+    ipip_nodes: set[str] = field(default_factory=set)
     endpoints_version: int = 0  # bumped when a workload endpoint is added or removed
     # Ipv6Support (a restart setting): False keeps every IPv6 address out of the state, so
     # nothing IPv6 reaches a map; the programs drop workload IPv6 (CFG_IPV6_DISABLED)
@@ -214,6 +217,14 @@ class PolicyState:
                 self.host_endpoints.pop(msg.id, None)
             case proto.ConfigUpdate():
                 self.config = {k.lower(): v for k, v in msg.config}
+            case proto.VXLANTunnelEndpointUpdate():
+                self.vxlan_nodes.add(msg.node)
+            case proto.VXLANTunnelEndpointRemove():
+                self.vxlan_nodes.discard(msg.node)
+            case proto.IPIPTunnelUpdate():
+                self.ipip_nodes.add(msg.node)
+            case proto.IPIPTunnelRemove():
+                self.ipip_nodes.discard(msg.node)
             case _:
                 pass
 
@@ -245,6 +256,10 @@ def _without_ipv6(msg: Any) -> Any:
                 ep, ipv6_nets=(),
                 allow_spoofed_source_prefixes=_ipv4_only(ep.allow_spoofed_source_prefixes)))
     return msg
+
+
+def _truthy(text: str) -> bool:
+    return str(text).strip().lower() in ("true", "1", "yes", "on")
 
 
 # --- id allocation ---------------------------------------------------------------------------
@@ -1690,6 +1705,15 @@ class PolicyCompiler:
             problems.append(f"config: Ipv6Support: {ipv6!r} is not a boolean; using true")
         flow_events = str(state.config.get("flowlogsfileenabled", "false")).lower() == "true"
         enabled = ipv6 not in ("false", "0", "no", "off")
-        return {config_map.KEY: config_map.encode_value(action, rpf, redirect=redirect,
-                                                        ctlb_udp=ctlb_udp, ipv6=enabled,
-                                                        flow_events=flow_events)}
+        drop_vxlan_port = 0
+        if state.vxlan_nodes and not _truthy(state.config.get(
+                "allowvxlanpacketsfromworkloads", "false")):
+            try:
+                drop_vxlan_port = int(state.config.get("vxlanport", "4789"))
+            except ValueError:
+                drop_vxlan_port = 4789
+        drop_ipip = bool(state.ipip_nodes) and not _truthy(state.config.get(
+            "allowipippacketsfromworkloads", "false"))
+        return {config_map.KEY: config_map.encode_value(
+            action, rpf, redirect=redirect, ctlb_udp=ctlb_udp, ipv6=enabled,
+            flow_events=flow_events, drop_vxlan_port=drop_vxlan_port, drop_ipip=drop_ipip)}

@@ -38,7 +38,9 @@ def workload_message(wep: WorkloadEndpoint, tiers: EndpointTiers) -> proto.Workl
         endpoint=proto.WorkloadEndpoint(
             state="active", name=wep.interface_name, mac=wep.mac,
             profile_ids=tuple(wep.profiles), ipv4_nets=v4, ipv6_nets=v6, tiers=tiers.tiers,
-            allow_spoofed_source_prefixes=wep.allow_spoofed_source_prefixes),
+            allow_spoofed_source_prefixes=wep.allow_spoofed_source_prefixes,
+            ipv4_nat=tuple(sorted(proto.NatInfo(ext_ip=n.external_ip, int_ip=n.internal_ip)
+                                  for n in wep.ip_nats if ":" not in n.external_ip))),
     )
 
 

@@ -82,6 +82,8 @@ class EventSequencer:
         self._sent_hosts: dict[str, str] = {}
         self._pending_vteps: dict[str, proto.VXLANTunnelEndpointUpdate | None] = {}
         self._sent_vteps: dict[str, proto.VXLANTunnelEndpointUpdate] = {}
+        self._pending_ipip: dict[str, proto.IPIPTunnelUpdate | None] = {}
+        self._sent_ipip: dict[str, proto.IPIPTunnelUpdate] = {}
         self._pending_services: dict[str, proto.ServiceFrontendUpdate | None] = {}
         self._sent_services: dict[str, proto.ServiceFrontendUpdate] = {}
         self._pending_config: dict[str, str] | None = None
@@ -192,6 +194,9 @@ class EventSequencer:
     def on_vtep_update(self, node: str, vtep: proto.VXLANTunnelEndpointUpdate | None) -> None:
         self._pending_vteps[node] = vtep
 
+    def on_ipip_tunnel_update(self, node: str, tunnel: proto.IPIPTunnelUpdate | None) -> None:
+        self._pending_ipip[node] = tunnel
+
     def on_service_frontend_update(self, frontend_id: str,
                                    frontend: proto.ServiceFrontendUpdate | None) -> None:
         self._pending_services[frontend_id] = frontend
@@ -226,10 +231,13 @@ class EventSequencer:
         self._flush_policy_removes()
         self._flush_ip_set_removes()       # no policy/profile references them any more
         # Routes (withdrawn before new ones go in), with the VTEPs they go through: new
-        # VTEPs before the routes using them, gone VTEPs after the routes that used them.
+        # VTEPs before the routes using them, gone VTEPs after the routes that used them;
+        # IPIP tunnels likewise.
         self._flush_vtep_updates()
+        self._flush_ipip_updates()
         self._flush_route_removes()
         self._flush_route_updates()
+        self._flush_ipip_removes()
         self._flush_vtep_removes()
         self._flush_host_metadata_removes()
         self._flush_ip_pool_removes()
@@ -247,7 +255,7 @@ class EventSequencer:
             or self._pending_profiles or self._pending_profile_removes
             or self._pending_endpoints or self._pending_endpoint_removes
             or self._pending_routes or self._pending_pools or self._pending_hosts
-            or self._pending_vteps or self._pending_services
+            or self._pending_vteps or self._pending_ipip or self._pending_services
             or self._pending_config is not None or self._pending_ready is not None
             or (self._datastore_in_sync and not self.in_sync_sent))
 
@@ -378,6 +386,19 @@ class EventSequencer:
             if vtep is not None and self._sent_vteps.get(node) != vtep:
                 self._sent_vteps[node] = vtep
                 self._emit(vtep)
+
+    def _flush_ipip_updates(self) -> None:
+        for node in sorted(self._pending_ipip):
+            tunnel = self._pending_ipip[node]
+            if tunnel is not None and self._sent_ipip.get(node) != tunnel:
+                self._sent_ipip[node] = tunnel
+                self._emit(tunnel)
+
+    def _flush_ipip_removes(self) -> None:
+        for node in sorted(self._pending_ipip):
+            if self._pending_ipip[node] is None and self._sent_ipip.pop(node, None):
+                self._emit(proto.IPIPTunnelRemove(node=node))
+        self._pending_ipip.clear()
 
     def _flush_vtep_removes(self) -> None:
         for node in sorted(self._pending_vteps):

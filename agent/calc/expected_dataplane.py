@@ -68,6 +68,7 @@ class ExpectedDataplane:
         self.pools: dict[str, proto.IPAMPoolUpdate] = {}
         self.host_ips: dict[str, str] = {}
         self.vteps: dict[str, proto.VXLANTunnelEndpointUpdate] = {}
+        self.ipip_tunnels: dict[str, proto.IPIPTunnelUpdate] = {}
         self.service_frontends: dict[str, proto.ServiceFrontendUpdate] = {}
         self.config: dict[str, str] | None = None
         self.datastore_ready = True  # ClusterInformation datastoreReady
@@ -209,6 +210,13 @@ class ExpectedDataplane:
         # blocks remain): the dataplane then has no way to program it, as in Felix.
         self._check(m.node in self.vteps, m, "removes an unknown VXLAN tunnel endpoint")
         self.vteps.pop(m.node, None)
+
+    def _on_IPIPTunnelUpdate(self, m: proto.IPIPTunnelUpdate) -> None:
+        self.ipip_tunnels[m.node] = m
+
+    def _on_IPIPTunnelRemove(self, m: proto.IPIPTunnelRemove) -> None:
+        self._check(m.node in self.ipip_tunnels, m, "removes an unknown IPIP tunnel")
+        self.ipip_tunnels.pop(m.node, None)
 
     def _on_ServiceFrontendUpdate(self, m: proto.ServiceFrontendUpdate) -> None:
         self.service_frontends[m.id] = m

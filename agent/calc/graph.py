@@ -8,7 +8,8 @@ no I/O: the caller (`CalcPipeline`) owns the thread and calls `flush()` after ea
 `callbacks` must implement the sinks of the nodes: `on_ip_set_added/removed`,
 `on_ip_set_member_added/removed`, `on_policy_update/remove`, `on_profile_update/remove`,
 `on_endpoint_tiers`, `on_route_update`, `on_ip_pool_update`, `on_host_ip_update`,
-`on_vtep_update`, `on_service_frontend_update`, `on_config_update`, `on_datastore_in_sync`.
+`on_vtep_update`, `on_ipip_tunnel_update`, `on_service_frontend_update`, `on_config_update`,
+`on_datastore_in_sync`.
 
 The returned `CalcGraph` keeps every node as an attribute for debug dumps and tests.
 
@@ -26,6 +27,7 @@ from typing import Any
 
 from pyfelix.agent.calc.active_rules import ActiveRulesCalculator
 from pyfelix.agent.calc.dispatcher import Dispatcher, LocalEndpointFilter, UpdateNormaliser
+from pyfelix.agent.calc.ipip_resolver import IPIPResolver
 from pyfelix.agent.calc.ipset_index import IPSetMemberIndex
 from pyfelix.agent.calc.passthru import ConfigBatcher, HostIPPassthru, IPPoolPassthru
 from pyfelix.agent.calc.policy_resolver import PolicyResolver
@@ -51,6 +53,7 @@ class CalcGraph:
     policy_resolver: PolicyResolver
     route_resolver: RouteResolver
     vxlan_resolver: VXLANResolver
+    ipip_resolver: IPIPResolver
     config_batcher: ConfigBatcher
     host_ips: HostIPPassthru
     ip_pools: IPPoolPassthru
@@ -80,6 +83,7 @@ class CalcGraph:
         self.policy_resolver.flush()
         self.route_resolver.flush()
         self.vxlan_resolver.flush()
+        self.ipip_resolver.flush()
         self.update_seconds += time.perf_counter() - started
 
     def dump(self) -> dict[str, Any]:
@@ -97,6 +101,7 @@ class CalcGraph:
             "config": self.config_batcher.effective(),
             "routes": {dst: r.type for dst, r in self.route_resolver.routes().items()},
             "vteps": {n: v.ipv4_addr for n, v in self.vxlan_resolver.vteps().items()},
+            "ipip_tunnels": {n: t.ipv4_addr for n, t in self.ipip_resolver.tunnels().items()},
             "service_frontends": {i: [f"{b.addr}:{b.port}" for b in f.backends]
                                   for i, f in self.services.frontends().items()},
         }
@@ -154,6 +159,11 @@ def build_calc_graph(hostname: str, callbacks: Any, *, naive_ipsets: bool = Fals
     vxlan_resolver = VXLANResolver(callbacks)
     vxlan_resolver.register_with(all_updates)
 
+    #  all_updates ──(Node, IPPool)──> IPIPResolver ──flush──> callbacks (on_ipip_tunnel_update)
+    #  (a tunnel per node while an IPIP pool exists: tunl0 address, parent IP)
+    ipip_resolver = IPIPResolver(callbacks)
+    ipip_resolver.register_with(all_updates)
+
     #  all_updates ──(FelixConfiguration default + node.<hostname>, status)──> ConfigBatcher
     #                                                     ──> callbacks (on_config_update)
     config_batcher = ConfigBatcher(hostname, callbacks)
@@ -186,6 +196,7 @@ def build_calc_graph(hostname: str, callbacks: Any, *, naive_ipsets: bool = Fals
         profile_decoder=profile_decoder, active_rules=active_rules,
         rule_scanner=rule_scanner, ipset_index=ipset_index, policy_resolver=policy_resolver,
         route_resolver=route_resolver, vxlan_resolver=vxlan_resolver,
+        ipip_resolver=ipip_resolver,
         config_batcher=config_batcher, host_ips=host_ips,
         ip_pools=ip_pools, services=services, callbacks=callbacks,
     )

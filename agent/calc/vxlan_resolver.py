@@ -50,9 +50,31 @@ def derived_vtep_mac(node: str) -> str:
     return ":".join(f"{b:02x}" for b in digest)
 
 
-def _slot(node: str, region: int) -> int:
-    return int.from_bytes(hashlib.sha256(f"pyfelix-vtep-ip:{node}".encode()).digest()[:8],
-                          "big") % region
+def derive_tunnel_addresses(pool: ipaddress.IPv4Network, names: list[str],
+                            addresses: dict[str, str], salt: str, what: str) -> None:
+    """Give each node of `names` (in that order) an address in the top quarter of `pool`
+    (at most DERIVED_REGION_MAX slots) not already in `addresses`, the same on every node:
+    slot = sha256(salt:name) mod region, address = the pool's (size - 2 - slot)-th host,
+    collisions moving to the next slot. Adds to `addresses`; logs the nodes left without."""
+    taken = set(addresses.values())
+    size = pool.num_addresses
+    region = min(DERIVED_REGION_MAX, size // 4)
+    for name in names:
+        if region < 1:
+            log.error("pool %s is too small to derive a %s address for node %s",
+                      pool, what, name)
+            continue
+        slot = int.from_bytes(hashlib.sha256(f"{salt}:{name}".encode()).digest()[:8],
+                              "big") % region
+        for _ in range(region):
+            candidate = str(pool.network_address + (size - 2 - slot))
+            if candidate not in taken:
+                addresses[name] = candidate
+                taken.add(candidate)
+                break
+            slot = (slot + 1) % region
+        else:
+            log.error("pool %s: no free %s address left for node %s", pool, what, name)
 
 
 class VTEPSink(Protocol):
@@ -127,25 +149,8 @@ class VXLANResolver:
                     log.error("Node %s: ipv4VXLANTunnelAddr %s is already another node's",
                               name, explicit)
                 addresses[name] = explicit
-        taken = set(addresses.values())
-        pool = pools[0]
-        size = pool.num_addresses
-        region = min(DERIVED_REGION_MAX, size // 4)
-        for name in sorted(n for n in nodes if n not in addresses):
-            if region < 1:
-                log.error("VXLAN pool %s is too small to derive a VTEP address for node %s",
-                          pool, name)
-                continue
-            slot = _slot(name, region)
-            for _ in range(region):
-                candidate = str(pool.network_address + (size - 2 - slot))
-                if candidate not in taken:
-                    addresses[name] = candidate
-                    taken.add(candidate)
-                    break
-                slot = (slot + 1) % region
-            else:
-                log.error("VXLAN pool %s: no free VTEP address left for node %s", pool, name)
+        derive_tunnel_addresses(pools[0], sorted(n for n in nodes if n not in addresses),
+                                addresses, "pyfelix-vtep-ip", "VTEP")
         return {
             name: proto.VXLANTunnelEndpointUpdate(
                 node=name, mac=nodes[name][2] or derived_vtep_mac(name),

@@ -18,7 +18,9 @@ Conversions:
   `pcns.`/`pcsa.` ones, which would impersonate inherited labels) plus
   `projectcalico.org/namespace`, `projectcalico.org/orchestrator: k8s` and
   `projectcalico.org/serviceaccount` (only when shorter than 63 characters, as Calico);
-  profiles `kns.<ns>`, `ksa.<ns>.<sa>`; interface `workload_interface_name(ns, pod)`.
+  profiles `kns.<ns>`, `ksa.<ns>.<sa>`; interface `workload_interface_name(ns, pod)`;
+  ipNATs from the `cni.projectcalico.org/floatingIPs` annotation (each to the pod's first
+  IP of its family).
   NO endpoint for pods that are host-networked, not scheduled (no nodeName), without IP,
   Succeeded/Failed/Completed, or being deleted (deletionTimestamp set: pyfelix drops the
   endpoint at once, where Calico waits for the CNI plugin to release the IP).
@@ -53,6 +55,7 @@ import sys
 from collections.abc import Iterable
 
 from pyfelix.agent.model import (
+    IPNAT,
     EndpointPort,
     EntityRule,
     K8sNetworkPolicy,
@@ -238,7 +241,20 @@ def pod_to_workload_endpoint(pod: Pod, *, interface_prefix: str = DEFAULT_INTERF
         service_account_name=sa,
         container_id=pod.meta.annotations_dict.get(ANNOTATION_CONTAINER_ID, ""),
         allow_spoofed_source_prefixes=pod.allowed_source_prefixes,
+        ip_nats=_floating_ip_nats(pod),
     )
+
+
+def _floating_ip_nats(pod: Pod) -> tuple[IPNAT, ...]:
+    """Each floating IP NATed to the pod's first address of the same family (libcalico-go);
+    one with no pod address of its family is left out."""
+    nats = []
+    for external in pod.floating_ips:
+        v6 = ":" in external
+        internal = next((ip for ip in pod.pod_ips if (":" in ip) == v6), None)
+        if internal is not None:
+            nats.append(IPNAT(internal, external))
+    return tuple(nats)
 
 
 # --- namespaces and service accounts --------------------------------------------------------

@@ -165,7 +165,12 @@ def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
                      "BPFConnectTimeLoadBalancing":
                          str(config.bpf_connect_time_load_balancing),
                      "FlowLogsFileEnabled": str(config.flow_logs_file_enabled).lower(),
-                     "Ipv6Support": str(config.ipv6support).lower()},
+                     "Ipv6Support": str(config.ipv6support).lower(),
+                     "VXLANPort": str(config.vxlan_port),
+                     "AllowVXLANPacketsFromWorkloads":
+                         str(config.get("AllowVXLANPacketsFromWorkloads")).lower(),
+                     "AllowIPIPPacketsFromWorkloads":
+                         str(config.get("AllowIPIPPacketsFromWorkloads")).lower()},
         rules_per_prog=loaded.config.rules_per_prog,
         list_interfaces=netlink_lister(),
     )

@@ -19,6 +19,7 @@ Order of a round (phase 1 `apply`, then phase 2 `finish_apply` in the same order
                         outgoing uses the same nat-table rules)
     RouteManager        workload routes (+ static ARP), blackholes for local blocks
     VXLANManager        vxlan.calico device, VTEP FDB/ARP, routes to remote VXLAN blocks
+    IPIPManager         tunl0 device (address, MTU), routes to remote IPIP blocks onlink
     SysctlManager       forwarding, proxy ARP, rp_filter (0 in BPF mode, and in iptables
                         mode where the endpoint allows spoofed IPv4 sources)
     EndpointStatusManager  up/down per endpoint to a callback (status reporting), when given
@@ -78,6 +79,7 @@ from pyfelix.agent.dataplane.managers.bpf_cleanup import BpfCleanupManager
 from pyfelix.agent.dataplane.managers.bpf_ctlb import detach_ctlb_programs
 from pyfelix.agent.dataplane.managers.endpoint_status import EndpointStatusManager, Report
 from pyfelix.agent.dataplane.managers.hostips import HostIPsManager, InterfaceMatcher
+from pyfelix.agent.dataplane.managers.ipip import IPIPManager
 from pyfelix.agent.dataplane.managers.ipsets import IPSetsManager
 from pyfelix.agent.dataplane.managers.iptables import IptablesManager
 from pyfelix.agent.dataplane.managers.nat import NatOutgoingManager
@@ -103,6 +105,12 @@ class LinuxDataplaneConfig:
     vxlan_vni: int = DEFAULT_VNI  # VXLANVNI
     vxlan_port: int = DEFAULT_PORT  # VXLANPort
     vxlan_mtu: int = 0  # VXLANMTU (0: the parent interface's MTU - 50)
+    ipip_enabled: bool | None = None  # IpInIpEnabled (None: follow the IP pools)
+    ipip_mtu: int = 0  # IpInIpMtu (0: the parent interface's MTU - 20)
+    ipip_tunnel_addr: str = ""  # IpInIpTunnelAddr (overrides the Node's / derived address)
+    floating_ips: bool = False  # FloatingIPs: Enabled programs the endpoints' ipNATs
+    allow_vxlan_from_workloads: bool = False  # AllowVXLANPacketsFromWorkloads
+    allow_ipip_from_workloads: bool = False  # AllowIPIPPacketsFromWorkloads
     route_protocol: int = ROUTE_PROTOCOL  # RouteTableProtocol: marks the workload routes ours
     # BPFPinDir: where a BPF-mode agent pins its maps. In iptables mode, set: a
     # BpfCleanupManager removes that agent's programs and pins; None (the default here, for
@@ -137,6 +145,12 @@ class LinuxDataplaneConfig:
             vxlan_vni=config.vxlanvni,
             vxlan_port=config.vxlan_port,
             vxlan_mtu=config.vxlanmtu,
+            ipip_enabled={"true": True, "false": False}.get(config.ip_in_ip_enabled),
+            ipip_mtu=config.ip_in_ip_mtu,
+            ipip_tunnel_addr=config.ip_in_ip_tunnel_addr,
+            floating_ips=config.get("FloatingIPs") == "Enabled",
+            allow_vxlan_from_workloads=config.get("AllowVXLANPacketsFromWorkloads"),
+            allow_ipip_from_workloads=config.get("AllowIPIPPacketsFromWorkloads"),
             bpf_pin_dir=config.bpf_pin_dir,
             bpf_cgroup_v2=str(config.bpf_cgroup_v2),
             route_protocol=config.route_table_protocol,
@@ -162,6 +176,8 @@ def linux_managers(cfg: LinuxDataplaneConfig, *, netns: str | None = None,
         vxlan_port=cfg.vxlan_port,
         host_endpoints_only=cfg.bpf_mode,
         ipv6_policy=cfg.ipv6_support,
+        allow_vxlan_from_workloads=cfg.allow_vxlan_from_workloads,
+        allow_ipip_from_workloads=cfg.allow_ipip_from_workloads,
     )
     managers += [
         IPSetsManager(netns=netns, max_size=cfg.max_ipset_size,
@@ -172,11 +188,15 @@ def linux_managers(cfg: LinuxDataplaneConfig, *, netns: str | None = None,
         iptables,
     ]
     # NAT outgoing in both modes: in BPF mode it uses the same nat-table rules.
-    managers.append(NatOutgoingManager(netns=netns, backend=cfg.iptables_backend))
+    managers.append(NatOutgoingManager(netns=netns, backend=cfg.iptables_backend,
+                                       floating_ips=cfg.floating_ips))
     managers += [
         RouteManager(netns=netns, interface_prefixes=cfg.interface_prefixes,
-                     protocol=cfg.route_protocol, ipv6=cfg.ipv6_support),
+                     protocol=cfg.route_protocol, ipv6=cfg.ipv6_support,
+                     floating_ips=cfg.floating_ips),
         VXLANManager(netns=netns, vni=cfg.vxlan_vni, port=cfg.vxlan_port, mtu=cfg.vxlan_mtu),
+        IPIPManager(netns=netns, enabled=cfg.ipip_enabled, mtu=cfg.ipip_mtu,
+                    tunnel_addr=cfg.ipip_tunnel_addr),
         SysctlManager(netns=netns, interface_prefixes=cfg.interface_prefixes,
                       bpf_mode=cfg.bpf_mode, ipv6=cfg.ipv6_support),
     ]

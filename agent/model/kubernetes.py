@@ -68,6 +68,9 @@ class Pod(Resource):
     # cni.projectcalico.org/allowedSourcePrefixes: sources the pod may send from besides its
     # own addresses (the WorkloadEndpoint's allowSpoofedSourcePrefixes)
     allowed_source_prefixes: tuple[str, ...] = ()
+    # cni.projectcalico.org/floatingIPs: external addresses NATed to the pod's first IP of the
+    # same family (the WorkloadEndpoint's ipNATs)
+    floating_ips: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +161,32 @@ def _allowed_source_prefixes(top: Fields, meta: Metadata) -> tuple[str, ...]:
                  for i, item in enumerate(items))
 
 
+# A JSON list of IP addresses NATed to the pod (Calico's CNI plugin and libcalico-go's pod
+# conversion read it; each becomes an ipNAT to the pod's first address of its family).
+ANNOTATION_FLOATING_IPS = "cni.projectcalico.org/floatingIPs"
+
+
+def _floating_ips(top: Fields, meta: Metadata) -> tuple[str, ...]:
+    text = meta.annotations_dict.get(ANNOTATION_FLOATING_IPS)
+    if not text:
+        return ()
+    holder = Fields({ANNOTATION_FLOATING_IPS: None}, top.resource, "metadata.annotations")
+    try:
+        items = json.loads(text)
+    except ValueError:
+        holder.fail(ANNOTATION_FLOATING_IPS, f"{text[:60]!r} is not a JSON list of IPs")
+    if not isinstance(items, list):
+        holder.fail(ANNOTATION_FLOATING_IPS, "must be a JSON list of IPs")
+    out = []
+    for i, item in enumerate(items):
+        try:
+            out.append(str(ipaddress.ip_address(str(item).strip())))
+        except ValueError:
+            holder.fail(ANNOTATION_FLOATING_IPS, f"[{i}]: {str(item)[:60]!r} is not an IP "
+                                                 "address")
+    return tuple(out)
+
+
 def _container_ports(spec: Fields) -> tuple[ContainerPort, ...]:
     ports = []
     for group in ("containers", "initContainers"):
@@ -223,6 +252,7 @@ def parse_pod(top: Fields, key: ResourceKey, meta: Metadata) -> Pod:
                service_account_name=sys.intern(service_account),
                ports=_container_ports(spec),
                allowed_source_prefixes=_allowed_source_prefixes(top, meta),
+               floating_ips=_floating_ips(top, meta),
                deleted=top.sub("metadata").raw("deletionTimestamp") is not None)
 
 

@@ -85,6 +85,8 @@ class LinkNetlink(Protocol):
 
     def add_vxlan(self, name: str, info: VXLANInfo, *, mac: str, mtu: int) -> None: ...
 
+    def add_ipip(self, name: str, *, mtu: int) -> None: ...
+
     def set_link(self, index: int, *, mtu: int | None = None, mac: str | None = None,
                  up: bool | None = None) -> None: ...
 
@@ -165,6 +167,12 @@ class PyRoute2LinkNetlink:
         self._call(f"add vxlan {name}", self._ipr.link, "add", ifname=name, kind="vxlan",
                    vxlan_id=info.vni, vxlan_local=info.local, vxlan_link=info.parent_index,
                    vxlan_port=info.port, vxlan_learning=int(info.learning), address=mac,
+                   mtu=mtu)
+
+    def add_ipip(self, name: str, *, mtu: int) -> None:
+        """An IPIP device without fixed endpoints (like the kernel's own tunl0): any
+        remote, chosen per packet by the route's onlink gateway."""
+        self._call(f"add ipip {name}", self._ipr.link, "add", ifname=name, kind="ipip",
                    mtu=mtu)
 
     def set_link(self, index: int, *, mtu: int | None = None, mac: str | None = None,

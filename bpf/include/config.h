@@ -20,6 +20,12 @@
  *
  * flags & CFG_CTLB_UDP: Felix's BPFConnectTimeLoadBalancing=Enabled (TCP and UDP); with TCP
  * (Felix's default) ctlb.c translates TCP connects only.
+ *
+ * flags & CFG_DROP_VXLAN_FROM_WEP: VXLAN is in use and AllowVXLANPacketsFromWorkloads is
+ * false: UDP from a workload to port (flags >> CFG_VXLAN_PORT_SHIFT) (VXLANPort) drops.
+ * flags & CFG_DROP_IPIP_FROM_WEP: IPIP is in use and AllowIPIPPacketsFromWorkloads is false:
+ * IPv4 protocol 4 from a workload drops. Encapsulation would carry a pod's traffic past its
+ * egress policy (Felix's "Drop VXLAN/IPinIP encapped packets originating in workloads").
  */
 #ifndef PYFELIX_CONFIG_H
 #define PYFELIX_CONFIG_H
@@ -39,10 +45,14 @@
 #define CFG_REDIRECT_DISABLED 0x04
 #define CFG_CTLB_UDP 0x08 /* BPFConnectTimeLoadBalancing=Enabled: UDP too (ctlb.c) */
 #define CFG_IPV6_DISABLED 0x10 /* Ipv6Support false: IPv6 from/to workloads drops (ND passes) */
+#define CFG_DROP_VXLAN_FROM_WEP 0x40
+#define CFG_DROP_IPIP_FROM_WEP 0x80
+#define CFG_VXLAN_PORT_SHIFT 16 /* the VXLAN port sits in the top 16 bits of flags */
 
 struct config_value {
 	__u32 flags; /* CFG_RPF_* in the low bits, CFG_REDIRECT_DISABLED, CFG_CTLB_UDP,
-		      * CFG_IPV6_DISABLED, CFG_F_FLOW_EVENTS; the rest 0 */
+		      * CFG_IPV6_DISABLED, CFG_F_FLOW_EVENTS, CFG_DROP_*_FROM_WEP; the VXLAN
+		      * port in the top 16 bits; the rest 0 */
 	__u32 endpoint_to_host_action; /* EP_TO_HOST_* */
 };
 

@@ -190,8 +190,10 @@ PF_INLINE int ct_expired(struct ct_value *v, __u8 proto, __u64 now)
 }
 
 /* Established/reply packet of a tracked flow? Updates the entry on a hit. Returns 0 on a
- * miss, CT_HIT, or CT_HIT_SVC_NAT for a reply-direction packet of a service flow (nat.h). */
-PF_INLINE int ct_lookup_update(struct pkt_info *pkt, __u32 ifindex, __u8 hook, __u64 now)
+ * miss, CT_HIT, or CT_HIT_SVC_NAT for a reply-direction packet of a service flow (nat.h); on
+ * a hit, *reply says whether the packet went in the flow's reply direction. */
+PF_INLINE int ct_lookup_update(struct pkt_info *pkt, __u32 ifindex, __u8 hook, __u64 now,
+			     int *reply)
 {
 	struct ct_key key = {};
 	int a_to_b = ct_fill_pkt_key(&key, ifindex, pkt);
@@ -240,6 +242,7 @@ PF_INLINE int ct_lookup_update(struct pkt_info *pkt, __u32 ifindex, __u8 hook, _
 	v->last_seen_ns = now;
 	v->packets += 1;
 	v->bytes += pkt->len;
+	*reply = !orig_dir;
 	/* only replies need the reverse NAT; the client's own packets are translated before */
 	return (flags & CT_F_SVC_NAT) && !orig_dir ? CT_HIT_SVC_NAT : CT_HIT;
 }

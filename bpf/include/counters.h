@@ -74,7 +74,8 @@ struct ep_counter {
 #define GCNT_IPV6_PACKETS 27       /* IPv6 packets policed (after ND, before the endpoint lookup) */
 #define GCNT_FLOW_EVENTS 28         /* policy decisions sent to the flow-log ring buffer */
 #define GCNT_FLOW_EVENTS_DROPPED 29 /* not sent: over the per-CPU budget or ring buffer full */
-#define GCNT_COUNT 30
+#define GCNT_TUNNEL_FROM_WEP_DROPPED 30 /* VXLAN/IPIP sent by a workload (Allow*FromWorkloads) */
+#define GCNT_COUNT 31
 
 BPF_TABLE_PINNED("percpu_array", __u32, struct rule_counter, rule_counters,
 		 RULE_COUNTERS_MAX_ENTRIES, PIN_DIR "/rule_counters_v1");

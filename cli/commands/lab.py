@@ -47,7 +47,8 @@ def _format_table(headers: list[str], rows: list[list[str]]) -> str:
 
 def _run_lab(scenario: Any, **options: Any) -> Any:
     """Run a scenario; on SIGINT/SIGTERM report and exit 130/143 after teardown."""
-    from pyfelix.lab.runner import LabInterrupted, LabTeardownError, run_scenario
+    from pyfelix.lab.agents import AgentStartError
+    from pyfelix.lab.runner import LabInterrupted, LabSyncTimeout, LabTeardownError, run_scenario
 
     try:
         return run_scenario(scenario, progress=_stderr, **options)
@@ -57,6 +58,8 @@ def _run_lab(scenario: Any, **options: Any) -> Any:
     except LabTeardownError as exc:
         raise click.ClickException(f"{exc}\nrun `pyfelix lab sweep` to retry") from exc
     except ValueError as exc:  # e.g. FELIX_INTERFACEPREFIX too long for interface names
+        raise click.ClickException(str(exc)) from exc
+    except (AgentStartError, LabSyncTimeout) as exc:  # torn down already; say why, no trace
         raise click.ClickException(str(exc)) from exc
 
 

@@ -22,7 +22,12 @@ agent's status file says the dataplane is in sync and idle, and the agent has se
 at least as new as the newest write into the datastore directory. A write that changes no
 resource produces no update, so after `NO_UPDATE_GRACE_S` without a newer update an idle
 agent counts as in sync too. Each check must hold twice in a row, so a batch that is between
-the calc graph and the dataplane is not mistaken for idleness.
+the calc graph and the dataplane is not mistaken for idleness. With several nodes, every
+node must also hold a route to every existing pod of the other nodes, from whoever routes
+that pod's IP pool: BIRD for pools without encapsulation, the agent's VXLAN or IPIP manager
+(by their route protocols) for `vxlanMode` / `ipipMode` pools; with FloatingIPs Enabled
+also a BGP route to each remote pod's floating IPs. The lab's default pool
+(`LAB_IP_POOL`, BGP-routed) is written only when the scenario declares no pool of its own.
 
 Teardown (`stop`): SIGTERM each process group, then SIGKILL after a bound; BIRD through its
 own `stop()`. Agent logs stay in the run directory until the run directory is removed.
@@ -93,6 +98,7 @@ class AgentProcesses:
         self.topology = topology
         if use_bgp:
             self._write_ip_pool(datastore_dir)
+        self._check_ipip_support(topology)
         self.datastore_url = str(datastore_dir)
         if self.typha:
             self.datastore_url = self._start_typha(topology, datastore_dir)
@@ -210,6 +216,10 @@ class AgentProcesses:
 
     @staticmethod
     def _write_ip_pool(datastore_dir: Path) -> None:
+        """The lab's default pool (no encapsulation: routes over BGP), unless the scenario
+        declares pools of its own (written with the topology, `ippool.*.yaml`)."""
+        if any(datastore_dir.glob("ippool.*.yaml")):
+            return
         pool = {"apiVersion": "projectcalico.org/v3", "kind": "IPPool",
                 "metadata": {"name": "lab-pool"},
                 "spec": {"cidr": LAB_IP_POOL, "natOutgoing": False}}
@@ -258,7 +268,7 @@ class AgentProcesses:
             seen = float(status.get("last_update_wall", 0.0))
             if seen < newest and now - newest < NO_UPDATE_GRACE_S:
                 return False
-        return not self.use_bgp or self._bgp_routes_ready()
+        return not self.use_bgp or self._cross_node_routes_ready()
 
     def _existing_pods(self) -> set[str]:
         """`namespace/name` of the pods whose Pod document is in the datastore now (a step
@@ -269,23 +279,107 @@ class AgentProcesses:
         updates, _ = load_path(self.datastore_dir)
         return {f"{u.key.namespace}/{u.key.name}" for u in updates if u.key.kind == "Pod"}
 
-    def _bgp_routes_ready(self) -> bool:
-        """Every node has a BGP-learned route (BIRD's kernel protocol, proto bird) covering
-        every existing pod that lives on another node."""
+    def _check_ipip_support(self, topology: LabTopology) -> None:
+        """An IPIP pool on a kernel without IPIP (no tunl0, `type ipip` unknown) could never
+        become ready: say so at once (AgentStartError) instead of timing out later. Probed
+        by adding and removing an ipip link in the first node's namespace."""
+        ipip = sorted(name for _, name, mode in self._pools() if mode == "ipip")
+        if not ipip or not topology.nodes:
+            return
+        netns = topology.nodes[sorted(topology.nodes)[0]].netns
+        done = subprocess.run(["ip", "-n", netns, "link", "add", "pfipipchk", "type", "ipip"],
+                              capture_output=True, text=True, timeout=10)
+        if done.returncode != 0:
+            raise AgentStartError(
+                f"IPPool {ipip[0]} uses IPIP, but this kernel has no IPIP support "
+                f"(CONFIG_NET_IPIP: {done.stderr.strip() or 'ipip link refused'}); the lab "
+                "cannot run it here")
+        subprocess.run(["ip", "-n", netns, "link", "del", "pfipipchk"], capture_output=True,
+                       timeout=10)
+
+    def _pools(self) -> list[tuple[ipaddress.IPv4Network, str, str]]:
+        """(cidr, name, routing mode) of every enabled IPv4 pool in the datastore now; the
+        mode is "vxlan", "ipip" or "bgp" (no encapsulation), as the route resolver says."""
+        import yaml
+
+        assert self.datastore_dir is not None
+        pools = []
+        # the pools' own files only (`ippool.*.yaml` as LabDatastore names them, and the
+        # default pool's): this runs on every readiness poll
+        paths = sorted(self.datastore_dir.glob("ippool.*.yaml"))
+        paths += sorted(self.datastore_dir.glob("lab-ippool.yaml"))
+        docs = [d for p in paths for d in yaml.safe_load_all(p.read_text()) if d]
+        for doc in docs:
+            if doc.get("kind") != "IPPool":
+                continue
+            spec = doc.get("spec") or {}
+            try:
+                cidr = ipaddress.ip_network(str(spec.get("cidr", "")), strict=False)
+            except ValueError:
+                continue
+            if spec.get("disabled") or not isinstance(cidr, ipaddress.IPv4Network):
+                continue
+            mode = ("vxlan" if spec.get("vxlanMode", "Never") != "Never" else
+                    "ipip" if spec.get("ipipMode", "Never") != "Never" else "bgp")
+            pools.append((cidr, str(doc["metadata"]["name"]), mode))
+        return pools
+
+    def _floating_ips_enabled(self) -> bool:
+        """FelixConfiguration `default` has floatingIPs: Enabled (the lab's agents take
+        their settings from the datastore)."""
+        import yaml
+
+        assert self.datastore_dir is not None
+        for path in self.datastore_dir.glob("felixconfiguration._.default.yaml"):
+            doc = yaml.safe_load(path.read_text()) or {}
+            value = str((doc.get("spec") or {}).get("floatingIPs", "Disabled"))
+            return value.lower() == "enabled"
+        return False
+
+    def _routing_mode(self, address: ipaddress.IPv4Address,
+                      pools: list[tuple[ipaddress.IPv4Network, str, str]]) -> str:
+        """The mode of the most specific pool holding `address` (then by name, as the
+        agent's route resolver picks); "bgp" outside every pool."""
+        holding = [(-net.prefixlen, name, mode) for net, name, mode in pools if address in net]
+        return min(holding)[2] if holding else "bgp"
+
+    def _cross_node_routes_ready(self) -> bool:
+        """Every node has a route to every existing pod of another node, programmed by
+        whoever the pod's pool says routes it: BIRD (`proto bird`) for pools without
+        encapsulation, the agent's VXLAN manager (its protocol, via vxlan.calico) for VXLAN
+        pools, the agent's IPIP manager (its protocol, via tunl0) for IPIP pools. Waiting for
+        BGP routes in a VXLAN pool would never end: confd rightly keeps them out."""
+        from pyfelix.agent.dataplane.managers.ipip import IPIP_ROUTE_PROTOCOL
+        from pyfelix.agent.dataplane.managers.vxlan import VXLAN_ROUTE_PROTOCOL
+
         assert self.topology is not None
         existing = self._existing_pods()
+        pools = self._pools()
+        floating = self._floating_ips_enabled()
+        protocols = {"bgp": "bird", "vxlan": str(VXLAN_ROUTE_PROTOCOL),
+                     "ipip": str(IPIP_ROUTE_PROTOCOL)}
         for name, node in self.topology.nodes.items():
-            done = subprocess.run(["ip", "-n", node.netns, "-j", "route", "show", "proto",
-                                   "bird"], capture_output=True, text=True, timeout=10)
-            if done.returncode != 0:
-                return False
-            nets = [ipaddress.ip_network(_route_dst(r)) for r in json.loads(done.stdout or "[]")]
+            nets_by_mode: dict[str, list[ipaddress.IPv4Network | ipaddress.IPv6Network]] = {}
             for pod in self.topology.pods.values():
                 if pod.node.name == name or pod.key not in existing:
                     continue
-                address = ipaddress.ip_address(str(pod.spec.ip))
-                if not any(address in net for net in nets):
-                    return False
+                # floating IPs travel over BGP only (BIRD advertises the agent's route)
+                wanted = [(ipaddress.IPv4Address(str(pod.spec.ip)), "")]
+                if floating:
+                    wanted += [(ipaddress.IPv4Address(str(ip)), "bgp")
+                               for ip in pod.spec.floating_ips]
+                for address, forced in wanted:
+                    mode = forced or self._routing_mode(address, pools)
+                    if mode not in nets_by_mode:
+                        done = subprocess.run(["ip", "-n", node.netns, "-j", "route", "show",
+                                               "proto", protocols[mode]],
+                                              capture_output=True, text=True, timeout=10)
+                        if done.returncode != 0:
+                            return False
+                        nets_by_mode[mode] = [ipaddress.ip_network(_route_dst(r))
+                                              for r in json.loads(done.stdout or "[]")]
+                    if not any(address in net for net in nets_by_mode[mode]):
+                        return False
         return True
 
 

@@ -19,6 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -35,6 +36,9 @@ if TYPE_CHECKING:
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 CALICO_API = "projectcalico.org/v3"
 CALICO_POD_IP_ANNOTATION = "cni.projectcalico.org/podIP"
+FLOATING_IPS_ANNOTATION = "cni.projectcalico.org/floatingIPs"
+# cluster-wide kinds of the first step written with the topology, before any agent starts
+START_KINDS = ("IPPool", "FelixConfiguration")
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
 
@@ -85,8 +89,15 @@ class LabDatastore:
 
 
 def topology_documents(scenario: Scenario, topology: LabTopology) -> list[dict[str, Any]]:
-    """The cluster state the scenario describes, as a real cluster's datastore holds it."""
-    docs: list[dict[str, Any]] = []
+    """The cluster state the scenario describes, as a real cluster's datastore holds it.
+
+    The IP pools and FelixConfigurations the scenario declares from the start (its first
+    step) are written here too, before any agent starts: a pool's routing mode (BGP, VXLAN,
+    IPIP) is part of how the cluster is built (the lab's default pool is only added when the
+    scenario has none), and a setting that needs a restart (FloatingIPs, say) would otherwise
+    make every agent exit and the run fail."""
+    docs: list[dict[str, Any]] = [dict(d) for d in scenario.steps[0].apply
+                                  if d.get("kind") in START_KINDS] if scenario.steps else []
     for node in topology.nodes.values():
         docs.append({
             "apiVersion": CALICO_API,
@@ -114,7 +125,10 @@ def topology_documents(scenario: Scenario, topology: LabTopology) -> list[dict[s
                 "name": pod.name,
                 "namespace": pod.namespace,
                 "labels": dict(pod.labels),
-                "annotations": {CALICO_POD_IP_ANNOTATION: f"{pod.ip}/32"},
+                "annotations": {CALICO_POD_IP_ANNOTATION: f"{pod.ip}/32",
+                                **({FLOATING_IPS_ANNOTATION: json.dumps(
+                                    [str(ip) for ip in pod.floating_ips])}
+                                   if pod.floating_ips else {})},
             },
             "spec": {"nodeName": pod.node, "containers": [{"name": "main", "ports": ports}]},
             "status": {"phase": "Running", "podIP": str(pod.ip), "podIPs": [{"ip": str(pod.ip)}]},

@@ -56,7 +56,7 @@ _PORT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,13}[a-z0-9])?$")
 
 _TOP_LEVEL_KEYS = {"name", "nodes", "namespaces", "pods", "resources", "probes", "steps"}
 _NAMESPACE_KEYS = {"name", "labels"}
-_POD_KEYS = {"namespace", "name", "node", "ip", "labels", "ports"}
+_POD_KEYS = {"namespace", "name", "node", "ip", "labels", "ports", "floatingIPs"}
 _PORT_KEYS = {"port", "protocol", "name"}
 _PROBE_KEYS = {"from", "to", "port", "protocol", "expect"}
 _STEP_KEYS = {"apply", "delete", "probes"}
@@ -94,6 +94,8 @@ class PodSpec:
     ip: ipaddress.IPv4Address
     labels: dict[str, str] = field(default_factory=dict)
     ports: tuple[PortSpec, ...] = ()
+    # Calico's `cni.projectcalico.org/floatingIPs` annotation: addresses NATed to the pod
+    floating_ips: tuple[ipaddress.IPv4Address, ...] = ()
 
     @property
     def key(self) -> str:
@@ -282,6 +284,13 @@ class _ScenarioParser:
             ip = explicit_ips.get(i) if "ip" in item else allocator.next(path, self)
             labels = self.labels(item.get("labels"), f"{path}.labels")
             ports = self.parse_ports(item.get("ports"), f"{path}.ports")
+            floating = item.get("floatingIPs", [])
+            if not isinstance(floating, list):
+                self.fail(f"{path}.floatingIPs", "must be a list of IPv4 addresses")
+                floating = []
+            parsed = [self.ipv4(raw, f"{path}.floatingIPs[{j}]")
+                      for j, raw in enumerate(floating)]
+            floating_ips = tuple(address for address in parsed if address is not None)
             if namespace is None or name is None or ip is None:
                 continue
             key = f"{namespace}/{name}"
@@ -289,7 +298,7 @@ class _ScenarioParser:
                 self.fail(path, f"duplicate pod {key!r}")
                 continue
             seen_keys.add(key)
-            pods.append(PodSpec(namespace, name, node, ip, labels, ports))
+            pods.append(PodSpec(namespace, name, node, ip, labels, ports, floating_ips))
         return tuple(pods)
 
     def explicit_pod_ips(self, items: list[Any]) -> dict[int, ipaddress.IPv4Address]:

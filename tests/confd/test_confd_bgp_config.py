@@ -163,6 +163,18 @@ def test_export_blocks_pools_and_covered_routes() -> None:
     assert [r.cidr for r in config.kernel_export_rejects] == ["10.68.0.0/16"]
 
 
+def test_ipip_pools_are_exported_to_peers_but_kept_out_of_the_kernel() -> None:
+    # the agent's IPIP manager programs the routes via tunl0 onlink (stock BIRD cannot)
+    docs = [*NODES, doc_pool("ip", "10.69.0.0/16", ipipMode="CrossSubnet"),
+            doc_pool("vx", "10.68.0.0/16", vxlanMode="Always")]
+    config = compute(docs)
+    assert export_decision(config, "10.69.0.9/32") == "accept"
+    assert export_decision(config, "10.68.0.9/32") == "reject"
+    assert [(r.cidr, r.reason) for r in config.kernel_export_rejects] == [
+        ("10.68.0.0/16", "IPPool vx uses VXLAN"), ("10.69.0.0/16", "IPPool ip uses IPIP")]
+    assert not any("ipipMode" in n for n in config.notes)
+
+
 def test_services_and_community_tagging() -> None:
     docs = [*NODES, doc_bgp_config(
         serviceClusterIPs=[{"cidr": "10.96.0.0/12"}],

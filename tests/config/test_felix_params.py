@@ -75,9 +75,10 @@ def test_felix_sample_environment_loads() -> None:
     assert config.default_endpoint_to_host_action == "Accept"
     assert config.etcd_endpoints == ()  # empty: unset
     assert config.log_file_path == ""  # none: no log file
-    assert {"IpInIpMtu", "IpInIpEnabled", "PolicySyncPathPrefix"} <= set(config.not_implemented())
+    assert {"PolicySyncPathPrefix"} <= set(config.not_implemented())
     assert "Ipv6Support" not in config.not_implemented()  # implemented: a restart setting
     assert config.get("IpInIpMtu") == 1440 and config.ipv6support is False
+    assert config.ip_in_ip_enabled == "false"  # implemented (IPIP manager)
 
 
 def test_only_names_felix_does_not_know_are_errors() -> None:
@@ -153,8 +154,8 @@ def test_none_sets_the_zero_value() -> None:
 def test_restart_rule_is_felixs() -> None:
     base = load_config(environ={})
     # not implemented, but Felix restarts on it: so does pyfelix
-    assert base.changed_requiring_restart(load_config(environ={"FELIX_IPINIPMTU": "1400"})) \
-        == ["IpInIpMtu"]
+    assert base.changed_requiring_restart(load_config(environ={"FELIX_WIREGUARDMTU": "1400"})) \
+        == ["WireguardMTU"]
     # Felix applies these live
     assert base.changed_requiring_restart(load_config(environ={"FELIX_CLUSTERGUID": "x"})) == []
     live = {p.name for p in PARAMS if not p.restart}
@@ -169,15 +170,15 @@ def test_restart_rule_is_felixs() -> None:
 
 
 def test_not_implemented_warned_once_and_counted(caplog) -> None:
-    config_module._warned_not_implemented.discard("IpInIpMtu")
-    config = load_config(environ={"FELIX_IPINIPMTU": "1440"})
+    config_module._warned_not_implemented.discard("WireguardMTU")
+    config = load_config(environ={"FELIX_WIREGUARDMTU": "1440"})
     with caplog.at_level(logging.WARNING, logger="pyfelix.agent.config"):
         note_not_implemented(config)
         note_not_implemented(config)
-    warnings = [r for r in caplog.records if "IpInIpMtu" in r.getMessage()]
+    warnings = [r for r in caplog.records if "WireguardMTU" in r.getMessage()]
     assert len(warnings) == 1 and "not implemented" in warnings[0].getMessage()
     assert REGISTRY.get_sample_value("pyfelix_config_not_implemented",
-                                     {"parameter": "IpInIpMtu"}) == 1.0
+                                     {"parameter": "WireguardMTU"}) == 1.0
 
 
 def test_kind_validators_accept_felix_forms() -> None:

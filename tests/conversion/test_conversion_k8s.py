@@ -487,3 +487,31 @@ egress:
     for rule in policy.egress:
         matched |= peers_matched(rule.destination, policy.key.namespace)
     assert matched == {"db/backup", "web/frontend"}
+
+
+# --- floating IPs -----------------------------------------------------------------------------
+
+
+def _with_annotation(value: str) -> dict[str, Any]:
+    doc = pod_doc()
+    doc["metadata"].setdefault("annotations", {})["cni.projectcalico.org/floatingIPs"] = value
+    return doc
+
+
+def test_floating_ips_annotation_becomes_ip_nats_to_the_first_ip_of_the_family() -> None:
+    from pyfelix.agent.model import IPNAT
+
+    parsed = parse_resource(_with_annotation('["192.0.2.5", "2001:db8::5"]'))
+    assert isinstance(parsed, Pod)
+    wep = pod_to_workload_endpoint(parsed)
+    assert wep is not None
+    assert wep.ip_nats == (IPNAT("10.65.0.10", "192.0.2.5"), IPNAT("fd00:65::10", "2001:db8::5"))
+    assert pod_to_workload_endpoint(pod()).ip_nats == ()  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("value", ['["10.0.0.300"]', '{"ip": "1.2.3.4"}', "not json"])
+def test_bad_floating_ips_annotation_is_a_named_error(value: str) -> None:
+    from pyfelix.agent.model.fields import ValidationError
+
+    with pytest.raises(ValidationError, match=r"cni\.projectcalico\.org/floatingIPs"):
+        parse_resource(_with_annotation(value))

@@ -11,7 +11,7 @@ from pyfelix.agent.dataplane.managers.iptables import IptablesManager
 
 def test_manager_order_in_both_modes_and_bpf_mode_iptables_for_host_endpoints_only() -> None:
     dp = LinuxDataplane(netns="unused-not-opened")
-    names = ["ipsets", "host-ips", "iptables", "nat-outgoing", "routes", "vxlan", "sysctls"]
+    names = ["ipsets", "host-ips", "iptables", "nat-outgoing", "routes", "vxlan", "ipip", "sysctls"]
     assert [m.name for m in dp.loop.managers] == names
     iptables = dp.loop.managers[2]
     assert isinstance(iptables, IptablesManager) and not iptables.host_endpoints_only

@@ -115,3 +115,65 @@ def test_missing_ipset_binary_is_a_clear_error() -> None:
     mgr.on_update(_pool("10.65.0.0/16", True))
     with pytest.raises(Exception, match="ipset"):
         mgr.apply()
+
+
+# --- floating IPs ------------------------------------------------------------------------------
+
+def _wep(name: str, ip: str, *fips: str) -> object:
+    from pyfelix.agent.proto import (
+        NatInfo,
+        WorkloadEndpoint,
+        WorkloadEndpointID,
+        WorkloadEndpointUpdate,
+    )
+
+    return WorkloadEndpointUpdate(
+        id=WorkloadEndpointID(orchestrator="k8s", workload=f"x/{name}", endpoint="eth0"),
+        endpoint=WorkloadEndpoint(state="active", name=f"cali{name}", ipv4_nets=(f"{ip}/32",),
+                                  ipv4_nat=tuple(NatInfo(f, ip) for f in fips)))
+
+
+def _fip_harness(enabled: bool) -> NatHarness:
+    h = NatHarness()
+    h.mgr = NatOutgoingManager(runner=h.cmds, floating_ips=enabled)
+    return h
+
+
+def test_floating_ips_dnat_in_prerouting_and_output_snat_for_hairpin() -> None:
+    h = _fip_harness(True)
+    h.sync(_pool("10.65.0.0/16", False), _wep("a", "10.65.0.1", "10.65.200.1"),
+           _wep("b", "10.65.0.2"))
+    nat = h.cmds.iptables.tables["nat"]
+    assert _rules(nat["cali-fip-dnat"]) == [
+        "-d 10.65.200.1/32 -j DNAT --to-destination 10.65.0.1"]
+    assert _rules(nat["cali-fip-snat"]) == [
+        "-s 10.65.0.1/32 -d 10.65.0.1/32 -j SNAT --to-source 10.65.200.1"]
+    assert any("cali-fip-dnat" in r for r in _rules(nat["cali-PREROUTING"]))
+    assert any("cali-fip-dnat" in r for r in _rules(nat["cali-OUTPUT"]))
+    assert any("cali-PREROUTING" in r for r in _rules(nat["PREROUTING"]))
+    # the endpoint goes: the chains and our inserts go with the last floating IP
+    from pyfelix.agent.proto import WorkloadEndpointRemove
+
+    h.mgr.on_update(WorkloadEndpointRemove(id=_wep("a", "10.65.0.1").id))  # type: ignore
+    h.round()
+    nat = h.cmds.iptables.tables["nat"]
+    assert "cali-fip-dnat" not in nat and "cali-PREROUTING" not in nat
+    assert not any("cali-" in r for r in _rules(nat.get("PREROUTING", [])))
+    assert h.postrouting("10.65.0.5", "8.8.8.8") == "ACCEPT"  # NAT outgoing unaffected
+
+
+def test_floating_ips_disabled_program_nothing() -> None:
+    h = _fip_harness(False)
+    h.sync(_pool("10.65.0.0/16", False), _wep("a", "10.65.0.1", "10.65.200.1"))
+    nat = h.cmds.iptables.tables["nat"]
+    assert "cali-fip-dnat" not in nat and "cali-fip-snat" not in nat
+
+
+def _rules(chain: object) -> list[str]:
+    return [_strip_comment(str(r)) for r in chain]  # type: ignore[attr-defined]
+
+
+def _strip_comment(rule: str) -> str:
+    import re
+
+    return re.sub(r"\s*-m comment --comment \S+", "", rule).strip()

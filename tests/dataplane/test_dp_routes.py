@@ -314,3 +314,28 @@ def test_restart_with_in_sync_before_the_interface_dump_deletes_no_route() -> No
     restarted.on_update(_iface(nl, "cali1"))
     restarted.apply()
     assert nl.requests == writes
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_floating_ips_are_routed_to_their_workload_when_enabled(nl: FakeNetlink,
+                                                                enabled: bool) -> None:
+    from dataclasses import replace
+
+    from pyfelix.agent.proto import NatInfo
+
+    m = RouteManager(netlink=nl, floating_ips=enabled)
+    nl.add_link("cali1", up=True)
+    m.on_update(_iface(nl, "cali1"))
+    m.on_update(InSync())
+    endpoint = replace(_ep("cali1", "10.65.0.1/32"),
+                       ipv4_nat=(NatInfo(ext_ip="192.0.2.5", int_ip="10.65.0.1"),))
+    m.on_update(WorkloadEndpointUpdate(EP1, endpoint))
+    m.apply()
+    idx = nl.link_by_name("cali1").index
+    expected = {"10.65.0.1/32": ("unicast", idx)}
+    if enabled:
+        expected["192.0.2.5/32"] = ("unicast", idx)
+    assert _ours(nl) == expected
+    m.on_update(WorkloadEndpointUpdate(EP1, _ep("cali1", "10.65.0.1/32")))  # the NAT goes
+    m.apply()
+    assert _ours(nl) == {"10.65.0.1/32": ("unicast", idx)}

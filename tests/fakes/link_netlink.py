@@ -91,6 +91,13 @@ class FakeLinkNetlink:
         link = self.add_link(name, kind="vxlan", mtu=mtu, mac=mac, up=False)
         self.links[link.index] = replace(link, vxlan=info)
 
+    def add_ipip(self, name: str, *, mtu: int) -> None:
+        self.requests += 1
+        self._maybe_fail(f"add ipip {name}")
+        if self.by_name(name) is not None:
+            raise NetlinkError(errno.EEXIST, f"{name} exists")
+        self.add_link(name, kind="ipip", mtu=mtu, mac="00:00:00:00", up=False)
+
     def set_link(self, index: int, *, mtu: int | None = None, mac: str | None = None,
                  up: bool | None = None) -> None:
         self.requests += 1

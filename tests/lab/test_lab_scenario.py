@@ -261,3 +261,39 @@ def test_demo_scenario_probes_every_port_of_every_other_pod() -> None:
     matrix = connectivity_matrix(results)
     assert set(matrix) == {p.key for p in scenario.pods}
     assert matrix["other/intruder"]["db/postgres:5432/TCP"] == "allow"
+
+
+def test_floating_ips_are_parsed_apart_from_the_pod_ip_and_annotated() -> None:
+    from pyfelix.lab.datastore import FLOATING_IPS_ANNOTATION, topology_documents
+    from pyfelix.lab.topology import plan_topology
+
+    data = minimal(pods=[{"namespace": "x", "name": "a", "floatingIPs": ["10.65.200.1"]},
+                         {"namespace": "x", "name": "b"}])
+    scenario = parse_scenario(data)
+    a, b = scenario.pods
+    assert str(a.ip) == "10.65.0.1" and a.floating_ips == (ipaddress.ip_address("10.65.200.1"),)
+    assert str(b.ip) == "10.65.0.2" and b.floating_ips == ()
+    docs = topology_documents(scenario, plan_topology("pf000000", scenario))
+    pods = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Pod"}
+    assert pods["a"]["metadata"]["annotations"][FLOATING_IPS_ANNOTATION] == '["10.65.200.1"]'
+    assert FLOATING_IPS_ANNOTATION not in pods["b"]["metadata"]["annotations"]
+    assert problems_of(minimal(pods=[{"namespace": "x", "name": "a",
+                                      "floatingIPs": ["nope"]}])) == [
+        "pods[0].floatingIPs[0]: 'nope' is not an IP address"]
+
+
+def test_first_step_pools_and_felix_configuration_are_topology_documents() -> None:
+    from pyfelix.lab.datastore import topology_documents
+    from pyfelix.lab.topology import plan_topology
+
+    pool = {"apiVersion": "projectcalico.org/v3", "kind": "IPPool",
+            "metadata": {"name": "vx"}, "spec": {"cidr": "10.65.0.0/16", "vxlanMode": "Always"}}
+    felix = {"apiVersion": "projectcalico.org/v3", "kind": "FelixConfiguration",
+             "metadata": {"name": "default"}, "spec": {"floatingIPs": "Enabled"}}
+    policy = {"apiVersion": "projectcalico.org/v3", "kind": "GlobalNetworkPolicy",
+              "metadata": {"name": "p"}, "spec": {"selector": "all()"}}
+    scenario = parse_scenario(minimal(resources=[pool, felix, policy]))
+    kinds = [d["kind"] for d in topology_documents(scenario, plan_topology("pf000000",
+                                                                           scenario))]
+    assert kinds.count("IPPool") == 1 and kinds.count("FelixConfiguration") == 1
+    assert "GlobalNetworkPolicy" not in kinds

@@ -40,6 +40,9 @@ REDIRECT_DISABLED = 0x4  # must match CFG_REDIRECT_DISABLED in bpf/include/confi
 CTLB_UDP = 0x8  # must match CFG_CTLB_UDP: BPFConnectTimeLoadBalancing=Enabled (bpf/ctlb.c)
 IPV6_DISABLED = 0x10  # must match CFG_IPV6_DISABLED: Ipv6Support false
 FLOW_EVENTS = 0x20  # must match CFG_F_FLOW_EVENTS: the programs send flow events
+DROP_VXLAN_FROM_WEP = 0x40  # must match CFG_DROP_VXLAN_FROM_WEP
+DROP_IPIP_FROM_WEP = 0x80  # must match CFG_DROP_IPIP_FROM_WEP
+VXLAN_PORT_SHIFT = 16  # must match CFG_VXLAN_PORT_SHIFT
 
 
 class Value(ctypes.Structure):
@@ -60,10 +63,17 @@ _VALUE = struct.Struct("=II")
 def encode_value(endpoint_to_host_action: EndpointToHostAction,
                  rpf: RpfMode = RpfMode.STRICT, *, redirect: bool = True,
                  ctlb_udp: bool = False, ipv6: bool = True,
-                 flow_events: bool = False) -> bytes:
+                 flow_events: bool = False, drop_vxlan_port: int = 0,
+                 drop_ipip: bool = False) -> bytes:
+    """`drop_vxlan_port`: VXLAN in use and not allowed from workloads (0: allowed or off)."""
+    if not 0 <= drop_vxlan_port < 65536:
+        raise ValueError(f"VXLANPort: {drop_vxlan_port} is not 1..65535")
     flags = int(rpf) | (0 if redirect else REDIRECT_DISABLED) | (CTLB_UDP if ctlb_udp else 0)
     flags |= 0 if ipv6 else IPV6_DISABLED
     flags |= FLOW_EVENTS if flow_events else 0
+    if drop_vxlan_port:
+        flags |= DROP_VXLAN_FROM_WEP | (drop_vxlan_port << VXLAN_PORT_SHIFT)
+    flags |= DROP_IPIP_FROM_WEP if drop_ipip else 0
     return _VALUE.pack(flags, int(endpoint_to_host_action))
 
 
@@ -108,7 +118,10 @@ def decode_value(raw: bytes) -> dict:
     return {"flags": flags, "endpoint_to_host_action": name, "bpf_enforce_rpf": rpf,
             "bpf_redirect_to_peer": "Disabled" if flags & REDIRECT_DISABLED else "Enabled",
             "ctlb_udp": bool(flags & CTLB_UDP),
-            "ipv6_support": not flags & IPV6_DISABLED, "flow_events": bool(flags & FLOW_EVENTS)}
+            "ipv6_support": not flags & IPV6_DISABLED, "flow_events": bool(flags & FLOW_EVENTS),
+            "drop_vxlan_from_workloads_port": (flags >> VXLAN_PORT_SHIFT
+                                               if flags & DROP_VXLAN_FROM_WEP else 0),
+            "drop_ipip_from_workloads": bool(flags & DROP_IPIP_FROM_WEP)}
 
 
 def open_pinned(pin_dir: str | os.PathLike[str]) -> BpfMap:

@@ -54,6 +54,7 @@ class GlobalCounter(enum.IntEnum):
     IPV6_PACKETS = 27
     FLOW_EVENTS = 28
     FLOW_EVENTS_DROPPED = 29
+    TUNNEL_FROM_WEP_DROPPED = 30
 
 
 EP_DIRECTIONS = ("ingress_allowed", "ingress_denied", "egress_allowed", "egress_denied")

@@ -34,6 +34,7 @@ IPSET_THIS_HOST = f"{IPSET_PREFIX}this-host"
 IPSET_MASQ_POOLS = f"{IPSET_PREFIX}masq-ipam-pools"
 IPSET_ALL_POOLS = f"{IPSET_PREFIX}all-ipam-pools"
 IPSET_ALL_VXLAN = f"{IPSET_PREFIX}all-vxlan-net"
+IPSET_ALL_HOSTS = f"{IPSET_PREFIX}all-hosts-net"  # the nodes IPIP is accepted from (Felix's)
 MAX_IPSET_NAME = 31
 MAX_IFACE_NAME = 15
 
@@ -46,6 +47,8 @@ CHAIN_OUTPUT = "cali-OUTPUT"
 CHAIN_PREROUTING = "cali-PREROUTING"
 CHAIN_POSTROUTING = "cali-POSTROUTING"
 CHAIN_NAT_OUTGOING = "cali-nat-outgoing"
+CHAIN_FIP_DNAT = "cali-fip-dnat"  # nat table: floating IP -> workload IP (Felix's)
+CHAIN_FIP_SNAT = "cali-fip-snat"  # nat table: a workload reaching its own floating IP
 CHAIN_FROM_HOST_DISPATCH = "cali-from-host-endpoint"
 CHAIN_TO_HOST_DISPATCH = "cali-to-host-endpoint"
 CHAIN_FROM_HEP_FORWARD_DISPATCH = "cali-from-hep-forward"

@@ -92,6 +92,7 @@ from pyfelix.agent.dataplane.iptables.names import (
     CHAIN_WL_TO_HOST,
     COMMENT_SPOOFED_SOURCE,
     COMMENT_UNKNOWN_WORKLOAD,
+    IPSET_ALL_HOSTS,
     IPSET_ALL_VXLAN,
     IPSET_THIS_HOST,
     IPSET_TYPE_IP_PORT,
@@ -119,14 +120,32 @@ LOG_PREFIX = "calico-packet: "
 ENDPOINT_TO_HOST_ACTIONS = {"drop": "DROP", "return": "RETURN", "accept": "ACCEPT"}
 
 
-def _vxlan_rules(vxlan_port: int | None) -> tuple[list[str], list[str]]:
-    """(cali-INPUT, cali-OUTPUT) rules that admit VXLAN only between known VTEPs (none
-    without VXLAN)."""
-    if vxlan_port is None:
-        return [], []
-    vxlan = f"-p udp --dport {vxlan_port}"
-    return ([f"{vxlan} -m set --match-set {IPSET_ALL_VXLAN} src -j ACCEPT", f"{vxlan} -j DROP"],
-            [f"{vxlan} -m set --match-set {IPSET_ALL_VXLAN} dst -j ACCEPT"])
+def workload_tunnel_drops(vxlan_port: int | None, ipip: bool) -> tuple[str, ...]:
+    """From-workload rules dropping VXLAN (UDP to `vxlan_port`, when given) and IPIP
+    packets a pod sends: encapsulation would carry its traffic past its egress policy."""
+    drops = []
+    if vxlan_port is not None:
+        drops.append(f"-p udp --dport {vxlan_port} -j DROP")
+    if ipip:
+        drops.append("-p 4 -j DROP")
+    return tuple(drops)
+
+
+def _tunnel_rules(vxlan_port: int | None, ipip: bool) -> tuple[list[str], list[str]]:
+    """(cali-INPUT, cali-OUTPUT) rules that admit VXLAN only between known VTEPs and IPIP
+    (IP protocol 4) only between known nodes (none without VXLAN / IPIP), as Felix's."""
+    input_rules: list[str] = []
+    output: list[str] = []
+    if vxlan_port is not None:
+        vxlan = f"-p udp --dport {vxlan_port}"
+        input_rules += [f"{vxlan} -m set --match-set {IPSET_ALL_VXLAN} src -j ACCEPT",
+                        f"{vxlan} -j DROP"]
+        output.append(f"{vxlan} -m set --match-set {IPSET_ALL_VXLAN} dst -j ACCEPT")
+    if ipip:
+        input_rules += [f"-p 4 -m set --match-set {IPSET_ALL_HOSTS} src -j ACCEPT",
+                        "-p 4 -j DROP"]
+        output.append(f"-p 4 -m set --match-set {IPSET_ALL_HOSTS} dst -j ACCEPT")
+    return input_rules, output
 
 
 class RenderError(ValueError):
@@ -259,6 +278,10 @@ class RuleRenderer:
         self.interface_prefixes = interface_prefixes
         self.endpoint_to_host_action = endpoint_to_host_action
         self._ipset_name = ipset_namer or (ipset_name if family == 4 else ipset_name6)
+        # rules at the top of every from-workload chain dropping tunnel packets a pod sends
+        # (Felix's "Drop VXLAN/IPinIP encapped packets originating in workloads"); the
+        # manager sets them while VXLAN / IPIP is in use (`workload_tunnel_drops`)
+        self.workload_tunnel_drops: tuple[str, ...] = ()
 
     # --- one rule ----------------------------------------------------------------------------
 
@@ -482,6 +505,7 @@ class RuleRenderer:
             "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
             "-m conntrack --ctstate INVALID -j DROP",
             set_mark(0, self.marks.all),
+            *(() if to_workload or self.family != 4 else self.workload_tunnel_drops),
             *self.policy_section(endpoint.name, endpoint.tiers, endpoint.profile_ids,
                                  inbound=to_workload, policy_known=policy_known,
                                  profile_known=profile_known),
@@ -567,7 +591,7 @@ class RuleRenderer:
         return Chain(CHAIN_WL_SRC_DISPATCH, tuple(rules))
 
     def static_chains(self, *, ipvs: bool = False, vxlan_port: int | None = None,
-                      workload_policy: bool = True) -> list[Chain]:
+                      ipip: bool = False, workload_policy: bool = True) -> list[Chain]:
         """cali-FORWARD, cali-INPUT, cali-wl-to-host and cali-OUTPUT (filter table).
 
         `workload_policy=False` (BPF mode: the tc programs police workloads) renders the
@@ -577,7 +601,8 @@ class RuleRenderer:
         (`cali40all-vxlan-net`: their VTEPs' parent IPs) are accepted first thing in
         cali-INPUT, and others to that port dropped; VXLAN packets to those nodes are
         accepted first thing in cali-OUTPUT - so no host endpoint policy can cut the
-        overlay (Felix's rules).
+        overlay (Felix's rules). `ipip` (IPIP tunnels exist): the same for IPIP packets
+        (IP protocol 4) and the nodes' host IPs (`cali40all-hosts-net`).
 
         `ipvs` (kube-proxy's `kube-ipvs0` exists): a packet to an address that is not one of
         this host's (`cali40this-host`, which leaves kube-ipvs0's service addresses out) is
@@ -589,7 +614,7 @@ class RuleRenderer:
         if not workload_policy:
             if ipvs:
                 raise ValueError("static_chains: the IPVS rules need workload policy chains")
-            return self.host_endpoint_only_chains(vxlan_port=vxlan_port)
+            return self.host_endpoint_only_chains(vxlan_port=vxlan_port, ipip=ipip)
         m = self.marks
         wildcards = [f"{p}+" for p in self.interface_prefixes]
         accepted = f"{match_mark(m.accept, m.accept)} -j ACCEPT"
@@ -601,7 +626,7 @@ class RuleRenderer:
             + [f"-j {CHAIN_TO_HEP_FORWARD_DISPATCH}", accepted]
         )
         not_host = f"-m set ! --match-set {IPSET_THIS_HOST} dst"
-        input_rules, output = _vxlan_rules(vxlan_port)
+        input_rules, output = _tunnel_rules(vxlan_port, ipip)
         if ipvs:
             input_rules.append(f"{not_host} {set_mark(m.ipvs_forward, m.ipvs_forward)}")
         input_rules += [f"-i {w} -g {CHAIN_WL_TO_HOST}" for w in wildcards]
@@ -624,7 +649,8 @@ class RuleRenderer:
             Chain(CHAIN_OUTPUT, tuple(output)),
         ]
 
-    def host_endpoint_only_chains(self, *, vxlan_port: int | None = None) -> list[Chain]:
+    def host_endpoint_only_chains(self, *, vxlan_port: int | None = None,
+                                  ipip: bool = False) -> list[Chain]:
         """cali-FORWARD, cali-INPUT and cali-OUTPUT when BPF programs police the workloads.
 
         Nothing here filters workload traffic: no workload dispatch chains, no endpoint
@@ -636,14 +662,14 @@ class RuleRenderer:
         already applied the pod's egress policy and DefaultEndpointToHostAction (it drops on
         Drop); `-j ACCEPT` for Accept (as the iptables dataplane's cali-INPUT does, so the
         host's own INPUT rules do not see them), `-j RETURN` otherwise. Host endpoint
-        policy, failsafes and the VXLAN rules are as in `static_chains`."""
+        policy, failsafes and the VXLAN / IPIP rules are as in `static_chains`."""
         m = self.marks
         wildcards = [f"{p}+" for p in self.interface_prefixes]
         accepted = f"{match_mark(m.accept, m.accept)} -j ACCEPT"
         forward = [set_mark(0, m.all & ~m.accept),
                    f"{match_mark(0, m.accept)} -j {CHAIN_FROM_HEP_FORWARD_DISPATCH}",
                    f"-j {CHAIN_TO_HEP_FORWARD_DISPATCH}", accepted]
-        input_rules, output = _vxlan_rules(vxlan_port)
+        input_rules, output = _tunnel_rules(vxlan_port, ipip)
         to_host = "ACCEPT" if self.endpoint_to_host_action.lower() == "accept" else "RETURN"
         input_rules += [f"-i {w} -j {to_host}" for w in wildcards]
         input_rules += [accepted, set_mark(0, m.all), f"-j {CHAIN_FROM_HOST_DISPATCH}", accepted]

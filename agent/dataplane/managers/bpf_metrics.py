@@ -44,6 +44,7 @@ DROP_REASONS = {
     "xdp_dropped": "xdp_untracked_deny",
     "hep_rpf_dropped": "host_endpoint_rpf",
     "classifier_error": "classifier_error",
+    "tunnel_from_wep_dropped": "tunnel_from_workload",  # Allow*PacketsFromWorkloads false
 }
 GUARD_REASONS = {"from_unprogrammed": "guard_from_unprogrammed",
                  "to_unprogrammed": "guard_to_unprogrammed"}

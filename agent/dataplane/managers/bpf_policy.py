@@ -93,6 +93,9 @@ _STATE_MESSAGES = (
     proto.ActiveProfileUpdate, proto.ActiveProfileRemove,
     proto.WorkloadEndpointUpdate, proto.WorkloadEndpointRemove,
     proto.HostEndpointUpdate, proto.HostEndpointRemove,
+    # tunnels in use: the config map's drops of VXLAN/IPIP sent by workloads
+    proto.VXLANTunnelEndpointUpdate, proto.VXLANTunnelEndpointRemove,
+    proto.IPIPTunnelUpdate, proto.IPIPTunnelRemove,
 )
 _SET_ID = struct.Struct("=I")  # ipset key: prefixlen u32, then set_id u32
 

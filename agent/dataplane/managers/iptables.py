@@ -6,7 +6,9 @@ iptables). Inputs (`on_update`): `ActivePolicyUpdate/Remove`, `ActiveProfileUpda
 (DefaultEndpointToHostAction, FailsafeInboundHostPorts, FailsafeOutboundHostPorts),
 `VXLANTunnelEndpointUpdate/Remove` (the nodes' VXLAN parent IPs, kept in the set
 `cali40all-vxlan-net`: the only sources VXLAN packets are accepted from, and no host endpoint
-policy blocks them), the interface monitor's `InterfaceAddrsUpdate` (host endpoints given by
+policy blocks them), `IPIPTunnelUpdate/Remove` (the nodes' host IPs, kept in
+`cali40all-hosts-net`: the only sources IPIP packets are accepted from), the interface
+monitor's `InterfaceAddrsUpdate` (host endpoints given by
 `expectedIPs` only are resolved to the interfaces carrying those addresses) and
 `InterfaceUpdate` (`kube-ipvs0` appearing or going switches the IPVS rules), `InSync`.
 Output (`apply`): three IPv4 tables of the namespace hold exactly the rendered chains
@@ -93,11 +95,16 @@ from pyfelix.agent.dataplane.iptables.ipv6 import (
     ipv6_disabled_static_chains,
     ipv6_workload_static_chains,
 )
-from pyfelix.agent.dataplane.iptables.names import IPSET_ALL_VXLAN, valid_iface_name
+from pyfelix.agent.dataplane.iptables.names import (
+    IPSET_ALL_HOSTS,
+    IPSET_ALL_VXLAN,
+    valid_iface_name,
+)
 from pyfelix.agent.dataplane.iptables.render import (
     ENDPOINT_TO_HOST_ACTIONS,
     Marks,
     RuleRenderer,
+    workload_tunnel_drops,
 )
 from pyfelix.agent.dataplane.iptables.restore import (
     IptablesBinaries,
@@ -120,6 +127,8 @@ from pyfelix.agent.proto import (
     HostEndpointRemove,
     HostEndpointUpdate,
     InSync,
+    IPIPTunnelRemove,
+    IPIPTunnelUpdate,
     Policy,
     PolicyID,
     Profile,
@@ -166,8 +175,13 @@ class IptablesManager(ManagerBase):
         vxlan_port: int = 4789,
         host_endpoints_only: bool = False,
         ipv6_policy: bool = True,
+        allow_vxlan_from_workloads: bool = False,
+        allow_ipip_from_workloads: bool = False,
     ) -> None:
         super().__init__()
+        # AllowVXLANPacketsFromWorkloads / AllowIPIPPacketsFromWorkloads (Felix's)
+        self._allow_vxlan_from_workloads = allow_vxlan_from_workloads
+        self._allow_ipip_from_workloads = allow_ipip_from_workloads
         # BPF mode: workloads are the tc programs' business (see the module docstring)
         self.host_endpoints_only = host_endpoints_only
         # Ipv6Support (iptables mode): False renders no IPv6 policy, only the drop chains
@@ -175,7 +189,9 @@ class IptablesManager(ManagerBase):
         self._runner = runner or NetnsCommandRunner(netns)
         self._vxlan_port = vxlan_port
         self._vxlan_sources: dict[str, str] = {}  # node -> its VTEP's parent IP
-        self._vxlan_sets = FixedIPSets(self._runner, (IPSET_ALL_VXLAN,))
+        self._ipip_sources: dict[str, str] = {}  # node -> its host IP (IPIP tunnels)
+        # both tunnel source sets (cali40all-vxlan-net, cali40all-hosts-net)
+        self._vxlan_sets = FixedIPSets(self._runner, (IPSET_ALL_VXLAN, IPSET_ALL_HOSTS))
         self._vxlan_set_dirty = False
         self._vxlan_set_checked = False
         self._backend_mode = backend
@@ -323,10 +339,32 @@ class IptablesManager(ManagerBase):
             self._vxlan_set_dirty = True
             if had_any != bool(self._vxlan_sources):
                 self._static_dirty = True
+                self._update_workload_tunnel_drops()
+        elif isinstance(msg, IPIPTunnelUpdate | IPIPTunnelRemove):
+            had_any = bool(self._ipip_sources)
+            if isinstance(msg, IPIPTunnelUpdate):
+                self._ipip_sources[msg.node] = msg.parent_device_ip
+            else:
+                self._ipip_sources.pop(msg.node, None)
+            self._vxlan_set_dirty = True
+            if had_any != bool(self._ipip_sources):
+                self._static_dirty = True
+                self._update_workload_tunnel_drops()
         elif isinstance(msg, ConfigUpdate):
             self._on_config(dict(msg.config))
         elif isinstance(msg, InSync):
             self._datastore_in_sync = True
+
+    def _update_workload_tunnel_drops(self) -> None:
+        """While VXLAN / IPIP is in use, pods may not send it (unless allowed): every
+        workload's from-chain gets the drops, so all endpoints are re-rendered."""
+        drops = workload_tunnel_drops(
+            self._vxlan_port if self._vxlan_sources and not self._allow_vxlan_from_workloads
+            else None,
+            bool(self._ipip_sources) and not self._allow_ipip_from_workloads)
+        if drops != self._renderer.workload_tunnel_drops:
+            self._renderer.workload_tunnel_drops = drops
+            self._all_endpoints_dirty = True
 
     def _on_host_endpoint(self, msg: HostEndpointUpdate) -> None:
         name = msg.endpoint.name
@@ -478,6 +516,7 @@ class IptablesManager(ManagerBase):
         vxlan_port = self._vxlan_port if self._vxlan_sources else None
         for chain in self._renderer.static_chains(ipvs=self._ipvs and workloads,
                                                   vxlan_port=vxlan_port,
+                                                  ipip=bool(self._ipip_sources),
                                                   workload_policy=workloads):
             filter_table.set_chain(chain)
         for base, rules in self._renderer.base_chain_inserts().items():
@@ -590,13 +629,15 @@ class IptablesManager(ManagerBase):
             self._vxlan_set_checked = False
             self._resync_requested = False
         if self._vxlan_set_dirty:
-            if self._vxlan_sources:
-                self._vxlan_sets.set_members(IPSET_ALL_VXLAN, self._vxlan_sources.values())
-            else:
-                self._vxlan_sets.remove(IPSET_ALL_VXLAN)
+            for name, sources in ((IPSET_ALL_VXLAN, self._vxlan_sources),
+                                  (IPSET_ALL_HOSTS, self._ipip_sources)):
+                if sources:
+                    self._vxlan_sets.set_members(name, sources.values())
+                else:
+                    self._vxlan_sets.remove(name)
             self._vxlan_set_dirty = False
-        if self._vxlan_sources:
-            self._vxlan_sets.apply()  # before the rules that match it
+        if self._vxlan_sources or self._ipip_sources:
+            self._vxlan_sets.apply()  # before the rules that match them
         # One restore; raw and mangle first: the filter table's cali-INPUT/-OUTPUT trust the
         # ACCEPT mark their policies set. Then IPv6 (its own restore), even when IPv4 failed.
         errors: list[IptablesError] = []
@@ -635,7 +676,7 @@ class IptablesManager(ManagerBase):
                 f"kernel): {exc}") from exc
 
     def finish_apply(self) -> None:
-        if self._datastore_in_sync and not self._vxlan_sources:
+        if self._datastore_in_sync and not (self._vxlan_sources and self._ipip_sources):
             # The rules using the set are gone by now. The first time, read the kernel
             # (`apply` resyncs) so a set left by an earlier run is swept too.
             if not self._vxlan_set_checked:

@@ -23,36 +23,75 @@ Order inside one apply: sets are created/filled before the rule that references 
 destroyed (`finish_apply`) only after the rules are gone. Before InSync nothing of ours is
 deleted (a restarted agent keeps masquerading until it knows the pools again).
 IPv6 pools are skipped (IPv4 nat table only).
+
+Floating IPs (FloatingIPs Enabled, `floating_ips=True`): `WorkloadEndpointUpdate/Remove`
+carry each local endpoint's `ipv4_nat`; while any exists the nat table also holds Felix's
+
+    PREROUTING, OUTPUT ─(our inserts)─> cali-PREROUTING / cali-OUTPUT ──> cali-fip-dnat
+        -d <external>/32 -j DNAT --to-destination <internal>     (one per floating IP)
+    cali-POSTROUTING ──> cali-fip-snat (before cali-nat-outgoing)
+        -s <internal>/32 -d <internal>/32 -j SNAT --to-source <external>
+        (a pod reaching its own floating IP sees it answer from that address)
+
+The DNAT happens before routing and before the filter table, so the pod's ingress policy
+(iptables chains, or the tc program on its veth in BPF mode) sees the pod's own address:
+policy for a floating IP is the policy of the pod IP; replies are un-NATed by conntrack.
+Floating IPs are IPv4 only here.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
+from collections.abc import Iterable
 
 from pyfelix.agent.dataplane.iptables.chains import Chain
 from pyfelix.agent.dataplane.iptables.names import (
+    CHAIN_FIP_DNAT,
+    CHAIN_FIP_SNAT,
     CHAIN_NAT_OUTGOING,
+    CHAIN_OUTPUT,
     CHAIN_POSTROUTING,
+    CHAIN_PREROUTING,
     IPSET_ALL_POOLS,
     IPSET_MASQ_POOLS,
 )
 from pyfelix.agent.dataplane.iptables.restore import IptablesBinaries, IptablesTable, detect_backend
 from pyfelix.agent.dataplane.manager import ManagerBase
 from pyfelix.agent.dataplane.managers.fixed_ipsets import FixedIPSets
-from pyfelix.agent.proto import InSync, IPAMPoolRemove, IPAMPoolUpdate
+from pyfelix.agent.proto import (
+    InSync,
+    IPAMPoolRemove,
+    IPAMPoolUpdate,
+    NatInfo,
+    WorkloadEndpointRemove,
+    WorkloadEndpointUpdate,
+)
 from pyfelix.agent.shims.cmd import CommandRunner, NetnsCommandRunner
 
 log = logging.getLogger(__name__)
 
 
-def nat_chains(masquerade_active: bool) -> list[Chain]:
-    """The nat table's chains (pure): cali-POSTROUTING and cali-nat-outgoing."""
+def nat_chains(masquerade_active: bool,
+               floating_ips: Iterable[NatInfo] = ()) -> list[Chain]:
+    """The nat table's chains (pure): cali-POSTROUTING and cali-nat-outgoing; with floating
+    IPs also cali-PREROUTING / cali-OUTPUT -> cali-fip-dnat and cali-fip-snat (Felix's)."""
     rules: tuple[str, ...] = ()
     if masquerade_active:
         rules = (f"-m set --match-set {IPSET_MASQ_POOLS} src "
                  f"-m set ! --match-set {IPSET_ALL_POOLS} dst -j MASQUERADE",)
-    return [Chain(CHAIN_POSTROUTING, (f"-j {CHAIN_NAT_OUTGOING}",)),
+    fips = sorted(set(floating_ips))
+    if not fips:
+        return [Chain(CHAIN_POSTROUTING, (f"-j {CHAIN_NAT_OUTGOING}",)),
+                Chain(CHAIN_NAT_OUTGOING, rules)]
+    dnat = tuple(f"-d {f.ext_ip}/32 -j DNAT --to-destination {f.int_ip}" for f in fips)
+    snat = tuple(f"-s {f.int_ip}/32 -d {f.int_ip}/32 -j SNAT --to-source {f.ext_ip}"
+                 for f in fips)
+    return [Chain(CHAIN_PREROUTING, (f"-j {CHAIN_FIP_DNAT}",)),
+            Chain(CHAIN_OUTPUT, (f"-j {CHAIN_FIP_DNAT}",)),
+            Chain(CHAIN_FIP_DNAT, dnat),
+            Chain(CHAIN_POSTROUTING, (f"-j {CHAIN_FIP_SNAT}", f"-j {CHAIN_NAT_OUTGOING}")),
+            Chain(CHAIN_FIP_SNAT, snat),
             Chain(CHAIN_NAT_OUTGOING, rules)]
 
 
@@ -60,8 +99,11 @@ class NatOutgoingManager(ManagerBase):
     name = "nat-outgoing"
 
     def __init__(self, *, netns: str | None = None, runner: CommandRunner | None = None,
-                 backend: str = "auto", binaries: IptablesBinaries | None = None) -> None:
+                 backend: str = "auto", binaries: IptablesBinaries | None = None,
+                 floating_ips: bool = False) -> None:
         super().__init__()
+        self._floating_ips_enabled = floating_ips
+        self._floating_ips: dict[object, tuple[NatInfo, ...]] = {}  # endpoint id -> NATs
         self._runner = runner or NetnsCommandRunner(netns)
         self._backend_mode = backend
         self._binaries = binaries
@@ -95,6 +137,17 @@ class NatOutgoingManager(ManagerBase):
                 self._dirty = True
         elif isinstance(msg, IPAMPoolRemove):
             self._forget(msg.id)
+        elif isinstance(msg, WorkloadEndpointUpdate):
+            nats = msg.endpoint.ipv4_nat if self._floating_ips_enabled else ()
+            if self._floating_ips.get(msg.id, ()) != nats:
+                if nats:
+                    self._floating_ips[msg.id] = nats
+                else:
+                    self._floating_ips.pop(msg.id, None)
+                self._dirty = True
+        elif isinstance(msg, WorkloadEndpointRemove):
+            if self._floating_ips.pop(msg.id, None) is not None:
+                self._dirty = True
         elif isinstance(msg, InSync):
             self._datastore_in_sync = True
 
@@ -108,6 +161,9 @@ class NatOutgoingManager(ManagerBase):
         if self._table is not None:
             self._table.request_resync()
 
+    def floating_ips(self) -> list[NatInfo]:
+        return sorted({nat for nats in self._floating_ips.values() for nat in nats})
+
     def masquerading_pools(self) -> list[str]:
         return sorted(cidr for cidr, masq in self._pools.values() if masq)
 
@@ -116,9 +172,15 @@ class NatOutgoingManager(ManagerBase):
             self._sets.set_members(IPSET_ALL_POOLS, (c for c, _ in self._pools.values()))
             self._sets.set_members(IPSET_MASQ_POOLS, self.masquerading_pools())
             table = self.table
-            for chain in nat_chains(bool(self.masquerading_pools())):
+            fips = self.floating_ips()
+            chains = nat_chains(bool(self.masquerading_pools()), fips)
+            for name in table.desired_chain_names() - {c.name for c in chains}:
+                table.remove_chain(name)
+            for chain in chains:
                 table.set_chain(chain)
             table.set_base_inserts("POSTROUTING", (f"-j {CHAIN_POSTROUTING}",))
+            for base, ours in (("PREROUTING", CHAIN_PREROUTING), ("OUTPUT", CHAIN_OUTPUT)):
+                table.set_base_inserts(base, (f"-j {ours}",) if fips else ())
             self._dirty = False
         if self._resync_requested:
             self._sets.request_resync()

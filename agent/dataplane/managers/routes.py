@@ -3,7 +3,9 @@ when the workload's MAC is known), blackholes for local blocks.
 
 Role: Felix's route table for workload interfaces. Inputs (`on_update`):
 - `WorkloadEndpointUpdate/Remove`: each endpoint's interface name and IPv4/IPv6 nets; every
-  address gets a host route (/32 or /128) `dev <iface> scope link proto ROUTE_PROTOCOL`;
+  address gets a host route (/32 or /128) `dev <iface> scope link proto ROUTE_PROTOCOL`,
+  and so does each floating IP (`ipv4_nat`) when FloatingIPs is Enabled (`floating_ips`:
+  BIRD learns it and advertises it like a pod address);
   when the endpoint's MAC is known (WorkloadEndpoint `spec.mac`), each IPv4 address also
   gets a permanent neighbour entry beside its route (`ip neigh replace <ip> lladdr <mac>
   dev <iface> nud permanent`, Felix's static ARP), so the host never ARPs for its pods;
@@ -107,9 +109,11 @@ class RouteManager(ManagerBase):
         protocol: int = ROUTE_PROTOCOL,
         interface_prefixes: tuple[str, ...] = ("cali",),
         ipv6: bool = True,
+        floating_ips: bool = False,
     ) -> None:
         super().__init__()
         self._ipv6 = ipv6  # Ipv6Support: False programs no IPv6 route
+        self._floating_ips = floating_ips
         self._netns = netns
         self._netlink = netlink
         self._neighbours = neighbours
@@ -147,6 +151,8 @@ class RouteManager(ManagerBase):
             nets = tuple(msg.endpoint.ipv4_nets)
             if self._ipv6:
                 nets += tuple(msg.endpoint.ipv6_nets)
+            if self._floating_ips:  # each floating IP is routed to its workload too (Felix)
+                nets += tuple(f"{n.ext_ip}/32" for n in msg.endpoint.ipv4_nat)
             self._endpoints[msg.id] = (msg.endpoint.name, nets, msg.endpoint.mac.lower())
             self._desired_dirty = True
         elif isinstance(msg, WorkloadEndpointRemove):

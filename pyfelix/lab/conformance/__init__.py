@@ -34,7 +34,7 @@ CASES_BY_NAME: dict[str, Case] = {c.name: c for c in ALL_CASES}
 # cases they follow come along (see `case.select_cases`). Not the cases with a pod removed
 # (k8s-pod-absent, k8s-pod-added-*): the lab's multi-node in-sync waits for a BGP route to
 # EVERY pod of the topology, and a pod without a Pod document rightly has none, so the lab
-# times out there (lab.agents._bgp_routes_ready; reported to the lead).
+# times out there (lab.agents._cross_node_routes_ready; reported to the lead).
 CROSS_NODE_SAMPLE: tuple[str, ...] = (
     "k8s-default-deny-all", "k8s-policy-update", "k8s-pod-relabel-target", "k8s-and-peer",
     "k8s-or-peers", "k8s-ipblock-except", "k8s-egress-to-pods", "k8s-egress-named-port",

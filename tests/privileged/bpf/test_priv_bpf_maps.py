@@ -198,7 +198,8 @@ def test_every_map_dumps_json_ready_rows_from_its_pin(loaded, harness, pin_dir):
     assert rows["config"] == [{"flags": 0, "endpoint_to_host_action": "DROP",
                               "bpf_enforce_rpf": "STRICT", "bpf_redirect_to_peer": "Enabled",
                               "ctlb_udp": False, "ipv6_support": True,
-                              "flow_events": False}]
+                              "flow_events": False, "drop_vxlan_from_workloads_port": 0,
+                              "drop_ipip_from_workloads": False}]
     assert rows["untracked"] == []
     # the classifier: the chain's instance, its header, its source-address entry
     (chain,) = [r for r in rows["cls_chains"] if r["chain_start"] == rows["endpoints"][0][
