@@ -393,9 +393,10 @@ PARAMS: tuple[Param, ...] = (
     Param("VXLANVNI", 4096, int_in(1, (1 << 24) - 1), restart=True),
     Param("VXLANPort", 4789, parse_port, restart=True),
     Param("VXLANMTU", 0, int_in(68, 65535, also=(0,)), restart=True),
-    # Flow logs (BPF mode): Calico Enterprise's names (Felix open source has only the interval)
+    # Flow logs: Calico Enterprise's names (Felix open source has only the interval)
     Param("FlowLogsFileEnabled", False, parse_bool, restart=True,
-          help="pyfelix: write flow logs (BPF mode) as JSON lines to FlowLogsFileDirectory."),
+          help="pyfelix: write flow logs as JSON lines to FlowLogsFileDirectory (BPF: ring "
+               "buffer events; iptables: NFLOG rules before each decision)."),
     Param("FlowLogsFileDirectory", "/var/log/calico/flowlogs", parse_str, restart=True,
           help="pyfelix: where flows.log (and its rotations) is written."),
     Param("FlowLogsFlushInterval", 300.0, parse_positive_seconds, restart=True),

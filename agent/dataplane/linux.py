@@ -21,6 +21,8 @@ Order of a round (phase 1 `apply`, then phase 2 `finish_apply` in the same order
     VXLANManager        vxlan.calico device, VTEP FDB/ARP, routes to remote VXLAN blocks
     SysctlManager       forwarding, proxy ARP, rp_filter (0 in BPF mode, and in iptables
                         mode where the endpoint allows spoofed IPv4 sources)
+    NflogFlowLogManager iptables mode with FlowLogsFileEnabled: reads the NFLOG rules'
+                        groups (its own thread) and writes flows.log
     EndpointStatusManager  up/down per endpoint to a callback (status reporting), when given
     BpfCleanupManager   iptables mode with a pin dir only, LAST: phase 2 of the first round
                         after in-sync (once per process) detaches the tc filters and XDP
@@ -77,6 +79,7 @@ from pyfelix.agent.dataplane.manager import Manager
 from pyfelix.agent.dataplane.managers.bpf_cleanup import BpfCleanupManager
 from pyfelix.agent.dataplane.managers.bpf_ctlb import detach_ctlb_programs
 from pyfelix.agent.dataplane.managers.endpoint_status import EndpointStatusManager, Report
+from pyfelix.agent.dataplane.managers.flow_logs import NflogFlowLogManager
 from pyfelix.agent.dataplane.managers.hostips import HostIPsManager, InterfaceMatcher
 from pyfelix.agent.dataplane.managers.ipsets import IPSetsManager
 from pyfelix.agent.dataplane.managers.iptables import IptablesManager
@@ -109,6 +112,12 @@ class LinuxDataplaneConfig:
     # tests and tools that build a namespace's dataplane directly): no cleanup at all.
     bpf_pin_dir: str | None = None
     bpf_cgroup_v2: str = ""  # BPFCgroupV2: where a BPF-mode agent attached its cgroup programs
+    # FlowLogsFileEnabled -> FlowLogsFileDirectory ("" = off). iptables mode: NFLOG rules and
+    # an NflogFlowLogManager; BPF mode: the BPF managers bring their own reader.
+    flow_logs_directory: str = ""
+    flow_logs_flush_interval: float = 300.0  # FlowLogsFlushInterval
+    flow_logs_max_bytes: int = 100 << 20  # FlowLogsFileMaxFileSizeMB
+    flow_logs_max_files: int = 5  # FlowLogsFileMaxFiles
 
     def __post_init__(self) -> None:
         if not 0 < self.vxlan_vni < 1 << 24:
@@ -139,6 +148,11 @@ class LinuxDataplaneConfig:
             bpf_pin_dir=config.bpf_pin_dir,
             bpf_cgroup_v2=str(config.bpf_cgroup_v2),
             route_protocol=config.route_table_protocol,
+            flow_logs_directory=(str(config.flow_logs_file_directory)
+                                 if config.flow_logs_file_enabled else ""),
+            flow_logs_flush_interval=float(config.flow_logs_flush_interval),
+            flow_logs_max_bytes=int(config.flow_logs_file_max_file_size_mb) << 20,
+            flow_logs_max_files=int(config.flow_logs_file_max_files),
         )
 
 
@@ -159,6 +173,7 @@ def linux_managers(cfg: LinuxDataplaneConfig, *, netns: str | None = None,
         failsafes=Failsafes(cfg.failsafe_inbound, cfg.failsafe_outbound),
         vxlan_port=cfg.vxlan_port,
         host_endpoints_only=cfg.bpf_mode,
+        flow_logs=bool(cfg.flow_logs_directory) and not cfg.bpf_mode,
     )
     managers += [
         IPSetsManager(netns=netns, max_size=cfg.max_ipset_size,
@@ -176,6 +191,11 @@ def linux_managers(cfg: LinuxDataplaneConfig, *, netns: str | None = None,
         SysctlManager(netns=netns, interface_prefixes=cfg.interface_prefixes,
                       bpf_mode=cfg.bpf_mode),
     ]
+    if cfg.flow_logs_directory and not cfg.bpf_mode:
+        managers.append(NflogFlowLogManager(
+            directory=cfg.flow_logs_directory, flush_interval=cfg.flow_logs_flush_interval,
+            max_bytes=cfg.flow_logs_max_bytes, max_files=cfg.flow_logs_max_files,
+            netns=netns))
     if endpoint_status is not None:
         managers.append(EndpointStatusManager(endpoint_status))
     if not cfg.bpf_mode and cfg.bpf_pin_dir is not None:

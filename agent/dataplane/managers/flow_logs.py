@@ -1,6 +1,15 @@
-"""Flow logs (BPF mode): the tc programs' policy-decision events -> aggregated JSON lines.
+"""Flow logs: the dataplane's policy-decision events -> aggregated JSON lines.
 
-Role: a thread reads this build's `flow_events` ring buffer (bpf/include/flow_events.h:
+Two sources, one aggregator and file:
+- BPF mode (`FlowLogManager`): the tc programs' events from this build's ring buffer;
+- iptables mode (`NflogFlowLogManager`): the NFLOG rules the renderer puts before each
+  decision (agent/dataplane/iptables/nflog.py: group 1 denies, group 2 allows of new flows,
+  the prefix naming the rule), read from nfnetlink_log (agent/shims/nflog.py). The reader
+  takes at most `max_events_per_sec` messages a second; the rest overflow the socket's
+  buffer in the kernel, which counts them (`pyfelix_flow_log_events_dropped_total`), so a
+  flood costs the agent a bounded share of one core.
+
+BPF mode: a thread reads this build's `flow_events` ring buffer (bpf/include/flow_events.h:
 one event per policy decision, rate-limited in the kernel, the rest counted as
 `flow_events_dropped`), aggregates the events per (source, destination, destination port,
 protocol, action, deciding policy rule, reporter) over `FlowLogsFlushInterval` and appends
@@ -38,17 +47,24 @@ from prometheus_client import Counter
 
 from pyfelix.agent import proto
 from pyfelix.agent.bpf.maps import flow_events as events_map
+from pyfelix.agent.dataplane.iptables import nflog as nflog_prefixes
 from pyfelix.agent.dataplane.manager import ManagerBase
 
 log = logging.getLogger(__name__)
 
 FILE_NAME = "flows.log"
+DEFAULT_EVENTS_PER_SEC = 5000  # iptables mode's reader budget (BPF: FLOW_EVENTS_PER_SEC)
 PROTO_NAMES = {1: "icmp", 6: "tcp", 17: "udp", 132: "sctp"}
 
 EVENTS = Counter("pyfelix_flow_log_events", "Policy-decision events read from the kernel's "
                  "flow_events ring buffer (the dropped ones: pyfelix_bpf global counter "
                  "flow_events_dropped).")
 RECORDS = Counter("pyfelix_flow_log_records", "Aggregated flow-log records written.")
+NFLOG_DROPPED = Counter("pyfelix_flow_log_events_dropped", "iptables mode: NFLOG messages the "
+                        "kernel dropped because the flow-log reader's socket buffer was full "
+                        "(the reader takes at most its per-second budget).")
+NFLOG_MALFORMED = Counter("pyfelix_flow_log_events_malformed", "iptables mode: NFLOG messages "
+                          "that did not parse, or whose prefix names no known rule.")
 
 
 def policy_label(meta: Any) -> str:
@@ -75,7 +91,12 @@ class FlowAggregator:
         self._flows: dict[tuple[Any, ...], dict[str, Any]] = {}
 
     def add(self, ev: dict[str, Any]) -> None:
-        meta = self._meta_of(ev["counter_id"]) if ev["counter_id"] else None
+        """`ev`: a decoded BPF event (`counter_id` -> meta_of) or the same keys with the
+        deciding rule itself as `meta` (iptables mode)."""
+        if "meta" in ev:
+            meta = ev["meta"]
+        else:
+            meta = self._meta_of(ev["counter_id"]) if ev["counter_id"] else None
         action = "allow" if ev["allowed"] else "deny"
         reporter = "src" if ev["hook"] == events_map.HOOK_FROM_WEP else "dst"
         key = (ev["src"], ev["dst"], ev["dport"], ev["proto"], action, policy_label(meta),
@@ -163,7 +184,8 @@ class FlowLogManager(ManagerBase):
         if isinstance(msg, proto.WorkloadEndpointUpdate):
             self._forget(msg.id)
             namespace, _, pod = msg.id.workload.partition("/")
-            addrs = tuple(n.split("/")[0] for n in msg.endpoint.ipv4_nets)
+            addrs = tuple(n.split("/")[0]
+                          for n in (*msg.endpoint.ipv4_nets, *msg.endpoint.ipv6_nets))
             self._by_endpoint[msg.id] = addrs
             for a in addrs:
                 self._names[a] = (namespace, pod or namespace)
@@ -218,3 +240,98 @@ class FlowLogManager(ManagerBase):
         if self.on_close is not None:
             self.on_close()
             self.on_close = None
+
+
+class NflogFlowLogManager(FlowLogManager):
+    """iptables mode: NFLOG groups 1 and 2 of this namespace -> the same records."""
+
+    def __init__(self, *, directory: str, flush_interval: float, max_bytes: int,
+                 max_files: int, netns: str | None = None,
+                 max_events_per_sec: int = DEFAULT_EVENTS_PER_SEC,
+                 open_socket: Callable[[], Any] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(None, lambda _n: None, directory=directory,
+                         flush_interval=flush_interval, max_bytes=max_bytes,
+                         max_files=max_files)
+        self.decoder = nflog_prefixes.PrefixDecoder()
+        self._netns = netns
+        self._open_socket = open_socket
+        self._budget = max_events_per_sec
+        self._clock = clock
+        self.dropped = 0  # kernel drops seen so far
+
+    def on_update(self, msg: object) -> None:
+        super().on_update(msg)
+        if isinstance(msg, proto.ActivePolicyUpdate):
+            self.decoder.learn(msg.id.tier, msg.id.name)
+        elif isinstance(msg, proto.ActivePolicyRemove):
+            self.decoder.forget(msg.id.tier, msg.id.name)
+        elif isinstance(msg, proto.ActiveProfileUpdate):
+            self.decoder.learn("", msg.id)
+        elif isinstance(msg, proto.ActiveProfileRemove):
+            self.decoder.forget("", msg.id)
+
+    def add_packet(self, pkt: Any) -> bool:
+        """One NflogPacket -> the aggregator; False if its prefix names no rule of ours."""
+        rule = self.decoder.decode(pkt.prefix)
+        if rule is None:
+            return False
+        self.aggregator.add({
+            "src": pkt.src, "dst": pkt.dst, "sport": pkt.sport, "dport": pkt.dport,
+            "proto": pkt.proto, "len": pkt.length, "allowed": rule.action == "allow",
+            "hook": (events_map.HOOK_TO_WEP if rule.direction == "ingress"
+                     else events_map.HOOK_FROM_WEP),
+            "meta": rule})
+        return True
+
+    def _run(self) -> None:
+        from pyfelix.agent.shims.netns import NetnsThread
+        from pyfelix.agent.shims.nflog import NflogSocket
+
+        ns = NetnsThread(self._netns)
+        try:
+            opener = self._open_socket or (lambda: NflogSocket(
+                (nflog_prefixes.GROUP_DENY, nflog_prefixes.GROUP_ALLOW)))
+            try:
+                sock = ns.call(opener)
+            except OSError as exc:
+                log.error("flow logs: cannot read NFLOG: %s; no flow logs", exc)
+                return
+            try:
+                self._read_loop(sock, lambda: ns.call(sock.kernel_drops))
+            finally:
+                sock.close()
+        finally:
+            ns.close()
+
+    def _read_loop(self, sock: Any, kernel_drops: Callable[[], int]) -> None:
+        import select
+
+        next_flush = self._clock() + self._interval
+        window, taken = self._clock(), 0
+        while not self._stop.is_set():
+            now = self._clock()
+            if now - window >= 1.0:
+                window, taken = now, 0
+            if taken >= self._budget:  # over budget: let the kernel queue/drop the rest
+                self._stop.wait(max(0.0, window + 1.0 - now))
+            elif select.select([sock], [], [], 0.1)[0]:
+                for _ in range(min(256, self._budget - taken)):
+                    packets, malformed = sock.read()
+                    taken += 1
+                    for pkt in packets:
+                        EVENTS.inc()
+                        if not self.add_packet(pkt):
+                            malformed += 1
+                    if malformed:
+                        NFLOG_MALFORMED.inc(malformed)
+                    if not select.select([sock], [], [], 0)[0]:
+                        break
+            if self._clock() >= next_flush:
+                drops = kernel_drops()
+                if drops > self.dropped:
+                    NFLOG_DROPPED.inc(drops - self.dropped)
+                    self.dropped = drops
+                self.flush()
+                next_flush = self._clock() + self._interval
+        self.flush()

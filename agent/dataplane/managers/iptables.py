@@ -161,6 +161,7 @@ class IptablesManager(ManagerBase):
         failsafes: Failsafes | None = None,
         vxlan_port: int = 4789,
         host_endpoints_only: bool = False,
+        flow_logs: bool = False,
     ) -> None:
         super().__init__()
         # BPF mode: workloads are the tc programs' business (see the module docstring)
@@ -177,12 +178,14 @@ class IptablesManager(ManagerBase):
             marks=marks,
             interface_prefixes=interface_prefixes,
             endpoint_to_host_action=endpoint_to_host_action,
+            flow_logs=flow_logs,
         )
         self._renderer6 = RuleRenderer(
             marks=marks,
             interface_prefixes=interface_prefixes,
             endpoint_to_host_action=endpoint_to_host_action,
             family=6,
+            flow_logs=flow_logs,
         )
         self._hep_renderer = HostEndpointRenderer(self._renderer)
         self._failsafes = failsafes if failsafes is not None else default_failsafes()
