@@ -1,4 +1,5 @@
-"""Flow logs in BPF mode with a real agent in lab namespaces: every probe of
+"""Flow logs on both dataplanes with a real agent in lab namespaces (BPF: the tc programs'
+ring buffer; iptables: the NFLOG rules): every probe of
 tests/lab/scenarios/calico-gnp-order.yaml appears in `pyfelix flows -o json` (the real CLI
 over the agent's flows.log) with the probe's action and the deciding policy rule, reported
 by the destination's ingress policy (the source's egress is its profile's allow), with the
@@ -41,14 +42,15 @@ def _flows(directory: Path) -> list[dict[str, Any]]:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("dataplane", ["bpf", "iptables"])
 def test_every_probe_is_in_the_flow_log_with_its_action_and_policy(
-        root_guard: Any, tmp_path: Path) -> None:
+        root_guard: Any, tmp_path: Path, dataplane: str) -> None:
     flows_dir = tmp_path / "flows"
-    agents = AgentProcesses("bpf", extra_env={
+    agents = AgentProcesses(dataplane, extra_env={
         "FELIX_FLOWLOGSFILEENABLED": "true", "FELIX_FLOWLOGSFILEDIRECTORY": str(flows_dir),
         "FELIX_FLOWLOGSFLUSHINTERVAL": "1"})
     scenario = load_scenario(SCENARIOS / "calico-gnp-order.yaml")
-    with LabRunner(scenario, agents=agents, dataplane="bpf", program_routes=False,
+    with LabRunner(scenario, agents=agents, dataplane=dataplane, program_routes=False,
                    probe_timeout=1.0) as lab:
         lab.build()
         lab.start_agents()
