@@ -23,10 +23,11 @@ policy, rule index, action). Outputs: the file; `pyfelix_flow_log_events_total`,
 (start_time, end_time, source_ip, source_name, source_namespace, source_type, dest_ip,
 dest_name, dest_namespace, dest_type, dest_port, proto, action, reporter, policies
 {all_policies: ["<order>|<tier>|<policy>|<action>|<rule index>"]}, num_flows,
-num_flows_started); pyfelix's own: packets and bytes of the packets policy decided
-(`policy_packets`, `policy_bytes`: a new flow's first packet, every packet of a denied
-one), not the flow's whole traffic. Remote endpoints are not named (`-`, type `net`): the
-dataplane knows only its own endpoints.
+num_flows_started); pyfelix's own: `source_ports` (the first MAX_SOURCE_PORTS of the
+aggregated flows' source ports, sorted; ICMP: echo ids), packets and bytes of the packets
+policy decided (`policy_packets`, `policy_bytes`: a new flow's first packet, every packet
+of a denied one), not the flow's whole traffic. Remote endpoints are not named (`-`, type
+`net`): the dataplane knows only its own endpoints.
 
 Invariants: the reader never blocks the dataplane loop (its own thread); a write error is
 logged with the number of records lost (the next flush tries the file again).
@@ -53,6 +54,7 @@ from pyfelix.agent.dataplane.manager import ManagerBase
 log = logging.getLogger(__name__)
 
 FILE_NAME = "flows.log"
+MAX_SOURCE_PORTS = 32  # listed per record (all when fewer): which flows a record holds
 DEFAULT_EVENTS_PER_SEC = 5000  # iptables mode's reader budget (BPF: FLOW_EVENTS_PER_SEC)
 PROTO_NAMES = {1: "icmp", 6: "tcp", 17: "udp", 132: "sctp"}
 
@@ -133,6 +135,7 @@ class FlowAggregator:
                 "action": action, "reporter": reporter,
                 "policies": {"all_policies": [policy]},
                 "num_flows": len(rec["ports"]), "num_flows_started": len(rec["ports"]),
+                "source_ports": sorted(rec["ports"])[:MAX_SOURCE_PORTS],
                 "policy_packets": rec["packets"], "policy_bytes": rec["bytes"],
             })
         return out

@@ -45,10 +45,7 @@ def _flows(directory: Path) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("dataplane", ["bpf", "iptables"])
 def test_every_probe_is_in_the_flow_log_with_its_action_and_policy(
         root_guard: Any, tmp_path: Path, dataplane: str) -> None:
-    flows_dir = tmp_path / "flows"
-    agents = AgentProcesses(dataplane, extra_env={
-        "FELIX_FLOWLOGSFILEENABLED": "true", "FELIX_FLOWLOGSFILEDIRECTORY": str(flows_dir),
-        "FELIX_FLOWLOGSFLUSHINTERVAL": "1"})
+    agents = AgentProcesses(dataplane, flow_logs=True)
     scenario = load_scenario(SCENARIOS / "calico-gnp-order.yaml")
     with LabRunner(scenario, agents=agents, dataplane=dataplane, program_routes=False,
                    probe_timeout=1.0) as lab:
@@ -56,6 +53,16 @@ def test_every_probe_is_in_the_flow_log_with_its_action_and_policy(
         lab.start_agents()
         results = lab.run_steps()
         assert not [r for r in results if r.mismatch]
+        # the lab's own join (what `lab run -o json` reports): every probe has the record
+        # of its verdict, naming the deciding policy where the scenario says which
+        probed = lab.collect_flows()
+        for r in probed:
+            assert r.flow is not None and r.flow["action"] == r.result, r
+            expected = EXPECTED.get((r.probe.source.split("/")[1], r.probe.port))
+            if expected is not None and r.probe.target == "prod/api":
+                assert (r.flow["action"], r.flow["policy"]) == expected, r
+        assert all("flow" in r.to_json() for r in probed)
+        [flows_dir] = agents.flow_log_dirs.values()
         ips = {key: str(pod.spec.ip) for key, pod in lab.topology.pods.items()}
         deadline = time.monotonic() + 15
         while True:
