@@ -213,7 +213,9 @@ def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
             loaded.bpf, policy.counter_meta, directory=str(config.flow_logs_file_directory),
             flush_interval=float(config.flow_logs_flush_interval),
             max_bytes=int(config.flow_logs_file_max_file_size_mb) << 20,
-            max_files=int(config.flow_logs_file_max_files)))
+            max_files=int(config.flow_logs_file_max_files),
+            dropped_events=lambda: counters_map.read_globals(global_counters).get(
+                "flow_events_dropped", 0)))
     shared = SharedLoad(loaded, len(managers))
     for manager in managers:
         manager.on_close = shared.release

@@ -6,8 +6,9 @@ Two sources, one aggregator and file:
   decision (agent/dataplane/iptables/nflog.py: group 1 denies, group 2 allows of new flows,
   the prefix naming the rule), read from nfnetlink_log (agent/shims/nflog.py). The reader
   takes at most `max_events_per_sec` messages a second; the rest overflow the socket's
-  buffer in the kernel, which counts them (`pyfelix_flow_log_events_dropped_total`), so a
-  flood costs the agent a bounded share of one core.
+  buffer in the kernel, which counts them, so a flood costs the agent a bounded share of
+  one core.
+Lost events, both modes: `pyfelix_flow_log_events_dropped_total`.
 
 BPF mode: a thread reads this build's `flow_events` ring buffer (bpf/include/flow_events.h:
 one event per policy decision, rate-limited in the kernel, the rest counted as
@@ -62,9 +63,12 @@ EVENTS = Counter("pyfelix_flow_log_events", "Policy-decision events read from th
                  "flow_events ring buffer (the dropped ones: pyfelix_bpf global counter "
                  "flow_events_dropped).")
 RECORDS = Counter("pyfelix_flow_log_records", "Aggregated flow-log records written.")
-NFLOG_DROPPED = Counter("pyfelix_flow_log_events_dropped", "iptables mode: NFLOG messages the "
-                        "kernel dropped because the flow-log reader's socket buffer was full "
-                        "(the reader takes at most its per-second budget).")
+EVENTS_DROPPED = Counter("pyfelix_flow_log_events_dropped", "Policy-decision events the "
+                         "flow logs lost to overload. BPF: over the in-kernel budget or with "
+                         "the ring buffer full (the global counter flow_events_dropped). "
+                         "iptables: NFLOG messages the kernel dropped with the reader's "
+                         "socket buffer full (the reader takes at most its per-second "
+                         "budget).")
 NFLOG_MALFORMED = Counter("pyfelix_flow_log_events_malformed", "iptables mode: NFLOG messages "
                           "that did not parse, or whose prefix names no known rule.")
 
@@ -171,8 +175,11 @@ class FlowLogManager(ManagerBase):
     policy_critical = False
 
     def __init__(self, bpf: Any, meta_of: Callable[[int], Any], *, directory: str,
-                 flush_interval: float, max_bytes: int, max_files: int) -> None:
+                 flush_interval: float, max_bytes: int, max_files: int,
+                 dropped_events: Callable[[], int] | None = None) -> None:
         super().__init__()
+        self._dropped_events = dropped_events  # the kernel's running total (BPF mode)
+        self.dropped = 0  # the total seen so far
         self._bpf = bpf
         self._names: dict[str, tuple[str, str]] = {}
         self._by_endpoint: dict[proto.WorkloadEndpointID, tuple[str, ...]] = {}
@@ -221,10 +228,21 @@ class FlowLogManager(ManagerBase):
         while not self._stop.is_set():
             self._bpf.ring_buffer_poll(100)
             if time.monotonic() >= next_flush:
+                if self._dropped_events is not None:
+                    try:
+                        self.count_dropped(self._dropped_events())
+                    except Exception as exc:  # a map read must not stop the reader
+                        log.warning("flow logs: cannot read the dropped events: %s", exc)
                 self.flush()
                 next_flush = time.monotonic() + self._interval
         self._bpf.ring_buffer_consume()
         self.flush()
+
+    def count_dropped(self, total: int) -> None:
+        """The kernel's running total of lost events -> the metric's increase."""
+        if total > self.dropped:
+            EVENTS_DROPPED.inc(total - self.dropped)
+            self.dropped = total
 
     def flush(self) -> None:
         records = self.aggregator.flush()
@@ -261,7 +279,6 @@ class NflogFlowLogManager(FlowLogManager):
         self._open_socket = open_socket
         self._budget = max_events_per_sec
         self._clock = clock
-        self.dropped = 0  # kernel drops seen so far
 
     def on_update(self, msg: object) -> None:
         super().on_update(msg)
@@ -331,10 +348,7 @@ class NflogFlowLogManager(FlowLogManager):
                     if not select.select([sock], [], [], 0)[0]:
                         break
             if self._clock() >= next_flush:
-                drops = kernel_drops()
-                if drops > self.dropped:
-                    NFLOG_DROPPED.inc(drops - self.dropped)
-                    self.dropped = drops
+                self.count_dropped(kernel_drops())
                 self.flush()
                 next_flush = self._clock() + self._interval
         self.flush()
