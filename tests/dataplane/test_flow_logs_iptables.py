@@ -214,3 +214,75 @@ def test_reader_takes_its_budget_per_second_and_counts_kernel_drops(tmp_path: Pa
     assert {(r["dest_name"], r["action"], r["reporter"], tuple(r["policies"]["all_policies"]))
             for r in records} == {("api", "deny", "dst", ("0|default|p|deny|0",))}
     assert sum(r["policy_packets"] for r in records) == 900
+
+
+def _nla(kind: int, data: bytes, nested: bool = False) -> bytes:
+    a = struct.pack("=HH", 4 + len(data), kind | (0x8000 if nested else 0)) + data
+    return a + b"\0" * (-len(a) % 4)
+
+
+def _ct_delete(src: str, dst: str, proto_num: int, sport: int, dport: int,
+               orig: tuple[int, int] | None, reply: tuple[int, int] | None) -> bytes:
+    from pyfelix.agent.shims import conntrack_events as ce
+
+    ip = _nla(ce.CTA_IP_V4_SRC, socket.inet_aton(src)) + _nla(ce.CTA_IP_V4_DST,
+                                                               socket.inet_aton(dst))
+    if proto_num == 1:
+        l4 = _nla(ce.CTA_PROTO_NUM, bytes([1])) + _nla(ce.CTA_PROTO_ICMP_ID,
+                                                       struct.pack("!H", sport))
+    else:
+        l4 = (_nla(ce.CTA_PROTO_NUM, bytes([proto_num]))
+              + _nla(ce.CTA_PROTO_SRC_PORT, struct.pack("!H", sport))
+              + _nla(ce.CTA_PROTO_DST_PORT, struct.pack("!H", dport)))
+    body = _nla(ce.CTA_TUPLE_ORIG, _nla(ce.CTA_TUPLE_IP, ip, True)
+                + _nla(ce.CTA_TUPLE_PROTO, l4, True), True)
+    for kind, counts in ((ce.CTA_COUNTERS_ORIG, orig), (ce.CTA_COUNTERS_REPLY, reply)):
+        if counts is not None:
+            body += _nla(kind, _nla(ce.CTA_COUNTERS_PACKETS, struct.pack("!Q", counts[0]))
+                         + _nla(ce.CTA_COUNTERS_BYTES, struct.pack("!Q", counts[1])), True)
+    body = struct.pack("!BBH", socket.AF_INET, 0, 0) + body
+    return struct.pack("=IHHII", 16 + len(body),
+                       (ce.NFNL_SUBSYS_CTNETLINK << 8) | ce.IPCTNL_MSG_CT_DELETE, 0, 0,
+                       0) + body
+
+
+def test_conntrack_destroy_events_decode_with_both_directions_counted() -> None:
+    from pyfelix.agent.shims.conntrack_events import FlowEnd, parse_messages
+
+    data = (_ct_delete("10.65.0.2", "10.65.0.1", 6, 40001, 443, (6, 400), (5, 3000))
+            + _ct_delete("10.65.0.2", "10.65.0.1", 1, 77, 0, None, None)
+            + _nlmsg(b"", group=1))  # another subsystem's message: ignored
+    assert parse_messages(data) == ([
+        FlowEnd("10.65.0.2", "10.65.0.1", 6, 40001, 443, 11, 3400),
+        FlowEnd("10.65.0.2", "10.65.0.1", 1, 77, 0, 0, 0)], 0)
+
+
+def test_flows_an_allow_started_end_with_its_rule_and_counts(tmp_path: Path) -> None:
+    from pyfelix.agent.shims.conntrack_events import FlowEnd
+
+    m = NflogFlowLogManager(directory=str(tmp_path), flush_interval=1.0, max_bytes=1 << 20,
+                            max_files=1)
+    for prefix in ("AIP0|default|allow-https", "AOR0||kns.prod"):  # ingress and egress
+        assert m.add_packet(nflog_socket.NflogPacket(2, prefix, 4, "10.65.0.2", "10.65.0.1",
+                                                     6, 40001, 443, 60))
+    m.flush()
+    assert m.end_flow(FlowEnd("10.65.0.2", "10.65.0.1", 6, 40001, 443, 11, 3400))
+    assert not m.end_flow(FlowEnd("10.65.0.2", "10.65.0.1", 6, 40001, 443, 11, 3400))  # once
+    assert not m.end_flow(FlowEnd("10.65.0.9", "10.65.0.1", 6, 1, 443, 1, 60))  # not ours
+    m.flush()
+    lines = [json.loads(x) for x in (tmp_path / "flows.log").read_text().splitlines()]
+    ends = sorted((r for r in lines if r["num_flows_completed"]), key=lambda r: r["reporter"])
+    assert [(r["reporter"], r["policies"]["all_policies"][0], r["num_flows_started"],
+             r["flow_packets"], r["flow_bytes"]) for r in ends] == [
+        ("dst", "0|default|allow-https|allow|0", 0, 11, 3400),
+        ("src", "0|__PROFILE__|kns.prod|allow|0", 0, 11, 3400)]
+
+
+def test_the_started_flows_memory_is_bounded(tmp_path: Path) -> None:
+    m = NflogFlowLogManager(directory=str(tmp_path), flush_interval=1.0, max_bytes=1 << 20,
+                            max_files=1)
+    m.MAX_STARTED = 10
+    for sport in range(25):
+        m.add_packet(nflog_socket.NflogPacket(2, "AIP0|default|p", 4, "10.65.0.2",
+                                              "10.65.0.1", 6, sport, 443, 60))
+    assert len(m._started) == 10 and min(k[2] for k in m._started) == 15

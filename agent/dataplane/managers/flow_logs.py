@@ -41,6 +41,7 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from pyfelix.agent import proto
+from pyfelix.agent.bpf.maps import conntrack as ct_map
 from pyfelix.agent.bpf.maps import flow_events as events_map
 from pyfelix.agent.dataplane.iptables import nflog as nflog_prefixes
 from pyfelix.agent.dataplane.manager import ManagerBase
@@ -57,7 +59,8 @@ log = logging.getLogger(__name__)
 FILE_NAME = "flows.log"
 MAX_SOURCE_PORTS = 32  # listed per record (all when fewer): which flows a record holds
 DEFAULT_EVENTS_PER_SEC = 5000  # iptables mode's reader budget (BPF: FLOW_EVENTS_PER_SEC)
-PROTO_NAMES = {1: "icmp", 6: "tcp", 17: "udp", 132: "sctp"}
+PROTO_NAMES = {1: "icmp", 6: "tcp", 17: "udp", 58: "icmp6", 132: "sctp"}
+ICMP_PROTOCOLS = (1, 58)  # no destination port
 
 EVENTS = Counter("pyfelix_flow_log_events", "Policy-decision events read from the kernel's "
                  "flow_events ring buffer (the dropped ones: pyfelix_bpf global counter "
@@ -69,6 +72,8 @@ EVENTS_DROPPED = Counter("pyfelix_flow_log_events_dropped", "Policy-decision eve
                          "iptables: NFLOG messages the kernel dropped with the reader's "
                          "socket buffer full (the reader takes at most its per-second "
                          "budget).")
+FLOW_ENDS = Counter("pyfelix_flow_log_flow_ends", "iptables mode: conntrack destroy events "
+                    "read (a flow-end record for those an allow event of ours started).")
 NFLOG_MALFORMED = Counter("pyfelix_flow_log_events_malformed", "iptables mode: NFLOG messages "
                           "that did not parse, or whose prefix names no known rule.")
 
@@ -107,18 +112,38 @@ class FlowAggregator:
         reporter = "src" if ev["hook"] == events_map.HOOK_FROM_WEP else "dst"
         key = (ev["src"], ev["dst"], ev["dport"], ev["proto"], action, policy_label(meta),
                reporter)
-        now = time.time()
         with self._lock:
-            rec = self._flows.get(key)
-            if rec is None:  # named now: the endpoint may be gone by the flush
-                rec = self._flows[key] = {"start": now, "end": now, "ports": set(),
-                                          "packets": 0, "bytes": 0,
-                                          "source": self._name_of(ev["src"]),
-                                          "dest": self._name_of(ev["dst"])}
-            rec["end"] = now
+            rec = self._record(key)
             rec["ports"].add(ev["sport"])
             rec["packets"] += 1
             rec["bytes"] += ev["len"]
+
+    def end(self, flow: dict[str, Any]) -> None:
+        """An allowed flow ended (BPF: its conntrack entry expired; iptables: conntrack's
+        destroy event): `flow` = src, dst, sport, dport, proto, hook, meta (the rule that
+        allowed it, None if unknown), packets, bytes (both directions)."""
+        reporter = "src" if flow["hook"] == events_map.HOOK_FROM_WEP else "dst"
+        policy = policy_label(flow["meta"]) if flow["meta"] is not None else "-"
+        key = (flow["src"], flow["dst"], flow["dport"], flow["proto"], "allow", policy,
+               reporter)
+        with self._lock:
+            rec = self._record(key)
+            rec["ended"].add(flow["sport"])
+            rec["flow_packets"] += flow["packets"]
+            rec["flow_bytes"] += flow["bytes"]
+
+    def _record(self, key: tuple[Any, ...]) -> dict[str, Any]:
+        """The aggregate of `key` in this interval (the lock held)."""
+        now = time.time()
+        rec = self._flows.get(key)
+        if rec is None:  # named now: the endpoint may be gone by the flush
+            rec = self._flows[key] = {"start": now, "end": now, "ports": set(),
+                                      "ended": set(), "packets": 0, "bytes": 0,
+                                      "flow_packets": 0, "flow_bytes": 0,
+                                      "source": self._name_of(key[0]),
+                                      "dest": self._name_of(key[1])}
+        rec["end"] = now
+        return rec
 
     def flush(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -134,12 +159,15 @@ class FlowAggregator:
                 "source_type": "wep" if source else "net",
                 "dest_ip": dst, "dest_namespace": dest[0] if dest else "-",
                 "dest_name": dest[1] if dest else "-", "dest_type": "wep" if dest else "net",
-                "dest_port": dport if proto_num != 1 else None,
+                "dest_port": dport if proto_num not in ICMP_PROTOCOLS else None,
                 "proto": PROTO_NAMES.get(proto_num, str(proto_num)),
                 "action": action, "reporter": reporter,
                 "policies": {"all_policies": [policy]},
-                "num_flows": len(rec["ports"]), "num_flows_started": len(rec["ports"]),
-                "source_ports": sorted(rec["ports"])[:MAX_SOURCE_PORTS],
+                "num_flows": len(rec["ports"] | rec["ended"]),
+                "num_flows_started": len(rec["ports"]),
+                "num_flows_completed": len(rec["ended"]),
+                "flow_packets": rec["flow_packets"], "flow_bytes": rec["flow_bytes"],
+                "source_ports": sorted(rec["ports"] | rec["ended"])[:MAX_SOURCE_PORTS],
                 "policy_packets": rec["packets"], "policy_bytes": rec["bytes"],
             })
         return out
@@ -181,6 +209,7 @@ class FlowLogManager(ManagerBase):
         self._dropped_events = dropped_events  # the kernel's running total (BPF mode)
         self.dropped = 0  # the total seen so far
         self._bpf = bpf
+        self._meta_of = meta_of
         self._names: dict[str, tuple[str, str]] = {}
         self._by_endpoint: dict[proto.WorkloadEndpointID, tuple[str, ...]] = {}
         self.aggregator = FlowAggregator(self._names.get, meta_of)
@@ -201,6 +230,23 @@ class FlowLogManager(ManagerBase):
                 self._names[a] = (namespace, pod or namespace)
         elif isinstance(msg, proto.WorkloadEndpointRemove):
             self._forget(msg.id)
+
+    def on_ct_expired(self, raw_key: bytes, raw_value: bytes) -> None:
+        """BPF: the conntrack cleaner deleted an expired entry -> a flow-end record (the
+        entry's interface saw the flow's packets and bytes, both directions)."""
+        try:
+            key, value = ct_map.decode_key(raw_key), ct_map.decode_value(raw_value)
+            a_to_b = bool(value.flags & ct_map.CtFlags.ORIG_A_TO_B)
+            src, sport, dst, dport = ((key.addr_a, key.port_a, key.addr_b, key.port_b) if a_to_b
+                                      else (key.addr_b, key.port_b, key.addr_a, key.port_a))
+            self.aggregator.end({
+                "src": src, "dst": dst, "sport": sport, "dport": dport, "proto": key.proto,
+                "hook": (events_map.HOOK_TO_WEP if value.flags & ct_map.CtFlags.ORIG_TO_WEP
+                         else events_map.HOOK_FROM_WEP),
+                "meta": self._meta_of(value.counter_id) if value.counter_id else None,
+                "packets": value.packets, "bytes": value.bytes})
+        except Exception:  # a bad entry must not stop the cleaner
+            log.exception("flow logs: cannot decode an expired conntrack entry")
 
     def _forget(self, endpoint_id: proto.WorkloadEndpointID) -> None:
         for a in self._by_endpoint.pop(endpoint_id, ()):
@@ -264,12 +310,17 @@ class FlowLogManager(ManagerBase):
 
 
 class NflogFlowLogManager(FlowLogManager):
-    """iptables mode: NFLOG groups 1 and 2 of this namespace -> the same records."""
+    """iptables mode: NFLOG groups 1 and 2 of this namespace -> the same records; and
+    conntrack's destroy events -> flow-end records of the flows an allow event started
+    (the rule that allowed each remembered per 5-tuple, at most MAX_STARTED flows)."""
+
+    MAX_STARTED = 65536
 
     def __init__(self, *, directory: str, flush_interval: float, max_bytes: int,
                  max_files: int, netns: str | None = None,
                  max_events_per_sec: int = DEFAULT_EVENTS_PER_SEC,
                  open_socket: Callable[[], Any] | None = None,
+                 open_ct_socket: Callable[[], Any] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(None, lambda _n: None, directory=directory,
                          flush_interval=flush_interval, max_bytes=max_bytes,
@@ -277,6 +328,9 @@ class NflogFlowLogManager(FlowLogManager):
         self.decoder = nflog_prefixes.PrefixDecoder()
         self._netns = netns
         self._open_socket = open_socket
+        self._open_ct_socket = open_ct_socket
+        # (src, dst, sport, dport, proto) -> [(rule, hook)] of the allows that started it
+        self._started: OrderedDict[tuple[Any, ...], list[tuple[Any, int]]] = OrderedDict()
         self._budget = max_events_per_sec
         self._clock = clock
 
@@ -296,17 +350,45 @@ class NflogFlowLogManager(FlowLogManager):
         rule = self.decoder.decode(pkt.prefix)
         if rule is None:
             return False
+        hook = (events_map.HOOK_TO_WEP if rule.direction == "ingress"
+                else events_map.HOOK_FROM_WEP)
         self.aggregator.add({
             "src": pkt.src, "dst": pkt.dst, "sport": pkt.sport, "dport": pkt.dport,
             "proto": pkt.proto, "len": pkt.length, "allowed": rule.action == "allow",
-            "hook": (events_map.HOOK_TO_WEP if rule.direction == "ingress"
-                     else events_map.HOOK_FROM_WEP),
-            "meta": rule})
+            "hook": hook, "meta": rule})
+        if rule.action == "allow":
+            flow = (pkt.src, pkt.dst, pkt.sport, pkt.dport, pkt.proto)
+            deciders = self._started.setdefault(flow, [])
+            if (rule, hook) not in deciders:
+                deciders.append((rule, hook))
+            self._started.move_to_end(flow)
+            while len(self._started) > self.MAX_STARTED:
+                self._started.popitem(last=False)
         return True
 
+    def end_flow(self, end: Any) -> bool:
+        """One conntrack FlowEnd -> flow-end records of each allow that started it; False
+        when no allow of ours is remembered for it (started before us, or forgotten)."""
+        deciders = self._started.pop((end.src, end.dst, end.sport, end.dport, end.proto), None)
+        for rule, hook in deciders or ():
+            self.aggregator.end({"src": end.src, "dst": end.dst, "sport": end.sport,
+                                 "dport": end.dport, "proto": end.proto, "hook": hook,
+                                 "meta": rule, "packets": end.packets, "bytes": end.bytes})
+        return bool(deciders)
+
     def _run(self) -> None:
+        from pyfelix.agent.shims import conntrack_events
         from pyfelix.agent.shims.netns import NetnsThread
         from pyfelix.agent.shims.nflog import NflogSocket
+
+        def open_ct() -> Any:
+            sock = conntrack_events.ConntrackEndSocket()
+            try:
+                conntrack_events.enable_accounting()
+            except OSError as exc:
+                log.warning("flow logs: cannot enable conntrack accounting (%s): flow-end "
+                            "records will count 0 packets", exc)
+            return sock
 
         ns = NetnsThread(self._netns)
         try:
@@ -317,16 +399,28 @@ class NflogFlowLogManager(FlowLogManager):
             except OSError as exc:
                 log.error("flow logs: cannot read NFLOG: %s; no flow logs", exc)
                 return
+            ct_sock = None
             try:
-                self._read_loop(sock, lambda: ns.call(sock.kernel_drops))
+                ct_sock = ns.call(self._open_ct_socket or open_ct)
+            except OSError as exc:
+                log.warning("flow logs: no conntrack destroy events (%s): no flow-end records",
+                            exc)
+            socks = [sock] if ct_sock is None else [sock, ct_sock]
+            try:
+                self._read_loop(sock, lambda: sum(ns.call(s.kernel_drops) for s in socks),
+                                ct_sock)
             finally:
-                sock.close()
+                for s in socks:
+                    s.close()
         finally:
             ns.close()
 
-    def _read_loop(self, sock: Any, kernel_drops: Callable[[], int]) -> None:
+    def _read_loop(self, sock: Any, kernel_drops: Callable[[], int],
+                   ct_sock: Any = None) -> None:
+        """Both sockets under one per-second budget of messages."""
         import select
 
+        readers = [sock] if ct_sock is None else [sock, ct_sock]
         next_flush = self._clock() + self._interval
         window, taken = self._clock(), 0
         while not self._stop.is_set():
@@ -335,17 +429,24 @@ class NflogFlowLogManager(FlowLogManager):
                 window, taken = now, 0
             if taken >= self._budget:  # over budget: let the kernel queue/drop the rest
                 self._stop.wait(max(0.0, window + 1.0 - now))
-            elif select.select([sock], [], [], 0.1)[0]:
+            elif ready := select.select(readers, [], [], 0.1)[0]:
                 for _ in range(min(256, self._budget - taken)):
-                    packets, malformed = sock.read()
-                    taken += 1
-                    for pkt in packets:
-                        EVENTS.inc()
-                        if not self.add_packet(pkt):
-                            malformed += 1
-                    if malformed:
-                        NFLOG_MALFORMED.inc(malformed)
-                    if not select.select([sock], [], [], 0)[0]:
+                    for reader in ready:
+                        taken += 1
+                        if reader is sock:
+                            packets, malformed = sock.read()
+                            for pkt in packets:
+                                EVENTS.inc()
+                                if not self.add_packet(pkt):
+                                    malformed += 1
+                        else:
+                            ends, malformed = reader.read()
+                            for end in ends:
+                                FLOW_ENDS.inc()
+                                self.end_flow(end)
+                        if malformed:
+                            NFLOG_MALFORMED.inc(malformed)
+                    if not (ready := select.select(readers, [], [], 0)[0]):
                         break
             if self._clock() >= next_flush:
                 self.count_dropped(kernel_drops())
