@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from pyfelix.lab.agents import AgentProcesses
+from pyfelix.lab.flows import read_records
 from pyfelix.lab.runner import LabRunner
 from pyfelix.lab.scenario import load_scenario
 
@@ -85,4 +86,48 @@ def test_every_probe_is_in_the_flow_log_with_its_action_and_policy(
     back = [r for r in records if r["source_name"] == "api" and r["dest_name"] == "client"
             and r["dest_port"] == 80 and r["reporter"] == "dst"]
     assert back and back[0]["action"] == "allow", records
+    root_guard.check()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("dataplane", ["bpf", "iptables"])
+def test_allowed_flows_end_with_their_packet_and_byte_counts(
+        root_guard: Any, dataplane: str) -> None:
+    """Flow-end records: BPF when the conntrack cleaner deletes the closed flow's entries
+    (FIN timeout 30 s, cleaner every second here); iptables on conntrack's destroy events
+    (the node namespace's TCP closing timeouts cut to 1 s here)."""
+    agents = AgentProcesses(dataplane, flow_logs=True,
+                            extra_env={"FELIX_BPFCONNTRACKCLEANUPINTERVAL": "1"})
+    scenario = load_scenario(SCENARIOS / "calico-gnp-order.yaml")
+    with LabRunner(scenario, agents=agents, dataplane=dataplane, program_routes=False,
+                   probe_timeout=1.0) as lab:
+        lab.build()
+        [node] = lab.topology.nodes.values()
+        if dataplane == "iptables":
+            for state in ("time_wait", "close", "close_wait", "fin_wait", "last_ack"):
+                subprocess.run(["ip", "netns", "exec", node.netns, "sysctl", "-qw",
+                                f"net.netfilter.nf_conntrack_tcp_timeout_{state}=1"],
+                               check=True, timeout=30)
+        lab.start_agents()
+        assert not [r for r in lab.run_steps() if r.mismatch]
+        [probe] = [r for r in lab.report.results
+                   if (r.probe.source, r.probe.port) == ("prod/client", 443)]
+        client = str(lab.topology.pods["prod/client"].spec.ip)
+        deadline = time.monotonic() + 90
+        while True:
+            ends = [r for r in read_records(agents.flow_log_dirs.values())
+                    if r.get("num_flows_completed") and r["source_ip"] == client
+                    and r["dest_port"] == 443 and probe.sport in r["source_ports"]]
+            if {r["reporter"] for r in ends} == {"src", "dst"} or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+    by_reporter = {r["reporter"]: r for r in ends}
+    assert set(by_reporter) == {"src", "dst"}, ends
+    ingress = by_reporter["dst"]
+    assert ingress["policies"]["all_policies"] == ["0|default|allow-https|allow|0"], ingress
+    assert by_reporter["src"]["policies"]["all_policies"][0].startswith("0|__PROFILE__|")
+    for rec in ends:
+        # the probe's connection: handshake, token out and back, close (>= 6 packets)
+        assert rec["action"] == "allow" and rec["flow_packets"] >= 6, rec
+        assert rec["flow_bytes"] > rec["flow_packets"] * 40, rec
     root_guard.check()
