@@ -35,7 +35,7 @@ GROUP_DENY = 1
 GROUP_ALLOW = 2
 MAX_PREFIX = 63  # xt_NFLOG: 64 bytes with the terminating NUL
 KIND_LETTERS = {"policy": "P", "profile": "R", "tier-end": "T", "default-deny": "X"}
-KINDS = {v: k for k, v in KIND_LETTERS.items()}
+KIND_OF_LETTER = {v: k for k, v in KIND_LETTERS.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +88,7 @@ class PrefixDecoder:
         head, sep, rest = text.partition("|")
         if not sep or len(head) < 3 or head[0] not in "AD" or head[1] not in "IO":
             return None
-        kind = KINDS.get(head[2])
+        kind = KIND_OF_LETTER.get(head[2])
         if kind is None or (head[3:] and not head[3:].isdigit()):
             return None
         if rest.startswith("#"):
