@@ -147,12 +147,15 @@ def run_command(
     if output == "json":
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
+        flows = any(r.flows_collected for r in report.results)  # agents wrote flow logs
         rows = [
             [str(r.step), r.probe.source, r.probe.target, str(r.probe.port), r.probe.protocol,
-             r.result, r.probe.expect or "-", _flow_cell(r), "MISMATCH" if r.mismatch else ""]
+             r.result, r.probe.expect or "-", *([_flow_cell(r)] if flows else []),
+             "MISMATCH" if r.mismatch else ""]
             for r in report.results
         ]
-        headers = ["STEP", "FROM", "TO", "PORT", "PROTO", "RESULT", "EXPECT", "FLOW LOG", ""]
+        headers = ["STEP", "FROM", "TO", "PORT", "PROTO", "RESULT", "EXPECT",
+                   *(["FLOW LOG"] if flows else []), ""]
         click.echo(_format_table(headers, rows))
         timings = ", ".join(f"{k} {v:.3f}" for k, v in report.timings.items())
         click.echo(f"timings (s): {timings}")

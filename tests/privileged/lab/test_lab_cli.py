@@ -73,6 +73,18 @@ def test_run_exits_zero_when_every_expectation_holds(tmp_path: Path, root_guard:
     root_guard.check()
 
 
+def test_run_json_gives_each_probe_its_flow_log_record(root_guard: Any) -> None:
+    done = pyfelix("lab", "run", str(SCENARIOS / "calico-gnp-order.yaml"), "-o", "json",
+                   "--dataplane", "iptables")
+    assert done.returncode == 0, done.stderr
+    probes = json.loads(done.stdout)["probes"]
+    assert probes and all(p["flow"]["action"] == p["result"] for p in probes), probes
+    policies = {(p["from"], p["port"]): p["flow"]["policy"] for p in probes}
+    assert policies[("prod/scanner", 443)] == "0|default|deny-scanner|deny|0", probes
+    assert policies[("prod/client", 443)] == "0|default|allow-https|allow|0", probes
+    root_guard.check()
+
+
 def test_malformed_scenario_is_rejected_before_anything_is_built(
     tmp_path: Path, root_guard: Any
 ) -> None:
