@@ -1,12 +1,13 @@
 /* flow_flood.c: a flood of new UDP flows, for the flow-log overload test
  * (tests/privileged/lab/test_lab_flow_flood.py).
  *
- *   flow_flood SRC DST RATE SECONDS [DPORTS]
+ *   flow_flood SRC DST RATE SECONDS [DPORTS [FIRST_DPORT]]
  *
  * Sends RATE IPv4/UDP packets a second for SECONDS from SRC (the sending pod's own address:
  * the source check drops any other) to DST, each a new 5-tuple: source ports cycle through
- * 1024..65535 and, for each turn, the destination port steps through 1..DPORTS (default 64),
- * so ~4 million packets pass before a tuple repeats. A raw socket (IP_HDRINCL) and
+ * 1024..65535 and, for each turn, the destination port steps through FIRST_DPORT (default
+ * 1) .. FIRST_DPORT + DPORTS - 1 (default 64 ports), so ~4 million packets pass before a
+ * tuple repeats; several senders given disjoint port ranges never share a tuple. A raw socket (IP_HDRINCL) and
  * sendmmsg() batches of 64 keep it at C speed; the rate is paced per batch against the
  * monotonic clock. Prints "<packets sent> <seconds> <send errors>" and exits 0; a send error
  * (e.g. ENOBUFS with the qdisc full) is counted, not fatal.
@@ -53,7 +54,7 @@ static unsigned short ip_checksum(const void *data, int len)
 int main(int argc, char **argv)
 {
 	if (argc < 5) {
-		fprintf(stderr, "usage: %s SRC DST RATE SECONDS [DPORTS]\n", argv[0]);
+		fprintf(stderr, "usage: %s SRC DST RATE SECONDS [DPORTS [FIRST_DPORT]]\n", argv[0]);
 		return 2;
 	}
 	struct in_addr src, dst;
@@ -63,7 +64,8 @@ int main(int argc, char **argv)
 	}
 	double rate = atof(argv[3]), seconds = atof(argv[4]);
 	int dports = argc > 5 ? atoi(argv[5]) : 64;
-	if (rate <= 0 || seconds <= 0 || dports < 1 || dports > 65535) {
+	int first = argc > 6 ? atoi(argv[6]) : 1;
+	if (rate <= 0 || seconds <= 0 || dports < 1 || first < 1 || first + dports - 1 > 65535) {
 		fprintf(stderr, "bad rate, seconds or dports\n");
 		return 2;
 	}
@@ -99,7 +101,7 @@ int main(int argc, char **argv)
 		msgs[i].msg_hdr.msg_namelen = sizeof(to);
 	}
 
-	unsigned sport = 1024, dport = 1, id = 0;
+	unsigned sport = 1024, dport = first, id = 0;
 	long sent = 0, errors = 0;
 	double start = now(), end = start + seconds;
 	for (;;) {
@@ -119,8 +121,8 @@ int main(int argc, char **argv)
 			f->udp.dest = htons(dport);
 			f->ip.check = 0;
 			f->ip.check = ip_checksum(&f->ip, sizeof(f->ip));
-			if (++dport > (unsigned)dports) {
-				dport = 1;
+			if (++dport >= (unsigned)(first + dports)) {
+				dport = first;
 				if (++sport > 65535)
 					sport = 1024;
 			}
