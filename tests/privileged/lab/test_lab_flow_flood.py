@@ -67,7 +67,7 @@ def _dropped(netns: str) -> float:
 def test_a_flood_of_new_flows_leaves_the_agent_responsive_and_counts_its_drops(
         root_guard: Any, tmp_path: Path, dataplane: str) -> None:
     flood = tmp_path / "flow_flood"
-    subprocess.run(["cc", "-O2", "-o", str(flood), str(FLOOD_SOURCE)], check=True, timeout=120)
+    subprocess.run(["gcc", "-O2", "-o", str(flood), str(FLOOD_SOURCE)], check=True, timeout=120)
     agents = AgentProcesses(dataplane, flow_logs=True, extra_env={
         "FELIX_HEALTHENABLED": "true", "FELIX_HEALTHHOST": "127.0.0.1",
         "FELIX_PROMETHEUSMETRICSENABLED": "true", "FELIX_PROMETHEUSMETRICSHOST": "127.0.0.1"})
