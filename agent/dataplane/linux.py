@@ -8,6 +8,10 @@ programmed dataplane stays in place, as Felix leaves it on SIGTERM).
 Order of a round (phase 1 `apply`, then phase 2 `finish_apply` in the same order):
 
     extra_managers      (e.g. BPF maps, given by the caller, first: policy before plumbing)
+    NflogFlowLogManager iptables mode with FlowLogsFileEnabled: binds the NFLOG groups (and
+                        conntrack's destroy events) on its first apply, before the rules
+                        logging to them exist, then reads them (its own thread) into
+                        flows.log
     IPSetsManager       calc-graph IP sets ... phase 2: destroys unused sets (BPF mode:
                         only the sets host endpoint rules match)
     HostIPsManager      `cali40this-host` from the interface monitor's addresses (both modes)
@@ -21,8 +25,6 @@ Order of a round (phase 1 `apply`, then phase 2 `finish_apply` in the same order
     VXLANManager        vxlan.calico device, VTEP FDB/ARP, routes to remote VXLAN blocks
     SysctlManager       forwarding, proxy ARP, rp_filter (0 in BPF mode, and in iptables
                         mode where the endpoint allows spoofed IPv4 sources)
-    NflogFlowLogManager iptables mode with FlowLogsFileEnabled: reads the NFLOG rules'
-                        groups (its own thread) and writes flows.log
     EndpointStatusManager  up/down per endpoint to a callback (status reporting), when given
     BpfCleanupManager   iptables mode with a pin dir only, LAST: phase 2 of the first round
                         after in-sync (once per process) detaches the tc filters and XDP
@@ -175,6 +177,13 @@ def linux_managers(cfg: LinuxDataplaneConfig, *, netns: str | None = None,
         host_endpoints_only=cfg.bpf_mode,
         flow_logs=bool(cfg.flow_logs_directory) and not cfg.bpf_mode,
     )
+    if cfg.flow_logs_directory and not cfg.bpf_mode:
+        # before the iptables manager: its first apply binds the NFLOG groups before the
+        # rules that log to them exist
+        managers.append(NflogFlowLogManager(
+            directory=cfg.flow_logs_directory, flush_interval=cfg.flow_logs_flush_interval,
+            max_bytes=cfg.flow_logs_max_bytes, max_files=cfg.flow_logs_max_files,
+            netns=netns))
     managers += [
         IPSetsManager(netns=netns, max_size=cfg.max_ipset_size,
                       only=iptables.referenced_ip_sets if cfg.bpf_mode else None),
@@ -191,11 +200,6 @@ def linux_managers(cfg: LinuxDataplaneConfig, *, netns: str | None = None,
         SysctlManager(netns=netns, interface_prefixes=cfg.interface_prefixes,
                       bpf_mode=cfg.bpf_mode),
     ]
-    if cfg.flow_logs_directory and not cfg.bpf_mode:
-        managers.append(NflogFlowLogManager(
-            directory=cfg.flow_logs_directory, flush_interval=cfg.flow_logs_flush_interval,
-            max_bytes=cfg.flow_logs_max_bytes, max_files=cfg.flow_logs_max_files,
-            netns=netns))
     if endpoint_status is not None:
         managers.append(EndpointStatusManager(endpoint_status))
     if not cfg.bpf_mode and cfg.bpf_pin_dir is not None:

@@ -329,6 +329,8 @@ class NflogFlowLogManager(FlowLogManager):
         self._netns = netns
         self._open_socket = open_socket
         self._open_ct_socket = open_ct_socket
+        self._ns: Any = None  # NetnsThread in the dataplane's namespace, once opened
+        self._socks: list[Any] = []  # the NFLOG socket, then conntrack's if it opened
         # (src, dst, sport, dport, proto) -> [(rule, hook)] of the allows that started it
         self._started: OrderedDict[tuple[Any, ...], list[tuple[Any, int]]] = OrderedDict()
         self._budget = max_events_per_sec
@@ -376,7 +378,16 @@ class NflogFlowLogManager(FlowLogManager):
                                  "meta": rule, "packets": end.packets, "bytes": end.bytes})
         return bool(deciders)
 
-    def _run(self) -> None:
+    def apply(self) -> None:
+        """First apply: bind the sockets now, in the loop's round, before the iptables
+        manager (after this one) writes the NFLOG rules, so no first flow goes unheard;
+        then the reader thread."""
+        if self._thread is None:
+            self._open()
+            if self._socks:
+                super().apply()
+
+    def _open(self) -> None:
         from pyfelix.agent.shims import conntrack_events
         from pyfelix.agent.shims.netns import NetnsThread
         from pyfelix.agent.shims.nflog import NflogSocket
@@ -390,30 +401,37 @@ class NflogFlowLogManager(FlowLogManager):
                             "records will count 0 packets", exc)
             return sock
 
-        ns = NetnsThread(self._netns)
+        if self._ns is not None:
+            return  # opened once (a failure is not retried: logged, no flow logs)
+        self._ns = NetnsThread(self._netns)
+        opener = self._open_socket or (lambda: NflogSocket(
+            (nflog_prefixes.GROUP_DENY, nflog_prefixes.GROUP_ALLOW)))
         try:
-            opener = self._open_socket or (lambda: NflogSocket(
-                (nflog_prefixes.GROUP_DENY, nflog_prefixes.GROUP_ALLOW)))
-            try:
-                sock = ns.call(opener)
-            except OSError as exc:
-                log.error("flow logs: cannot read NFLOG: %s; no flow logs", exc)
-                return
-            ct_sock = None
-            try:
-                ct_sock = ns.call(self._open_ct_socket or open_ct)
-            except OSError as exc:
-                log.warning("flow logs: no conntrack destroy events (%s): no flow-end records",
-                            exc)
-            socks = [sock] if ct_sock is None else [sock, ct_sock]
-            try:
-                self._read_loop(sock, lambda: sum(ns.call(s.kernel_drops) for s in socks),
-                                ct_sock)
-            finally:
-                for s in socks:
-                    s.close()
+            self._socks = [self._ns.call(opener)]
+        except OSError as exc:
+            log.error("flow logs: cannot read NFLOG: %s; no flow logs", exc)
+            return
+        try:
+            self._socks.append(self._ns.call(self._open_ct_socket or open_ct))
+        except OSError as exc:
+            log.warning("flow logs: no conntrack destroy events (%s): no flow-end records",
+                        exc)
+
+    def _run(self) -> None:
+        ns, socks = self._ns, self._socks
+        assert ns is not None
+        try:
+            self._read_loop(socks[0], lambda: sum(ns.call(s.kernel_drops) for s in socks),
+                            socks[1] if len(socks) > 1 else None)
         finally:
-            ns.close()
+            for s in socks:
+                s.close()
+
+    def close(self) -> None:
+        super().close()  # the reader thread closes the sockets as it ends
+        if self._ns is not None:
+            self._ns.close()
+            self._ns = None
 
     def _read_loop(self, sock: Any, kernel_drops: Callable[[], int],
                    ct_sock: Any = None) -> None:
