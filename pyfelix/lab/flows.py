@@ -99,6 +99,16 @@ def flow_for(probe: ProbeSpec, source_ip: str, window: ProbeWindow,
     return {"action": rec["action"], "policy": policies[0], "reporter": rec["reporter"]}
 
 
+def decided(probe: ProbeSpec, flow: dict[str, Any] | None) -> bool:
+    """Whether `flow` can be the probe's final answer: a deny, or the destination pod's own
+    record (its node's flush may come later than the source's: an allow the source's
+    egress recorded is not yet the answer while the destination may still deny). Probes to
+    an address that is no pod's have no destination record to wait for."""
+    if flow is None:
+        return False
+    return flow["action"] == "deny" or flow["reporter"] == "dst" or "/" not in probe.target
+
+
 def flows_for(probes: Iterable[tuple[ProbeSpec, ProbeWindow, int]],
               pod_ips: Mapping[str, str],
               records: list[dict[str, Any]]) -> list[dict[str, Any] | None]:

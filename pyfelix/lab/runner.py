@@ -49,7 +49,7 @@ from typing import Any, Protocol
 
 from pyfelix.lab import naming
 from pyfelix.lab.datastore import LabDatastore, topology_documents
-from pyfelix.lab.flows import ProbeWindow, flows_for, read_records
+from pyfelix.lab.flows import ProbeWindow, decided, flows_for, read_records
 from pyfelix.lab.probe import DEFAULT_TIMEOUT_SECONDS, Prober, ProbeResult
 from pyfelix.lab.runstate import RunState, remove_run_kernel_objects, sweep_stale_runs
 from pyfelix.lab.scenario import ProbeSpec, ResourceRef, Scenario, Step
@@ -376,7 +376,9 @@ class LabRunner:
         with self._timed("flows_s"):
             while True:
                 flows = flows_for(pairs, pod_ips, read_records(dirs))
-                if all(f is not None for f in flows) or time.monotonic() >= deadline:
+                if all(decided(probe, flow) for (probe, _, _), flow in zip(pairs, flows,
+                                                                         strict=True)) \
+                        or time.monotonic() >= deadline:
                     break
                 self.check_interrupted()
                 time.sleep(SYNC_POLL_SECONDS)

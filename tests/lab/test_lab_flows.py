@@ -81,3 +81,15 @@ def test_the_probes_source_port_picks_its_record() -> None:
     assert flow_for(PROBE, "10.65.0.2", window, [before, after], 10009) is None
     cut = {**before, "num_flows": 40}  # more flows than listed: may hold any port
     assert flow_for(PROBE, "10.65.0.2", window, [cut], 10009) is not None
+
+
+def test_a_source_side_allow_is_not_yet_the_answer_for_a_pod() -> None:
+    from pyfelix.lab.flows import decided
+
+    egress = {"action": "allow", "policy": "p", "reporter": "src"}
+    assert not decided(PROBE, egress) and not decided(PROBE, None)
+    assert decided(PROBE, {**egress, "reporter": "dst"})
+    assert decided(PROBE, {**egress, "action": "deny"})
+    to_address = ProbeSpec("prod/client", "192.0.2.1", ipaddress.IPv4Address("192.0.2.1"), 80,
+                           "TCP")
+    assert decided(to_address, egress)
