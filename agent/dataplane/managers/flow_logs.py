@@ -10,6 +10,13 @@ Two sources, one aggregator and file:
   one core.
 Lost events, both modes: `pyfelix_flow_log_events_dropped_total`.
 
+Flow ends (allowed flows; the record of the same key as the start's, `num_flows_completed`,
+`flow_packets` and `flow_bytes` of both directions): BPF, the conntrack cleaner hands over
+each expired entry it deletes (`on_ct_expired`: the entry's own counts at its interface;
+an entry the LRU map evicts first ends unrecorded); iptables, conntrack's destroy events
+(agent/shims/conntrack_events.py) joined with the allow events that started the flow (a
+flow whose start was not seen, or forgotten past MAX_STARTED, ends unrecorded).
+
 BPF mode: a thread reads this build's `flow_events` ring buffer (bpf/include/flow_events.h:
 one event per policy decision, rate-limited in the kernel, the rest counted as
 `flow_events_dropped`), aggregates the events per (source, destination, destination port,
@@ -24,8 +31,9 @@ policy, rule index, action). Outputs: the file; `pyfelix_flow_log_events_total`,
 (start_time, end_time, source_ip, source_name, source_namespace, source_type, dest_ip,
 dest_name, dest_namespace, dest_type, dest_port, proto, action, reporter, policies
 {all_policies: ["<order>|<tier>|<policy>|<action>|<rule index>"]}, num_flows,
-num_flows_started); pyfelix's own: `source_ports` (the first MAX_SOURCE_PORTS of the
-aggregated flows' source ports, sorted; ICMP: echo ids), packets and bytes of the packets
+num_flows_started, num_flows_completed); pyfelix's own: `flow_packets`, `flow_bytes`,
+`source_ports` (the first MAX_SOURCE_PORTS of the aggregated flows' source ports, sorted;
+ICMP: echo ids), packets and bytes of the packets
 policy decided (`policy_packets`, `policy_bytes`: a new flow's first packet, every packet
 of a denied one), not the flow's whole traffic. Remote endpoints are not named (`-`, type
 `net`): the dataplane knows only its own endpoints.
