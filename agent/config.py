@@ -430,9 +430,10 @@ PARAMS: tuple[Param, ...] = (
     Param("AllowIPIPPacketsFromWorkloads", False, parse_bool, restart=True),
     Param("FloatingIPs", "Disabled", enum_of("Enabled", "Disabled"), restart=True,
           help="Program WorkloadEndpoint ipNATs (floating IPs): DNAT to the pod, a route."),
-    # Flow logs (BPF mode): Calico Enterprise's names (Felix open source has only the interval)
+    # Flow logs: Calico Enterprise's names (Felix open source has only the interval)
     Param("FlowLogsFileEnabled", False, parse_bool, restart=True,
-          help="pyfelix: write flow logs (BPF mode) as JSON lines to FlowLogsFileDirectory."),
+          help="pyfelix: write flow logs as JSON lines to FlowLogsFileDirectory (BPF: ring "
+               "buffer events; iptables: NFLOG rules before each decision)."),
     Param("FlowLogsFileDirectory", "/var/log/calico/flowlogs", parse_str, restart=True,
           help="pyfelix: where flows.log (and its rotations) is written."),
     Param("FlowLogsFlushInterval", 300.0, parse_positive_seconds, restart=True),

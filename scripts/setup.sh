@@ -9,6 +9,7 @@ APT_PACKAGES=(python3-bpfcc bpfcc-tools python3-venv python3-dev linux-headers-a
   iptables ipset nftables bird2 etcd-server etcd-client iproute2 procps kmod
   ruby # ruby: `ruby -c` checks the Vagrantfile in tests
   nginx wrk sockperf iperf3 # real traffic between lab pods (pyfelix bench dataplane-compare)
+  gcc # the C traffic generators (pyfelix/bench/c: bench services, the flow-log flood test)
   python3-matplotlib) # bench charts (make bench), seen through the venv's system site-packages
 
 log() { printf '[setup] %s\n' "$*"; }

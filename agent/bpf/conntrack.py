@@ -8,7 +8,9 @@ Inputs: a conntrack map handle (BpfMap or FakeMap), the `Timeouts` the programs 
 with (loader BuildConfig.ct_timeouts), and a clock returning CLOCK_MONOTONIC_COARSE ns (the
 programs' clock, `ct_map.now_ns`). Output: `CleanStats` per run. `run_once()` reads every entry (one
 batch syscall per 4096 entries) and deletes the expired ones, re-reading each candidate
-just before deleting it so a flow refreshed meanwhile by a packet is kept.
+just before deleting it so a flow refreshed meanwhile by a packet is kept. `on_expired(key,
+value)`, when given, hears each deleted entry (its raw key and last value): the flow logs'
+flow-end records with the flow's packet and byte counts.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ class CleanStats:
 
 class ConntrackCleaner:
     def __init__(self, ct: Any, *, timeouts: ct_map.Timeouts = ct_map.DEFAULT_TIMEOUTS,
-                 clock_ns: Callable[[], int] = ct_map.now_ns) -> None:
+                 clock_ns: Callable[[], int] = ct_map.now_ns,
+                 on_expired: Callable[[bytes, bytes], None] | None = None) -> None:
         self.ct = ct
+        self.on_expired = on_expired
         self.timeouts = timeouts
         self.clock_ns = clock_ns
 
@@ -48,6 +52,9 @@ class ConntrackCleaner:
             if not self.expired(key, value, now):
                 continue
             current = self.ct.lookup(key)
-            if current is not None and self.expired(key, current, self.clock_ns()):
-                deleted += bool(self.ct.delete(key))
+            if (current is not None and self.expired(key, current, self.clock_ns())
+                    and self.ct.delete(key)):
+                deleted += 1
+                if self.on_expired is not None:
+                    self.on_expired(bytes(key), bytes(current))
         return CleanStats(scanned=len(entries), deleted=deleted, seconds=time.monotonic() - t0)

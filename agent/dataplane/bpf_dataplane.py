@@ -217,11 +217,14 @@ def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
     if config.flow_logs_file_enabled:
         from pyfelix.agent.dataplane.managers.flow_logs import FlowLogManager
 
-        managers.append(FlowLogManager(
+        managers.append(flow_logs := FlowLogManager(
             loaded.bpf, policy.counter_meta, directory=str(config.flow_logs_file_directory),
             flush_interval=float(config.flow_logs_flush_interval),
             max_bytes=int(config.flow_logs_file_max_file_size_mb) << 20,
-            max_files=int(config.flow_logs_file_max_files)))
+            max_files=int(config.flow_logs_file_max_files),
+            dropped_events=lambda: counters_map.read_globals(global_counters).get(
+                "flow_events_dropped", 0)))
+        conntrack.on_expired = flow_logs.on_ct_expired  # flow-end records
     shared = SharedLoad(loaded, len(managers))
     for manager in managers:
         manager.on_close = shared.release

@@ -8,6 +8,10 @@ programmed dataplane stays in place, as Felix leaves it on SIGTERM).
 Order of a round (phase 1 `apply`, then phase 2 `finish_apply` in the same order):
 
     extra_managers      (e.g. BPF maps, given by the caller, first: policy before plumbing)
+    NflogFlowLogManager iptables mode with FlowLogsFileEnabled: binds the NFLOG groups (and
+                        conntrack's destroy events) on its first apply, before the rules
+                        logging to them exist, then reads them (its own thread) into
+                        flows.log
     IPSetsManager       calc-graph IP sets ... phase 2: destroys unused sets (BPF mode:
                         only the sets host endpoint rules match)
     HostIPsManager      `cali40this-host` from the interface monitor's addresses (both modes)
@@ -78,6 +82,7 @@ from pyfelix.agent.dataplane.manager import Manager
 from pyfelix.agent.dataplane.managers.bpf_cleanup import BpfCleanupManager
 from pyfelix.agent.dataplane.managers.bpf_ctlb import detach_ctlb_programs
 from pyfelix.agent.dataplane.managers.endpoint_status import EndpointStatusManager, Report
+from pyfelix.agent.dataplane.managers.flow_logs import NflogFlowLogManager
 from pyfelix.agent.dataplane.managers.hostips import HostIPsManager, InterfaceMatcher
 from pyfelix.agent.dataplane.managers.ipip import IPIPManager
 from pyfelix.agent.dataplane.managers.ipsets import IPSetsManager
@@ -118,6 +123,12 @@ class LinuxDataplaneConfig:
     bpf_pin_dir: str | None = None
     bpf_cgroup_v2: str = ""  # BPFCgroupV2: where a BPF-mode agent attached its cgroup programs
     ipv6_support: bool = True  # Ipv6Support: False polices, routes and forwards no IPv6
+    # FlowLogsFileEnabled -> FlowLogsFileDirectory ("" = off). iptables mode: NFLOG rules and
+    # an NflogFlowLogManager; BPF mode: the BPF managers bring their own reader.
+    flow_logs_directory: str = ""
+    flow_logs_flush_interval: float = 300.0  # FlowLogsFlushInterval
+    flow_logs_max_bytes: int = 100 << 20  # FlowLogsFileMaxFileSizeMB
+    flow_logs_max_files: int = 5  # FlowLogsFileMaxFiles
 
     def __post_init__(self) -> None:
         if not 0 < self.vxlan_vni < 1 << 24:
@@ -155,6 +166,11 @@ class LinuxDataplaneConfig:
             bpf_cgroup_v2=str(config.bpf_cgroup_v2),
             route_protocol=config.route_table_protocol,
             ipv6_support=config.ipv6support,
+            flow_logs_directory=(str(config.flow_logs_file_directory)
+                                 if config.flow_logs_file_enabled else ""),
+            flow_logs_flush_interval=float(config.flow_logs_flush_interval),
+            flow_logs_max_bytes=int(config.flow_logs_file_max_file_size_mb) << 20,
+            flow_logs_max_files=int(config.flow_logs_file_max_files),
         )
 
 
@@ -178,7 +194,15 @@ def linux_managers(cfg: LinuxDataplaneConfig, *, netns: str | None = None,
         ipv6_policy=cfg.ipv6_support,
         allow_vxlan_from_workloads=cfg.allow_vxlan_from_workloads,
         allow_ipip_from_workloads=cfg.allow_ipip_from_workloads,
+        flow_logs=bool(cfg.flow_logs_directory) and not cfg.bpf_mode,
     )
+    if cfg.flow_logs_directory and not cfg.bpf_mode:
+        # before the iptables manager: its first apply binds the NFLOG groups before the
+        # rules that log to them exist
+        managers.append(NflogFlowLogManager(
+            directory=cfg.flow_logs_directory, flush_interval=cfg.flow_logs_flush_interval,
+            max_bytes=cfg.flow_logs_max_bytes, max_files=cfg.flow_logs_max_files,
+            netns=netns))
     managers += [
         IPSetsManager(netns=netns, max_size=cfg.max_ipset_size,
                       only=iptables.referenced_ip_sets if cfg.bpf_mode else None,

@@ -27,14 +27,14 @@
 
 struct flow_event {
 	__u64 ts_ns;       /* ct_now_ns() */
-	__u32 saddr;       /* network byte order */
-	__u32 daddr;
-	__u16 sport;       /* host byte order (ICMP: echo id) */
+	struct pf_addr src; /* both families (IPv4 in w[0]), network byte order */
+	struct pf_addr dst;
+	__u16 sport;       /* host byte order (ICMP/ICMPv6: echo id) */
 	__u16 dport;
 	__u8 proto;
 	__u8 hook;         /* HOOK_*: from_wep = the source pod's egress, to_wep = ingress */
 	__u8 allowed;
-	__u8 pad;
+	__u8 family;       /* 4 or 6 */
 	__u32 counter_id;  /* the deciding record's rule counter (0: none) */
 	__u32 endpoint_id;
 	__u32 len;         /* the packet's length */
@@ -73,14 +73,14 @@ PF_INLINE void emit_flow_event(struct pkt_info *pkt, __u8 hook, int allowed, __u
 	}
 	b->sent += 1;
 	e->ts_ns = now;
-	e->saddr = pkt->saddr;
-	e->daddr = pkt->daddr;
+	e->src = pkt->src;
+	e->dst = pkt->dst;
 	e->sport = pkt->sport;
 	e->dport = pkt->dport;
 	e->proto = pkt->proto;
 	e->hook = hook;
 	e->allowed = allowed ? 1 : 0;
-	e->pad = 0;
+	e->family = pkt->family;
 	e->counter_id = counter_id;
 	e->endpoint_id = endpoint_id;
 	e->len = pkt->len;

@@ -1,7 +1,7 @@
 """`pyfelix flows`: the node's recent flows, from the agent's flow-log files.
 
 Reads `<dir>/flows.log` and its rotations (`flows.log.N`, oldest first), the JSON lines the
-BPF dataplane's flow-log manager writes (`agent.dataplane.managers.flow_logs`), filters them
+flow-log managers write (BPF and iptables) (`agent.dataplane.managers.flow_logs`), filters them
 and prints a table or, with `-o json`, one JSON object per line. `--follow` keeps printing
 records as the agent appends them. The directory defaults to FELIX_FLOWLOGSFILEDIRECTORY,
 else /var/log/calico/flowlogs (the agent's FlowLogsFileDirectory).
@@ -82,7 +82,7 @@ def _follow(path: Path) -> Iterator[dict[str, Any]]:
               show_default=True)
 def command(directory: str, denied: bool, namespace: str | None, pod: str | None,
             follow: bool, output: str) -> None:
-    """The flows the agent logged (BPF mode, FlowLogsFileEnabled): source, destination,
+    """The flows the agent logged (FlowLogsFileEnabled, both dataplanes): source, destination,
     port, protocol, action, the deciding policy rule, aggregated per flush interval.
 
     \b

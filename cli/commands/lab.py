@@ -95,6 +95,9 @@ def command() -> None:
 @click.option("--typha", is_flag=True,
               help="Run `pyfelix typha` on the first node; every agent and confd reads the "
                    "datastore through it.")
+@click.option("--flow-logs/--no-flow-logs", default=True, show_default=True,
+              help="Agents write flow logs; each probe reports what they recorded about it "
+                   "(`flow`: action and deciding policy).")
 def run_command(
     scenario_file: str,
     dataplane: str,
@@ -104,6 +107,7 @@ def run_command(
     static_routes: bool | None,
     hold: float,
     typha: bool,
+    flow_logs: bool,
 ) -> None:
     """Build SCENARIO_FILE's topology, run its steps and probes, tear everything down.
 
@@ -131,7 +135,8 @@ def run_command(
         from pyfelix.lab.agents import AgentProcesses
 
         agents = AgentProcesses(dataplane, interface_prefix=_interface_prefix(),
-                                bgp=False if static_routes else None, typha=typha)
+                                bgp=False if static_routes else None, typha=typha,
+                                flow_logs=flow_logs)
     report = _run_lab(
         scenario,
         agents=agents,
@@ -145,12 +150,15 @@ def run_command(
     if output == "json":
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
+        flows = any(r.flows_collected for r in report.results)  # agents wrote flow logs
         rows = [
             [str(r.step), r.probe.source, r.probe.target, str(r.probe.port), r.probe.protocol,
-             r.result, r.probe.expect or "-", "MISMATCH" if r.mismatch else ""]
+             r.result, r.probe.expect or "-", *([_flow_cell(r)] if flows else []),
+             "MISMATCH" if r.mismatch else ""]
             for r in report.results
         ]
-        headers = ["STEP", "FROM", "TO", "PORT", "PROTO", "RESULT", "EXPECT", ""]
+        headers = ["STEP", "FROM", "TO", "PORT", "PROTO", "RESULT", "EXPECT",
+                   *(["FLOW LOG"] if flows else []), ""]
         click.echo(_format_table(headers, rows))
         timings = ", ".join(f"{k} {v:.3f}" for k, v in report.timings.items())
         click.echo(f"timings (s): {timings}")
@@ -224,14 +232,15 @@ def demo_command(dataplane: str, probe_timeout: float) -> None:
 
     Two nodes (BGP between them), four pods in three namespaces, one Kubernetes
     NetworkPolicy (pyfelix/lab/scenarios/demo.yaml). Prints the connectivity matrix with no
-    policy, then with the policy enforced by real agents, then each node's BPF maps.
+    policy, then with the policy enforced by real agents, then each node's BPF maps, what
+    the nodes' flow logs recorded of each probe, and `pyfelix explain` of the first denial.
 
     \b
     Examples:
       pyfelix lab demo
       pyfelix lab demo --dataplane iptables
     """
-    from pyfelix.lab.demo import DEMO_SCENARIO, run_demo
+    from pyfelix.lab.demo import DEMO_SCENARIO, matrix_column, run_demo
     from pyfelix.lab.runner import LabInterrupted
     from pyfelix.lab.scenario import load_scenario
 
@@ -260,8 +269,25 @@ def demo_command(dataplane: str, probe_timeout: float) -> None:
         if len(rows) > 12:
             click.echo(f"  ... {len(rows) - 12} more (pyfelix bpf {name.split()[0]} dump)")
         click.echo("")
+    click.echo("FLOW LOGS of the probes after policy (what the nodes recorded):")
+    rows = [[r.probe.source, matrix_column(r.probe), r.result, _flow_cell(r),
+             str((r.flow or {}).get("reporter", "-"))] for r in report.flows]
+    click.echo(_format_table(["FROM", "TO", "PROBE", "FLOW LOG (ACTION POLICY)", "REPORTER"],
+                             rows) + "\n")
+    if report.explained is not None:
+        p = report.explained
+        click.echo(f"EXPLAIN the first denial (*): pyfelix explain --from {p.source} --to "
+                   f"{p.target} --port {p.port} --protocol {p.protocol}")
+        click.echo(report.explain_output.rstrip() + "\n")
     timings = ", ".join(f"{k} {v:.3f}" for k, v in report.timings.items())
     click.echo(f"timings (s): {timings}")
+
+
+def _flow_cell(result: Any) -> str:
+    """`<action> <policy>` of what the flow logs recorded, `-` if nothing."""
+    if not result.flow:
+        return "-"
+    return f"{result.flow['action']} {result.flow['policy']}"
 
 
 def _changed(now: str, before: str) -> str:

@@ -69,7 +69,8 @@ class AgentProcesses:
 
     def __init__(self, dataplane: str = "bpf", *, interface_prefix: str = "cali",
                  bgp: bool | None = None, python: str = sys.executable,
-                 extra_env: dict[str, str] | None = None, typha: bool = False) -> None:
+                 extra_env: dict[str, str] | None = None, typha: bool = False,
+                 flow_logs: bool = False) -> None:
         if dataplane not in ("bpf", "iptables"):
             raise ValueError(f"dataplane must be bpf or iptables, not {dataplane!r}")
         self.dataplane = dataplane
@@ -78,6 +79,9 @@ class AgentProcesses:
         self.python = python
         self.extra_env = dict(extra_env or {})
         self.typha = typha
+        # flow logs: each agent writes <run>/agents/flows/<node>/flows.log (lab.flows reads)
+        self.flow_logs = flow_logs
+        self.flow_log_dirs: dict[str, Path] = {}
         self.datastore_url = ""
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.birds: dict[str, Any] = {}
@@ -119,6 +123,7 @@ class AgentProcesses:
                 # the machine's root one: lab agents attach only where a test gives them a
                 # cgroup of its own (FELIX_BPFCGROUPV2 with ...=TCP|Enabled in extra_env)
                 "FELIX_BPFCONNECTTIMELOADBALANCING": "Disabled",
+                **self._flow_log_env(name),
                 **self.extra_env,
             }
             self.processes[f"agent:{name}"] = self._spawn(
@@ -126,6 +131,14 @@ class AgentProcesses:
                 env, self.run_dir / f"{name}.agent.log")
             if use_bgp:
                 self._start_bgp(name, node.netns, env)
+
+    def _flow_log_env(self, node: str) -> dict[str, str]:
+        if not self.flow_logs or self.run_dir is None:
+            return {}
+        directory = self.flow_log_dirs[node] = self.run_dir / "flows" / node
+        return {"FELIX_FLOWLOGSFILEENABLED": "true",
+                "FELIX_FLOWLOGSFILEDIRECTORY": str(directory),
+                "FELIX_FLOWLOGSFLUSHINTERVAL": "1"}
 
     def describe(self) -> dict[str, Any]:
         """How the agents run, for the lab's JSON report."""

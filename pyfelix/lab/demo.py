@@ -4,7 +4,9 @@ Role: what `pyfelix lab demo` (and `make demo`) shows. Library side only: the de
 path, the all-pairs probe list, the matrix of results, and `run_demo()`, which runs the lab
 with real agents and reports the matrix BEFORE the scenario's policies (only the cluster
 documents exist) and AFTER them, plus a dump of every node's BPF maps taken while the lab
-is still up; the CLI formats it.
+is still up, the flow logs' record of each probe after policy, and `pyfelix explain`
+(run in the destination node's namespace beside its agent) of the first denial the policy
+caused (the first starred cell); the CLI formats it.
 
 Inputs: a `Scenario` (default: `DEMO_SCENARIO`), then the `ProbeResult`s of running it.
 Outputs: a matrix {source pod: {"ns/pod:port/proto": "allow"|"deny"}} per phase.
@@ -13,6 +15,9 @@ Outputs: a matrix {source pod: {"ns/pod:port/proto": "allow"|"deny"}} per phase.
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +74,35 @@ class DemoReport:
     after: dict[str, dict[str, str]]
     map_dumps: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    flows: list[ProbeResult] = field(default_factory=list)  # after policy, with `flow`
+    explained: ProbeSpec | None = None  # the first denial the policy caused
+    explain_output: str = ""  # `pyfelix explain`'s text output for it
+
+
+def first_new_denial(before: list[ProbeResult], after: list[ProbeResult]) -> ProbeSpec | None:
+    """The first probe allowed before policy and denied after (the first starred cell)."""
+    was = {(r.probe.source, matrix_column(r.probe)): r.result for r in before}
+    for r in after:
+        if r.result == "deny" and was.get((r.probe.source, matrix_column(r.probe))) == "allow":
+            return r.probe
+    return None
+
+
+def explain_in_node(runner: Any, probe: ProbeSpec, dataplane: str) -> str:
+    """`pyfelix explain` of `probe`, run in its destination node's namespace with that
+    node's agent settings (datastore, hostname, pin dir); its output (or error) as text."""
+    pod = next(p for p in runner.scenario.pods if p.key == probe.target)
+    node = runner.topology.nodes[pod.node]
+    env = {**os.environ, "FELIX_BPFPINDIR": str(runner.bpffs_dir / pod.node),
+           "FELIX_BPFENABLED": "true" if dataplane == "bpf" else "false"}
+    args = ["explain", "--datastore", str(runner.datastore_dir), "--hostname", pod.node,
+            "--from", probe.source, "--to", probe.target, "--protocol", probe.protocol]
+    if probe.protocol.upper() != "ICMP":
+        args += ["--port", str(probe.port)]
+    proc = subprocess.run(["nsenter", f"--net=/run/netns/{node.netns}", sys.executable, "-m",
+                           "pyfelix.cli.main", *args], capture_output=True, text=True,
+                          timeout=120, env=env, check=False)
+    return proc.stdout + (proc.stderr if proc.returncode else "")
 
 
 def run_demo(scenario: Scenario, *, dataplane: str, probe_timeout: float,
@@ -80,7 +114,7 @@ def run_demo(scenario: Scenario, *, dataplane: str, probe_timeout: float,
 
     say = progress or (lambda message: None)
     probes = matrix_probes(scenario)
-    agents = AgentProcesses(dataplane, interface_prefix=interface_prefix)
+    agents = AgentProcesses(dataplane, interface_prefix=interface_prefix, flow_logs=True)
     runner = LabRunner(scenario, agents=agents, dataplane=dataplane, program_routes=False,
                        probe_timeout=probe_timeout, interface_prefix=interface_prefix)
     with runner:
@@ -90,12 +124,21 @@ def run_demo(scenario: Scenario, *, dataplane: str, probe_timeout: float,
         runner.start_agents()
         runner.wait_in_sync()
         say(f"demo {runner.run_id}: probing {len(probes)} pod/port pairs before policy")
-        before = connectivity_matrix(runner.run_probes(probes, 0))
+        before_results = runner.run_probes(probes, 0)
+        before = connectivity_matrix(before_results)
         say(f"demo {runner.run_id}: applying {len(scenario.resources)} resource(s)")
         runner.apply_resources(scenario.resources)
         runner.wait_in_sync()
         say(f"demo {runner.run_id}: probing again")
-        after = connectivity_matrix(runner.run_probes(probes, 1))
+        after_results = runner.run_probes(probes, 1)
+        after = connectivity_matrix(after_results)
+        say(f"demo {runner.run_id}: reading the nodes' flow logs")
+        flows = runner.collect_flows()[len(before_results):]
+        explained = first_new_denial(before_results, after_results)
+        explain_output = ""
+        if explained is not None:
+            say(f"demo {runner.run_id}: explaining {explained.source} -> {explained.target}")
+            explain_output = explain_in_node(runner, explained, dataplane)
         dumps: dict[str, list[dict[str, Any]]] = {}
         if dataplane == "bpf":
             from pyfelix.agent.bpf.maps import dump_pinned
@@ -105,4 +148,5 @@ def run_demo(scenario: Scenario, *, dataplane: str, probe_timeout: float,
                     dumps[f"{name} on {node}"] = dump_pinned(name,
                                                              str(runner.bpffs_dir / node))
         say(f"demo {runner.run_id}: tearing down")
-    return DemoReport(scenario, dataplane, before, after, dumps, dict(runner.report.timings))
+    return DemoReport(scenario, dataplane, before, after, dumps, dict(runner.report.timings),
+                      flows, explained, explain_output)

@@ -56,6 +56,11 @@ class ProbeResult:
     result: str  # "allow" | "deny"
     detail: str  # "echoed", "refused", "timeout", "unreachable", ...
     seconds: float
+    # what the nodes' flow logs recorded (lab.flows): {"action", "policy", "reporter"}; None
+    # when nothing was found or flow logs were not collected (then absent from to_json)
+    flow: dict[str, object] | None = None
+    flows_collected: bool = False
+    sport: int = 0  # the source port the probe bound (flow logs list them per record)
 
     @property
     def mismatch(self) -> bool:
@@ -72,6 +77,7 @@ class ProbeResult:
             "expect": self.probe.expect,
             "detail": self.detail,
             "ms": round(self.seconds * 1000, 1),
+            **({"flow": self.flow} if self.flows_collected else {}),
         }
 
 
@@ -139,6 +145,7 @@ class Prober:
             sock = socket.socket(socket.AF_INET, kind | socket.SOCK_CLOEXEC)
         try:
             _bind_fresh_port(sock)
+            sport = sock.getsockname()[1]
             address = (str(probe.target_ip), probe.port)
             if probe.protocol == "TCP":
                 verdict, detail = tcp_echo_verdict(sock, address, deadline)
@@ -146,7 +153,8 @@ class Prober:
                 verdict, detail = udp_echo_verdict(sock, address, deadline)
         finally:
             sock.close()
-        return ProbeResult(probe, step, verdict, detail, time.monotonic() - started)
+        return ProbeResult(probe, step, verdict, detail, time.monotonic() - started,
+                           sport=sport)
 
 
 def check_sources(sources: Iterable[str], pod_netns: Mapping[str, str]) -> None:

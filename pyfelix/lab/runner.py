@@ -4,7 +4,8 @@ Role: the lab's orchestration and its hook for the agents. The life of a run:
 
     sweep stale runs -> lock run dir -> build topology -> start servers -> write topology to
     the datastore -> start agents -> for each step: apply/delete resources, wait in sync,
-    probe -> [hold] -> teardown (servers, agents, leftover processes, namespaces, bpffs dir,
+    probe -> [what the agents' flow logs said of each probe: `collect_flows`] -> [hold] ->
+    teardown (servers, agents, leftover processes, namespaces, bpffs dir,
     run dir)
 
 Inputs: a `Scenario`, a `NodeAgents` implementation (default `NoAgents`), switches for who
@@ -35,6 +36,7 @@ step's datastore writes; `stop()` first thing in teardown. A real implementation
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
@@ -47,6 +49,7 @@ from typing import Any, Protocol
 
 from pyfelix.lab import naming
 from pyfelix.lab.datastore import LabDatastore, topology_documents
+from pyfelix.lab.flows import ProbeWindow, decided, flows_for, read_records
 from pyfelix.lab.probe import DEFAULT_TIMEOUT_SECONDS, Prober, ProbeResult
 from pyfelix.lab.runstate import RunState, remove_run_kernel_objects, sweep_stale_runs
 from pyfelix.lab.scenario import (
@@ -70,6 +73,7 @@ from pyfelix.lab.topology import LabTopology, TopologyBuilder, plan_topology
 DEFAULT_SYNC_TIMEOUT_SECONDS = 60.0
 HOLD_POLL_SECONDS = 0.2
 SYNC_POLL_SECONDS = 0.1
+FLOW_WAIT_SECONDS = 5.0  # the lab agents flush flow logs every second
 
 
 class LabInterrupted(KeyboardInterrupt):
@@ -193,6 +197,8 @@ class LabRunner:
         self._torn_down = False
         self._interrupted_by: int | None = None
         self._kube_proxy_rendered = False
+        # wall-clock window of each probe batch: (first result index, end index, window)
+        self._probe_windows: list[tuple[int, int, ProbeWindow]] = []
 
     # --- context manager and signals -------------------------------------------------------
 
@@ -356,11 +362,39 @@ class LabRunner:
         self, probes: tuple[ProbeSpec, ...] | list[ProbeSpec], step: int = 0
     ) -> list[ProbeResult]:
         self.check_interrupted()
+        started = time.time()
         with self._timed("probes_s"):
             results = self.prober.run(list(probes), step)
         self.check_interrupted()
+        first = len(self.report.results)
+        self._probe_windows.append((first, first + len(results),
+                                    ProbeWindow(started, time.time())))
         self.report.results.extend(results)
         return results
+
+    def collect_flows(self, timeout: float = FLOW_WAIT_SECONDS) -> list[ProbeResult]:
+        """Attach to every probe result what the nodes' flow logs recorded about it
+        (`lab.flows`), waiting up to `timeout` s for the agents' next flushes; a no-op when
+        the agents write no flow logs. Returns (and keeps in the report) the results."""
+        dirs = list(getattr(self.agents, "flow_log_dirs", {}).values())
+        if not dirs:
+            return self.report.results
+        pod_ips = {key: str(pod.spec.ip) for key, pod in self.topology.pods.items()}
+        pairs = [(self.report.results[i].probe, window, self.report.results[i].sport)
+                 for first, end, window in self._probe_windows for i in range(first, end)]
+        deadline = time.monotonic() + timeout
+        with self._timed("flows_s"):
+            while True:
+                flows = flows_for(pairs, pod_ips, read_records(dirs))
+                if all(decided(probe, flow) for (probe, _, _), flow in zip(pairs, flows,
+                                                                         strict=True)) \
+                        or time.monotonic() >= deadline:
+                    break
+                self.check_interrupted()
+                time.sleep(SYNC_POLL_SECONDS)
+        self.report.results = [dataclasses.replace(r, flow=f, flows_collected=True)
+                               for r, f in zip(self.report.results, flows, strict=True)]
+        return self.report.results
 
     def run_steps(self) -> list[ProbeResult]:
         """Every step of the scenario in order: apply, delete, wait in sync, probe."""
@@ -448,6 +482,7 @@ def run_scenario(
         say(f"lab {runner.run_id}: running {len(scenario.steps)} step(s), "
             f"{len(scenario.probes)} probe(s)")
         runner.run_steps()
+        runner.collect_flows()
         if hold_seconds > 0:
             say(f"lab {runner.run_id}: holding for {hold_seconds:g}s; namespaces "
                 f"{runner.run_id}-*, Ctrl-C to tear down now")

@@ -79,3 +79,40 @@ def test_flows_cli_filters_and_prints(tmp_path: Path) -> None:
     assert [r["source_ip"] for r in rows] == ["10.65.0.3"]
     table = CliRunner().invoke(cli, ["flows", "--dir", str(tmp_path), "--namespace", "prod"])
     assert "DENY" in table.stdout and "ALLOW" in table.stdout and "prod/api:443" in table.stdout
+
+
+def test_expired_conntrack_entries_become_flow_end_records(tmp_path: Path) -> None:
+    from pyfelix.agent.bpf.conntrack import ConntrackCleaner
+    from pyfelix.agent.bpf.maps import conntrack as ct_map
+    from pyfelix.agent.bpf.maps.base import FakeMap
+
+    allow = RuleMeta("policy", "default", "allow-https", "ingress", 0, "allow")
+    m = FlowLogManager(None, {9: allow}.get, directory=str(tmp_path), flush_interval=1,
+                       max_bytes=1 << 20, max_files=1)
+    ct = FakeMap(ct_map.PARAMS)
+    now = 10_000 * ct_map.NS_PER_S
+    flags = ct_map.CtFlags
+    # client 10.65.0.3:40001 -> api 10.65.0.1:443 at api's interface: normalised, the api
+    # is side A (smaller address), so the original direction is B -> A
+    key, src_is_a = ct_map.normalise(7, "10.65.0.3", "10.65.0.1", 40001, 443, 6)
+    assert not src_is_a
+    closed = int(flags.ORIG_TO_WEP | flags.SEEN_REPLY | flags.FIN_ORIG | flags.FIN_REPLY)
+    ct.update(ct_map.encode_key(key), ct_map.encode_value(ct_map.FlowValue(
+        0, now - 3600 * ct_map.NS_PER_S, 12, 3400, closed, 9)))
+    # a live flow is not ended
+    live, _ = ct_map.normalise(7, "10.65.0.3", "10.65.0.1", 40002, 443, 6)
+    ct.update(ct_map.encode_key(live), ct_map.encode_value(ct_map.FlowValue(
+        0, now, 3, 180, int(flags.ORIG_TO_WEP | flags.SEEN_REPLY), 9)))
+    stats = ConntrackCleaner(ct, clock_ns=lambda: now, on_expired=m.on_ct_expired).run_once()
+    assert stats.deleted == 1
+    m.flush()
+    [rec] = [json.loads(x) for x in (tmp_path / "flows.log").read_text().splitlines()]
+    assert {k: rec[k] for k in ("source_ip", "dest_ip", "dest_port", "proto", "action",
+                                "reporter", "num_flows", "num_flows_started",
+                                "num_flows_completed", "flow_packets", "flow_bytes",
+                                "source_ports")} == {
+        "source_ip": "10.65.0.3", "dest_ip": "10.65.0.1", "dest_port": 443, "proto": "tcp",
+        "action": "allow", "reporter": "dst", "num_flows": 1, "num_flows_started": 0,
+        "num_flows_completed": 1, "flow_packets": 12, "flow_bytes": 3400,
+        "source_ports": [40001]}
+    assert rec["policies"] == {"all_policies": ["0|default|allow-https|allow|0"]}

@@ -27,7 +27,7 @@ BUILTIN_CHAINS_BY_TABLE: dict[str, tuple[str, ...]] = {
     "raw": ("PREROUTING", "OUTPUT"),
 }
 BUILTIN_CHAINS = BUILTIN_CHAINS_BY_TABLE["filter"]
-BUILTIN_TARGETS = {"ACCEPT", "DROP", "RETURN", "MARK", "LOG", "REJECT", "CONNMARK",
+BUILTIN_TARGETS = {"ACCEPT", "DROP", "RETURN", "MARK", "LOG", "NFLOG", "REJECT", "CONNMARK",
                    "MASQUERADE", "SNAT", "DNAT", "CT", "NOTRACK"}
 TABLE_ONLY_TARGETS = {"MASQUERADE": "nat", "SNAT": "nat", "DNAT": "nat", "CT": "raw",
                       "NOTRACK": "raw"}

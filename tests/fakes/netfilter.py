@@ -6,8 +6,9 @@ understands exactly the matches and targets our renderer emits: -p/! -p, -s/-d (
 membership, hash:net and hash:net,port), -m multiport [!] --sports/--dports, --sport/--dport,
 -m icmp [!] --icmp-type T[/C], -m icmp6 --icmpv6-type T (IPv6 packets: walk the ip6tables
 fake), -m mark --mark V/M, -m conntrack --ctstate, -m comment;
-targets ACCEPT, DROP, RETURN, LOG, MARK --set-xmark V/M, CT --notrack (recorded in
-`untracked`), MASQUERADE (a terminal verdict of the nat table), -j CHAIN, -g CHAIN. Any table
+targets ACCEPT, DROP, RETURN, LOG, NFLOG (recorded in `nflogged` as (group, prefix,
+packet)), MARK --set-xmark V/M, CT --notrack (recorded in `untracked`), MASQUERADE (a
+terminal verdict of the nat table), -j CHAIN, -g CHAIN. Any table
 can be walked (`table=`). Anything else raises, so a renderer change that emits something
 new cannot silently pass.
 """
@@ -48,6 +49,7 @@ class PacketWalker:
         self.iptables = iptables
         self.ipset = ipset
         self.logged: list[Packet] = []
+        self.nflogged: list[tuple[int, str, Packet]] = []
         self.untracked: list[Packet] = []
         self._table = iptables.chains
 
@@ -81,6 +83,10 @@ class PacketWalker:
                 return "RETURN", packet
             if target == "LOG":
                 self.logged.append(packet)
+                continue
+            if target == "NFLOG":
+                self.nflogged.append((int(args[args.index("--nflog-group") + 1]),
+                                      args[args.index("--nflog-prefix") + 1], packet))
                 continue
             if target == "MARK":
                 value, mask = (int(x, 16) for x in args[args.index("--set-xmark") + 1].split("/"))

@@ -59,6 +59,10 @@ evaluated with two scratch mark bits: M := base matches; each extra negated matc
 each "any of" clause sets T on any alternative and clears M if T stayed clear; then the
 action applies to packets still carrying M, and M/T are cleared again.
 
+Flow logs (`flow_logs=True`, FlowLogsFileEnabled): an NFLOG rule before each allow/deny
+decision a new flow meets (rule Allow/Deny, end of tier, unknown policy, final DROP), its
+group and prefix naming the rule; see `iptables/nflog.py`. Pass and Log rules log nothing.
+
 Rule field semantics: see `agent.proto.Rule`. IPv6-only rules, ICMPv6 rules and rules whose
 nets are all IPv6 cannot match in this IPv4 table and render as nothing (there is no IPv6
 policy yet: ip6tables drops workload IPv6, see `ipv6.py`).
@@ -77,6 +81,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from pyfelix.agent.dataplane.iptables import nflog
 from pyfelix.agent.dataplane.iptables.chains import Chain
 from pyfelix.agent.dataplane.iptables.names import (
     CHAIN_FORWARD,
@@ -105,6 +110,7 @@ from pyfelix.agent.dataplane.iptables.names import (
     reason_comment,
     source_check_chain_name,
 )
+from pyfelix.agent.dataplane.iptables.nflog import nflog_rule
 from pyfelix.agent.proto import Policy as ProtoPolicy
 from pyfelix.agent.proto import PolicyID, PortRange, Profile, Rule, TierInfo, WorkloadEndpoint
 
@@ -263,10 +269,13 @@ class RuleRenderer:
         endpoint_to_host_action: str = "Drop",
         ipset_namer: Callable[[str, str], str] | None = None,
         family: int = 4,
+        flow_logs: bool = False,
     ) -> None:
         if family not in (4, 6):
             raise ValueError(f"family: {family!r} is not 4 or 6")
         self.family = family
+        # FlowLogsFileEnabled: NFLOG rules before each decision (iptables/nflog.py)
+        self.flow_logs = flow_logs
         if endpoint_to_host_action.lower() not in ENDPOINT_TO_HOST_ACTIONS:
             raise ValueError(
                 f"DefaultEndpointToHostAction: {endpoint_to_host_action!r} is not one of "
@@ -285,8 +294,9 @@ class RuleRenderer:
 
     # --- one rule ----------------------------------------------------------------------------
 
-    def render_rule(self, rule: Rule) -> list[str]:
-        """One proto rule -> iptables rule fragments (raises RenderError on bad input)."""
+    def render_rule(self, rule: Rule, log_prefix: str | None = None) -> list[str]:
+        """One proto rule -> iptables rule fragments (raises RenderError on bad input).
+        `log_prefix`: with flow logs on, the NFLOG prefix of an allow or deny."""
         if rule.action not in ("allow", "deny", "pass", "log"):
             raise RenderError(f"action: {rule.action!r} is not allow, deny, pass or log")
         if rule.ip_version not in (None, 4, 6):
@@ -391,13 +401,17 @@ class RuleRenderer:
             else:
                 clear_if.append(f"{icmp_match} {rule.not_icmp_type}{code}")
 
-        return self._assemble(rule.action, proto, base, clear_if, any_of)
+        return self._assemble(rule.action, proto, base, clear_if, any_of, log_prefix)
 
     def _assemble(
         self, action: str, proto: str, base: list[str], clear_if: list[str],
-        any_of: list[list[str]],
+        any_of: list[list[str]], log_prefix: str | None = None,
     ) -> list[str]:
         m = self.marks
+        log_allow: list[str] = []
+        log_deny: list[str] = []
+        if log_prefix is not None and action == "allow":
+            log_allow = [nflog_rule(match_mark(m.accept, m.accept), action, log_prefix)]
 
         def join(*parts: str) -> str:
             return " ".join(p for p in parts if p)
@@ -405,13 +419,15 @@ class RuleRenderer:
         matches = join(proto, *base)
         if not clear_if and not any_of:
             if action == "allow":
-                return [join(matches, set_mark(m.accept, m.accept)),
+                return [join(matches, set_mark(m.accept, m.accept)), *log_allow,
                         join(match_mark(m.accept, m.accept), "-j RETURN")]
             if action == "pass":
                 return [join(matches, set_mark(m.pass_, m.pass_)),
                         join(match_mark(m.pass_, m.pass_), "-j RETURN")]
             if action == "deny":
-                return [join(matches, "-j DROP")]
+                if log_prefix is not None:
+                    log_deny = [nflog_rule(matches, action, log_prefix)]
+                return [*log_deny, join(matches, "-j DROP")]
             return [join(matches, f'-j LOG --log-prefix "{LOG_PREFIX}" --log-level 5')]
 
         s0, s1 = m.scratch0, m.scratch1
@@ -424,12 +440,14 @@ class RuleRenderer:
             out.append(join(match_mark(s0, s0 | s1), set_mark(0, s0)))
             out.append(set_mark(0, s1))
         if action == "allow":
-            out += [join(match_mark(s0, s0), set_mark(m.accept, m.accept | s0)),
+            out += [join(match_mark(s0, s0), set_mark(m.accept, m.accept | s0)), *log_allow,
                     join(match_mark(m.accept, m.accept), "-j RETURN")]
         elif action == "pass":
             out += [join(match_mark(s0, s0), set_mark(m.pass_, m.pass_ | s0)),
                     join(match_mark(m.pass_, m.pass_), "-j RETURN")]
         elif action == "deny":
+            if log_prefix is not None:
+                out.append(nflog_rule(match_mark(s0, s0), action, log_prefix))
             out.append(join(match_mark(s0, s0), "-j DROP"))
         else:
             out += [join(match_mark(s0, s0),
@@ -437,15 +455,26 @@ class RuleRenderer:
                     set_mark(0, s0)]
         return out
 
-    def render_rules(self, rules: tuple[Rule, ...], owner: str) -> list[str]:
-        """Every rule of a policy/profile direction; bad rules replaced fail-closed."""
+    def render_rules(self, rules: tuple[Rule, ...], owner: str,
+                     log_as: tuple[str, str, str, bool] | None = None) -> list[str]:
+        """Every rule of a policy/profile direction; bad rules replaced fail-closed.
+        `log_as` = (kind, tier, name, inbound) names the rules in NFLOG prefixes when flow
+        logs are on."""
         out: list[str] = []
         for index, rule in enumerate(rules):
+            log_prefix = None
+            if self.flow_logs and log_as is not None and rule.action in ("allow", "deny"):
+                kind, tier, name, inbound = log_as
+                log_prefix = nflog.prefix(rule.action, inbound, kind, index, tier, name)
             try:
-                out += self.render_rule(rule)
+                out += self.render_rule(rule, log_prefix)
             except RenderError as exc:
                 log.error("%s rule %d: %s; rendered fail-closed", owner, index, exc)
                 if rule.action not in ("allow", "log"):
+                    if self.flow_logs and log_as is not None:
+                        kind, tier, name, inbound = log_as
+                        out.append(nflog_rule("", "deny", nflog.prefix(
+                            "deny", inbound, kind, index, tier, name)))
                     out.append("-j DROP")
         return out
 
@@ -455,18 +484,22 @@ class RuleRenderer:
         owner = f"policy {policy_id.tier}/{policy_id.name}"
         return [
             Chain(policy_chain_name(policy_id.tier, policy_id.name, inbound=True),
-                  tuple(self.render_rules(policy.inbound_rules, owner + " inbound"))),
+                  tuple(self.render_rules(policy.inbound_rules, owner + " inbound",
+                                          ("policy", policy_id.tier, policy_id.name, True)))),
             Chain(policy_chain_name(policy_id.tier, policy_id.name, inbound=False),
-                  tuple(self.render_rules(policy.outbound_rules, owner + " outbound"))),
+                  tuple(self.render_rules(policy.outbound_rules, owner + " outbound",
+                                          ("policy", policy_id.tier, policy_id.name, False)))),
         ]
 
     def profile_chains(self, profile_id: str, profile: Profile) -> list[Chain]:
         owner = f"profile {profile_id}"
         return [
             Chain(profile_chain_name(profile_id, inbound=True),
-                  tuple(self.render_rules(profile.inbound_rules, owner + " inbound"))),
+                  tuple(self.render_rules(profile.inbound_rules, owner + " inbound",
+                                          ("profile", "", profile_id, True)))),
             Chain(profile_chain_name(profile_id, inbound=False),
-                  tuple(self.render_rules(profile.outbound_rules, owner + " outbound"))),
+                  tuple(self.render_rules(profile.outbound_rules, owner + " outbound",
+                                          ("profile", "", profile_id, False)))),
         ]
 
     # --- endpoints -----------------------------------------------------------------------------
@@ -544,12 +577,18 @@ class RuleRenderer:
                 if not policy_known(pid):
                     log.error("endpoint %s: policy %s/%s unknown; dropping at its place",
                               owner, tier.name, name)
+                    if self.flow_logs:
+                        rules.append(nflog_rule(match_mark(0, m.pass_), "deny", nflog.prefix(
+                            "deny", inbound, "policy", -1, tier.name, name)))
                     rules.append(f"{match_mark(0, m.pass_)} -j DROP")
                     continue
                 chain = policy_chain_name(tier.name, name, inbound=inbound)
                 rules.append(f"{match_mark(0, m.pass_)} -j {chain}")
                 rules += accepted
             if end_of_tier_drop and tier.default_action != "pass":
+                if self.flow_logs:
+                    rules.append(nflog_rule(match_mark(0, m.pass_), "deny", nflog.prefix(
+                        "deny", inbound, "tier-end", tier=tier.name)))
                 rules.append(f"{match_mark(0, m.pass_)} -j DROP")
         if use_profiles:
             for profile_id in profile_ids:
@@ -559,6 +598,9 @@ class RuleRenderer:
                 rules.append(f"-j {profile_chain_name(profile_id, inbound=inbound)}")
                 rules += accepted
         if final_drop:
+            if self.flow_logs:
+                rules.append(nflog_rule("", "deny", nflog.prefix("deny", inbound,
+                                                                "default-deny")))
             rules.append("-j DROP")
         return rules
 

@@ -46,6 +46,8 @@ class BpfConntrackManager(ManagerBase):
         self.runs = 0
         self.last: CleanStats | None = None
         self.on_close: Callable[[], None] | None = None  # releases the shared build
+        # each expired entry deleted (raw key, value): the flow logs' flow-end records
+        self.on_expired: Callable[[bytes, bytes], None] | None = None
 
     def on_update(self, msg: object) -> None:
         return None
@@ -59,7 +61,8 @@ class BpfConntrackManager(ManagerBase):
     def _run(self) -> None:
         ct = self._open_map()
         try:
-            cleaner = ConntrackCleaner(ct, timeouts=self._timeouts)
+            cleaner = ConntrackCleaner(ct, timeouts=self._timeouts,
+                                       on_expired=self.on_expired)
             while not self._stop.wait(self._interval):
                 self.run_once(cleaner)
         finally:

@@ -177,6 +177,7 @@ class IptablesManager(ManagerBase):
         ipv6_policy: bool = True,
         allow_vxlan_from_workloads: bool = False,
         allow_ipip_from_workloads: bool = False,
+        flow_logs: bool = False,
     ) -> None:
         super().__init__()
         # AllowVXLANPacketsFromWorkloads / AllowIPIPPacketsFromWorkloads (Felix's)
@@ -200,12 +201,14 @@ class IptablesManager(ManagerBase):
             marks=marks,
             interface_prefixes=interface_prefixes,
             endpoint_to_host_action=endpoint_to_host_action,
+            flow_logs=flow_logs,
         )
         self._renderer6 = RuleRenderer(
             marks=marks,
             interface_prefixes=interface_prefixes,
             endpoint_to_host_action=endpoint_to_host_action,
             family=6,
+            flow_logs=flow_logs,
         )
         self._hep_renderer = HostEndpointRenderer(self._renderer)
         self._failsafes = failsafes if failsafes is not None else default_failsafes()

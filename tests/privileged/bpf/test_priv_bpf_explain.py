@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from pyfelix.agent import proto as p
@@ -119,3 +121,40 @@ def test_no_flow_events_while_flow_logs_are_off(harness: Harness) -> None:
     assert after["policy_denied"] - before["policy_denied"] == 100
     assert (after["flow_events"], after["flow_events_dropped"]) == (
         before["flow_events"], before["flow_events_dropped"])
+
+
+def test_flow_events_carry_ipv4_and_ipv6_flows(harness: Harness) -> None:
+    """The ring buffer's records as the agent reads them (BCC's ring buffer API, decoded by
+    agent.bpf.maps.flow_events): an IPv6 flow's addresses and ports, as an IPv4 one's."""
+    import ctypes
+
+    from pyfelix.agent.bpf.maps import flow_events as events_map
+    from tests.privileged.bpf.test_priv_bpf_ipv6 import A6, B6, endpoint_a
+
+    h = harness
+    h.state.config["flowlogsfileenabled"] = "true"
+    h.apply(p.ActivePolicyUpdate(p.PolicyID("default", "pol"), p.Policy(inbound_rules=(
+                p.Rule("allow", protocol=6, dst_ports=(p.PortRange(443, 443),),
+                       rule_id="allow-https"),))),
+            endpoint_a(h, tiers=(p.TierInfo("default", ingress_policies=("pol",)),)))
+    h.dp.maps["conntrack"].clear()
+    events: list[dict] = []
+
+    def on_event(_ctx: object, data: object, size: int) -> int:
+        events.append(events_map.decode(ctypes.string_at(data, min(size, events_map.SIZE))))
+        return 0
+
+    h.dp.bpf[b"flow_events"].open_ring_buffer(on_event)
+    h.dp.bpf.ring_buffer_consume()  # the earlier tests' events (a full buffer sends none)
+    events.clear()
+    time.sleep(1.1)  # a new one-second window of the in-kernel event budget
+    assert _run(h, pk.tcp6(B6, A6, 41234, 443)) == TC_ACT_OK
+    assert _run(h, pk.tcp6(B6, A6, 41235, 22)) == TC_ACT_SHOT
+    assert _run(h, pk.tcp("10.65.0.2", A, 41236, 443)) == TC_ACT_OK
+    h.dp.bpf.ring_buffer_consume()
+    ours = [(e["family"], e["src"], e["dst"], e["sport"], e["dport"], e["proto"], e["allowed"],
+             e["hook"], e["counter_id"] == h.compiler.rule_ids.get("allow-https"))
+            for e in events if e["sport"] in (41234, 41235, 41236)]
+    assert ours == [(6, B6, A6, 41234, 443, 6, True, 1, True),
+                    (6, B6, A6, 41235, 22, 6, False, 1, False),
+                    (4, "10.65.0.2", A, 41236, 443, 6, True, 1, True)]

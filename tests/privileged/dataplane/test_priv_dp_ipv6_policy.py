@@ -400,3 +400,61 @@ def test_ipv6_support_false_drops_workload_ipv6_and_programs_nothing_ipv6(
         sniffer.close()
         a_thread.close()
         b_thread.close()
+
+
+def test_iptables_flow_logs_record_ipv6_and_ipv4_flows(make_netns, tmp_path) -> None:
+    """iptables mode (nft) with flow logs: the ip6tables NFLOG rules and the reader opened
+    in the router namespace (`netns=`) log IPv6 flows as IPv4 ones, with the rule that
+    decided; an allowed IPv6 flow's end carries its packet count (conntrack accounting)."""
+    import json
+
+    router, a_ns, b_ns = _router_and_pods(make_netns)
+    for state in ("time_wait", "close", "close_wait", "fin_wait", "last_ack"):
+        in_ns(router, "sysctl", "-qw", f"net.netfilter.nf_conntrack_tcp_timeout_{state}=1")
+    a_thread, b_thread = NetnsThread(a_ns), NetnsThread(b_ns)
+    listeners: list[socket.socket] = []
+    log_file = tmp_path / "flows.log"
+    try:
+        for family, ip in ((socket.AF_INET, B), (socket.AF_INET6, B6)):
+            listeners += [_listen(b_thread, family, ip, port) for port in (8080, 9090)]
+        dp = LinuxDataplane(netns=router, config=LinuxDataplaneConfig(
+            iptables_backend="nft", flow_logs_directory=str(tmp_path),
+            flow_logs_flush_interval=0.5))
+        dp.start()
+        try:
+            for msg in _policed_pods():
+                dp.enqueue(msg)
+            assert dp.loop.in_sync.wait(15)
+            _eventually(lambda: _connects(a_thread, B6, 8080), "IPv6 8080 never allowed")
+            _eventually(lambda: _connects(a_thread, B, 8080), "IPv4 8080 never allowed")
+            assert not _connects(a_thread, B6, 9090)
+
+            def records() -> list[dict]:
+                if not log_file.exists():
+                    return []
+                return [json.loads(x) for x in log_file.read_text().splitlines()]
+
+            def seen() -> set[tuple]:
+                return {(r["dest_ip"], r["dest_port"], r["action"], r["reporter"],
+                         r["policies"]["all_policies"][0], bool(r["num_flows_completed"]))
+                        for r in records() if r["source_ip"] in (A, A6)}
+
+            want = {(B6, 8080, "allow", "dst", "0|default|web|allow|0", False),
+                    (B, 8080, "allow", "dst", "0|default|web|allow|0", False),
+                    (B6, 9090, "deny", "dst", "0|default|default.__TIER_END__|deny|-1", False),
+                    (B6, 8080, "allow", "dst", "0|default|web|allow|0", True)}
+            deadline = time.monotonic() + 60
+            while not want <= seen() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert want <= seen(), (want - seen(), seen())
+            ended = [r for r in records() if r["dest_ip"] == B6 and r["num_flows_completed"]]
+            assert all(r["flow_packets"] >= 6 and r["source_type"] == "wep"
+                       and r["dest_name"] == "cali2" for r in ended), ended
+            assert not dp.loop.fatal.is_set()
+        finally:
+            dp.stop()
+    finally:
+        for s in listeners:
+            s.close()
+        a_thread.close()
+        b_thread.close()

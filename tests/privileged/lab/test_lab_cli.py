@@ -73,6 +73,18 @@ def test_run_exits_zero_when_every_expectation_holds(tmp_path: Path, root_guard:
     root_guard.check()
 
 
+def test_run_json_gives_each_probe_its_flow_log_record(root_guard: Any) -> None:
+    done = pyfelix("lab", "run", str(SCENARIOS / "calico-gnp-order.yaml"), "-o", "json",
+                   "--dataplane", "iptables")
+    assert done.returncode == 0, done.stderr
+    probes = json.loads(done.stdout)["probes"]
+    assert probes and all(p["flow"]["action"] == p["result"] for p in probes), probes
+    policies = {(p["from"], p["port"]): p["flow"]["policy"] for p in probes}
+    assert policies[("prod/scanner", 443)] == "0|default|deny-scanner|deny|0", probes
+    assert policies[("prod/client", 443)] == "0|default|allow-https|allow|0", probes
+    root_guard.check()
+
+
 def test_malformed_scenario_is_rejected_before_anything_is_built(
     tmp_path: Path, root_guard: Any
 ) -> None:
@@ -92,6 +104,8 @@ def test_demo_shows_the_policy_take_effect(dataplane: str, root_guard: Any) -> N
     done = pyfelix("lab", "demo", "--dataplane", dataplane, "--probe-timeout", "0.5")
     assert done.returncode == 0, done.stderr
     before_text, _, after_text = done.stdout.partition("AFTER")
+    after_text, _, flows_text = after_text.partition("FLOW LOGS")
+    flows_text, _, explain_text = flows_text.partition("EXPLAIN the first denial")
 
     def matrix(text: str) -> dict[str, list[str]]:
         return {line.split()[0]: line.split()[1:] for line in text.splitlines()
@@ -106,6 +120,18 @@ def test_demo_shows_the_policy_take_effect(dataplane: str, root_guard: Any) -> N
     assert after["other/intruder"][0] == "deny*", done.stdout
     changed = [(src, c) for src, cells in after.items() for c in cells if c.endswith("*")]
     assert changed == [("other/intruder", "deny*")], done.stdout
+    # every probe after policy has its flow-log record: the intruder's postgres probe as a
+    # deny at the end of the tier (db-from-web does not select it), the others allowed
+    flows = [line.split() for line in flows_text.splitlines()[2:] if line.strip()]
+    assert len(flows) == 12 and all(row[3] == row[2] for row in flows), done.stdout
+    [denied] = [row for row in flows if row[2] == "deny"]
+    assert denied[:2] == ["other/intruder", "db/postgres:5432/TCP"], done.stdout
+    assert "__TIER_END__" in denied[4] and denied[5] == "dst", done.stdout
+    to_db = [row for row in flows if row[1] == "db/postgres:5432/TCP" and row[2] == "allow"]
+    assert len(to_db) == 2 and all("db-from-web|allow|0" in row[4] for row in to_db), done.stdout
+    # and explain, run beside node2's agent, gives the same verdict
+    assert "--from other/intruder --to db/postgres --port 5432" in explain_text, done.stdout
+    assert "deny" in explain_text.lower(), done.stdout
     if dataplane == "bpf":  # the map dump, read from the pins while the lab was up
         assert "BPF map ipsets on node2 (3 entries):" in done.stdout, done.stdout
     root_guard.check()

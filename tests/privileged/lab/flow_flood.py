@@ -1,0 +1,147 @@
+"""A flood of new flows against a real agent with flow logs on (used by
+test_lab_flow_logs.py on both dataplanes, in the same lab as its other checks).
+
+The scanner pod of calico-gnp-order sends new UDP flows (a fresh 5-tuple per packet, two
+C generators pyfelix/bench/c/flow_flood.c on raw sockets) at 100,000 packets/s for 5 s to
+the api pod, whose ingress policy denies them all: every packet is a policy decision (two:
+the scanner's egress allows each new flow, api's ingress denies it) the flow logs must
+see (BPF: a ring-buffer event per packet under the in-kernel budget;
+iptables: an NFLOG message per packet under the reader's budget). During the flood the
+agent's health endpoint must keep answering (every poll, each within its own timeout) and
+after it the agent must still write flows, count what it dropped
+(`pyfelix_flow_log_events_dropped_total` grew) and enforce the scenario's probes. The
+achieved send rate and the counts are printed: the rate is the generator's, on a shared
+machine, and is reported rather than asserted (speed targets live in benchmarks).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyfelix.lab.agents import AgentProcesses
+from pyfelix.lab.flows import read_records
+from pyfelix.lab.netns import in_netns
+from pyfelix.lab.runner import LabRunner
+
+REPO = Path(__file__).resolve().parents[3]
+FLOOD_SOURCE = REPO / "pyfelix" / "bench" / "c" / "flow_flood.c"
+RATE, SECONDS = 100_000, 5
+SENDERS = 2  # one generator per core, each half the rate, disjoint destination ports
+HEALTH_PORT, METRICS_PORT = 9099, 9091
+POLL_TIMEOUT = 5.0  # one health answer may take this long under the flood
+
+
+def _http_get(netns: str, port: int, path: str) -> tuple[int, str]:
+    with in_netns(netns):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    with sock:
+        sock.settimeout(POLL_TIMEOUT)
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(f"GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n".encode())
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.decode(errors="replace").partition("\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def _dropped(netns: str) -> float:
+    _, body = _http_get(netns, METRICS_PORT, "/metrics")
+    match = re.search(r"^pyfelix_flow_log_events_dropped_total (\S+)$", body, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+FLOOD_AGENT_ENV = {"FELIX_HEALTHENABLED": "true", "FELIX_HEALTHHOST": "127.0.0.1",
+                   "FELIX_PROMETHEUSMETRICSENABLED": "true",
+                   "FELIX_PROMETHEUSMETRICSHOST": "127.0.0.1"}
+
+
+@dataclass
+class FloodResult:
+    dataplane: str
+    sent: int
+    seconds: float
+    send_errors: int
+    dropped: float
+    polls: list[tuple[float, int | str]]
+    records: list[dict[str, Any]]  # the flood's records (scanner -> api, UDP)
+    during: list[dict[str, Any]]  # those that started during the flood
+    after: list[Any]  # the scenario's probes, run again after the flood
+
+    def check(self) -> None:
+        logged = sum(r["policy_packets"] for r in self.records)
+        print(f"\n{self.dataplane}: sent {self.sent} packets in {self.seconds} s "
+              f"({self.sent / self.seconds:,.0f}/s, {self.send_errors} send errors); logged "
+              f"{logged:,} in {len(self.records)} records; dropped {self.dropped:,.0f}; "
+              f"health polls {len(self.polls)}, slowest "
+              f"{max(t for t, _ in self.polls) * 1000:.0f} ms")
+        assert self.polls and all(status == 200 for _, status in self.polls), self.polls
+        assert len(self.polls) >= SECONDS, self.polls  # it kept answering through the flood
+        # api's ingress denied every flood packet (the scanner's egress profile allowed each
+        # new flow first: those are the `src` records)
+        ingress = [r for r in self.records if r["reporter"] == "dst"]
+        assert self.during and ingress and all(
+            (r["action"], r["policies"]["all_policies"])
+            == ("deny", ["0|default|deny-scanner|deny|0"]) for r in ingress), ingress[:3]
+        # each packet is at most two decisions (egress, ingress): logged or counted as dropped
+        assert self.dropped > 0 and logged + self.dropped <= 2 * self.sent, (
+            logged, self.dropped, self.sent)
+        if self.dataplane == "bpf":  # the kernel accounts for every decision
+            assert logged + self.dropped == 2 * self.sent, (logged, self.dropped, self.sent)
+
+
+def flood_and_check(lab: LabRunner, agents: AgentProcesses, dataplane: str,
+                    workdir: Path) -> FloodResult:
+    """Run the flood against a lab of calico-gnp-order whose agents write flow logs and
+    serve health and metrics (FLOOD_AGENT_ENV); poll health throughout; gather what
+    `FloodResult.check()` asserts. Call inside the lab, after its steps."""
+    flood = workdir / "flow_flood"
+    subprocess.run(["gcc", "-O2", "-o", str(flood), str(FLOOD_SOURCE)], check=True, timeout=120)
+    [node] = lab.topology.nodes.values()
+    scanner, api = lab.topology.pods["prod/scanner"], lab.topology.pods["prod/api"]
+    dropped_before = _dropped(node.netns)
+    polls: list[tuple[float, int | str]] = []
+    stop = threading.Event()
+
+    def poll_health() -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                status: int | str = _http_get(node.netns, HEALTH_PORT, "/liveness")[0]
+            except OSError as exc:
+                status = repr(exc)
+            polls.append((time.monotonic() - started, status))
+            stop.wait(0.25)
+
+    poller = threading.Thread(target=poll_health, daemon=True)
+    poller.start()
+    flood_started = time.time()
+    senders = [subprocess.Popen(
+        ["nsenter", f"--net=/run/netns/{scanner.netns}", str(flood), str(scanner.spec.ip),
+         str(api.spec.ip), str(RATE // SENDERS), str(SECONDS), "64", str(1 + 64 * i)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(SENDERS)]
+    outputs = [proc.communicate(timeout=SECONDS + 60) for proc in senders]
+    flood_ended = time.time()
+    time.sleep(3)  # flushes every second: the flood's last records and drop counts
+    stop.set()
+    poller.join(timeout=POLL_TIMEOUT + 1)
+    assert all(proc.returncode == 0 for proc in senders), outputs
+    figures = [out.split() for out, _ in outputs]
+    records = [r for r in read_records(agents.flow_log_dirs.values())
+               if r["source_ip"] == str(scanner.spec.ip) and r["proto"] == "udp"
+               and r["dest_ip"] == str(api.spec.ip)]
+    return FloodResult(
+        dataplane, sent=sum(int(f[0]) for f in figures),
+        seconds=max(float(f[1]) for f in figures),
+        send_errors=sum(int(f[2]) for f in figures),
+        dropped=_dropped(node.netns) - dropped_before, polls=polls, records=records,
+        during=[r for r in records if flood_started - 1 <= r["start_time"] <= flood_ended],
+        after=lab.run_probes(lab.scenario.probes, step=99))
