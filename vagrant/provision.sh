@@ -15,6 +15,11 @@ etcd_wait_seconds=300
 
 log() { printf '[provision %s] %s\n' "$name" "$*"; }
 
+# The box built by `make vm-box` has the project's dependencies in /opt/pyfelix-venv (from
+# wheels, offline): the project's venv is that one, so setup.sh only adds pyfelix itself.
+if [[ -d /opt/pyfelix-venv && ! -e $venv ]]; then
+  ln -s /opt/pyfelix-venv "$venv"
+fi
 log "project set-up: scripts/setup.sh"
 bash "$project/scripts/setup.sh"
 install -d -m 0755 /etc/pyfelix
