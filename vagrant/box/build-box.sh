@@ -27,8 +27,9 @@ SUITE=bookworm
 MIRROR=${PYFELIX_VM_MIRROR:-http://deb.debian.org/debian}
 IMAGE_SIZE=${PYFELIX_VM_IMAGE_SIZE:-6G}
 # scripts/setup.sh's packages (it then finds nothing missing and never calls apt in a VM) ...
-SETUP_PACKAGES=$(sed -n '/^APT_PACKAGES=(/,/)/p' "$repo/scripts/setup.sh" |
-  sed -e 's/#.*//' -e 's/APT_PACKAGES=(//' -e 's/)//' | tr -s ' \n' ' ')
+# (comments first: they may hold parentheses)
+SETUP_PACKAGES=$(sed -e 's/#.*//' "$repo/scripts/setup.sh" | sed -n '/^APT_PACKAGES=(/,/)/p' |
+  sed -e 's/APT_PACKAGES=(//' -e 's/)//' | tr -s ' \n' ' ')
 # ... the box's own kernel, and what a Vagrant box needs.
 BOX_PACKAGES="linux-image-amd64 linux-headers-amd64 initramfs-tools systemd-sysv udev dbus
   ifupdown isc-dhcp-client openssh-server sudo rsync ca-certificates netbase

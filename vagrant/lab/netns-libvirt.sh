@@ -48,6 +48,11 @@ trap 'exit 143' TERM
 ip netns add "$ns"
 log "network namespace created; libvirt state in $state/libvirt"
 # `ip netns exec` gives the command a mount namespace of its own; unshare makes sure nothing
-# mounted inside propagates back to the machine's.
-ip netns exec "$ns" unshare --mount --propagation private \
-  "$here/netns-libvirt-inner.sh" "$state/libvirt" "$@"
+# mounted inside propagates back to the machine's, and puts the lab in a PID namespace whose
+# init is the inner script: when it exits, the kernel kills and reaps whatever is left
+# (libvirtd, virtlogd, dnsmasq, QEMU), even after a SIGKILL of this script.
+# In the background with `wait`: bash runs the INT/TERM traps (and so the teardown) at once,
+# not after the lab's command finished.
+ip netns exec "$ns" unshare --mount --propagation private --pid --fork --mount-proc \
+  "$here/netns-libvirt-inner.sh" "$state/libvirt" "$@" &
+wait $!
