@@ -103,6 +103,10 @@ def test_vagrantfile_evaluates_to_the_documented_lab(node_count: int) -> None:
     # the box, its 6 GB image and the lab's state must never be copied into a VM
     excluded = folders["/opt/pyfelix"]["rsync__exclude"]
     assert {".venv/", ".git/", "vagrant/.box/", "vagrant/.lab/"} <= set(excluded)
+    # the package's links (pyfelix/agent -> ../agent, ...) must arrive as links: copied as
+    # directories, the agent looked for /opt/pyfelix/pyfelix/bpf/tc.c in the first booted lab
+    args = folders["/opt/pyfelix"]["rsync__args"]
+    assert "--archive" in args and not {"--copy-links", "-L"} & set(args)
     machines = config["machines"]
     assert set(machines) == {"etcd", *(f"node{i}" for i in range(1, node_count + 1))}
     (etcd_network,) = machines["etcd"]["networks"]
