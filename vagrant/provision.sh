@@ -17,8 +17,9 @@ log() { printf '[provision %s] %s\n' "$name" "$*"; }
 
 # The box built by `make vm-box` has the project's dependencies in /opt/pyfelix-venv (from
 # wheels, offline): the project's venv is that one, so setup.sh only adds pyfelix itself.
-if [[ -d /opt/pyfelix-venv && ! -e $venv ]]; then
-  ln -s /opt/pyfelix-venv "$venv"
+# (A link in place, e.g. the host's own .venv link copied by an older rsync, is replaced.)
+if [[ -d /opt/pyfelix-venv && (! -e $venv || -L $venv) ]]; then
+  ln -sfn /opt/pyfelix-venv "$venv"
 fi
 log "project set-up: scripts/setup.sh"
 bash "$project/scripts/setup.sh"

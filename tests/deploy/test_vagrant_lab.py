@@ -102,7 +102,8 @@ def test_vagrantfile_evaluates_to_the_documented_lab(node_count: int) -> None:
     assert folders["/opt/pyfelix"]["source"] == ".." and folders["/opt/pyfelix"]["type"] == "rsync"
     # the box, its 6 GB image and the lab's state must never be copied into a VM
     excluded = folders["/opt/pyfelix"]["rsync__exclude"]
-    assert {".venv/", ".git/", "vagrant/.box/", "vagrant/.lab/"} <= set(excluded)
+    # (".venv" without a slash: in a work tree it may be a link, and links are kept)
+    assert {".venv", ".git/", "vagrant/.box/", "vagrant/.lab/"} <= set(excluded)
     # the package's links (pyfelix/agent -> ../agent, ...) must arrive as links: copied as
     # directories, the agent looked for /opt/pyfelix/pyfelix/bpf/tc.c in the first booted lab
     args = folders["/opt/pyfelix"]["rsync__args"]
