@@ -4,8 +4,9 @@ Role: `make vm-test` collects `vmlab.py probe -o json` from every node VM, befor
 `demo/policy.yaml` is applied, and this decides pass or fail. Before the policy every pod
 reaches every port of every other pod (also across VMs, through routes learned over BGP);
 after it, `other/intruder` is denied to `db/postgres:5432/TCP` (the NetworkPolicy: only
-namespaces labelled team=web) and to `web/cache:11211/UDP` (the GlobalNetworkPolicy: only
-app == 'frontend'), and everything else is still allowed.
+namespaces labelled team=web), `other/intruder` and `db/postgres` are denied to
+`web/cache:11211/UDP` (the GlobalNetworkPolicy: only app == 'frontend'), and everything else
+is still allowed.
 
 Inputs: the phase (`before` or `after`), JSON files each holding a list of probe results
 (`from`, `to`, `port`, `protocol`, `result`), and the cluster file for the pod placement.
@@ -25,7 +26,11 @@ from pathlib import Path
 import yaml
 
 DENIED_AFTER_POLICY = frozenset(
-    {("other/intruder", "db/postgres", 5432, "TCP"), ("other/intruder", "web/cache", 11211, "UDP")}
+    {
+        ("other/intruder", "db/postgres", 5432, "TCP"),
+        ("other/intruder", "web/cache", 11211, "UDP"),
+        ("db/postgres", "web/cache", 11211, "UDP"),
+    }
 )
 PHASES = ("before", "after")
 DEFAULT_CLUSTER = Path(__file__).resolve().parents[1] / "demo" / "cluster.yaml"
