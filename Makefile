@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test test-unit test-privileged lint bench clean
+.PHONY: setup demo test test-unit test-privileged lint bench clean vm-tools vm-box vm-test vm-matrix
 
 setup:
 	@bash scripts/setup.sh
@@ -39,3 +39,29 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
+
+# The VM lab (vagrant/README.md): not part of `make test`. Everything runs as root and
+# installs its own tools from Debian's packages; libvirt and Vagrant run only inside a
+# network namespace the lab creates and deletes (vagrant/lab/netns-libvirt.sh).
+VM_BOX_DIR := $(CURDIR)/vagrant/.box
+VM_LAB_DIR := $(CURDIR)/vagrant/.lab
+export VAGRANT_HOME := $(VM_BOX_DIR)/vagrant.d
+
+vm-tools:
+	bash vagrant/box/install-tools.sh
+
+# Debian 12 image (mmdebstrap) -> libvirt box -> `vagrant box add`; the KVM check's answer
+# (kvm or qemu) is kept beside the box for the Vagrantfile.
+vm-box: vm-tools
+	bash vagrant/box/build-box.sh $(VM_BOX_DIR)
+	bash vagrant/box/kvm-check.sh $(VM_BOX_DIR) > $(VM_BOX_DIR)/accel
+	bash vagrant/box/add-box.sh $(VM_BOX_DIR)
+
+# The box's kernel and the host's: the real BPF tests on both, printed as a matrix.
+vm-matrix: setup vm-tools
+	$(PY) vagrant/box/kernel_matrix.py --box $(VM_BOX_DIR) --accel $$(cat $(VM_BOX_DIR)/accel)
+
+# The kernel matrix, then the lab: etcd + 2 nodes up, the cross-node policy scenario,
+# destroyed at the end (also on failure or interrupt).
+vm-test: setup vm-tools
+	bash vagrant/lab/vm-test.sh $(VM_BOX_DIR) $(VM_LAB_DIR) $(PY)

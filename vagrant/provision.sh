@@ -15,6 +15,12 @@ etcd_wait_seconds=300
 
 log() { printf '[provision %s] %s\n' "$name" "$*"; }
 
+# The box built by `make vm-box` has the project's dependencies in /opt/pyfelix-venv (from
+# wheels, offline): the project's venv is that one, so setup.sh only adds pyfelix itself.
+# (A link in place, e.g. the host's own .venv link copied by an older rsync, is replaced.)
+if [[ -d /opt/pyfelix-venv && (! -e $venv || -L $venv) ]]; then
+  ln -sfn /opt/pyfelix-venv "$venv"
+fi
 log "project set-up: scripts/setup.sh"
 bash "$project/scripts/setup.sh"
 install -d -m 0755 /etc/pyfelix

@@ -1,12 +1,14 @@
 """vagrant/: the multi-VM lab's Vagrantfile, scripts, systemd units and policy demo.
 
-The lab cannot boot here (no VM images offline, no hypervisor), so these tests check what can
-be checked without it:
+The lab boots only under `make vm-box && make vm-test` (minutes under TCG); these tests check,
+without VM tooling, what can be checked without booting:
 - the Vagrantfile parses (`ruby -c`) and, loaded against a stub of Vagrant's configuration
   API (vagrant_stub.rb; both skipped when ruby is not installed), configures the lab as
-  documented (a text check of the same facts runs without ruby): Debian 12 box, etcd + 2..3
-  nodes on 198.18.0.0/15, the repository synced to /opt/pyfelix, every VM provisioned by
-  provision.sh (which runs scripts/setup.sh) with its role, name, address and the etcd URL;
+  documented (a text check of the same facts runs without ruby): the locally built Debian 12
+  box booted by its own kernel, libvirt's driver as kvm-check.sh found it (TCG without an
+  answer), isolated management and underlay networks, etcd + 2..3 nodes on 198.18.0.0/15, the
+  repository synced to /opt/pyfelix without the box, every VM provisioned by provision.sh
+  (which runs scripts/setup.sh) with its role, name, address and the etcd URL;
 - the shell scripts parse (`bash -n`) and every pyfelix / vmlab.py command line they run is
   accepted by the real CLI parsers;
 - every systemd unit has its required sections, runs real pyfelix subcommands or binaries
@@ -80,10 +82,10 @@ def test_vagrantfile_is_valid_ruby() -> None:
     assert result.returncode == 0, result.stderr
 
 
-def _load_with_stub(nodes: str) -> subprocess.CompletedProcess[str]:
+def _load_with_stub(nodes: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ruby", str(Path(__file__).with_name("vagrant_stub.rb")),
                            str(VAGRANT_DIR / "Vagrantfile")],
-                          env={"PATH": "/usr/bin:/bin", "PYFELIX_NODES": nodes},
+                          env={"PATH": "/usr/bin:/bin", "PYFELIX_NODES": nodes, **env},
                           capture_output=True, text=True, timeout=60, check=False)
 
 
@@ -94,11 +96,18 @@ def test_vagrantfile_evaluates_to_the_documented_lab(node_count: int) -> None:
     loaded = _load_with_stub(str(node_count))
     assert loaded.returncode == 0, loaded.stderr
     (config,) = json.loads(loaded.stdout)["configs"]
-    assert config["box"] == "debian/bookworm64"
+    assert config["box"] == "pyfelix/bookworm-local"  # built here by `make vm-box`
     folders = {f["destination"]: f for f in config["synced_folders"]}
     assert folders["/vagrant"]["disabled"] is True
     assert folders["/opt/pyfelix"]["source"] == ".." and folders["/opt/pyfelix"]["type"] == "rsync"
-    assert ".venv/" in folders["/opt/pyfelix"]["rsync__exclude"]
+    # the box, its 6 GB image and the lab's state must never be copied into a VM
+    excluded = folders["/opt/pyfelix"]["rsync__exclude"]
+    # (".venv" without a slash: in a work tree it may be a link, and links are kept)
+    assert {".venv", ".git/", "vagrant/.box/", "vagrant/.lab/"} <= set(excluded)
+    # the package's links (pyfelix/agent -> ../agent, ...) must arrive as links: copied as
+    # directories, the agent looked for /opt/pyfelix/pyfelix/bpf/tc.c in the first booted lab
+    args = folders["/opt/pyfelix"]["rsync__args"]
+    assert "--archive" in args and not {"--copy-links", "-L"} & set(args)
     machines = config["machines"]
     assert set(machines) == {"etcd", *(f"node{i}" for i in range(1, node_count + 1))}
     (etcd_network,) = machines["etcd"]["networks"]
@@ -115,7 +124,49 @@ def test_vagrantfile_evaluates_to_the_documented_lab(node_count: int) -> None:
         role = "etcd" if name == "etcd" else "node"
         assert provisioner["args"] == [role, name, network["ip"], etcd_url]
         assert machine["hostname"] == name
+        # the underlay is an isolated libvirt network: no forwarding, no DHCP
+        assert network["libvirt__forward_mode"] == "none"
+        assert network["libvirt__dhcp_enabled"] is False
+        (serial,) = machine["providers"]["libvirt"]["serials"]
+        assert serial["type"] == "file" and serial["source"]["path"].endswith(f"console-{name}.log")
     assert len(set(addresses)) == len(addresses)
+
+
+@pytest.mark.skipif(shutil.which("ruby") is None,
+                    reason="ruby is not installed (Debian package `ruby`): not evaluated")
+@pytest.mark.parametrize("driver", ["kvm", "qemu"])
+def test_vagrantfile_boots_the_local_box_with_the_checked_driver(driver: str,
+                                                                  tmp_path: Path) -> None:
+    (tmp_path / "accel").write_text(f"{driver}\n")  # what kvm-check.sh wrote at `make vm-box`
+    loaded = _load_with_stub("2", PYFELIX_BOX_DIR=str(tmp_path))
+    assert loaded.returncode == 0, loaded.stderr
+    (config,) = json.loads(loaded.stdout)["configs"]
+    libvirt = config["providers"]["libvirt"]
+    assert libvirt["driver"] == driver
+    assert libvirt["cpu_mode"] == ("host-passthrough" if driver == "kvm" else "custom")
+    # no boot loader in the box: its own kernel, booted directly
+    assert libvirt["kernel"] == str(tmp_path / "vmlinuz")
+    assert libvirt["initrd"] == str(tmp_path / "initrd.img")
+    assert "root=/dev/vda" in libvirt["cmd_line"]
+    # the management network is isolated too, and not in a private range
+    assert libvirt["management_network_mode"] == "none"
+    management = ipaddress.IPv4Network(libvirt["management_network_address"])
+    assert management.subnet_of(ipaddress.IPv4Network("198.51.100.0/24"))
+    assert not management.overlaps(UNDERLAY)
+    assert config["ssh"]["private_key_path"] == str(tmp_path / "id_ed25519")
+    assert config["ssh"]["insert_key"] is False
+
+
+@pytest.mark.skipif(shutil.which("ruby") is None,
+                    reason="ruby is not installed (Debian package `ruby`): not evaluated")
+def test_vagrantfile_uses_tcg_without_a_kvm_check_and_refuses_an_unknown_driver(
+        tmp_path: Path) -> None:
+    loaded = _load_with_stub("2", PYFELIX_BOX_DIR=str(tmp_path))  # no accel file
+    assert loaded.returncode == 0, loaded.stderr
+    assert json.loads(loaded.stdout)["configs"][0]["providers"]["libvirt"]["driver"] == "qemu"
+    refused = _load_with_stub("2", PYFELIX_BOX_DIR=str(tmp_path), PYFELIX_VM_DRIVER="xen")
+    assert refused.returncode != 0
+    assert "PYFELIX_VM_DRIVER must be kvm or qemu, got xen" in refused.stderr
 
 
 @pytest.mark.skipif(shutil.which("ruby") is None,
@@ -135,7 +186,7 @@ def _node_ips(count: int) -> list[ipaddress.IPv4Address]:
 
 def test_vagrantfile_lays_out_etcd_and_nodes_on_the_underlay() -> None:
     text = _vagrantfile()
-    assert _ruby_string_constant("BOX") == "debian/bookworm64"
+    assert re.search(r'^BOX = ENV\.fetch\("PYFELIX_BOX", "pyfelix/bookworm-local"\)', text, re.M)
     netmask = _ruby_string_constant("UNDERLAY_NETMASK")
     assert ipaddress.IPv4Network(f"0.0.0.0/{netmask}").prefixlen == UNDERLAY.prefixlen
     etcd_ip = ipaddress.IPv4Address(_ruby_string_constant("ETCD_IP"))

@@ -33,10 +33,24 @@ class StubProvider
   def respond_to_missing?(name, include_private = false)
     name.to_s.end_with?("=") || super
   end
+
+  # vagrant-libvirt's serial console: `lv.serial type: ..., source: {...}`
+  def serial(type:, source: nil)
+    (@settings["serials"] ||= []) << { type: type, source: source }
+  end
+end
+
+# config.ssh: the settings the lab uses.
+class StubSSH
+  attr_accessor :private_key_path, :insert_key, :username
+
+  def to_h
+    { private_key_path: private_key_path, insert_key: insert_key, username: username }
+  end
 end
 
 class StubVM
-  attr_accessor :box, :box_check_update, :hostname
+  attr_accessor :box, :box_check_update, :hostname, :boot_timeout
   attr_reader :networks, :synced_folders, :provisioners, :providers, :machines
 
   def initialize
@@ -72,21 +86,24 @@ class StubVM
   end
 
   def to_h
-    { box: box, box_check_update: box_check_update, hostname: hostname, networks: networks,
+    { box: box, box_check_update: box_check_update, hostname: hostname,
+      boot_timeout: boot_timeout, networks: networks,
       synced_folders: synced_folders, provisioners: provisioners, providers: providers,
       machines: machines.transform_values { |m| m.vm.to_h } }
   end
 end
 
 class StubConfig
-  attr_reader :vm
+  attr_reader :vm, :ssh
 
   def initialize
     @vm = StubVM.new
+    @ssh = StubSSH.new
   end
 end
 
 $configs = []
 vagrantfile = File.expand_path(ARGV.fetch(0))
 Dir.chdir(File.dirname(vagrantfile)) { load vagrantfile }
-puts JSON.generate(required_versions: $required_versions, configs: $configs.map { |c| c.vm.to_h })
+puts JSON.generate(required_versions: $required_versions,
+                   configs: $configs.map { |c| c.vm.to_h.merge(ssh: c.ssh.to_h) })
