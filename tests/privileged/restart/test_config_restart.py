@@ -64,10 +64,10 @@ def test_restart_parameter_in_felixconfiguration_restarts_with_flow_kept(
             # 2. a restart parameter (implemented) and a not-implemented one Felix restarts on
             lab.apply_resources([felix_configuration({
                 "logSeverityScreen": "Debug", "routeRefreshInterval": "45s",
-                "ipipMTU": 1400})])
+                "wireguardMTU": 1400})])
             assert process.wait(timeout=30) == 0  # a clean exit for the supervisor
             log = agents.log_text("node1")
-            assert "configuration changed: RouteRefreshInterval, IpInIpMtu; exiting" in log
+            assert "configuration changed: RouteRefreshInterval, WireguardMTU; exiting" in log
             down_at = time.monotonic()
             agents.restart("node1")  # the supervisor's part
             lab.wait_in_sync()
@@ -75,7 +75,7 @@ def test_restart_parameter_in_felixconfiguration_restarts_with_flow_kept(
             echoed_before = flow.echoed
             _wait_for(lambda: flow.echoed >= echoed_before + 10 or bool(flow.failures), 10.0)
             status = json.loads(agents.status_paths["node1"].read_text())
-            assert status["not_implemented"] == "IpInIpMtu"
+            assert status["not_implemented"] == "WireguardMTU"
             assert agents.processes["agent:node1"].poll() is None  # no restart loop
         finally:
             flow.stop()
