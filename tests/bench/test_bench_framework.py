@@ -301,3 +301,15 @@ def test_notes_are_collected_and_printed_in_json(empty_registry: None) -> None:
 def test_notes_is_not_a_benchmark_name(empty_registry: None) -> None:
     with pytest.raises(BenchmarkRegistrationError, match="reserved"):
         benchmark("notes")
+
+
+def test_every_bpf_benchmark_is_registered_and_importable():
+    """The BPF benchmarks import without bcc at collection time; their end-to-end smoke runs
+    are `make test-bench` (tests/bench_bpf)."""
+    from pyfelix.bench import known_benchmarks
+
+    known = known_benchmarks()
+    for name in ("bpf-verdict", "map-sync", "policy-latency", "restart", "dataplane-compare",
+                 "policy-programming", "agent-memory", "services"):
+        assert name in known, name
+        assert known[name].unavailable is None, known[name].unavailable
