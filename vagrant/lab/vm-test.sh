@@ -10,7 +10,9 @@ set -uo pipefail
 box=${1:?usage: vm-test.sh BOX_DIR LAB_DIR HOST_PYTHON}
 lab=${2:?}
 # absolute: the lab's steps run from another directory (make passes .venv/bin/python)
-python=$(realpath -e "${3:?}") || { echo "vm-test: no host Python at $3" >&2; exit 2; }
+# (not realpath: a venv's python is a symlink, and resolving it leaves the venv)
+python=$(cd "$(dirname "${3:?}")" && pwd)/$(basename "$3")
+[ -x "$python" ] || { echo "vm-test: no host Python at $3" >&2; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)
 for f in pyfelix.box vmlinuz initrd.img rootfs.raw accel; do
   [[ -e $box/$f ]] || { echo "vm-test: $box/$f missing: run \`make vm-box\` first" >&2; exit 2; }
