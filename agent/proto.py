@@ -17,6 +17,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# --- what decided a packet -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RuleMeta:
+    """The rule a verdict came from, in the same words on both dataplanes (BPF rule counters,
+    iptables NFLOG prefixes, flow logs, metrics): kind "policy" | "profile" | "tier-end" |
+    "default-deny", tier ("" for profiles and the final deny), owner (policy or profile
+    name), the endpoint's direction ("ingress" | "egress"), the rule's index in its owner
+    (-1 for the denies) and action ("allow" | "deny")."""
+
+    kind: str
+    tier: str
+    owner: str
+    direction: str
+    index: int
+    action: str
+
+
 # --- identifiers ---------------------------------------------------------------------------
 
 

@@ -265,20 +265,6 @@ def _truthy(text: str) -> bool:
 # --- id allocation ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class RuleMeta:
-    """What a rule counter counts: kind "policy" | "profile" | "tier-end" | "default-deny",
-    tier ("" for profiles and the final deny), owner (policy or profile name), the POD's
-    direction, the rule's index in its owner (-1 for the denies) and action."""
-
-    kind: str
-    tier: str
-    owner: str
-    direction: str
-    index: int
-    action: str
-
-
 class IdAllocator:
     """Stable (kind, name) -> number allocation over one number space. Numbers start at 1
     (0 = none) and stay below `limit`. Several kinds may share a space (IP sets and
@@ -930,7 +916,7 @@ class PolicyCompiler:
         self._counter_problems: list[str] = []
         # counter name (ids form) -> the rule it counts, for the metrics; pruned with the
         # counter ids by commit()
-        self.counter_meta: dict[str, RuleMeta] = {}
+        self.counter_meta: dict[str, proto.RuleMeta] = {}
         self.unavailable_ipsets: frozenset[str] = frozenset()
         self.host_endpoint_ifaces: Mapping[str, proto.HostEndpointID] | None = None
         self._ep_keys: dict[int, tuple[proto.WorkloadEndpoint, tuple]] = {}
@@ -989,7 +975,7 @@ class PolicyCompiler:
             rwhere = f"{where} rule {i}"
             counter_name = rule.rule_id or f"{counter_prefix}/{i}"
             kind, owner, direction = key
-            self.counter_meta[ids_map.stored_name(counter_name)] = RuleMeta(
+            self.counter_meta[ids_map.stored_name(counter_name)] = proto.RuleMeta(
                 kind, owner.tier if kind == "policy" else "",
                 owner.name if kind == "policy" else owner, direction, i, rule.action)
             lowered = lowerer.lower(rule, rwhere, counter_name)
@@ -1039,7 +1025,7 @@ class PolicyCompiler:
             action = str(tier.default_action).lower()
             if action == "deny":
                 name = f"tier-end:{tier.name}/{direction}"
-                self.counter_meta[name] = RuleMeta("tier-end", tier.name, "", direction, -1,
+                self.counter_meta[name] = proto.RuleMeta("tier-end", tier.name, "", direction, -1,
                                                    "deny")
                 b.emit(RuleRecord(Action.DENY, counter_id=self.counter_id(name)))
             elif action != "pass":
@@ -1057,7 +1043,7 @@ class PolicyCompiler:
                                   f"profile:{profile_id}/{direction}", state)
             b.add_fragment(frag, next_profile)
             b.mark(next_profile)
-        self.counter_meta[f"default-deny/{direction}"] = RuleMeta(
+        self.counter_meta[f"default-deny/{direction}"] = proto.RuleMeta(
             "default-deny", "", "", direction, -1, "deny")
         b.emit(RuleRecord(Action.DENY, counter_id=self.counter_id(f"default-deny/{direction}")))
         chain = b.finish()

@@ -3,12 +3,12 @@ fake sources: Felix's label format, sums per label set, the policy-series cap.""
 
 from __future__ import annotations
 
-from pyfelix.agent.bpf.compiler import RuleMeta
 from pyfelix.agent.dataplane.managers import bpf_metrics
 from pyfelix.agent.dataplane.managers.bpf_metrics import (
     PolicyCounterCollector,
     felix_policy_label,
 )
+from pyfelix.agent.proto import RuleMeta
 
 
 def _samples(collector: PolicyCounterCollector) -> dict[tuple[str, tuple], float]:

@@ -9,9 +9,9 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from pyfelix.agent import proto
-from pyfelix.agent.bpf.compiler import RuleMeta
 from pyfelix.agent.bpf.maps import flow_events as events_map
 from pyfelix.agent.dataplane.managers.flow_logs import FlowAggregator, FlowLogFile, FlowLogManager
+from pyfelix.agent.proto import RuleMeta
 from pyfelix.cli.main import cli
 
 DENY = RuleMeta("policy", "default", "deny-scanner", "ingress", 0, "deny")

@@ -23,6 +23,7 @@ from pyfelix.agent.proto import (
     PolicyID,
     Profile,
     Rule,
+    RuleMeta,
     TierInfo,
 )
 from pyfelix.agent.shims import nflog as nflog_socket
@@ -58,14 +59,14 @@ def test_every_field_case_logs_its_decision_once_with_the_deciding_rule(case: st
         decided = decoder.decode(prefix)
         assert decided is not None, prefix
         if verdict == "ACCEPT":
-            assert group == nflog.GROUP_ALLOW and decided == nflog.FlowRule(
+            assert group == nflog.GROUP_ALLOW and decided == RuleMeta(
                 "policy", "default", "p", "ingress", 0, "allow"), (packet, prefix)
         else:  # the one rule did not match (or denied): the tier's end decided
             assert group == nflog.GROUP_DENY, (packet, prefix)
             assert decided.action == "deny" and decided.kind in ("tier-end", "policy")
     # the sender's egress (profile "open") was logged as an allow of the profile's rule 0
     egress = [nflog.PrefixDecoder().decode(p) for g, p, _ in h.walker.nflogged if p[1] == "O"]
-    assert egress and all(r == nflog.FlowRule("profile", "", "open", "egress", 0, "allow")
+    assert egress and all(r == RuleMeta("profile", "", "open", "egress", 0, "allow")
                           for r in egress)
 
 
@@ -84,19 +85,19 @@ def test_deny_rule_tier_end_profiles_and_default_deny_are_named() -> None:
                  tiers=[TierInfo("t1", ingress_policies=("p1",))]),
         endpoint("calic", "10.65.0.3"))
     d = nflog.PrefixDecoder()
-    cases = [({"dport": 22}, "DROP", nflog.FlowRule("policy", "t1", "p1", "ingress", 0, "deny")),
+    cases = [({"dport": 22}, "DROP", RuleMeta("policy", "t1", "p1", "ingress", 0, "deny")),
              ({"dport": 80}, "ACCEPT",
-              nflog.FlowRule("policy", "t1", "p1", "ingress", 2, "allow")),  # marks path
-             ({"dport": 81}, "DROP", nflog.FlowRule("tier-end", "t1", "", "ingress", -1, "deny")),
+              RuleMeta("policy", "t1", "p1", "ingress", 2, "allow")),  # marks path
+             ({"dport": 81}, "DROP", RuleMeta("tier-end", "t1", "", "ingress", -1, "deny")),
              ({"proto": 17}, "DROP",
-              nflog.FlowRule("profile", "", "deny-udp", "ingress", 0, "deny"))]
+              RuleMeta("profile", "", "deny-udp", "ingress", 0, "deny"))]
     for packet, verdict, rule in cases:
         got, records = _ingress_decision(h, **packet)
         assert got == verdict and [d.decode(p) for _, p in records] == [rule], (packet, records)
     h.walker.nflogged.clear()
     assert h.forward("calia", "calic", src=A_IP, dst="10.65.0.3") == "DROP"
     assert [d.decode(p) for _, p, _ in h.walker.nflogged if p[1] == "I"] == [
-        nflog.FlowRule("default-deny", "", "", "ingress", -1, "deny")]
+        RuleMeta("default-deny", "", "", "ingress", -1, "deny")]
     # established packets never reach policy: nothing logged
     assert _ingress_decision(h, dport=80, ctstate="ESTABLISHED") == ("ACCEPT", [])
 
@@ -117,7 +118,7 @@ def test_long_names_are_hashed_within_nflog_limit_and_resolved_once_learnt() -> 
     d = nflog.PrefixDecoder()
     assert d.decode(text) is None  # unknown hash: not ours (counted as malformed)
     d.learn("security", long_name)
-    assert d.decode(text) == nflog.FlowRule("policy", "security", long_name, "egress", 12,
+    assert d.decode(text) == RuleMeta("policy", "security", long_name, "egress", 12,
                                             "allow")
     for foreign in ("", "calico-packet: ", "DXP|a|b", "AIPx|t|p", "ZIP0|t|p"):
         assert d.decode(foreign) is None, foreign

@@ -20,36 +20,20 @@ way, in its own format):
 
 A prefix longer than NFLOG's 63 bytes keeps its head and replaces `<tier>|<owner>` with
 `#<hash of tier/owner>`; the reader resolves the hash from the policies and profiles it has
-seen (`PrefixDecoder.learn`). Outputs of `decode()`: a `FlowRule` (the fields the flow-log
-writer's `policy_label` reads, as the BPF compiler's RuleMeta has them), or None for a
-prefix that is not ours.
+seen (`PrefixDecoder.learn`). Outputs of `decode()`: a `RuleMeta` (agent.proto: the record
+the BPF compiler attaches to its rule counters), or None for a prefix that is not ours.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from pyfelix.agent.dataplane.iptables.names import short_hash
+from pyfelix.agent.proto import RuleMeta
 
 GROUP_DENY = 1
 GROUP_ALLOW = 2
 MAX_PREFIX = 63  # xt_NFLOG: 64 bytes with the terminating NUL
 KIND_LETTERS = {"policy": "P", "profile": "R", "tier-end": "T", "default-deny": "X"}
 KIND_OF_LETTER = {v: k for k, v in KIND_LETTERS.items()}
-
-
-@dataclass(frozen=True, slots=True)
-class FlowRule:
-    """What decided: kind "policy" | "profile" | "tier-end" | "default-deny", tier ("" for
-    profiles and the final deny), owner (policy or profile name), the endpoint's direction
-    ("ingress" | "egress"), the rule index (-1 for T and X) and action ("allow" | "deny")."""
-
-    kind: str
-    tier: str
-    owner: str
-    direction: str
-    index: int
-    action: str
 
 
 def _owner_hash(tier: str, owner: str) -> str:
@@ -73,7 +57,7 @@ def nflog_rule(matches: str, action: str, log_prefix: str) -> str:
 
 
 class PrefixDecoder:
-    """Prefix -> FlowRule; hashed prefixes resolved from the (tier, owner) pairs learnt."""
+    """Prefix -> RuleMeta; hashed prefixes resolved from the (tier, owner) pairs learnt."""
 
     def __init__(self) -> None:
         self._hashed: dict[str, tuple[str, str]] = {}
@@ -84,7 +68,7 @@ class PrefixDecoder:
     def forget(self, tier: str, owner: str) -> None:
         self._hashed.pop(_owner_hash(tier, owner), None)
 
-    def decode(self, text: str) -> FlowRule | None:
+    def decode(self, text: str) -> RuleMeta | None:
         head, sep, rest = text.partition("|")
         if not sep or len(head) < 3 or head[0] not in "AD" or head[1] not in "IO":
             return None
@@ -98,6 +82,6 @@ class PrefixDecoder:
             tier, owner = pair
         else:
             tier, _, owner = rest.partition("|")
-        return FlowRule(kind, tier, owner, "ingress" if head[1] == "I" else "egress",
+        return RuleMeta(kind, tier, owner, "ingress" if head[1] == "I" else "egress",
                         int(head[3:]) if head[3:] else -1,
                         "allow" if head[0] == "A" else "deny")

@@ -64,7 +64,6 @@ from pyfelix.agent.bpf.compiler import (
     IPSetKeys,
     PolicyCompiler,
     PolicyState,
-    RuleMeta,
 )
 from pyfelix.agent.bpf.maps import cls_chains as cls_chains_map
 from pyfelix.agent.bpf.maps import counters as counters_map
@@ -527,7 +526,7 @@ class BpfPolicyManager(ManagerBase):
     def problems(self) -> list[str]:
         return list(self.last_compiled.problems) if self.last_compiled else []
 
-    def rule_counters(self) -> list[tuple[RuleMeta, int, int]]:
+    def rule_counters(self) -> list[tuple[proto.RuleMeta, int, int]]:
         """(the rule, packets, bytes) of every non-zero rule counter this agent's compiler
         knows (for the per-policy metrics; read at scrape time)."""
         compiler = self.compiler
@@ -540,7 +539,7 @@ class BpfPolicyManager(ManagerBase):
                 out.append((meta, row["packets"], row["bytes"]))
         return out
 
-    def denied_sources(self) -> list[tuple[RuleMeta, str, int, int]]:
+    def denied_sources(self) -> list[tuple[proto.RuleMeta, str, int, int]]:
         """(the deciding rule, source address, packets, bytes) policy denied, from the
         `denied_sources` LRU map (Felix's calico_denied_packets / _bytes)."""
         compiler = self.compiler
@@ -554,13 +553,13 @@ class BpfPolicyManager(ManagerBase):
                 out.append((meta, row["source"], row["packets"], row["bytes"]))
         return out
 
-    def counter_meta(self, counter_id: int) -> RuleMeta | None:
+    def counter_meta(self, counter_id: int) -> proto.RuleMeta | None:
         """The rule a rule counter counts (None: unknown to this agent's compiler)."""
         compiler = self.compiler
         return None if compiler is None else self._counter_meta(compiler, counter_id)
 
     @staticmethod
-    def _counter_meta(compiler: PolicyCompiler, counter_id: int) -> RuleMeta | None:
+    def _counter_meta(compiler: PolicyCompiler, counter_id: int) -> proto.RuleMeta | None:
         entry = compiler.rule_ids.by_number.get(counter_id)
         return None if entry is None else compiler.counter_meta.get(entry[1])
 
