@@ -20,17 +20,11 @@ sk_drops, `kernel_drops()`), never raises (NETLINK_NO_ENOBUFS).
 from __future__ import annotations
 
 import ipaddress
-import os
 import socket
 import struct
 from dataclasses import dataclass
 
-from pyfelix.agent.shims.nflog import (
-    NETLINK_NETFILTER,
-    NETLINK_NO_ENOBUFS,
-    SOL_NETLINK,
-    netlink_socket_drops,
-)
+from pyfelix.agent.shims.nfnetlink import NetfilterSocket, attributes, messages
 
 NFNL_SUBSYS_CTNETLINK = 1
 IPCTNL_MSG_CT_DELETE = 2
@@ -44,12 +38,7 @@ CTA_IP_V4_SRC, CTA_IP_V4_DST, CTA_IP_V6_SRC, CTA_IP_V6_DST = 1, 2, 3, 4
 CTA_PROTO_NUM, CTA_PROTO_SRC_PORT, CTA_PROTO_DST_PORT, CTA_PROTO_ICMP_ID = 1, 2, 3, 4
 CTA_PROTO_ICMPV6_ID = 7
 CTA_COUNTERS_PACKETS, CTA_COUNTERS_BYTES = 1, 2
-NLA_TYPE_MASK = 0x3FFF
 ACCT_SYSCTL = "/proc/sys/net/netfilter/nf_conntrack_acct"
-
-_NLMSGHDR = struct.Struct("=IHHII")
-_NLATTR = struct.Struct("=HH")
-
 
 @dataclass(frozen=True, slots=True)
 class FlowEnd:
@@ -62,22 +51,10 @@ class FlowEnd:
     bytes: int
 
 
-def _attrs(data: bytes) -> dict[int, bytes]:
-    out: dict[int, bytes] = {}
-    offset = 0
-    while offset + 4 <= len(data):
-        length, kind = _NLATTR.unpack_from(data, offset)
-        if length < 4:
-            break
-        out[kind & NLA_TYPE_MASK] = data[offset + 4:offset + length]
-        offset += (length + 3) & ~3
-    return out
-
-
 def _counters(raw: bytes | None) -> tuple[int, int]:
     if not raw:
         return 0, 0
-    attrs = _attrs(raw)
+    attrs = attributes(raw)
     packets, octets = attrs.get(CTA_COUNTERS_PACKETS), attrs.get(CTA_COUNTERS_BYTES)
     return (struct.unpack("!Q", packets)[0] if packets and len(packets) == 8 else 0,
             struct.unpack("!Q", octets)[0] if octets and len(octets) == 8 else 0)
@@ -85,10 +62,10 @@ def _counters(raw: bytes | None) -> tuple[int, int]:
 
 def decode_delete(body: bytes) -> FlowEnd | None:
     """The attributes of one IPCTNL_MSG_CT_DELETE (after its nfgenmsg) -> FlowEnd."""
-    attrs = _attrs(body)
-    tuple_attrs = _attrs(attrs.get(CTA_TUPLE_ORIG, b""))
-    ip, l4 = _attrs(tuple_attrs.get(CTA_TUPLE_IP, b"")), _attrs(tuple_attrs.get(CTA_TUPLE_PROTO,
-                                                                                 b""))
+    attrs = attributes(body)
+    tuple_attrs = attributes(attrs.get(CTA_TUPLE_ORIG, b""))
+    ip = attributes(tuple_attrs.get(CTA_TUPLE_IP, b""))
+    l4 = attributes(tuple_attrs.get(CTA_TUPLE_PROTO, b""))
     if CTA_IP_V4_SRC in ip and CTA_IP_V4_DST in ip:
         src, dst = socket.inet_ntoa(ip[CTA_IP_V4_SRC]), socket.inet_ntoa(ip[CTA_IP_V4_DST])
     elif CTA_IP_V6_SRC in ip and CTA_IP_V6_DST in ip:
@@ -114,20 +91,15 @@ def decode_delete(body: bytes) -> FlowEnd | None:
 def parse_messages(data: bytes) -> tuple[list[FlowEnd], int]:
     """The delete messages of one receive -> (flow ends, malformed count)."""
     ends: list[FlowEnd] = []
-    malformed = 0
-    offset = 0
-    while offset + 16 <= len(data):
-        length, msg_type, _flags, _seq, _pid = _NLMSGHDR.unpack_from(data, offset)
-        if length < 16 or offset + length > len(data):
+    received, malformed = messages(data)
+    for msg_type, body in received:
+        if msg_type != (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE or len(body) < 4:
+            continue
+        end = decode_delete(body[4:])
+        if end is None:
             malformed += 1
-            break
-        if msg_type == (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE and length >= 20:
-            end = decode_delete(data[offset + 20:offset + length])
-            if end is None:
-                malformed += 1
-            else:
-                ends.append(end)
-        offset += (length + 3) & ~3
+        else:
+            ends.append(end)
     return ends, malformed
 
 
@@ -137,28 +109,11 @@ def enable_accounting(path: str = ACCT_SYSCTL) -> None:
         f.write("1")
 
 
-class ConntrackEndSocket:
+class ConntrackEndSocket(NetfilterSocket):
     """Subscribed to this namespace's conntrack destroy events."""
 
     def __init__(self, *, rcvbuf: int = 4 << 20) -> None:
-        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
-        try:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-            self.sock.setsockopt(SOL_NETLINK, NETLINK_NO_ENOBUFS, 1)
-            self.sock.bind((0, 1 << (NFNLGRP_CONNTRACK_DESTROY - 1)))
-            self.inode = os.fstat(self.sock.fileno()).st_ino
-        except BaseException:
-            self.sock.close()
-            raise
-
-    def fileno(self) -> int:
-        return self.sock.fileno()
+        super().__init__(1 << (NFNLGRP_CONNTRACK_DESTROY - 1), rcvbuf)
 
     def read(self, bufsize: int = 1 << 18) -> tuple[list[FlowEnd], int]:
         return parse_messages(self.sock.recv(bufsize))
-
-    def kernel_drops(self) -> int:
-        return netlink_socket_drops(self.inode)
-
-    def close(self) -> None:
-        self.sock.close()

@@ -30,9 +30,15 @@ import socket
 import struct
 from dataclasses import dataclass
 
-NETLINK_NETFILTER = 12
-SOL_NETLINK = 270
-NETLINK_NO_ENOBUFS = 5
+from pyfelix.agent.shims.nfnetlink import (
+    NFGENMSG,
+    NLATTR,
+    NLMSGHDR,
+    NetfilterSocket,
+    attributes,
+    messages,
+)
+
 NFNL_SUBSYS_ULOG = 4
 NFULNL_MSG_PACKET = 0
 NFULNL_MSG_CONFIG = 1
@@ -47,13 +53,7 @@ NLM_F_REQUEST = 0x1
 NLM_F_ACK = 0x4
 NLMSG_ERROR = 2
 NLMSG_DONE = 3
-NLA_TYPE_MASK = 0x3FFF
 PORT_PROTOCOLS = frozenset({6, 17, 132, 136})
-
-_NLMSGHDR = struct.Struct("=IHHII")
-_NFGENMSG = struct.Struct("!BBH")
-_NLATTR = struct.Struct("=HH")
-
 
 @dataclass(frozen=True, slots=True)
 class NflogPacket:
@@ -69,26 +69,15 @@ class NflogPacket:
 
 
 def _attr(kind: int, payload: bytes) -> bytes:
-    body = _NLATTR.pack(4 + len(payload), kind) + payload
+    body = NLATTR.pack(4 + len(payload), kind) + payload
     return body + b"\0" * (-len(body) % 4)
 
 
 def config_message(group: int, attrs: bytes, seq: int) -> bytes:
     """One NFULNL_MSG_CONFIG request for `group` (family AF_UNSPEC), asking for an ack."""
-    body = _NFGENMSG.pack(socket.AF_UNSPEC, 0, group) + attrs
-    return _NLMSGHDR.pack(16 + len(body), (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_CONFIG,
+    body = NFGENMSG.pack(socket.AF_UNSPEC, 0, group) + attrs
+    return NLMSGHDR.pack(16 + len(body), (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_CONFIG,
                           NLM_F_REQUEST | NLM_F_ACK, seq, 0) + body
-
-
-def _attrs(data: bytes, start: int, end: int) -> dict[int, bytes]:
-    out: dict[int, bytes] = {}
-    while start + 4 <= end:
-        length, kind = _NLATTR.unpack_from(data, start)
-        if length < 4:
-            break
-        out[kind & NLA_TYPE_MASK] = data[start + 4:start + length]
-        start += (length + 3) & ~3
-    return out
 
 
 def decode_payload(payload: bytes) -> tuple[int, str, str, int, int, int, int] | None:
@@ -124,39 +113,29 @@ def decode_payload(payload: bytes) -> tuple[int, str, str, int, int, int, int] |
 def parse_messages(data: bytes) -> tuple[list[NflogPacket], int]:
     """The NFULNL_MSG_PACKET messages of one receive -> (packets, malformed count)."""
     packets: list[NflogPacket] = []
-    malformed = 0
-    offset = 0
-    while offset + 16 <= len(data):
-        length, msg_type, _flags, _seq, _pid = _NLMSGHDR.unpack_from(data, offset)
-        if length < 16 or offset + length > len(data):
+    received, malformed = messages(data)
+    for msg_type, body in received:
+        if msg_type != (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_PACKET or len(body) < 4:
+            continue
+        _family, _version, group = NFGENMSG.unpack_from(body)
+        attrs = attributes(body[4:])
+        decoded = decode_payload(attrs.get(NFULA_PAYLOAD, b""))
+        if decoded is None:
             malformed += 1
-            break
-        if msg_type == (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_PACKET and length >= 20:
-            _family, _version, group = _NFGENMSG.unpack_from(data, offset + 16)
-            attrs = _attrs(data, offset + 20, offset + length)
-            decoded = decode_payload(attrs.get(NFULA_PAYLOAD, b""))
-            if decoded is None:
-                malformed += 1
-            else:
-                prefix = attrs.get(NFULA_PREFIX, b"").split(b"\0", 1)[0]
-                packets.append(NflogPacket(group, prefix.decode("utf-8", "replace"),
-                                           *decoded))
-        offset += (length + 3) & ~3
+        else:
+            prefix = attrs.get(NFULA_PREFIX, b"").split(b"\0", 1)[0]
+            packets.append(NflogPacket(group, prefix.decode("utf-8", "replace"), *decoded))
     return packets, malformed
 
 
-class NflogSocket:
-    """A bound nfnetlink_log socket in the calling thread's network namespace."""
+class NflogSocket(NetfilterSocket):
+    """A nfnetlink_log socket in the calling thread's network namespace, bound to `groups`."""
 
     def __init__(self, groups: tuple[int, ...], *, copy_range: int = 128,
                  rcvbuf: int = 4 << 20) -> None:
+        super().__init__(0, rcvbuf)
         self.groups = groups
-        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
         try:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-            self.sock.setsockopt(SOL_NETLINK, NETLINK_NO_ENOBUFS, 1)
-            self.sock.bind((0, 0))
-            self.inode = os.fstat(self.sock.fileno()).st_ino
             seq = 1
             for group in groups:
                 for attrs in (_attr(NFULA_CFG_CMD, bytes([NFULNL_CFG_CMD_BIND])),
@@ -166,7 +145,7 @@ class NflogSocket:
                     self._request(config_message(group, attrs, seq), seq, group)
                     seq += 1
         except BaseException:
-            self.sock.close()
+            self.close()
             raise
 
     def _request(self, message: bytes, seq: int, group: int) -> None:
@@ -175,7 +154,7 @@ class NflogSocket:
             data = self.sock.recv(65536)
             offset = 0
             while offset + 16 <= len(data):
-                length, msg_type, _flags, reply_seq, _pid = _NLMSGHDR.unpack_from(data, offset)
+                length, msg_type, _flags, reply_seq, _pid = NLMSGHDR.unpack_from(data, offset)
                 if msg_type == NLMSG_ERROR and reply_seq == seq:
                     code = -struct.unpack_from("=i", data, offset + 16)[0]
                     if code:
@@ -186,29 +165,6 @@ class NflogSocket:
                     return
                 offset += max((length + 3) & ~3, 16)
 
-    def fileno(self) -> int:
-        return self.sock.fileno()
-
     def read(self, bufsize: int = 1 << 18) -> tuple[list[NflogPacket], int]:
         """One receive (blocking unless a timeout is set) -> (packets, malformed)."""
         return parse_messages(self.sock.recv(bufsize))
-
-    def kernel_drops(self) -> int:
-        """Messages the kernel could not queue for this socket (its `sk_drops`)."""
-        return netlink_socket_drops(self.inode)
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def netlink_socket_drops(inode: int, proc_file: str = "/proc/thread-self/net/netlink") -> int:
-    """The Drops column of /proc/net/netlink (this thread's namespace) for the socket with
-    this inode; 0 if it is not listed."""
-    with open(proc_file) as f:
-        header = f.readline().split()
-        drops_col, inode_col = header.index("Drops"), header.index("Inode")
-        for line in f:
-            fields = line.split()
-            if len(fields) > max(drops_col, inode_col) and int(fields[inode_col]) == inode:
-                return int(fields[drops_col])
-    return 0

@@ -27,6 +27,7 @@ from pyfelix.agent.proto import (
     TierInfo,
 )
 from pyfelix.agent.shims import nflog as nflog_socket
+from pyfelix.agent.shims import nfnetlink
 from tests.dataplane.dp_harness import Harness, endpoint
 from tests.dataplane.test_dp_iptables_render import A_IP, B_IP, FIELD_CASES, OPEN, SETS, P
 
@@ -169,8 +170,8 @@ def test_netlink_drops_column_is_read_for_our_inode(tmp_path: Path) -> None:
                     "17       99\n"
                     "0000000000000000 0   1          00000000 0        0        0     2        "
                     "3        100\n")
-    assert nflog_socket.netlink_socket_drops(99, str(proc)) == 17
-    assert nflog_socket.netlink_socket_drops(5, str(proc)) == 0
+    assert nfnetlink.netlink_socket_drops(99, str(proc)) == 17
+    assert nfnetlink.netlink_socket_drops(5, str(proc)) == 0
 
 
 class _FakeSocket:
