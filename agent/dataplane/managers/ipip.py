@@ -41,7 +41,8 @@ has no route: it fails closed rather than leaking unencapsulated.
 
 Both dataplane modes: plain Linux networking, `linux_managers()` adds it in iptables and BPF
 mode. Apply is a diff against what the kernel holds (read on the first apply, after a
-failure and on periodic resync); applying the same state twice writes nothing.
+failure and on periodic resync); applying the same state twice writes nothing. The inputs
+and the route programming are the VXLAN manager's too (managers/overlay.py).
 """
 
 from __future__ import annotations
@@ -51,17 +52,11 @@ import ipaddress
 import logging
 from dataclasses import dataclass
 
-from pyfelix.agent.dataplane.delta import DeltaTracker
-from pyfelix.agent.dataplane.events import InterfaceAddrsUpdate
-from pyfelix.agent.dataplane.manager import ManagerBase
+from pyfelix.agent.dataplane.managers.overlay import OverlayManagerBase
 from pyfelix.agent.proto import (
-    InSync,
-    IPAMPoolRemove,
     IPAMPoolUpdate,
     IPIPTunnelRemove,
     IPIPTunnelUpdate,
-    RouteRemove,
-    RouteUpdate,
 )
 from pyfelix.agent.shims.link_netlink import LinkDetail, LinkNetlink, OverlayRoute
 from pyfelix.agent.shims.netlink import NetlinkError
@@ -84,13 +79,17 @@ class TunnelSpec:
     address: str  # "<tunnel IP>/32", or "" when no address is known
 
 
-class IPIPManager(ManagerBase):
+class IPIPManager(OverlayManagerBase):
     name = "ipip"
+    TUNNEL_UPDATE = IPIPTunnelUpdate
+    TUNNEL_REMOVE = IPIPTunnelRemove
+    POOL_TYPE = "ipip"
 
     def __init__(self, *, netns: str | None = None, netlink: LinkNetlink | None = None,
                  enabled: bool | None = None, mtu: int = 0, tunnel_addr: str = "",
                  device: str = IPIP_DEVICE, protocol: int = IPIP_ROUTE_PROTOCOL) -> None:
-        super().__init__()
+        super().__init__(netns=netns, netlink=netlink, mtu=mtu, device=device,
+                         protocol=protocol)
         if mtu and not 68 <= mtu <= 65535:
             raise ValueError(f"IpInIpMtu: {mtu} is not 0 (auto) or 68..65535")
         if tunnel_addr:
@@ -99,83 +98,15 @@ class IPIPManager(ManagerBase):
             except ValueError:
                 raise ValueError(f"IpInIpTunnelAddr: {tunnel_addr!r} is not an IPv4 "
                                  "address") from None
-        self._netns = netns
-        self._netlink = netlink
         self._enabled = enabled
-        self._mtu = mtu
         self._tunnel_addr = tunnel_addr
-        self._device = device
-        self._protocol = protocol
-        self._tunnels: dict[str, IPIPTunnelUpdate] = {}
-        self._routes: dict[str, RouteUpdate] = {}
-        self._pools: dict[str, tuple[ipaddress.IPv4Network, str]] = {}
-        self._iface_addrs: dict[str, frozenset[str]] = {}
-        self._kernel_routes: DeltaTracker[str, OverlayRoute] = DeltaTracker()
-        self._device_link: LinkDetail | None = None
-        self._device_addrs: set[str] = set()
-        self._dirty = True
         self._warned_disabled = False
-        self.device_index = 0
 
-    @property
-    def netlink(self) -> LinkNetlink:
-        if self._netlink is None:
-            from pyfelix.agent.shims.link_netlink import PyRoute2LinkNetlink
-
-            self._netlink = PyRoute2LinkNetlink(self._netns)
-        return self._netlink
-
-    # --- on_update: desired state only ------------------------------------------------------
-
-    def on_update(self, msg: object) -> None:
-        if isinstance(msg, IPIPTunnelUpdate):
-            self._tunnels[msg.node] = msg
-        elif isinstance(msg, IPIPTunnelRemove):
-            if self._tunnels.pop(msg.node, None) is None:
-                return
-        elif isinstance(msg, RouteUpdate):
-            if msg.type == "remote_workload" and msg.ip_pool_type == "ipip":
-                self._routes[msg.dst] = msg
-            elif self._routes.pop(msg.dst, None) is None:
-                return
-        elif isinstance(msg, RouteRemove):
-            if self._routes.pop(msg.dst, None) is None:
-                return
-        elif isinstance(msg, IPAMPoolUpdate):
-            try:
-                net = ipaddress.ip_network(msg.cidr, strict=False)
-            except ValueError:
-                log.error("IPAMPoolUpdate %s: cidr %r is not a CIDR; ignored", msg.id, msg.cidr)
-                return
-            if isinstance(net, ipaddress.IPv4Network):
-                self._pools[msg.id] = (net, msg.ipip_mode)
-        elif isinstance(msg, IPAMPoolRemove):
-            if self._pools.pop(msg.id, None) is None:
-                return
-        elif isinstance(msg, InterfaceAddrsUpdate):
-            if msg.name == self._device:
-                return  # our own device's addresses are ours to manage
-            if msg.addrs is None:
-                self._iface_addrs.pop(msg.name, None)
-            else:
-                self._iface_addrs[msg.name] = msg.addrs
-        elif isinstance(msg, InSync):
-            self._datastore_in_sync = True
-            return
-        else:
-            return
-        self._dirty = True
+    @staticmethod
+    def pool_mode(msg: IPAMPoolUpdate) -> str:
+        return msg.ipip_mode
 
     # --- desired state ----------------------------------------------------------------------
-
-    def local_tunnel(self) -> tuple[IPIPTunnelUpdate, str, str] | None:
-        """(our tunnel, parent interface, parent CIDR): the tunnel whose host IP is ours."""
-        for tunnel in sorted(self._tunnels.values(), key=lambda t: t.node):
-            for iface, cidrs in sorted(self._iface_addrs.items()):
-                for cidr in cidrs:
-                    if cidr.split("/")[0] == tunnel.parent_device_ip:
-                        return tunnel, iface, cidr
-        return None
 
     def _desired_device(self, links: list[LinkDetail]) -> TunnelSpec | None:
         if self._enabled is False:
@@ -197,15 +128,6 @@ class IPIPManager(ManagerBase):
                 mtu = max(68, parent.mtu - IPIP_OVERHEAD)
         return TunnelSpec(mtu or DEFAULT_MTU_WITHOUT_PARENT,
                           f"{address}/32" if address else "")
-
-    def _pool_mode(self, dst: str) -> str:
-        try:
-            net = ipaddress.ip_network(dst, strict=False)
-        except ValueError:
-            return ""
-        modes = [(pool.prefixlen, mode) for pool, mode in self._pools.values()
-                 if net.version == 4 and net.subnet_of(pool)]  # type: ignore[arg-type]
-        return max(modes)[1] if modes else ""
 
     def _desired_routes(self, index: int, links: list[LinkDetail]) -> dict[str, OverlayRoute]:
         local = self.local_tunnel()
@@ -236,25 +158,8 @@ class IPIPManager(ManagerBase):
 
     # --- apply ------------------------------------------------------------------------------
 
-    def _seed_interfaces(self, links: list[LinkDetail]) -> None:
-        """Addresses of interfaces the monitor has not reported yet, from the kernel (a
-        restarted agent's InSync may come before the monitor's first dump)."""
-        unknown = {link.index: link.name for link in links
-                   if link.name not in self._iface_addrs and link.name != self._device}
-        if not unknown:
-            return
-        for index, cidrs in self.netlink.addresses_by_link().items():
-            if index in unknown:
-                self._iface_addrs[unknown[index]] = frozenset(cidrs)
-                self._dirty = True
-
     def _read_kernel(self, links: list[LinkDetail]) -> None:
-        self._seed_interfaces(links)
-        self._device_link = next((link for link in links if link.name == self._device), None)
-        self._device_addrs = (self.netlink.list_addrs(self._device_link.index)
-                              if self._device_link is not None else set())
-        self._kernel_routes.replace_all_dataplane(
-            {r.dst: r for r in self.netlink.list_routes(self._protocol)})
+        self._read_device_and_routes(links)
         self._resync_requested = False
 
     def apply(self) -> None:
@@ -317,36 +222,3 @@ class IPIPManager(ManagerBase):
         self._device_addrs = wanted
         self._device_link = next(lk for lk in nl.list_links() if lk.name == self._device)
         self.device_index = self._device_link.index
-
-    def _apply_routes(self) -> list[str]:
-        errors = []
-        nl = self.netlink
-        if self._datastore_in_sync:
-            for dst in self._kernel_routes.pending_deletions():
-                route = self._kernel_routes.get_dataplane(dst)
-                assert route is not None
-                try:
-                    nl.delete_route(route)
-                except NetlinkError as exc:
-                    if exc.errno != errno.ESRCH:
-                        errors.append(str(exc))
-                        continue
-                self._kernel_routes.mark_deletion_applied(dst)
-        for dst, route in self._kernel_routes.pending_updates():
-            try:
-                nl.replace_route(route)
-            except NetlinkError as exc:
-                errors.append(str(exc))
-                continue
-            self._kernel_routes.mark_update_applied(dst)
-        return errors
-
-    def close(self) -> None:
-        if self._netlink is not None:
-            self._netlink.close()
-            self._netlink = None
-
-    # --- introspection ----------------------------------------------------------------------
-
-    def desired_routes(self) -> dict[str, OverlayRoute]:
-        return dict(self._kernel_routes.iter_desired())

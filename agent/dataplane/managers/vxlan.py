@@ -31,7 +31,8 @@ host IP yet) the device is removed - but, like every deletion, only after InSync
 
 Both dataplane modes: plain Linux networking, `linux_managers()` adds it in iptables and BPF
 mode. Apply is a diff against what the kernel holds (read on the first apply, after a
-failure and on periodic resync); applying the same state twice writes nothing.
+failure and on periodic resync); applying the same state twice writes nothing. The inputs
+and the route programming are the IPIP manager's too (managers/overlay.py).
 """
 
 from __future__ import annotations
@@ -42,14 +43,9 @@ import logging
 from dataclasses import dataclass
 
 from pyfelix.agent.dataplane.delta import DeltaTracker
-from pyfelix.agent.dataplane.events import InterfaceAddrsUpdate
-from pyfelix.agent.dataplane.manager import ManagerBase
+from pyfelix.agent.dataplane.managers.overlay import OverlayManagerBase
 from pyfelix.agent.proto import (
-    InSync,
-    IPAMPoolRemove,
     IPAMPoolUpdate,
-    RouteRemove,
-    RouteUpdate,
     VXLANTunnelEndpointRemove,
     VXLANTunnelEndpointUpdate,
 )
@@ -85,102 +81,38 @@ class DeviceSpec:
     address: str  # "<VTEP IP>/32"
 
 
-class VXLANManager(ManagerBase):
+class VXLANManager(OverlayManagerBase):
     name = "vxlan"
+    TUNNEL_UPDATE = VXLANTunnelEndpointUpdate
+    TUNNEL_REMOVE = VXLANTunnelEndpointRemove
+    POOL_TYPE = "vxlan"
 
     def __init__(self, *, netns: str | None = None, netlink: LinkNetlink | None = None,
                  vni: int = DEFAULT_VNI, port: int = DEFAULT_PORT, mtu: int = 0,
                  device: str = VXLAN_DEVICE, protocol: int = VXLAN_ROUTE_PROTOCOL) -> None:
-        super().__init__()
+        super().__init__(netns=netns, netlink=netlink, mtu=mtu, device=device,
+                         protocol=protocol)
         if not 0 < vni < 1 << 24:
             raise ValueError(f"VXLANVNI: {vni} is not 1..16777215")
         if not 0 < port < 65536:
             raise ValueError(f"VXLANPort: {port} is not 1..65535")
         if mtu and not 68 <= mtu <= 65535:
             raise ValueError(f"VXLANMTU: {mtu} is not 0 (auto) or 68..65535")
-        self._netns = netns
-        self._netlink = netlink
         self._vni = vni
         self._port = port
-        self._mtu = mtu
-        self._device = device
-        self._protocol = protocol
-        self._vteps: dict[str, VXLANTunnelEndpointUpdate] = {}
-        self._routes: dict[str, RouteUpdate] = {}
-        self._pools: dict[str, tuple[ipaddress.IPv4Network, str]] = {}
-        self._iface_addrs: dict[str, frozenset[str]] = {}
         self._neighbours: DeltaTracker[tuple[int, int, str], Neighbour] = DeltaTracker()
-        self._kernel_routes: DeltaTracker[str, OverlayRoute] = DeltaTracker()
-        self._device_link: LinkDetail | None = None
-        self._device_addrs: set[str] = set()
-        self._dirty = True
-        self.device_index = 0
 
-    @property
-    def netlink(self) -> LinkNetlink:
-        if self._netlink is None:
-            from pyfelix.agent.shims.link_netlink import PyRoute2LinkNetlink
-
-            self._netlink = PyRoute2LinkNetlink(self._netns)
-        return self._netlink
-
-    # --- on_update: desired state only ------------------------------------------------------
-
-    def on_update(self, msg: object) -> None:
-        if isinstance(msg, VXLANTunnelEndpointUpdate):
-            self._vteps[msg.node] = msg
-        elif isinstance(msg, VXLANTunnelEndpointRemove):
-            if self._vteps.pop(msg.node, None) is None:
-                return
-        elif isinstance(msg, RouteUpdate):
-            if msg.type == "remote_workload" and msg.ip_pool_type == "vxlan":
-                self._routes[msg.dst] = msg
-            elif self._routes.pop(msg.dst, None) is None:
-                return
-        elif isinstance(msg, RouteRemove):
-            if self._routes.pop(msg.dst, None) is None:
-                return
-        elif isinstance(msg, IPAMPoolUpdate):
-            try:
-                net = ipaddress.ip_network(msg.cidr, strict=False)
-            except ValueError:
-                log.error("IPAMPoolUpdate %s: cidr %r is not a CIDR; ignored", msg.id, msg.cidr)
-                return
-            if isinstance(net, ipaddress.IPv4Network):
-                self._pools[msg.id] = (net, msg.vxlan_mode)
-        elif isinstance(msg, IPAMPoolRemove):
-            if self._pools.pop(msg.id, None) is None:
-                return
-        elif isinstance(msg, InterfaceAddrsUpdate):
-            if msg.name == self._device:
-                return  # our own device's addresses are ours to manage
-            if msg.addrs is None:
-                self._iface_addrs.pop(msg.name, None)
-            else:
-                self._iface_addrs[msg.name] = msg.addrs
-        elif isinstance(msg, InSync):
-            self._datastore_in_sync = True
-            return
-        else:
-            return
-        self._dirty = True
+    @staticmethod
+    def pool_mode(msg: IPAMPoolUpdate) -> str:
+        return msg.vxlan_mode
 
     # --- desired state ----------------------------------------------------------------------
-
-    def local_vtep(self) -> tuple[VXLANTunnelEndpointUpdate, str, str] | None:
-        """(our VTEP, parent interface, parent CIDR): the VTEP whose parent IP is ours."""
-        for vtep in sorted(self._vteps.values(), key=lambda v: v.node):
-            for iface, cidrs in sorted(self._iface_addrs.items()):
-                for cidr in cidrs:
-                    if cidr.split("/")[0] == vtep.parent_device_ip:
-                        return vtep, iface, cidr
-        return None
 
     def _parent_link(self, links: list[LinkDetail], iface: str) -> LinkDetail | None:
         return next((link for link in links if link.name == iface), None)
 
     def _desired_device(self, links: list[LinkDetail]) -> tuple[DeviceSpec | None, str]:
-        local = self.local_vtep()
+        local = self.local_tunnel()
         if local is None:
             return None, ""
         vtep, iface, cidr = local
@@ -194,7 +126,7 @@ class VXLANManager(ManagerBase):
 
     def _desired_neighbours(self, index: int, local_node: str) -> dict:
         wanted: dict[tuple[int, int, str], Neighbour] = {}
-        for vtep in self._vteps.values():
+        for vtep in self._tunnels.values():
             if vtep.node == local_node:
                 continue
             mac = vtep.mac.lower()
@@ -203,21 +135,12 @@ class VXLANManager(ManagerBase):
                 wanted[n.key] = n
         return wanted
 
-    def _pool_mode(self, dst: str) -> str:
-        try:
-            net = ipaddress.ip_network(dst, strict=False)
-        except ValueError:
-            return ""
-        modes = [(pool.prefixlen, mode) for pool, mode in self._pools.values()
-                 if net.version == 4 and net.subnet_of(pool)]  # type: ignore[arg-type]
-        return max(modes)[1] if modes else ""
-
     def _desired_routes(self, index: int, local_node: str, parent_cidr: str,
                         parent_index: int) -> dict[str, OverlayRoute]:
         wanted: dict[str, OverlayRoute] = {}
         local_subnet = ipaddress.ip_interface(parent_cidr).network
         for dst, route in self._routes.items():
-            vtep = self._vteps.get(route.dst_node)
+            vtep = self._tunnels.get(route.dst_node)
             if route.dst_node == local_node:
                 continue
             if vtep is None:
@@ -234,36 +157,15 @@ class VXLANManager(ManagerBase):
 
     # --- apply ------------------------------------------------------------------------------
 
-    def _seed_interfaces(self, links: list[LinkDetail]) -> None:
-        """Addresses of interfaces the monitor has not reported yet, from the kernel.
-
-        A restarted agent can see InSync before the interface monitor's first dump: without
-        this it would not find its parent interface, and remove (then recreate) the device."""
-        unknown = {link.index: link.name for link in links
-                   if link.name not in self._iface_addrs and link.name != self._device}
-        if not unknown:
-            return
-        for index, cidrs in self.netlink.addresses_by_link().items():
-            if index in unknown:
-                self._iface_addrs[unknown[index]] = frozenset(cidrs)
-                self._dirty = True
-
     def _read_kernel(self, links: list[LinkDetail]) -> None:
-        nl = self.netlink
-        self._seed_interfaces(links)
-        self._device_link = next((link for link in links if link.name == self._device), None)
+        self._read_device_and_routes(links)
         neighbours: dict[tuple[int, int, str], Neighbour] = {}
-        self._device_addrs = set()
         if self._device_link is not None:
-            index = self._device_link.index
-            self._device_addrs = nl.list_addrs(index)
             for family in (AF_INET, AF_BRIDGE):
-                for n in nl.list_neighbours(family, index):
+                for n in self.netlink.list_neighbours(family, self._device_link.index):
                     if n.permanent:
                         neighbours[n.key] = n
         self._neighbours.replace_all_dataplane(neighbours)
-        self._kernel_routes.replace_all_dataplane({r.dst: r for r in nl.list_routes(
-            self._protocol)})
         self._resync_requested = False
 
     def apply(self) -> None:
@@ -288,7 +190,7 @@ class VXLANManager(ManagerBase):
                 self._kernel_routes.delete_desired(dst)
         else:
             index = self._device_link.index
-            local = self.local_vtep()
+            local = self.local_tunnel()
             assert local is not None
             self._set_desired(self._neighbours, self._desired_neighbours(index, local[0].node))
             self._set_desired(self._kernel_routes, self._desired_routes(
@@ -299,13 +201,6 @@ class VXLANManager(ManagerBase):
         if errors:
             self._resync_requested = True
             raise VXLANError(f"{len(errors)} VXLAN write(s) failed: {'; '.join(errors[:5])}")
-
-    @staticmethod
-    def _set_desired(tracker: DeltaTracker, wanted: dict) -> None:  # type: ignore[type-arg]
-        for key in tracker.desired_keys() - wanted.keys():
-            tracker.delete_desired(key)
-        for key, value in wanted.items():
-            tracker.set_desired(key, value)
 
     def _ensure_device(self, spec: DeviceSpec | None) -> None:
         nl = self.netlink
@@ -370,36 +265,3 @@ class VXLANManager(ManagerBase):
                 continue
             self._neighbours.mark_update_applied(key)
         return errors
-
-    def _apply_routes(self) -> list[str]:
-        errors = []
-        nl = self.netlink
-        if self._datastore_in_sync:
-            for dst in self._kernel_routes.pending_deletions():
-                route = self._kernel_routes.get_dataplane(dst)
-                assert route is not None
-                try:
-                    nl.delete_route(route)
-                except NetlinkError as exc:
-                    if exc.errno != errno.ESRCH:
-                        errors.append(str(exc))
-                        continue
-                self._kernel_routes.mark_deletion_applied(dst)
-        for dst, route in self._kernel_routes.pending_updates():
-            try:
-                nl.replace_route(route)
-            except NetlinkError as exc:
-                errors.append(str(exc))
-                continue
-            self._kernel_routes.mark_update_applied(dst)
-        return errors
-
-    def close(self) -> None:
-        if self._netlink is not None:
-            self._netlink.close()
-            self._netlink = None
-
-    # --- introspection ----------------------------------------------------------------------
-
-    def desired_routes(self) -> dict[str, OverlayRoute]:
-        return dict(self._kernel_routes.iter_desired())
