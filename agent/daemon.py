@@ -87,6 +87,12 @@ IFACE_MONITOR_LIVENESS_TIMEOUT = 60.0
 # Start-up while the datastore cannot be reached: retry with jittered exponential backoff
 # from STARTUP_RETRY_INITIAL_S up to STARTUP_RETRY_MAX_S, reported by this health reporter.
 DATASTORE_REPORTER = "datastore"
+# Not ready until the dataplane exists and has programmed the first complete state: the
+# dataplane reporter is registered (never reported, so not ready) before health is first
+# served, and replaced by the dataplane loop's own in `_run`. Without it readiness would
+# answer 200 between reading the datastore's configuration and building the dataplane
+# (BPF programs compiling, or failing to load and the agent exiting).
+DATAPLANE_REPORTER = "dataplane"
 STARTUP_RETRY_INITIAL_S = 0.5
 STARTUP_RETRY_MAX_S = 10.0
 
@@ -409,6 +415,7 @@ class Agent:
         health = HealthAggregator(timeout_overrides=dict(local.health_timeout_overrides))
         self._health = health
         health.register(DATASTORE_REPORTER, live=False, ready=True)
+        health.register(DATAPLANE_REPORTER, live=False, ready=True)
         try:
             self._serve_health(health, local)
             config = self.wait_for_datastore_config(health)
@@ -457,7 +464,8 @@ class Agent:
         # the datastore's layer may set HealthTimeoutOverrides: it counts from here on
         health.set_timeout_overrides(dict(config.health_timeout_overrides))
         calc_health = health.register("calc-graph", timeout=CALC_GRAPH_LIVENESS_TIMEOUT)
-        dp_health = health.register("dataplane", timeout=config.dataplane_watchdog_timeout)
+        dp_health = health.register(DATAPLANE_REPORTER,
+                                    timeout=config.dataplane_watchdog_timeout)
         monitor_health = None
         if self._monitor_interfaces:
             monitor_health = health.register("iface-monitor", ready=False,

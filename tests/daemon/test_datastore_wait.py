@@ -19,7 +19,7 @@ import pytest
 
 from pyfelix.agent import daemon
 from pyfelix.agent.config import ConfigError
-from pyfelix.agent.daemon import DATASTORE_REPORTER, Agent, AgentOptions
+from pyfelix.agent.daemon import DATAPLANE_REPORTER, DATASTORE_REPORTER, Agent, AgentOptions
 from pyfelix.agent.datastore import open_datastore, parse_datastore_url
 from pyfelix.agent.health import HealthAggregator
 from pyfelix.agent.syncer.backoff import Backoff
@@ -168,7 +168,7 @@ def test_run_stopped_while_waiting_exits_0_and_serves_readiness_503(
         assert not server.aggregator.is_ready()
         assert server.aggregator.is_live()
         summary = server.aggregator.summary()
-        assert list(summary) == [DATASTORE_REPORTER]
+        assert list(summary) == [DATASTORE_REPORTER, DATAPLANE_REPORTER]
         assert (summary[DATASTORE_REPORTER]["live"], summary[DATASTORE_REPORTER]["ready"]) \
             == (True, False)
     finally:
@@ -228,3 +228,29 @@ def test_kubernetes_errors_split_into_unavailable_and_refused(error: Any,
            if error == "unavailable" else http_error(error, "{}", "GET /apis/x"))
     assert isinstance(_client_error(exc), DatastoreUnavailable) is retryable
     assert isinstance(_client_error(exc), DatastoreClientError)
+
+
+def test_not_ready_between_reading_the_config_and_the_dataplane_programming(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The datastore answered but the dataplane is still being built (BPF programs
+    compiling) or fails to build: readiness stays 503 and names the dataplane. (It answered
+    200 here before: only the datastore reporter existed until the dataplane loop's.)"""
+    monkeypatch.setattr(daemon, "HealthServer", _FakeHealthServer)
+    _FakeHealthServer.instances = []
+    seen: list[tuple[bool, list[str]]] = []
+
+    def failing_factory(config: Any) -> Any:
+        server = _FakeHealthServer.instances[-1]
+        seen.append((server.aggregator.is_ready(), server.aggregator.readiness_problems()))
+        raise RuntimeError("BPF program failed to load: verifier rejected calico_from_wep")
+
+    monkeypatch.setattr(daemon, "datastore_felix_config", _FlakyDatastore(failures=0))
+    agent = Agent(AgentOptions(parse_datastore_url("etcd3://127.0.0.1:1"), "node1",
+                               environ={"FELIX_HEALTHENABLED": "true",
+                                        "FELIX_HEALTHPORT": "9199"}),
+                  managers_factory=failing_factory)
+    with pytest.raises(RuntimeError, match="failed to load"):
+        agent.run()
+    [(ready, problems)] = seen
+    assert not ready
+    assert any(p.startswith(DATAPLANE_REPORTER) for p in problems), problems
