@@ -16,6 +16,7 @@ machine, and is reported rather than asserted (speed targets live in benchmarks)
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import subprocess
@@ -29,11 +30,16 @@ from pyfelix.lab.agents import AgentProcesses
 from pyfelix.lab.flows import read_records
 from pyfelix.lab.netns import in_netns
 from pyfelix.lab.runner import LabRunner
+from pyfelix.lab.topology import HOST_SIDE_MAC, POD_IFNAME
 
 REPO = Path(__file__).resolve().parents[3]
 FLOOD_SOURCE = REPO / "pyfelix" / "bench" / "c" / "flow_flood.c"
 RATE, SECONDS = 100_000, 5
-SENDERS = 2  # one generator per core, each half the rate, disjoint destination ports
+PACED_RATE = 102_000  # 2% over RATE: a generator that keeps up measures above RATE
+FRAMES = PACED_RATE * SECONDS  # one new flow each
+SENDER_CPUS = (0,)  # one generator per CPU listed, each its share of the rate
+RT_PRIORITY = 1  # SCHED_FIFO, as a NIC's softirq would preempt the machine's other tasks
+STRAY_FRAMES = 16  # other frames the scanner may send meanwhile (none expected)
 HEALTH_PORT, METRICS_PORT = 9099, 9091
 POLL_TIMEOUT = 5.0  # one health answer may take this long under the flood
 
@@ -63,12 +69,38 @@ FLOOD_AGENT_ENV = {"FELIX_HEALTHENABLED": "true", "FELIX_HEALTHHOST": "127.0.0.1
                    "FELIX_PROMETHEUSMETRICSHOST": "127.0.0.1"}
 
 
+@dataclass(frozen=True)
+class LinkCounters:
+    """One interface's kernel counters (`ip -s`): what crossed it, what it dropped."""
+
+    rx_packets: int
+    rx_dropped: int
+    tx_packets: int
+    tx_dropped: int
+
+    def __sub__(self, before: LinkCounters) -> LinkCounters:
+        return LinkCounters(self.rx_packets - before.rx_packets,
+                            self.rx_dropped - before.rx_dropped,
+                            self.tx_packets - before.tx_packets,
+                            self.tx_dropped - before.tx_dropped)
+
+
+def _link_counters(netns: str, ifname: str) -> LinkCounters:
+    proc = subprocess.run(["ip", "-n", netns, "-j", "-s", "link", "show", "dev", ifname],
+                          capture_output=True, text=True, check=True, timeout=30)
+    [link] = json.loads(proc.stdout)
+    stats = link["stats64"]
+    return LinkCounters(stats["rx"]["packets"], stats["rx"]["dropped"],
+                        stats["tx"]["packets"], stats["tx"]["dropped"])
+
+
 @dataclass
 class FloodResult:
     dataplane: str
-    sent: int
-    seconds: float
+    sent: int  # the generators' count of frames the kernel accepted
+    seconds: float  # the slowest generator's time to send its share
     send_errors: int
+    host: LinkCounters  # the scanner's host-side veth during the flood: the kernel's count
     dropped: float
     polls: list[tuple[float, int | str]]
     records: list[dict[str, Any]]  # the flood's records (scanner -> api, UDP)
@@ -77,11 +109,22 @@ class FloodResult:
 
     def check(self) -> None:
         logged = sum(r["policy_packets"] for r in self.records)
-        print(f"\n{self.dataplane}: sent {self.sent} packets in {self.seconds} s "
-              f"({self.sent / self.seconds:,.0f}/s, {self.send_errors} send errors); logged "
+        delivered = self.host.rx_packets
+        offered = delivered / self.seconds
+        print(f"\n{self.dataplane}: {delivered:,} new flows reached the node in "
+              f"{self.seconds} s: {offered:,.0f}/s offered (kernel-counted, host-side veth "
+              f"rx; generators: {self.sent:,} sent, {self.send_errors} send errors; veth "
+              f"drops rx {self.host.rx_dropped} tx {self.host.tx_dropped}); logged "
               f"{logged:,} in {len(self.records)} records; dropped {self.dropped:,.0f}; "
               f"health polls {len(self.polls)}, slowest "
               f"{max(t for t, _ in self.polls) * 1000:.0f} ms")
+        # the flood really happened at the rate: every frame crossed the veth (the kernel's
+        # count, a few frames of other traffic aside) within SECONDS of pacing
+        assert self.sent == FRAMES and self.seconds >= SECONDS - 0.01, (
+            self.sent, self.seconds)
+        assert FRAMES <= delivered <= FRAMES + STRAY_FRAMES, (delivered, FRAMES)
+        assert offered >= RATE, (f"offered {offered:,.0f} new flows/s < {RATE:,}: the "
+                                 f"generators fell behind", self.seconds)
         assert self.polls and all(status == 200 for _, status in self.polls), self.polls
         assert len(self.polls) >= SECONDS, self.polls  # it kept answering through the flood
         # api's ingress denied every flood packet (the scanner's egress profile allowed each
@@ -101,9 +144,11 @@ def flood_and_check(lab: LabRunner, agents: AgentProcesses, dataplane: str,
                     workdir: Path) -> FloodResult:
     """Run the flood against a lab of calico-gnp-order whose agents write flow logs and
     serve health and metrics (FLOOD_AGENT_ENV); poll health throughout; gather what
-    `FloodResult.check()` asserts. Call inside the lab, after its steps."""
+    `FloodResult.check()` asserts, with the kernel's count of the frames that reached the
+    node (the scanner's host-side veth). Call inside the lab, after its steps."""
     flood = workdir / "flow_flood"
-    subprocess.run(["gcc", "-O2", "-o", str(flood), str(FLOOD_SOURCE)], check=True, timeout=120)
+    subprocess.run(["gcc", "-O2", "-Wall", "-o", str(flood), str(FLOOD_SOURCE)], check=True,
+                   timeout=120)
     [node] = lab.topology.nodes.values()
     scanner, api = lab.topology.pods["prod/scanner"], lab.topology.pods["prod/api"]
     dropped_before = _dropped(node.netns)
@@ -122,14 +167,18 @@ def flood_and_check(lab: LabRunner, agents: AgentProcesses, dataplane: str,
 
     poller = threading.Thread(target=poll_health, daemon=True)
     poller.start()
+    host_before = _link_counters(node.netns, scanner.host_ifname)
     flood_started = time.time()
     senders = [subprocess.Popen(
-        ["nsenter", f"--net=/run/netns/{scanner.netns}", str(flood), str(scanner.spec.ip),
-         str(api.spec.ip), str(RATE // SENDERS), str(SECONDS), "64", str(1 + 64 * i)],
+        ["nsenter", f"--net=/run/netns/{scanner.netns}", "chrt", "-f", str(RT_PRIORITY),
+         str(flood), POD_IFNAME, HOST_SIDE_MAC, str(scanner.spec.ip), str(api.spec.ip),
+         str(PACED_RATE // len(SENDER_CPUS)), str(FRAMES // len(SENDER_CPUS)), "64",
+         str(1 + 64 * i), str(cpu)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(SENDERS)]
-    outputs = [proc.communicate(timeout=SECONDS + 60) for proc in senders]
+        for i, cpu in enumerate(SENDER_CPUS)]
+    outputs = [proc.communicate(timeout=3 * SECONDS + 60) for proc in senders]
     flood_ended = time.time()
+    host = _link_counters(node.netns, scanner.host_ifname) - host_before
     time.sleep(3)  # flushes every second: the flood's last records and drop counts
     stop.set()
     poller.join(timeout=POLL_TIMEOUT + 1)
@@ -141,7 +190,7 @@ def flood_and_check(lab: LabRunner, agents: AgentProcesses, dataplane: str,
     return FloodResult(
         dataplane, sent=sum(int(f[0]) for f in figures),
         seconds=max(float(f[1]) for f in figures),
-        send_errors=sum(int(f[2]) for f in figures),
+        send_errors=sum(int(f[2]) for f in figures), host=host,
         dropped=_dropped(node.netns) - dropped_before, polls=polls, records=records,
         during=[r for r in records if flood_started - 1 <= r["start_time"] <= flood_ended],
         after=lab.run_probes(lab.scenario.probes, step=99))
