@@ -4,8 +4,8 @@ ring buffer; iptables: the NFLOG rules), one lab per dataplane:
   json` (the real CLI over the agent's flows.log) with the probe's action and the deciding
   policy rule, reported by the destination's ingress policy (the source's egress is its
   profile's allow), with the pods named; and in the lab's own join (`collect_flows`);
-- a flood of new flows leaves the agent responsive with its drops counted
-  (flow_flood.py says how);
+- a flood of 100,000 new flows a second for 5 s (the rate counted by the kernel) leaves the
+  agent responsive with its drops counted (flow_flood.py says how);
 - the allowed probe's flow ends with its packet and byte counts: BPF when the conntrack
   cleaner deletes the closed flow's entries (FIN timeout 30 s, cleaner every second here),
   iptables on conntrack's destroy events (the node namespace's TCP closing timeouts cut to
