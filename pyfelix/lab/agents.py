@@ -295,12 +295,16 @@ class AgentProcesses:
     def _check_ipip_support(self, topology: LabTopology) -> None:
         """An IPIP pool on a kernel without IPIP (no tunl0, `type ipip` unknown) could never
         become ready: say so at once (AgentStartError) instead of timing out later. Probed
-        by adding and removing an ipip link in the first node's namespace."""
+        by adding and removing an ipip link in the first node's namespace. The link has
+        endpoints of its own (TEST-NET-1, never used): one without any would have the same
+        parameters as the namespace's tunl0, which the kernel makes in every namespace once
+        the ipip module is loaded, and be refused with EEXIST on a kernel that has IPIP."""
         ipip = sorted(name for _, name, mode in self._pools() if mode == "ipip")
         if not ipip or not topology.nodes:
             return
         netns = topology.nodes[sorted(topology.nodes)[0]].netns
-        done = subprocess.run(["ip", "-n", netns, "link", "add", "pfipipchk", "type", "ipip"],
+        done = subprocess.run(["ip", "-n", netns, "link", "add", "pfipipchk", "type", "ipip",
+                               "local", "192.0.2.1", "remote", "192.0.2.2"],
                               capture_output=True, text=True, timeout=10)
         if done.returncode != 0:
             raise AgentStartError(

@@ -10,7 +10,8 @@ Role: the lab's orchestration and its hook for the agents. The life of a run:
 
 Inputs: a `Scenario`, a `NodeAgents` implementation (default `NoAgents`), switches for who
 programs node routes (`program_routes`) and whether cross-node routes are static
-(`static_cross_node_routes`, until BIRD provides them), the probe timeout.
+(`static_cross_node_routes`, until BIRD provides them), the probe timeout, how long to
+wait for the agents' sync (`sync_timeout`, 60 s; longer on an emulated CPU).
 Outputs: `ProbeResult`s and a `LabReport` with timings; `topology` (namespace names, node
 underlay IPs, interface names) and `datastore_dir` for agents, BIRD and tests.
 
@@ -164,6 +165,7 @@ class LabRunner:
         program_routes: bool = True,
         static_cross_node_routes: bool = False,
         probe_timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        sync_timeout: float = DEFAULT_SYNC_TIMEOUT_SECONDS,
         interface_prefix: str = naming.DEFAULT_INTERFACE_PREFIX,
         state_root: Path = naming.RUN_STATE_ROOT,
         bpffs_root: Path = naming.BPFFS_ROOT,
@@ -176,6 +178,7 @@ class LabRunner:
         self.dataplane = dataplane
         self.program_routes = program_routes
         self.static_cross_node_routes = static_cross_node_routes
+        self.sync_timeout = sync_timeout
         self.run_id = run_id or naming.new_run_id()
         self.bpffs_root = bpffs_root
         self.sweep_first = sweep_first
@@ -347,8 +350,10 @@ class LabRunner:
             for node in self.topology.nodes.values():
                 rules.sync(node.netns, frontends_for(docs, node.name))
 
-    def wait_in_sync(self, timeout: float = DEFAULT_SYNC_TIMEOUT_SECONDS) -> None:
-        """Poll the agents until they report in-sync; `LabSyncTimeout` after `timeout`."""
+    def wait_in_sync(self, timeout: float | None = None) -> None:
+        """Poll the agents until they report in-sync; `LabSyncTimeout` after `timeout`
+        (default: the runner's `sync_timeout`)."""
+        timeout = self.sync_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         with self._timed("sync_s"):
             while not self.agents.is_in_sync():

@@ -6,7 +6,8 @@ is the logic they rely on, quickly and without VM tooling installed:
 - the kernel matrix: JUnit parsing, the table, and its pass rule (every kernel ran the same
   non-empty set of tests and all passed; a test missing on one kernel fails it); the one-shot
   VM's QEMU command has no network device at all, never writes the box, and asks for KVM only
-  when told to;
+  when told to; `--vm-only` (`make vm-overlay`) runs the selection in the VM alone and fails
+  on a skip there;
 - the box carries every Debian package scripts/setup.sh installs (so setup.sh never calls
   apt in a VM, which has no route out);
 - the lab's probe check: the demo's expected verdicts before and after policy, a wrong,
@@ -180,3 +181,42 @@ def test_probe_check_reports_a_wrong_a_missing_and_a_never_cross_node_probe() ->
     assert "no probe from a pod on node1 to a pod on node2" in problems
     with pytest.raises(ValueError, match="phase"):
         check_probes.expected_result("during", "a/b", "c/d", 1, "TCP")
+
+
+def _fake_box(tmp_path: Path) -> Path:
+    box = tmp_path / "box"
+    box.mkdir()
+    for name in ("vmlinuz", "initrd.img", "rootfs.raw"):
+        (box / name).write_bytes(b"")
+    return box
+
+
+@pytest.mark.parametrize(("vm_outcome", "code"), [("passed", 0), ("skipped", 1), ("failed", 1)])
+def test_vm_only_runs_the_selection_in_the_vm_alone(
+        vm_outcome: str, code: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make vm-overlay`: the host's kernel (no IPIP) is not asked; the VM's column must pass,
+    and a test the VM skipped (e.g. no IPIP there either) fails the run."""
+    guest_calls: list[tuple[str, ...]] = []
+
+    def host(*_args: object) -> object:
+        raise AssertionError("--vm-only ran the host's pytest")
+
+    def guest(box: Path, work: Path, accel: str, pytest_args: list[str], *_rest: object) -> object:
+        guest_calls.append(tuple(pytest_args))
+        return _run("vm 6.1", test_ipip=vm_outcome, test_vxlan="passed")
+
+    monkeypatch.setattr(kernel_matrix, "run_host", host)
+    monkeypatch.setattr(kernel_matrix, "run_guest", guest)
+    argv = ["--box", str(_fake_box(tmp_path)), "--accel", "qemu", "--vm-only",
+            "--keep", str(tmp_path / "work"), "--", "-q", "tests/x.py"]
+    assert kernel_matrix.main(argv) == code
+    assert guest_calls == [("-q", "tests/x.py")]
+
+
+def test_make_vm_overlay_runs_the_overlay_labs_in_the_vm_only() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    recipe = re.search(r"^vm-overlay:.*\n((?:\t.*\n)+)", makefile, re.M)
+    assert recipe, "Makefile has no vm-overlay target"
+    command = recipe.group(1).replace("\\\n", " ")
+    assert "kernel_matrix.py" in command and "--vm-only" in command
+    assert "tests/privileged/lab/test_lab_overlay.py" in command

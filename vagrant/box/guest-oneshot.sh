@@ -20,6 +20,8 @@ mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 results /mnt/results |
   echo "project unpacked in $(($(date +%s) - t0)) s"
   cd /root/pyfelix
   mapfile -t args </mnt/results/pytest-args
+  # lab tests: agents compiling BPF with BCC on an emulated CPU (TCG) take minutes to sync
+  export PYFELIX_LAB_SYNC_TIMEOUT=600
   t0=$(date +%s)
   PYTHONPATH=/root/pyfelix PYTHONDONTWRITEBYTECODE=1 /opt/pyfelix-venv/bin/python -m pytest \
     -p no:cacheprovider --junitxml=/mnt/results/guest.xml "${args[@]}"
