@@ -17,6 +17,7 @@ import click
 
 OUTPUT_FORMATS = ("table", "json")
 DATAPLANES = ("bpf", "iptables")
+IP_FAMILIES = ("ipv4", "ipv6", "dual")  # as lab.family.IP_FAMILIES (the CLI imports lazily)
 NO_AGENT_NOTICE = (
     "notice: --no-agent: no agent runs, so no policy is enforced: the scenario's resources "
     "are only written to the lab datastore, and every probe to a listening port comes out "
@@ -98,6 +99,10 @@ def command() -> None:
 @click.option("--flow-logs/--no-flow-logs", default=True, show_default=True,
               help="Agents write flow logs; each probe reports what they recorded about it "
                    "(`flow`: action and deciding policy).")
+@click.option("--ip-family", type=click.Choice(IP_FAMILIES), default="ipv4",
+              show_default=True,
+              help="Pods' addresses and probes: IPv4, IPv6 (each lab address and CIDR "
+                   "mapped to its IPv6 twin) or both (every probe runs over each family).")
 def run_command(
     scenario_file: str,
     dataplane: str,
@@ -108,6 +113,7 @@ def run_command(
     hold: float,
     typha: bool,
     flow_logs: bool,
+    ip_family: str,
 ) -> None:
     """Build SCENARIO_FILE's topology, run its steps and probes, tear everything down.
 
@@ -118,11 +124,13 @@ def run_command(
       pyfelix lab run tests/lab/scenarios/calico-gnp-order.yaml -o json
       pyfelix lab run my.yaml --probe-timeout 0.5
       pyfelix lab run my.yaml --dataplane iptables --typha
+      pyfelix lab run tests/lab/scenarios/two-node-policy.yaml --ip-family dual -o json
     """
+    from pyfelix.lab.family import apply_ip_family
     from pyfelix.lab.scenario import ScenarioError, load_scenario
 
     try:
-        scenario = load_scenario(scenario_file)
+        scenario = apply_ip_family(load_scenario(scenario_file), ip_family)
     except ScenarioError as exc:
         raise click.ClickException(str(exc)) from exc
     _require_root()
@@ -153,11 +161,13 @@ def run_command(
         flows = any(r.flows_collected for r in report.results)  # agents wrote flow logs
         rows = [
             [str(r.step), r.probe.source, r.probe.target, str(r.probe.port), r.probe.protocol,
-             r.result, r.probe.expect or "-", *([_flow_cell(r)] if flows else []),
+             *([f"v{r.probe.family}"] if ip_family != "ipv4" else []), r.result,
+             r.probe.expect or "-", *([_flow_cell(r)] if flows else []),
              "MISMATCH" if r.mismatch else ""]
             for r in report.results
         ]
-        headers = ["STEP", "FROM", "TO", "PORT", "PROTO", "RESULT", "EXPECT",
+        headers = ["STEP", "FROM", "TO", "PORT", "PROTO",
+                   *(["FAMILY"] if ip_family != "ipv4" else []), "RESULT", "EXPECT",
                    *(["FLOW LOG"] if flows else []), ""]
         click.echo(_format_table(headers, rows))
         timings = ", ".join(f"{k} {v:.3f}" for k, v in report.timings.items())
@@ -166,7 +176,8 @@ def run_command(
         _stderr(f"{len(report.mismatches)} probe(s) did not match their expect:")
         for r in report.mismatches:
             p = r.probe
-            _stderr(f"  step {r.step}: {p.source} -> {p.target} {p.port}/{p.protocol}: "
+            _stderr(f"  step {r.step}: {p.source} -> {p.target} {p.port}/{p.protocol} "
+                    f"IPv{p.family}: "
                     f"expected {p.expect}, got {r.result} ({r.detail})")
         sys.exit(1)
 

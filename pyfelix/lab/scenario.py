@@ -96,11 +96,26 @@ class PodSpec:
     ports: tuple[PortSpec, ...] = ()
     # Calico's `cni.projectcalico.org/floatingIPs` annotation: addresses NATed to the pod
     floating_ips: tuple[ipaddress.IPv4Address, ...] = ()
+    # `lab.family`: the IPv6 address (the lab's mapping of `ip`) under --ip-family ipv6/dual,
+    # and whether the pod has `ip` itself (not under ipv6, where `ip` only names the pod's
+    # place in the lab's IPv4 plan the IPv6 address is derived from)
+    ipv6: ipaddress.IPv6Address | None = None
+    has_ipv4: bool = True
 
     @property
     def key(self) -> str:
         """`namespace/name`, the form probes use."""
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def addresses(self) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, ...]:
+        """The addresses the pod really has: IPv4 first, then IPv6."""
+        v4 = (self.ip,) if self.has_ipv4 else ()
+        return v4 + ((self.ipv6,) if self.ipv6 is not None else ())
+
+    def address(self, family: int) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+        """The pod's address of IP version `family` (4 or 6), None when it has none."""
+        return next((a for a in self.addresses if a.version == family), None)
 
 
 @dataclass(frozen=True)
@@ -109,10 +124,15 @@ class ProbeSpec:
 
     source: str
     target: str
-    target_ip: ipaddress.IPv4Address
+    target_ip: ipaddress.IPv4Address | ipaddress.IPv6Address
     port: int
     protocol: str
     expect: str | None = None
+
+    @property
+    def family(self) -> int:
+        """IP version the probe runs over (4 or 6): its target address's."""
+        return self.target_ip.version
 
 
 @dataclass(frozen=True)
@@ -138,6 +158,8 @@ class Scenario:
     steps: tuple[Step, ...]
     # The top-level `resources` as written (also step 0's `apply` when `steps` is absent).
     resources: tuple[dict[str, Any], ...] = ()
+    # --ip-family the scenario was prepared for (`lab.family.apply_ip_family`)
+    ip_family: str = "ipv4"
 
     def pod(self, key: str) -> PodSpec:
         for pod in self.pods:

@@ -1,0 +1,265 @@
+"""The lab's IP families: one mapping from the lab's IPv4 plan to IPv6, used everywhere.
+
+Role: prepare a validated `Scenario` for `--ip-family ipv4|ipv6|dual` (`apply_ip_family`).
+Every lab address and every CIDR a scenario names is IPv4; under `ipv6` or `dual` each one
+gets its IPv6 twin by ONE function, `ipv6_for` / `ipv6_network_for`: the IPv4 address is
+embedded in the low 32 bits of the lab's ULA /96, `LAB_IPV6_PREFIX`:
+
+    10.65.1.10     -> fd65:6c61:6200::a41:10a      (printed as hex, never dotted)
+    10.65.0.0/16   -> fd65:6c61:6200::a41:0/112    (prefix length + 96)
+    198.18.0.1/15  -> fd65:6c61:6200::c612:1/111   (node underlay)
+
+Because the mapping is one injective function that keeps prefix containment (a in N iff
+ipv6_for(a) in ipv6_network_for(N)), a rewritten scenario gives the same verdicts as the
+original by construction: every selector, port and label is unchanged and every CIDR test
+has the same answer.
+
+What is rewritten (inputs: the scenario's pods, probes and resource documents):
+- pods: `ipv6` = the twin of the pod's (explicit or allocated) IPv4 address; under `ipv6`
+  the pod has only that address (`has_ipv4` False), under `dual` both;
+- probes: under `ipv6` each probe targets the IPv6 twin of its target; under `dual` each
+  probe runs twice, IPv4 then IPv6 (`ProbeSpec.family` says which);
+- CIDRs in resources: Calico rules' `nets`/`notNets`, NetworkSet/GlobalNetworkSet `nets`,
+  HostEndpoint `expectedIPs`, Kubernetes `ipBlock` (`cidr`, `except`), rule `ipVersion`,
+  IPPool `cidr` (and `blockSize` + 96). Under `ipv6` they are replaced; under `dual` the
+  IPv6 twin is added beside the IPv4 one (lists get both; a Kubernetes ipBlock peer is
+  followed by its twin peer; an IPPool gets a twin pool `<name>-v6`; a rule with
+  `ipVersion: 4` stays IPv4 only, as written).
+Nodes: the topology gives each node (and the `external` client) the twin of its underlay
+address beside the IPv4 one under `ipv6` and `dual`, and the Node resource carries it as
+`spec.bgp.ipv6Address`, so confd renders IPv6 BGP sessions. The IPv4 underlay stays even
+under `ipv6`: confd needs `spec.bgp.ipv4Address` (BIRD's router id) to run BGP at all.
+
+Out of scope, refused with `ScenarioError` naming the scenario and the resource (never
+skipped silently): Services and EndpointSlices (the BPF NAT is IPv4 only), floating IPs,
+and IP pools with VXLAN or IPIP encapsulation (no IPv6 overlay in the lab).
+
+Easy to get wrong: `ipaddress` prints an IPv6 address with an embedded IPv4 tail as hex
+(fd65:6c61:6200::a41:10a), which is what the kernel, BIRD and flow logs print too; compare
+addresses as objects, never as text in another notation.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import ipaddress
+from collections.abc import Callable
+from typing import Any
+
+from pyfelix.lab.scenario import (
+    EXTERNAL_CLIENT_IP,
+    ProbeSpec,
+    Scenario,
+    ScenarioError,
+    Step,
+)
+
+IP_FAMILIES = ("ipv4", "ipv6", "dual")
+DEFAULT_IP_FAMILY = "ipv4"
+LAB_IPV6_PREFIX = ipaddress.IPv6Network("fd65:6c61:6200::/96")  # "lab" in the ULA's bytes
+IPV6_PREFIX_EXTRA = 128 - 32  # prefix length added to an IPv4 CIDR's
+# The pods' IPv6 gateway, as Calico's CNI plugin sets it: the link-local address the
+# kernel derives (EUI-64) from the host-side veth's fixed MAC ee:ee:ee:ee:ee:ee.
+POD_GATEWAY6 = ipaddress.IPv6Address("fe80::ecee:eeff:feee:eeee")
+REFUSED_KINDS = ("Service", "EndpointSlice")
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def families(ip_family: str) -> tuple[int, ...]:
+    """IP versions a lab of `ip_family` runs: (4,), (6,) or (4, 6)."""
+    return {"ipv4": (4,), "ipv6": (6,), "dual": (4, 6)}[ip_family]
+
+
+def ipv6_for(address: ipaddress.IPv4Address) -> ipaddress.IPv6Address:
+    """The lab's IPv6 twin of an IPv4 address (embedded in `LAB_IPV6_PREFIX`)."""
+    return ipaddress.IPv6Address(int(LAB_IPV6_PREFIX.network_address) | int(address))
+
+
+def ipv6_network_for(network: ipaddress.IPv4Network) -> ipaddress.IPv6Network:
+    """The lab's IPv6 twin of an IPv4 CIDR: same bits after the /96, prefix length + 96."""
+    return ipaddress.IPv6Network(
+        (ipv6_for(network.network_address), network.prefixlen + IPV6_PREFIX_EXTRA))
+
+
+def ipv6_interface_for(interface: ipaddress.IPv4Interface) -> ipaddress.IPv6Interface:
+    """The twin of an address with its prefix length (an underlay address, say)."""
+    return ipaddress.IPv6Interface(
+        (ipv6_for(interface.ip), interface.network.prefixlen + IPV6_PREFIX_EXTRA))
+
+
+def twin_text(text: str) -> str | None:
+    """The IPv6 twin of an IPv4 address or CIDR written as text (a CIDR keeps its `/n`
+    form, a bare address stays bare); None when `text` is not IPv4 (IPv6 already, or not
+    an address: the resource model reports that)."""
+    try:
+        if "/" in text:
+            net = ipaddress.ip_network(text, strict=False)
+            if isinstance(net, ipaddress.IPv4Network):
+                host = ipaddress.IPv4Address(text.split("/", 1)[0])
+                return f"{ipv6_for(host)}/{net.prefixlen + IPV6_PREFIX_EXTRA}"
+            return None
+        addr = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    return str(ipv6_for(addr)) if isinstance(addr, ipaddress.IPv4Address) else None
+
+
+def external_client_ipv6() -> ipaddress.IPv6Interface:
+    """The `external` probe client's IPv6 address on the underlay bridge."""
+    return ipv6_interface_for(EXTERNAL_CLIENT_IP)
+
+
+# --- scenario --------------------------------------------------------------------------
+
+
+def apply_ip_family(scenario: Scenario, ip_family: str) -> Scenario:
+    """`scenario` prepared for `ip_family` (see the module docstring); `ipv4` returns it
+    unchanged. ScenarioError when the scenario uses something the lab cannot run over
+    IPv6, naming the scenario and each such resource."""
+    if ip_family not in IP_FAMILIES:
+        raise ValueError(f"ip family must be one of {list(IP_FAMILIES)}, not {ip_family!r}")
+    if ip_family == "ipv4":
+        return scenario
+    problems = _unsupported(scenario)
+    if problems:
+        raise ScenarioError(scenario.name, [f"{p} (--ip-family {ip_family})" for p in problems])
+    dual = ip_family == "dual"
+    pods = tuple(dataclasses.replace(p, ipv6=ipv6_for(p.ip), has_ipv4=dual)
+                 for p in scenario.pods)
+    steps = tuple(Step(apply=rewrite_documents(step.apply, ip_family),
+                       delete=step.delete,
+                       probes=_probes_for(step.probes, ip_family))
+                  for step in scenario.steps)
+    return dataclasses.replace(scenario, pods=pods, steps=steps,
+                               resources=rewrite_documents(scenario.resources, ip_family),
+                               ip_family=ip_family)
+
+
+def _unsupported(scenario: Scenario) -> list[str]:
+    problems = [f"pods: {p.key}: floatingIPs: floating IPs are IPv4 only in the lab"
+                for p in scenario.pods if p.floating_ips]
+    documents = [*scenario.resources, *(d for s in scenario.steps for d in s.apply)]
+    seen: set[tuple[str, str]] = set()
+    for doc in documents:
+        kind = str(doc.get("kind"))
+        meta = doc.get("metadata") or {}
+        name = "/".join(str(x) for x in (meta.get("namespace"), meta.get("name")) if x)
+        if (kind, name) in seen:
+            continue
+        seen.add((kind, name))
+        spec = doc.get("spec") or {}
+        if kind in REFUSED_KINDS:
+            problems.append(f"{kind} {name}: Services are IPv4 only (the BPF NAT has no IPv6)")
+        elif kind == "IPPool" and any(str(spec.get(mode, "Never")) != "Never"
+                                      for mode in ("vxlanMode", "ipipMode")):
+            problems.append(f"IPPool {name}: spec.vxlanMode/ipipMode: encapsulation over "
+                            "IPv6 is not supported by the lab")
+    return problems
+
+
+def _probes_for(probes: tuple[ProbeSpec, ...], ip_family: str) -> tuple[ProbeSpec, ...]:
+    out: list[ProbeSpec] = []
+    for probe in probes:
+        twin = dataclasses.replace(probe, target_ip=ipv6_for(probe.target_ip))  # type: ignore[arg-type]
+        out.extend((probe, twin) if ip_family == "dual" else (twin,))
+    return tuple(out)
+
+
+# --- resources -------------------------------------------------------------------------
+
+
+def rewrite_documents(documents: tuple[dict[str, Any], ...],
+                      ip_family: str) -> tuple[dict[str, Any], ...]:
+    """Every document with its CIDRs rewritten (`ipv6`) or twinned (`dual`); IPPools are
+    replaced (`ipv6`) or joined by a twin `<name>-v6` (`dual`). Documents are copied."""
+    dual = ip_family == "dual"
+    out: list[dict[str, Any]] = []
+    for original in documents:
+        doc = copy.deepcopy(original)
+        if doc.get("kind") == "IPPool":
+            twin = _pool_twin(doc)
+            out.extend((doc, twin) if dual else (twin,))
+            continue
+        _rewrite(doc, dual)
+        out.append(doc)
+    return tuple(out)
+
+
+def _pool_twin(pool: dict[str, Any]) -> dict[str, Any]:
+    twin = copy.deepcopy(pool)
+    spec = twin.setdefault("spec", {})
+    cidr = twin_text(str(spec.get("cidr", "")))
+    if cidr is None:
+        return twin  # already IPv6, or bad: the resource model says so
+    spec["cidr"] = cidr
+    if isinstance(spec.get("blockSize"), int):
+        spec["blockSize"] += IPV6_PREFIX_EXTRA
+    twin["metadata"] = {**twin.get("metadata", {}),
+                        "name": f"{twin['metadata']['name']}-v6"}
+    return twin
+
+
+_CIDR_LIST_KEYS = ("nets", "notNets", "expectedIPs")
+
+
+def _rewrite(node: Any, dual: bool) -> None:
+    """Rewrite in place, walking mappings and lists."""
+    if isinstance(node, list):
+        for item in node:
+            _rewrite(item, dual)
+        _twin_ip_block_peers(node, dual)
+        return
+    if not isinstance(node, dict):
+        return
+    for key, value in node.items():
+        if key in _CIDR_LIST_KEYS and isinstance(value, list):
+            node[key] = _cidr_list(value, dual)
+        elif key == "ipBlock" and isinstance(value, dict) and not dual:
+            _ip_block_to_v6(value)
+        elif key == "ipVersion" and value == 4 and not dual:
+            node[key] = 6
+        else:
+            _rewrite(value, dual)
+
+
+def _cidr_list(values: list[Any], dual: bool) -> list[Any]:
+    out: list[Any] = []
+    for value in values:
+        twin = twin_text(value) if isinstance(value, str) else None
+        if twin is None:
+            out.append(value)
+        else:
+            out.extend((value, twin) if dual else (twin,))
+    return out
+
+
+def _ip_block_to_v6(block: dict[str, Any]) -> None:
+    _map_text(block, "cidr", twin_text)
+    if isinstance(block.get("except"), list):
+        block["except"] = [twin_text(x) or x if isinstance(x, str) else x
+                           for x in block["except"]]
+
+
+def _map_text(mapping: dict[str, Any], key: str, fn: Callable[[str], str | None]) -> None:
+    value = mapping.get(key)
+    if isinstance(value, str):
+        mapping[key] = fn(value) or value
+
+
+def _twin_ip_block_peers(items: list[Any], dual: bool) -> None:
+    """Under `dual`, each Kubernetes peer `{ipBlock: {...}}` (IPv4) in a from/to list is
+    followed by its IPv6 twin peer (an ipBlock holds one CIDR)."""
+    if not dual:
+        return
+    index = 0
+    while index < len(items):
+        item = items[index]
+        block = item.get("ipBlock") if isinstance(item, dict) else None
+        if isinstance(block, dict) and twin_text(str(block.get("cidr", ""))) is not None:
+            twin = copy.deepcopy(item)
+            _ip_block_to_v6(twin["ipBlock"])
+            items.insert(index + 1, twin)
+            index += 1
+        index += 1

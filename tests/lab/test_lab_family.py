@@ -1,0 +1,123 @@
+"""`lab.family`: one IPv4 -> IPv6 mapping for the lab, and scenarios prepared per family."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+import pytest
+
+from pyfelix.lab.datastore import topology_documents
+from pyfelix.lab.family import (
+    apply_ip_family,
+    ipv6_for,
+    ipv6_network_for,
+    rewrite_documents,
+    twin_text,
+)
+from pyfelix.lab.scenario import ScenarioError, load_scenario, parse_scenario
+from pyfelix.lab.topology import plan_topology
+
+SCENARIOS = Path(__file__).parent / "scenarios"
+V4 = ipaddress.IPv4Address
+V4N = ipaddress.IPv4Network
+
+
+def test_mapping_is_injective_and_keeps_containment() -> None:
+    assert str(ipv6_for(V4("10.65.1.10"))) == "fd65:6c61:6200::a41:10a"
+    assert str(ipv6_network_for(V4N("10.65.0.0/16"))) == "fd65:6c61:6200::a41:0/112"
+    net = V4N("10.65.1.0/24")
+    for text, inside in (("10.65.1.200", True), ("10.65.2.1", False), ("10.64.1.1", False)):
+        address = V4(text)
+        assert (address in net) is inside
+        assert (ipv6_for(address) in ipv6_network_for(net)) is inside
+    assert len({ipv6_for(V4(f"10.65.0.{i}")) for i in range(256)}) == 256
+
+
+def test_twin_text_keeps_the_written_form_and_leaves_non_ipv4_alone() -> None:
+    assert twin_text("10.65.1.0/24") == "fd65:6c61:6200::a41:100/120"
+    assert twin_text("10.65.1.7") == "fd65:6c61:6200::a41:107"
+    assert twin_text("fd00::/64") is None
+    assert twin_text("not-a-cidr") is None
+
+
+RESOURCES = (
+    {"kind": "GlobalNetworkSet", "metadata": {"name": "s"},
+     "spec": {"nets": ["10.65.0.0/24", "fd00::/64"]}},
+    {"kind": "NetworkPolicy", "metadata": {"name": "p", "namespace": "x"},
+     "spec": {"ingress": [{"action": "Deny", "ipVersion": 4,
+                           "source": {"notNets": ["10.65.0.3/32"]}}]}},
+    {"kind": "NetworkPolicy", "apiVersion": "networking.k8s.io/v1",
+     "metadata": {"name": "k", "namespace": "x"},
+     "spec": {"ingress": [{"from": [{"ipBlock": {"cidr": "10.65.0.0/16",
+                                                 "except": ["10.65.0.3/32"]}},
+                                    {"podSelector": {}}]}]}},
+    {"kind": "IPPool", "metadata": {"name": "pool"},
+     "spec": {"cidr": "10.65.0.0/16", "blockSize": 26}},
+)
+
+
+def test_ipv6_replaces_every_cidr_and_the_pool() -> None:
+    netset, calico, k8s, pool = rewrite_documents(RESOURCES, "ipv6")
+    assert netset["spec"]["nets"] == ["fd65:6c61:6200::a41:0/120", "fd00::/64"]
+    rule = calico["spec"]["ingress"][0]
+    assert rule["ipVersion"] == 6
+    assert rule["source"]["notNets"] == ["fd65:6c61:6200::a41:3/128"]
+    peers = k8s["spec"]["ingress"][0]["from"]
+    assert peers[0] == {"ipBlock": {"cidr": "fd65:6c61:6200::a41:0/112",
+                                    "except": ["fd65:6c61:6200::a41:3/128"]}}
+    assert pool["metadata"]["name"] == "pool-v6"
+    assert pool["spec"] == {"cidr": "fd65:6c61:6200::a41:0/112", "blockSize": 122}
+    assert RESOURCES[0]["spec"]["nets"][0] == "10.65.0.0/24"  # the input is not changed
+
+
+def test_dual_adds_each_twin_beside_the_original() -> None:
+    netset, calico, k8s, pool, pool6 = rewrite_documents(RESOURCES, "dual")
+    assert netset["spec"]["nets"] == ["10.65.0.0/24", "fd65:6c61:6200::a41:0/120",
+                                      "fd00::/64"]
+    assert calico["spec"]["ingress"][0]["ipVersion"] == 4  # an IPv4-only rule stays so
+    peers = k8s["spec"]["ingress"][0]["from"]
+    assert [p.get("ipBlock", {}).get("cidr") for p in peers] == [
+        "10.65.0.0/16", "fd65:6c61:6200::a41:0/112", None]
+    assert (pool["spec"]["cidr"], pool6["spec"]["cidr"]) == (
+        "10.65.0.0/16", "fd65:6c61:6200::a41:0/112")
+
+
+def test_scenario_pods_probes_and_nodes_per_family() -> None:
+    base = load_scenario(SCENARIOS / "two-node-policy.yaml")
+    assert apply_ip_family(base, "ipv4") is base
+    dual = apply_ip_family(base, "dual")
+    a = dual.pod("x/a")
+    assert a.addresses == (a.ip, ipv6_for(a.ip))
+    assert [p.family for p in dual.probes] == [4, 6] * len(base.probes)
+    assert [p.expect for p in dual.probes[::2]] == [p.expect for p in dual.probes[1::2]]
+    only6 = apply_ip_family(base, "ipv6")
+    assert only6.pod("x/a").addresses == (ipv6_for(a.ip),)
+    assert {p.family for p in only6.probes} == {6}
+    topology = plan_topology("pf000001", only6)
+    docs = topology_documents(only6, topology)
+    node = next(d for d in docs if d["kind"] == "Node")
+    assert node["spec"]["bgp"] == {"ipv4Address": "198.18.0.1/15",
+                                   "ipv6Address": "fd65:6c61:6200::c612:1/111"}
+    pod = next(d for d in docs if d["kind"] == "Pod" and d["metadata"]["name"] == "a")
+    assert pod["status"]["podIPs"] == [{"ip": "fd65:6c61:6200::a41:1"}]
+    assert pod["metadata"]["annotations"]["cni.projectcalico.org/podIPs"] == \
+        "fd65:6c61:6200::a41:1/128"
+
+
+def test_services_floating_ips_and_overlays_are_refused_by_name() -> None:
+    with pytest.raises(ScenarioError) as caught:
+        apply_ip_family(load_scenario(SCENARIOS / "services-clusterip.yaml"), "dual")
+    assert "Service shop/web" in str(caught.value)
+    assert "services-clusterip" in str(caught.value)
+    with pytest.raises(ScenarioError, match=r"IPPool vxlan-pool.*vxlanMode"):
+        apply_ip_family(parse_scenario({
+            "namespaces": [{"name": "x"}],
+            "pods": [{"namespace": "x", "name": "a"}],
+            "resources": [{"kind": "IPPool", "metadata": {"name": "vxlan-pool"},
+                           "spec": {"cidr": "10.65.0.0/16", "vxlanMode": "Always"}}]}), "ipv6")
+    with pytest.raises(ScenarioError, match="x/a: floatingIPs"):
+        apply_ip_family(parse_scenario({
+            "namespaces": [{"name": "x"}],
+            "pods": [{"namespace": "x", "name": "a", "floatingIPs": ["10.65.200.1"]}]}),
+            "ipv6")
