@@ -19,12 +19,16 @@ What is rewritten (inputs: the scenario's pods, probes and resource documents):
   the pod has only that address (`has_ipv4` False), under `dual` both;
 - probes: under `ipv6` each probe targets the IPv6 twin of its target; under `dual` each
   probe runs twice, IPv4 then IPv6 (`ProbeSpec.family` says which);
-- CIDRs in resources: Calico rules' `nets`/`notNets`, NetworkSet/GlobalNetworkSet `nets`,
-  HostEndpoint `expectedIPs`, Kubernetes `ipBlock` (`cidr`, `except`), rule `ipVersion`,
-  IPPool `cidr` (and `blockSize` + 96). Under `ipv6` they are replaced; under `dual` the
-  IPv6 twin is added beside the IPv4 one (lists get both; a Kubernetes ipBlock peer is
-  followed by its twin peer; an IPPool gets a twin pool `<name>-v6`; a rule with
-  `ipVersion: 4` stays IPv4 only, as written).
+- CIDRs in resources: NetworkSet/GlobalNetworkSet `nets`, HostEndpoint `expectedIPs`,
+  Kubernetes `ipBlock` (`cidr`, `except`), IPPool `cidr` (and `blockSize` + 96). Under
+  `ipv6` they are replaced; under `dual` the IPv6 twin is added beside the IPv4 one
+  (lists get both; a Kubernetes ipBlock peer is followed by its twin peer; an IPPool gets
+  a twin pool `<name>-v6`).
+- Calico rules: under `ipv6` their `nets`/`notNets` are mapped, `ipVersion: 4` becomes 6,
+  ICMP becomes ICMPv6 with the counterpart type (echo request 8 -> 128, ...). Under `dual`
+  a rule naming IPv4 CIDRs or ICMP becomes two rules, the original pinned to ipVersion 4
+  and its IPv6 twin pinned to ipVersion 6 (one rule may not mix families); a rule already
+  pinned to `ipVersion: 4` stays IPv4-only, as written.
 Nodes: the topology gives each node (and the `external` client) the twin of its underlay
 address beside the IPv4 one under `ipv6` and `dual`, and the Node resource carries it as
 `spec.bgp.ipv6Address`, so confd renders IPv6 BGP sessions. The IPv4 underlay stays even
@@ -65,6 +69,18 @@ POD_GATEWAY6 = ipaddress.IPv6Address("fe80::ecee:eeff:feee:eeee")
 REFUSED_KINDS = ("Service", "EndpointSlice")
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+class IpFamilyUnsupported(ScenarioError):
+    """The scenario uses what the lab cannot run over IPv6; names each resource."""
+
+    def __init__(self, scenario: str, ip_family: str, problems: list[str]) -> None:
+        super().__init__(scenario, problems)
+        lines = "\n".join(f"  {p}" for p in self.problems)
+        self.args = (f"scenario {scenario} cannot run with --ip-family {ip_family}:\n{lines}",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 def families(ip_family: str) -> tuple[int, ...]:
@@ -124,7 +140,7 @@ def apply_ip_family(scenario: Scenario, ip_family: str) -> Scenario:
         return scenario
     problems = _unsupported(scenario)
     if problems:
-        raise ScenarioError(scenario.name, [f"{p} (--ip-family {ip_family})" for p in problems])
+        raise IpFamilyUnsupported(scenario.name, ip_family, problems)
     dual = ip_family == "dual"
     pods = tuple(dataclasses.replace(p, ipv6=ipv6_for(p.ip), has_ipv4=dual)
                  for p in scenario.pods)
@@ -202,6 +218,11 @@ def _pool_twin(pool: dict[str, Any]) -> dict[str, Any]:
 
 
 _CIDR_LIST_KEYS = ("nets", "notNets", "expectedIPs")
+_RULE_LIST_KEYS = ("ingress", "egress")
+# ICMP types and their ICMPv6 counterparts (echo reply/request, destination unreachable,
+# time exceeded, parameter problem); a type without one keeps its number
+ICMP_TO_ICMPV6_TYPE = {0: 129, 8: 128, 3: 1, 11: 3, 12: 4}
+_ICMP = ("ICMP", "icmp", 1)
 
 
 def _rewrite(node: Any, dual: bool) -> None:
@@ -214,7 +235,10 @@ def _rewrite(node: Any, dual: bool) -> None:
     if not isinstance(node, dict):
         return
     for key, value in node.items():
-        if key in _CIDR_LIST_KEYS and isinstance(value, list):
+        if key in _RULE_LIST_KEYS and isinstance(value, list):
+            node[key] = _calico_rules(value, dual)
+            _rewrite([r for r in node[key] if not _is_calico_rule(r)], dual)
+        elif key in _CIDR_LIST_KEYS and isinstance(value, list):
             node[key] = _cidr_list(value, dual)
         elif key == "ipBlock" and isinstance(value, dict) and not dual:
             _ip_block_to_v6(value)
@@ -222,6 +246,64 @@ def _rewrite(node: Any, dual: bool) -> None:
             node[key] = 6
         else:
             _rewrite(value, dual)
+
+
+def _is_calico_rule(rule: object) -> bool:
+    return isinstance(rule, dict) and "action" in rule
+
+
+def _family_bound(rule: dict[str, Any]) -> bool:
+    """Does the rule name ICMP or IPv4 CIDRs (so it matches one family only)?"""
+    if rule.get("protocol") in _ICMP or rule.get("notProtocol") in _ICMP \
+            or "icmp" in rule or "notICMP" in rule:
+        return True
+    return any(isinstance(text, str) and twin_text(text) is not None
+               for side in ("source", "destination")
+               for key in ("nets", "notNets")
+               for text in ((rule.get(side) or {}).get(key) or []))
+
+
+def _to_ipv6_rule(rule: dict[str, Any]) -> dict[str, Any]:
+    """The rule's IPv6 twin: CIDRs mapped, ICMP -> ICMPv6 (types mapped by
+    ICMP_TO_ICMPV6_TYPE), ipVersion 4 -> 6."""
+    twin = copy.deepcopy(rule)
+    for key in ("protocol", "notProtocol"):
+        if twin.get(key) in _ICMP:
+            twin[key] = "ICMPv6"
+    for key in ("icmp", "notICMP"):
+        fields = twin.get(key)
+        if isinstance(fields, dict) and isinstance(fields.get("type"), int):
+            fields["type"] = ICMP_TO_ICMPV6_TYPE.get(fields["type"], fields["type"])
+    for side in ("source", "destination"):
+        entity = twin.get(side)
+        if isinstance(entity, dict):
+            for key in ("nets", "notNets"):
+                if isinstance(entity.get(key), list):
+                    entity[key] = _cidr_list(entity[key], dual=False)
+    if twin.get("ipVersion") == 4:
+        twin["ipVersion"] = 6
+    return twin
+
+
+def _calico_rules(rules: list[Any], dual: bool) -> list[Any]:
+    """Calico rules: under `ipv6` each becomes its IPv6 twin. Under `dual`, a rule that
+    names ICMP or IPv4 CIDRs becomes two, the original pinned to `ipVersion: 4` and its
+    twin to `ipVersion: 6`, in that order: one rule may not mix the families' CIDRs
+    (Calico's validator refuses it, and so does the agent's model), and a `notProtocol:
+    ICMP` rule left unpinned would match every IPv6 packet. A rule already pinned to
+    ipVersion 4 stays IPv4-only under `dual`, as written. Kubernetes rules (no `action`)
+    are left to the walk (`ipBlock`)."""
+    out: list[Any] = []
+    for rule in rules:
+        if not _is_calico_rule(rule):
+            out.append(rule)
+        elif not dual:
+            out.append(_to_ipv6_rule(rule))
+        elif rule.get("ipVersion") in (4, 6) or not _family_bound(rule):
+            out.append(rule)
+        else:
+            out.extend(({**rule, "ipVersion": 4}, {**_to_ipv6_rule(rule), "ipVersion": 6}))
+    return out
 
 
 def _cidr_list(values: list[Any], dual: bool) -> list[Any]:

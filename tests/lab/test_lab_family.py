@@ -75,7 +75,14 @@ def test_dual_adds_each_twin_beside_the_original() -> None:
     netset, calico, k8s, pool, pool6 = rewrite_documents(RESOURCES, "dual")
     assert netset["spec"]["nets"] == ["10.65.0.0/24", "fd65:6c61:6200::a41:0/120",
                                       "fd00::/64"]
-    assert calico["spec"]["ingress"][0]["ipVersion"] == 4  # an IPv4-only rule stays so
+    assert calico["spec"]["ingress"] == RESOURCES[1]["spec"]["ingress"]  # pinned to 4: kept
+    [unpinned] = rewrite_documents(({"kind": "NetworkPolicy", "metadata": {"name": "p"},
+                                     "spec": {"egress": [{"action": "Deny", "destination": {
+                                         "nets": ["10.65.3.0/24"]}}]}},), "dual")
+    assert unpinned["spec"]["egress"] == [  # a rule may not mix families: twinned
+        {"action": "Deny", "destination": {"nets": ["10.65.3.0/24"]}, "ipVersion": 4},
+        {"action": "Deny", "destination": {"nets": ["fd65:6c61:6200::a41:300/120"]},
+         "ipVersion": 6}]
     peers = k8s["spec"]["ingress"][0]["from"]
     assert [p.get("ipBlock", {}).get("cidr") for p in peers] == [
         "10.65.0.0/16", "fd65:6c61:6200::a41:0/112", None]
@@ -121,3 +128,22 @@ def test_services_floating_ips_and_overlays_are_refused_by_name() -> None:
             "namespaces": [{"name": "x"}],
             "pods": [{"namespace": "x", "name": "a", "floatingIPs": ["10.65.200.1"]}]}),
             "ipv6")
+
+
+def test_icmp_rules_map_to_icmpv6_and_are_pinned_per_family_in_dual() -> None:
+    policy = ({"kind": "GlobalNetworkPolicy", "metadata": {"name": "p"},
+               "spec": {"ingress": [{"action": "Allow", "protocol": "ICMP",
+                                     "icmp": {"type": 8}},
+                                    {"action": "Deny", "notProtocol": "ICMP"},
+                                    {"action": "Allow", "protocol": "TCP"}]}},)
+    [only6] = rewrite_documents(policy, "ipv6")
+    assert only6["spec"]["ingress"] == [
+        {"action": "Allow", "protocol": "ICMPv6", "icmp": {"type": 128}},
+        {"action": "Deny", "notProtocol": "ICMPv6"}, {"action": "Allow", "protocol": "TCP"}]
+    [dual] = rewrite_documents(policy, "dual")
+    assert dual["spec"]["ingress"] == [
+        {"action": "Allow", "protocol": "ICMP", "icmp": {"type": 8}, "ipVersion": 4},
+        {"action": "Allow", "protocol": "ICMPv6", "icmp": {"type": 128}, "ipVersion": 6},
+        {"action": "Deny", "notProtocol": "ICMP", "ipVersion": 4},
+        {"action": "Deny", "notProtocol": "ICMPv6", "ipVersion": 6},
+        {"action": "Allow", "protocol": "TCP"}]
