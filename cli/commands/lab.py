@@ -238,7 +238,10 @@ def conformance_command(args: tuple[str, ...]) -> None:
 @click.option("--dataplane", type=click.Choice(DATAPLANES), default="bpf", show_default=True)
 @click.option("--probe-timeout", type=click.FloatRange(min=0.05, max=30.0), default=0.5,
               show_default=True)
-def demo_command(dataplane: str, probe_timeout: float) -> None:
+@click.option("--ip-family", type=click.Choice(IP_FAMILIES), default="ipv4",
+              show_default=True,
+              help="dual: the dual-stack matrix, every pod port probed over IPv4 and IPv6.")
+def demo_command(dataplane: str, probe_timeout: float, ip_family: str) -> None:
     """Run the built-in demo: who can reach whom before and after policy, and the maps.
 
     Two nodes (BGP between them), four pods in three namespaces, one Kubernetes
@@ -250,13 +253,15 @@ def demo_command(dataplane: str, probe_timeout: float) -> None:
     Examples:
       pyfelix lab demo
       pyfelix lab demo --dataplane iptables
+      pyfelix lab demo --ip-family dual
     """
     from pyfelix.lab.demo import DEMO_SCENARIO, matrix_column, run_demo
+    from pyfelix.lab.family import apply_ip_family
     from pyfelix.lab.runner import LabInterrupted
     from pyfelix.lab.scenario import load_scenario
 
     _require_root()
-    scenario = load_scenario(DEMO_SCENARIO)
+    scenario = apply_ip_family(load_scenario(DEMO_SCENARIO), ip_family)
     try:
         report = run_demo(scenario, dataplane=dataplane, probe_timeout=probe_timeout,
                           interface_prefix=_interface_prefix(), progress=_stderr)
@@ -264,7 +269,7 @@ def demo_command(dataplane: str, probe_timeout: float) -> None:
         _stderr(f"lab: interrupted by {signal.Signals(exc.signum).name}; torn down")
         sys.exit(128 + exc.signum)
     click.echo(f"scenario {scenario.name}: {len(scenario.nodes)} nodes, {len(scenario.pods)} "
-               f"pods, {dataplane} dataplane; rows = from, columns = to\n")
+               f"pods, {dataplane} dataplane, {ip_family}; rows = from, columns = to\n")
     for title, matrix in (("BEFORE policy (cluster only):", report.before),
                           (f"AFTER {len(scenario.resources)} policy resource(s):",
                            report.after)):
@@ -281,7 +286,8 @@ def demo_command(dataplane: str, probe_timeout: float) -> None:
             click.echo(f"  ... {len(rows) - 12} more (pyfelix bpf {name.split()[0]} dump)")
         click.echo("")
     click.echo("FLOW LOGS of the probes after policy (what the nodes recorded):")
-    rows = [[r.probe.source, matrix_column(r.probe), r.result, _flow_cell(r),
+    rows = [[r.probe.source, matrix_column(r.probe, ip_family != "ipv4"), r.result,
+             _flow_cell(r),
              str((r.flow or {}).get("reporter", "-"))] for r in report.flows]
     click.echo(_format_table(["FROM", "TO", "PROBE", "FLOW LOG (ACTION POLICY)", "REPORTER"],
                              rows) + "\n")
