@@ -7,7 +7,9 @@ Inputs: a file path (`load_scenario`) or already-loaded YAML data (`parse_scenar
 Outputs: `Scenario` with defaults filled in: nodes default to `[node1]`, a pod's node to the
 first node, a pod's IP is allocated from 10.65.0.0/16 when absent (in pod order, skipping
 explicit addresses), protocols default to TCP, named probe ports are resolved against the
-target pod. Probe sources: a pod, `node/NAME` (a host-networked client in that node's
+target pod. Everything is parsed in the lab's IPv4 plan; `lab.family.apply_ip_family`
+prepares the parsed scenario for --ip-family ipv6 / dual (`PodSpec.ipv6`, `has_ipv4`,
+`ProbeSpec.family`, `Scenario.ip_family`). Probe sources: a pod, `node/NAME` (a host-networked client in that node's
 namespace) or `external` (the underlay's own namespace, EXTERNAL_CLIENT_IP, which runs no
 agent); targets: a pod, an IPv4 address, or `node/NAME` (that node's underlay address, for
 NodePorts). `resources` + `probes` become a single step 0, so consumers only see `steps`.
