@@ -15,8 +15,10 @@ original by construction: every selector, port and label is unchanged and every 
 has the same answer.
 
 What is rewritten (inputs: the scenario's pods, probes and resource documents):
-- pods: `ipv6` = the twin of the pod's (explicit or allocated) IPv4 address; under `ipv6`
-  the pod has only that address (`has_ipv4` False), under `dual` both;
+- pods: `ipv6` = the twin of the pod's (explicit or allocated) IPv4 address, or the IPv6
+  address its `ip:` names (refused under `ipv4`; policies naming it are not rewritten:
+  they are IPv6 already); under `ipv6` the pod has only that address (`has_ipv4` False),
+  under `dual` both; two pods may not end up with one IPv6 address;
 - probes: under `ipv6` each probe targets the IPv6 twin of its target; under `dual` each
   probe runs twice, IPv4 then IPv6 (`ProbeSpec.family` says which);
 - CIDRs in resources: NetworkSet/GlobalNetworkSet `nets`, HostEndpoint `expectedIPs`,
@@ -137,16 +139,28 @@ def apply_ip_family(scenario: Scenario, ip_family: str) -> Scenario:
     if ip_family not in IP_FAMILIES:
         raise ValueError(f"ip family must be one of {list(IP_FAMILIES)}, not {ip_family!r}")
     if ip_family == "ipv4":
+        given = [f"pods: {p.key}: ip: {p.ipv6_given} is IPv6: run with --ip-family ipv6 "
+                 "or dual" for p in scenario.pods if p.ipv6_given is not None]
+        if given:
+            raise IpFamilyUnsupported(scenario.name, ip_family, given)
         return scenario
     problems = _unsupported(scenario)
+    dual = ip_family == "dual"
+    pods = tuple(dataclasses.replace(p, ipv6=p.ipv6_given or ipv6_for(p.ip), has_ipv4=dual)
+                 for p in scenario.pods)
+    owners: dict[ipaddress.IPv6Address | None, str] = {}
+    for pod in pods:
+        if pod.ipv6 in owners:
+            problems.append(f"pods: {pod.key}: ip: {pod.ipv6} is also {owners[pod.ipv6]}'s "
+                            "IPv6 address (lab.family maps IPv4 addresses into "
+                            f"{LAB_IPV6_PREFIX})")
+        owners.setdefault(pod.ipv6, pod.key)
     if problems:
         raise IpFamilyUnsupported(scenario.name, ip_family, problems)
-    dual = ip_family == "dual"
-    pods = tuple(dataclasses.replace(p, ipv6=ipv6_for(p.ip), has_ipv4=dual)
-                 for p in scenario.pods)
+    ipv6_of = {p.key: p.ipv6 for p in pods}
     steps = tuple(Step(apply=rewrite_documents(step.apply, ip_family),
                        delete=step.delete,
-                       probes=_probes_for(step.probes, ip_family))
+                       probes=_probes_for(step.probes, ip_family, ipv6_of))
                   for step in scenario.steps)
     return dataclasses.replace(scenario, pods=pods, steps=steps,
                                resources=rewrite_documents(scenario.resources, ip_family),
@@ -175,10 +189,14 @@ def _unsupported(scenario: Scenario) -> list[str]:
     return problems
 
 
-def _probes_for(probes: tuple[ProbeSpec, ...], ip_family: str) -> tuple[ProbeSpec, ...]:
+def _probes_for(probes: tuple[ProbeSpec, ...], ip_family: str,
+                ipv6_of: dict[str, ipaddress.IPv6Address | None]) -> tuple[ProbeSpec, ...]:
+    """Each probe over IPv6 (to the target pod's IPv6 address, else the twin of its
+    target address), after its IPv4 self under `dual`."""
     out: list[ProbeSpec] = []
     for probe in probes:
-        twin = dataclasses.replace(probe, target_ip=ipv6_for(probe.target_ip))  # type: ignore[arg-type]
+        target6 = ipv6_of.get(probe.target) or ipv6_for(probe.target_ip)  # type: ignore[arg-type]
+        twin = dataclasses.replace(probe, target_ip=target6)
         out.extend((probe, twin) if ip_family == "dual" else (twin,))
     return tuple(out)
 

@@ -147,3 +147,25 @@ def test_icmp_rules_map_to_icmpv6_and_are_pinned_per_family_in_dual() -> None:
         {"action": "Deny", "notProtocol": "ICMP", "ipVersion": 4},
         {"action": "Deny", "notProtocol": "ICMPv6", "ipVersion": 6},
         {"action": "Allow", "protocol": "TCP"}]
+
+
+def test_an_ipv6_pod_ip_is_that_pods_address_under_ipv6_and_dual_only() -> None:
+    data = {"namespaces": [{"name": "x"}],
+            "pods": [{"namespace": "x", "name": "a", "ip": "fd00:1::7",
+                      "ports": [{"port": 80}]},
+                     {"namespace": "x", "name": "b"}],
+            "probes": [{"from": "x/b", "to": "x/a", "port": 80}]}
+    scenario = parse_scenario(data)
+    assert scenario.pod("x/a").ipv6_given == ipaddress.IPv6Address("fd00:1::7")
+    dual = apply_ip_family(scenario, "dual")
+    a = dual.pod("x/a")
+    assert a.addresses == (a.ip, ipaddress.IPv6Address("fd00:1::7"))  # IPv4 allocated
+    assert [str(p.target_ip) for p in dual.probes] == [str(a.ip), "fd00:1::7"]
+    with pytest.raises(ScenarioError, match="x/a: ip: fd00:1::7 is IPv6"):
+        apply_ip_family(scenario, "ipv4")
+    clash = parse_scenario({**data, "pods": [
+        {"namespace": "x", "name": "a", "ip": "10.65.0.9"},
+        {"namespace": "x", "name": "b", "ip": str(ipv6_for(V4("10.65.0.9")))}],
+        "probes": []})
+    with pytest.raises(ScenarioError, match=r"x/b: ip: .* is also x/a's IPv6 address"):
+        apply_ip_family(clash, "ipv6")
