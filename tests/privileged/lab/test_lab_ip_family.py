@@ -1,7 +1,11 @@
-"""Issue 18's lab line 2 (the small slice `make test` runs; the full scenario x family x
-dataplane matrix is `make test-matrix`, tests/matrix): a two-node IPv6-ONLY lab connects
-pods across nodes over routes BIRD learned over IPv6 BGP, with policy by CIDR enforced
-across nodes, on both dataplanes.
+"""Issue 18's IPv6 slice of `make test` (the full scenario x family x dataplane matrix and
+the whole conformance suite per family are `make test-matrix`, tests/matrix).
+
+1. A two-node IPv6-ONLY lab connects pods across nodes over routes BIRD learned over IPv6
+   BGP, with policy by CIDR enforced across nodes, on both dataplanes.
+2. A dual-stack conformance slice on both dataplanes: the cases whose rules name CIDRs,
+   ICMP types and ipBlocks (what `lab.family` rewrites, and where the families could
+   disagree), every cell probed over IPv4 and over IPv6, zero mismatches.
 
 `two-node-ipv6-bgp` under `--ip-family ipv6`: the pods have only their IPv6 twin addresses
 (lab.family), the nodes have IPv6 underlay addresses and Node `spec.bgp.ipv6Address`, so
@@ -23,6 +27,7 @@ from typing import Any
 import pytest
 
 from pyfelix.lab.agents import AgentProcesses
+from pyfelix.lab.conformance.__main__ import run_conformance
 from pyfelix.lab.family import apply_ip_family
 from pyfelix.lab.runner import LabRunner
 from pyfelix.lab.scenario import load_scenario
@@ -73,4 +78,25 @@ def test_ipv6_only_two_nodes_over_ipv6_bgp_with_policy(dataplane: str,
                            for r in covering), covering
             static = _ip_json(node.netns, "-6", "route", "show", "proto", "static")
             assert static == [], f"{name}: the lab programmed IPv6 routes itself: {static}"
+    root_guard.check()
+
+
+DUAL_SLICE = ("k8s-ipblock-except-host", "calico-nets-and-not-nets", "calico-icmp-type")
+
+
+@pytest.mark.parametrize("dataplane", ["bpf", "iptables"])
+def test_dual_stack_conformance_slice(dataplane: str, root_guard: Any,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    report = run_conformance([dataplane], case_patterns=DUAL_SLICE, ip_family="dual")
+    text = report.format_text()
+    with capsys.disabled():
+        print(f"\n[dual slice] {text}")
+    outcome = report.outcomes[0]
+    assert outcome.error is None, text
+    assert [c.case.name for c in outcome.cases] == list(DUAL_SLICE)
+    assert not outcome.mismatches, text
+    cells = [r.cell for c in outcome.cases for r in c.results]
+    assert {c.family for c in cells} == {4, 6}
+    assert sum(c.family == 6 for c in cells) == sum(c.family == 4 for c in cells)
+    assert {r.got for c in outcome.cases for r in c.results} == {True, False}
     root_guard.check()
