@@ -169,3 +169,41 @@ def test_an_ipv6_pod_ip_is_that_pods_address_under_ipv6_and_dual_only() -> None:
         "probes": []})
     with pytest.raises(ScenarioError, match=r"x/b: ip: .* is also x/a's IPv6 address"):
         apply_ip_family(clash, "ipv6")
+
+
+def test_conformance_plan_per_family_maps_pods_cases_and_cells() -> None:
+    from pyfelix.lab.conformance import ALL_CASES
+    from pyfelix.lab.conformance.case import select_cases
+    from pyfelix.lab.conformance.plan import build_plan
+
+    cases = select_cases(ALL_CASES, ["calico-not-nets"])
+    plan4 = build_plan(cases)
+    dual = build_plan(cases, ip_family="dual")
+    assert dual.probe_count == 2 * plan4.probe_count
+    cell6 = next(c for c in dual.steps[0].cells if c.family == 6)
+    assert cell6.target_ip.version == 6
+    assert dual.scenario.ip_family == "dual"
+    pods = [d for d in dual.base_documents.values() if d["kind"] == "Pod"]
+    assert all(len(p["status"]["podIPs"]) == 2 for p in pods)
+    applied = [d for step in dual.scenario.steps for d in step.apply
+               if d["kind"] == "GlobalNetworkPolicy"]
+    rules = applied[0]["spec"]["ingress"]
+    assert [r.get("ipVersion") for r in rules] == [4, 6]
+    assert dual.scenario_data == plan4.scenario_data | {"steps": dual.scenario_data["steps"]}
+
+
+def test_icmpv6_reply_and_unreachable_are_told_apart() -> None:
+    import struct
+
+    from pyfelix.lab.conformance.probes import classify6, echo_request6
+
+    target = "fd65:6c61:6200::a41:10a"
+    request = echo_request6(7, 9, b"tok")
+    reply = bytes([129, 0, 0, 0]) + struct.pack("!HH", 7, 9) + b"tok"
+    assert classify6(reply, target, target, 7, 9, b"tok") == "echoed"
+    assert classify6(reply, "fd65:6c61:6200::a41:10b", target, 7, 9, b"tok") is None
+    assert classify6(reply, target, target, 8, 9, b"tok") is None
+    inner = bytes(24) + ipaddress.IPv6Address(target).packed + request
+    unreachable = bytes([1, 1, 0, 0, 0, 0, 0, 0]) + inner
+    assert classify6(unreachable, "fd65:6c61:6200::c612:1", target, 7, 9, b"tok") \
+        == "unreachable"
