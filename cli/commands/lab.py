@@ -296,6 +296,9 @@ def demo_command(dataplane: str, probe_timeout: float, ip_family: str) -> None:
         click.echo(f"EXPLAIN the first denial (*): pyfelix explain --from {p.source} --to "
                    f"{p.target} --port {p.port} --protocol {p.protocol}")
         click.echo(report.explain_output.rstrip() + "\n")
+    elif ip_family == "ipv6":
+        click.echo("EXPLAIN: not shown under --ip-family ipv6 (pyfelix explain explains IPv4 "
+                   "flows only)\n")
     timings = ", ".join(f"{k} {v:.3f}" for k, v in report.timings.items())
     click.echo(f"timings (s): {timings}")
 

@@ -88,10 +88,11 @@ class DemoReport:
 
 
 def first_new_denial(before: list[ProbeResult], after: list[ProbeResult]) -> ProbeSpec | None:
-    """The first probe allowed before policy and denied after (the first starred cell)."""
+    """The first IPv4 probe allowed before policy and denied after (the first starred
+    IPv4 cell): `pyfelix explain` explains IPv4 flows only."""
     was = {(r.probe.source, matrix_column(r.probe, True)): r.result for r in before}
     for r in after:
-        if r.result == "deny" and was.get((r.probe.source,
+        if r.probe.family == 4 and r.result == "deny" and was.get((r.probe.source,
                                            matrix_column(r.probe, True))) == "allow":
             return r.probe
     return None
