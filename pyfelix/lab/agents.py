@@ -27,7 +27,9 @@ node must also hold a route to every existing pod of the other nodes, from whoev
 that pod's IP pool: BIRD for pools without encapsulation, the agent's VXLAN or IPIP manager
 (by their route protocols) for `vxlanMode` / `ipipMode` pools; with FloatingIPs Enabled
 also a BGP route to each remote pod's floating IPs. The lab's default pool
-(`LAB_IP_POOL`, BGP-routed) is written only when the scenario declares no pool of its own.
+(`LAB_IP_POOL`, BGP-routed) is written only when the scenario declares no pool of its own;
+under --ip-family ipv6 / dual (`lab.family`) its IPv6 twin too (ipv6: only the twin), and
+the readiness check looks for each remote pod's IPv6 address in `ip -6` routes.
 
 Teardown (`stop`): SIGTERM each process group, then SIGKILL after a bound; BIRD through its
 own `stop()`. Agent logs stay in the run directory until the run directory is removed.
