@@ -176,8 +176,8 @@ def run_command(
         _stderr(f"{len(report.mismatches)} probe(s) did not match their expect:")
         for r in report.mismatches:
             p = r.probe
-            _stderr(f"  step {r.step}: {p.source} -> {p.target} {p.port}/{p.protocol} "
-                    f"IPv{p.family}: "
+            family = f" IPv{p.family}" if ip_family != "ipv4" else ""
+            _stderr(f"  step {r.step}: {p.source} -> {p.target} {p.port}/{p.protocol}{family}: "
                     f"expected {p.expect}, got {r.result} ({r.detail})")
         sys.exit(1)
 
