@@ -73,6 +73,7 @@ def command() -> None:
       pyfelix lab run scenario.yaml
       pyfelix lab run scenario.yaml --dataplane bpf -o json
       pyfelix lab run scenario.yaml --hold 600     # keep it up to inspect; Ctrl-C ends
+      pyfelix lab run scenario.yaml --ip-family dual   # every probe over IPv4 and IPv6
       pyfelix lab sweep
       pyfelix lab demo
     """
