@@ -18,7 +18,9 @@ What is rewritten (inputs: the scenario's pods, probes and resource documents):
 - pods: `ipv6` = the twin of the pod's (explicit or allocated) IPv4 address, or the IPv6
   address its `ip:` names (refused under `ipv4`; policies naming it are not rewritten:
   they are IPv6 already); under `ipv6` the pod has only that address (`has_ipv4` False),
-  under `dual` both; two pods may not end up with one IPv6 address;
+  under `dual` both; two pods may not end up with one IPv6 address; when the scenario
+  declares IP pools, every pod's IPv6 address must lie in one of its IPv6 pools (the
+  twins of its IPv4 pools, or its own IPv6 pools, kept as written);
 - probes: under `ipv6` each probe targets the IPv6 twin of its target; under `dual` each
   probe runs twice, IPv4 then IPv6 (`ProbeSpec.family` says which);
 - CIDRs in resources: NetworkSet/GlobalNetworkSet `nets`, HostEndpoint `expectedIPs`,
@@ -55,6 +57,7 @@ from typing import Any
 
 from pyfelix.lab.scenario import (
     EXTERNAL_CLIENT_IP,
+    PodSpec,
     ProbeSpec,
     Scenario,
     ScenarioError,
@@ -155,6 +158,8 @@ def apply_ip_family(scenario: Scenario, ip_family: str) -> Scenario:
                             "IPv6 address (lab.family maps IPv4 addresses into "
                             f"{LAB_IPV6_PREFIX})")
         owners.setdefault(pod.ipv6, pod.key)
+    problems += _outside_ipv6_pools(pods, rewrite_documents(
+        scenario.steps[0].apply if scenario.steps else (), ip_family))
     if problems:
         raise IpFamilyUnsupported(scenario.name, ip_family, problems)
     ipv6_of = {p.key: p.ipv6 for p in pods}
@@ -165,6 +170,32 @@ def apply_ip_family(scenario: Scenario, ip_family: str) -> Scenario:
     return dataclasses.replace(scenario, pods=pods, steps=steps,
                                resources=rewrite_documents(scenario.resources, ip_family),
                                ip_family=ip_family)
+
+
+def _outside_ipv6_pools(pods: tuple[PodSpec, ...],
+                        first_step: tuple[dict[str, Any], ...]) -> list[str]:
+    """When the scenario declares IP pools (then the lab adds no default pool), every pod's
+    IPv6 address must lie in one of the enabled IPv6 pools (the twins of its IPv4 pools,
+    or its own IPv6 pools): BIRD exports only routes inside pools, so a pod outside would
+    never be reached from another node."""
+    pools = [d for d in first_step if d.get("kind") == "IPPool"]
+    if not pools:
+        return []
+    nets: list[ipaddress.IPv6Network] = []
+    for pool in pools:
+        spec = pool.get("spec") or {}
+        try:
+            net = ipaddress.ip_network(str(spec.get("cidr", "")), strict=False)
+        except ValueError:
+            continue
+        if isinstance(net, ipaddress.IPv6Network) and not spec.get("disabled"):
+            nets.append(net)
+    names = ", ".join(f"{p['metadata']['name']} {p.get('spec', {}).get('cidr')}"
+                      for p in pools)
+    return [f"pods: {p.key}: ip: {p.ipv6} is in no enabled IPv6 IPPool ({names}); give the "
+            f"pod an IPv6 ip: inside one, or declare a pool inside {LAB_IPV6_PREFIX} "
+            "(lab.family maps the IPv4 plan there)"
+            for p in pods if p.ipv6 is not None and not any(p.ipv6 in n for n in nets)]
 
 
 def _unsupported(scenario: Scenario) -> list[str]:
@@ -214,19 +245,24 @@ def rewrite_documents(documents: tuple[dict[str, Any], ...],
         doc = copy.deepcopy(original)
         if doc.get("kind") == "IPPool":
             twin = _pool_twin(doc)
-            out.extend((doc, twin) if dual else (twin,))
+            if twin is None:  # an IPv6 (or unparsable) pool: kept as written
+                out.append(doc)
+            else:
+                out.extend((doc, twin) if dual else (twin,))
             continue
         _rewrite(doc, dual)
         out.append(doc)
     return tuple(out)
 
 
-def _pool_twin(pool: dict[str, Any]) -> dict[str, Any]:
+def _pool_twin(pool: dict[str, Any]) -> dict[str, Any] | None:
+    """The IPv6 twin `<name>-v6` of an IPv4 pool; None for any other (IPv6 already, or
+    bad: the resource model says so)."""
     twin = copy.deepcopy(pool)
     spec = twin.setdefault("spec", {})
     cidr = twin_text(str(spec.get("cidr", "")))
     if cidr is None:
-        return twin  # already IPv6, or bad: the resource model says so
+        return None
     spec["cidr"] = cidr
     if isinstance(spec.get("blockSize"), int):
         spec["blockSize"] += IPV6_PREFIX_EXTRA

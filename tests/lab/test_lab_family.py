@@ -207,3 +207,16 @@ def test_icmpv6_reply_and_unreachable_are_told_apart() -> None:
     unreachable = bytes([1, 1, 0, 0, 0, 0, 0, 0]) + inner
     assert classify6(unreachable, "fd65:6c61:6200::c612:1", target, 7, 9, b"tok") \
         == "unreachable"
+
+
+def test_a_scenarios_ipv6_pool_is_kept_and_must_hold_the_pods() -> None:
+    pool6 = {"kind": "IPPool", "metadata": {"name": "v6"}, "spec": {"cidr": "fd00:10::/64"}}
+    pool4 = {"kind": "IPPool", "metadata": {"name": "v4"}, "spec": {"cidr": "10.65.0.0/16"}}
+    base = {"namespaces": [{"name": "x"}],
+            "pods": [{"namespace": "x", "name": "a", "ip": "fd00:10::5"},
+                     {"namespace": "x", "name": "b"}]}
+    with pytest.raises(ScenarioError, match=r"x/b: ip: fd65:6c61:6200::a41:\w+ is in no "):
+        apply_ip_family(parse_scenario({**base, "resources": [pool6]}), "dual")
+    dual = apply_ip_family(parse_scenario({**base, "resources": [pool6, pool4]}), "dual")
+    assert [(d["metadata"]["name"], d["spec"]["cidr"]) for d in dual.resources] == [
+        ("v6", "fd00:10::/64"), ("v4", "10.65.0.0/16"), ("v4-v6", "fd65:6c61:6200::a41:0/112")]
