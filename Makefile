@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test test-bench test-unit test-privileged lint bench clean vm-tools vm-box vm-test vm-matrix vm-overlay
+.PHONY: setup demo test test-bench test-matrix test-unit test-privileged lint bench clean vm-tools vm-box vm-test vm-matrix vm-overlay
 
 setup:
 	@bash scripts/setup.sh
@@ -23,10 +23,17 @@ demo: setup
 # 25-minute budget (25 min 57 s in a fresh clone); `make bench` runs the same code for real.
 test: setup lint
 	$(PY) -m pytest -q tests/privileged/conformance
-	$(PY) -m pytest -q tests --ignore=tests/privileged/conformance --ignore=tests/bench_bpf
+	$(PY) -m pytest -q tests --ignore=tests/privileged/conformance --ignore=tests/bench_bpf \
+		--ignore=tests/matrix
 
 test-bench: setup
 	$(PY) -m pytest -q tests/bench_bpf
+
+# Every lab scenario x IP family (ipv6, dual) x dataplane, and the conformance suite under
+# ipv6 and dual on each dataplane (tests/matrix); `make test` keeps the IPv4 runs and a
+# small IPv6 slice (tests/privileged/lab/test_lab_ip_family.py).
+test-matrix: setup
+	$(PY) -m pytest -q tests/matrix
 
 test-unit: setup
 	$(PY) -m pytest -q -m "not privileged" tests

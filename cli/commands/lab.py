@@ -17,6 +17,7 @@ import click
 
 OUTPUT_FORMATS = ("table", "json")
 DATAPLANES = ("bpf", "iptables")
+IP_FAMILIES = ("ipv4", "ipv6", "dual")  # as lab.family.IP_FAMILIES (the CLI imports lazily)
 NO_AGENT_NOTICE = (
     "notice: --no-agent: no agent runs, so no policy is enforced: the scenario's resources "
     "are only written to the lab datastore, and every probe to a listening port comes out "
@@ -72,6 +73,7 @@ def command() -> None:
       pyfelix lab run scenario.yaml
       pyfelix lab run scenario.yaml --dataplane bpf -o json
       pyfelix lab run scenario.yaml --hold 600     # keep it up to inspect; Ctrl-C ends
+      pyfelix lab run scenario.yaml --ip-family dual   # every probe over IPv4 and IPv6
       pyfelix lab sweep
       pyfelix lab demo
     """
@@ -98,6 +100,10 @@ def command() -> None:
 @click.option("--flow-logs/--no-flow-logs", default=True, show_default=True,
               help="Agents write flow logs; each probe reports what they recorded about it "
                    "(`flow`: action and deciding policy).")
+@click.option("--ip-family", type=click.Choice(IP_FAMILIES), default="ipv4",
+              show_default=True,
+              help="Pods' addresses and probes: IPv4, IPv6 (each lab address and CIDR "
+                   "mapped to its IPv6 twin) or both (every probe runs over each family).")
 def run_command(
     scenario_file: str,
     dataplane: str,
@@ -108,6 +114,7 @@ def run_command(
     hold: float,
     typha: bool,
     flow_logs: bool,
+    ip_family: str,
 ) -> None:
     """Build SCENARIO_FILE's topology, run its steps and probes, tear everything down.
 
@@ -118,11 +125,13 @@ def run_command(
       pyfelix lab run tests/lab/scenarios/calico-gnp-order.yaml -o json
       pyfelix lab run my.yaml --probe-timeout 0.5
       pyfelix lab run my.yaml --dataplane iptables --typha
+      pyfelix lab run tests/lab/scenarios/two-node-policy.yaml --ip-family dual -o json
     """
+    from pyfelix.lab.family import apply_ip_family
     from pyfelix.lab.scenario import ScenarioError, load_scenario
 
     try:
-        scenario = load_scenario(scenario_file)
+        scenario = apply_ip_family(load_scenario(scenario_file), ip_family)
     except ScenarioError as exc:
         raise click.ClickException(str(exc)) from exc
     _require_root()
@@ -153,11 +162,13 @@ def run_command(
         flows = any(r.flows_collected for r in report.results)  # agents wrote flow logs
         rows = [
             [str(r.step), r.probe.source, r.probe.target, str(r.probe.port), r.probe.protocol,
-             r.result, r.probe.expect or "-", *([_flow_cell(r)] if flows else []),
+             *([f"v{r.probe.family}"] if ip_family != "ipv4" else []), r.result,
+             r.probe.expect or "-", *([_flow_cell(r)] if flows else []),
              "MISMATCH" if r.mismatch else ""]
             for r in report.results
         ]
-        headers = ["STEP", "FROM", "TO", "PORT", "PROTO", "RESULT", "EXPECT",
+        headers = ["STEP", "FROM", "TO", "PORT", "PROTO",
+                   *(["FAMILY"] if ip_family != "ipv4" else []), "RESULT", "EXPECT",
                    *(["FLOW LOG"] if flows else []), ""]
         click.echo(_format_table(headers, rows))
         timings = ", ".join(f"{k} {v:.3f}" for k, v in report.timings.items())
@@ -166,7 +177,8 @@ def run_command(
         _stderr(f"{len(report.mismatches)} probe(s) did not match their expect:")
         for r in report.mismatches:
             p = r.probe
-            _stderr(f"  step {r.step}: {p.source} -> {p.target} {p.port}/{p.protocol}: "
+            family = f" IPv{p.family}" if ip_family != "ipv4" else ""
+            _stderr(f"  step {r.step}: {p.source} -> {p.target} {p.port}/{p.protocol}{family}: "
                     f"expected {p.expect}, got {r.result} ({r.detail})")
         sys.exit(1)
 
@@ -227,7 +239,10 @@ def conformance_command(args: tuple[str, ...]) -> None:
 @click.option("--dataplane", type=click.Choice(DATAPLANES), default="bpf", show_default=True)
 @click.option("--probe-timeout", type=click.FloatRange(min=0.05, max=30.0), default=0.5,
               show_default=True)
-def demo_command(dataplane: str, probe_timeout: float) -> None:
+@click.option("--ip-family", type=click.Choice(IP_FAMILIES), default="ipv4",
+              show_default=True,
+              help="dual: the dual-stack matrix, every pod port probed over IPv4 and IPv6.")
+def demo_command(dataplane: str, probe_timeout: float, ip_family: str) -> None:
     """Run the built-in demo: who can reach whom before and after policy, and the maps.
 
     Two nodes (BGP between them), four pods in three namespaces, one Kubernetes
@@ -239,13 +254,15 @@ def demo_command(dataplane: str, probe_timeout: float) -> None:
     Examples:
       pyfelix lab demo
       pyfelix lab demo --dataplane iptables
+      pyfelix lab demo --ip-family dual
     """
     from pyfelix.lab.demo import DEMO_SCENARIO, matrix_column, run_demo
+    from pyfelix.lab.family import apply_ip_family
     from pyfelix.lab.runner import LabInterrupted
     from pyfelix.lab.scenario import load_scenario
 
     _require_root()
-    scenario = load_scenario(DEMO_SCENARIO)
+    scenario = apply_ip_family(load_scenario(DEMO_SCENARIO), ip_family)
     try:
         report = run_demo(scenario, dataplane=dataplane, probe_timeout=probe_timeout,
                           interface_prefix=_interface_prefix(), progress=_stderr)
@@ -253,7 +270,7 @@ def demo_command(dataplane: str, probe_timeout: float) -> None:
         _stderr(f"lab: interrupted by {signal.Signals(exc.signum).name}; torn down")
         sys.exit(128 + exc.signum)
     click.echo(f"scenario {scenario.name}: {len(scenario.nodes)} nodes, {len(scenario.pods)} "
-               f"pods, {dataplane} dataplane; rows = from, columns = to\n")
+               f"pods, {dataplane} dataplane, {ip_family}; rows = from, columns = to\n")
     for title, matrix in (("BEFORE policy (cluster only):", report.before),
                           (f"AFTER {len(scenario.resources)} policy resource(s):",
                            report.after)):
@@ -270,7 +287,8 @@ def demo_command(dataplane: str, probe_timeout: float) -> None:
             click.echo(f"  ... {len(rows) - 12} more (pyfelix bpf {name.split()[0]} dump)")
         click.echo("")
     click.echo("FLOW LOGS of the probes after policy (what the nodes recorded):")
-    rows = [[r.probe.source, matrix_column(r.probe), r.result, _flow_cell(r),
+    rows = [[r.probe.source, matrix_column(r.probe, ip_family != "ipv4"), r.result,
+             _flow_cell(r),
              str((r.flow or {}).get("reporter", "-"))] for r in report.flows]
     click.echo(_format_table(["FROM", "TO", "PROBE", "FLOW LOG (ACTION POLICY)", "REPORTER"],
                              rows) + "\n")
@@ -279,6 +297,9 @@ def demo_command(dataplane: str, probe_timeout: float) -> None:
         click.echo(f"EXPLAIN the first denial (*): pyfelix explain --from {p.source} --to "
                    f"{p.target} --port {p.port} --protocol {p.protocol}")
         click.echo(report.explain_output.rstrip() + "\n")
+    elif ip_family == "ipv6":
+        click.echo("EXPLAIN: not shown under --ip-family ipv6 (pyfelix explain explains IPv4 "
+                   "flows only)\n")
     timings = ", ".join(f"{k} {v:.3f}" for k, v in report.timings.items())
     click.echo(f"timings (s): {timings}")
 

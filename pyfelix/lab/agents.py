@@ -27,7 +27,9 @@ node must also hold a route to every existing pod of the other nodes, from whoev
 that pod's IP pool: BIRD for pools without encapsulation, the agent's VXLAN or IPIP manager
 (by their route protocols) for `vxlanMode` / `ipipMode` pools; with FloatingIPs Enabled
 also a BGP route to each remote pod's floating IPs. The lab's default pool
-(`LAB_IP_POOL`, BGP-routed) is written only when the scenario declares no pool of its own.
+(`LAB_IP_POOL`, BGP-routed) is written only when the scenario declares no pool of its own;
+under --ip-family ipv6 / dual (`lab.family`) its IPv6 twin too (ipv6: only the twin), and
+the readiness check looks for each remote pod's IPv6 address in `ip -6` routes.
 
 Teardown (`stop`): SIGTERM each process group, then SIGKILL after a bound; BIRD through its
 own `stop()`. Agent logs stay in the run directory until the run directory is removed.
@@ -101,7 +103,7 @@ class AgentProcesses:
         use_bgp = self.use_bgp = self.bgp if self.bgp is not None else len(topology.nodes) > 1
         self.topology = topology
         if use_bgp:
-            self._write_ip_pool(datastore_dir)
+            self._write_ip_pool(datastore_dir, topology.ip_family)
         self._check_ipip_support(topology)
         self.datastore_url = str(datastore_dir)
         if self.typha:
@@ -228,17 +230,24 @@ class AgentProcesses:
             time.sleep(0.05)
 
     @staticmethod
-    def _write_ip_pool(datastore_dir: Path) -> None:
-        """The lab's default pool (no encapsulation: routes over BGP), unless the scenario
+    def _write_ip_pool(datastore_dir: Path, ip_family: str = "ipv4") -> None:
+        """The lab's default pool of each family the lab runs (no encapsulation: routes
+        over BGP; the IPv6 one is LAB_IP_POOL's twin, `lab.family`), unless the scenario
         declares pools of its own (written with the topology, `ippool.*.yaml`)."""
+        from pyfelix.lab.family import families, ipv6_network_for
+
         if any(datastore_dir.glob("ippool.*.yaml")):
             return
-        pool = {"apiVersion": "projectcalico.org/v3", "kind": "IPPool",
-                "metadata": {"name": "lab-pool"},
-                "spec": {"cidr": LAB_IP_POOL, "natOutgoing": False}}
-        path = datastore_dir / "lab-ippool.yaml"
-        if not path.exists():
-            path.write_text(json.dumps(pool))
+        pools = {4: ("lab-pool", LAB_IP_POOL),
+                 6: ("lab-pool-v6", str(ipv6_network_for(ipaddress.IPv4Network(LAB_IP_POOL))))}
+        for family in families(ip_family):
+            name, cidr = pools[family]
+            pool = {"apiVersion": "projectcalico.org/v3", "kind": "IPPool",
+                    "metadata": {"name": name},
+                    "spec": {"cidr": cidr, "natOutgoing": False}}
+            path = datastore_dir / ("lab-ippool.yaml" if family == 4 else "lab-ippool-v6.yaml")
+            if not path.exists():
+                path.write_text(json.dumps(pool))
 
     def _log_tail(self, node: str, role: str, lines: int = 15) -> str:
         """The run directory goes with the lab's teardown, so errors carry the log's end."""
@@ -314,8 +323,8 @@ class AgentProcesses:
         subprocess.run(["ip", "-n", netns, "link", "del", "pfipipchk"], capture_output=True,
                        timeout=10)
 
-    def _pools(self) -> list[tuple[ipaddress.IPv4Network, str, str]]:
-        """(cidr, name, routing mode) of every enabled IPv4 pool in the datastore now; the
+    def _pools(self) -> list[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, str, str]]:
+        """(cidr, name, routing mode) of every enabled pool in the datastore now; the
         mode is "vxlan", "ipip" or "bgp" (no encapsulation), as the route resolver says."""
         import yaml
 
@@ -324,7 +333,7 @@ class AgentProcesses:
         # the pools' own files only (`ippool.*.yaml` as LabDatastore names them, and the
         # default pool's): this runs on every readiness poll
         paths = sorted(self.datastore_dir.glob("ippool.*.yaml"))
-        paths += sorted(self.datastore_dir.glob("lab-ippool.yaml"))
+        paths += sorted(self.datastore_dir.glob("lab-ippool*.yaml"))
         docs = [d for p in paths for d in yaml.safe_load_all(p.read_text()) if d]
         for doc in docs:
             if doc.get("kind") != "IPPool":
@@ -334,7 +343,7 @@ class AgentProcesses:
                 cidr = ipaddress.ip_network(str(spec.get("cidr", "")), strict=False)
             except ValueError:
                 continue
-            if spec.get("disabled") or not isinstance(cidr, ipaddress.IPv4Network):
+            if spec.get("disabled"):
                 continue
             mode = ("vxlan" if spec.get("vxlanMode", "Never") != "Never" else
                     "ipip" if spec.get("ipipMode", "Never") != "Never" else "bgp")
@@ -353,11 +362,13 @@ class AgentProcesses:
             return value.lower() == "enabled"
         return False
 
-    def _routing_mode(self, address: ipaddress.IPv4Address,
-                      pools: list[tuple[ipaddress.IPv4Network, str, str]]) -> str:
+    def _routing_mode(self, address: ipaddress.IPv4Address | ipaddress.IPv6Address,
+                      pools: list[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, str,
+                                        str]]) -> str:
         """The mode of the most specific pool holding `address` (then by name, as the
         agent's route resolver picks); "bgp" outside every pool."""
-        holding = [(-net.prefixlen, name, mode) for net, name, mode in pools if address in net]
+        holding = [(-net.prefixlen, name, mode) for net, name, mode in pools
+                   if net.version == address.version and address in net]
         return min(holding)[2] if holding else "bgp"
 
     def _cross_node_routes_ready(self) -> bool:
@@ -376,33 +387,36 @@ class AgentProcesses:
         protocols = {"bgp": "bird", "vxlan": str(VXLAN_ROUTE_PROTOCOL),
                      "ipip": str(IPIP_ROUTE_PROTOCOL)}
         for name, node in self.topology.nodes.items():
-            nets_by_mode: dict[str, list[ipaddress.IPv4Network | ipaddress.IPv6Network]] = {}
+            nets_by_mode: dict[tuple[str, int],
+                               list[ipaddress.IPv4Network | ipaddress.IPv6Network]] = {}
             for pod in self.topology.pods.values():
                 if pod.node.name == name or pod.key not in existing:
                     continue
                 # floating IPs travel over BGP only (BIRD advertises the agent's route)
-                wanted = [(ipaddress.IPv4Address(str(pod.spec.ip)), "")]
+                wanted: list[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, str]] = [
+                    (address, "") for address in pod.spec.addresses]
                 if floating:
                     wanted += [(ipaddress.IPv4Address(str(ip)), "bgp")
                                for ip in pod.spec.floating_ips]
                 for address, forced in wanted:
                     mode = forced or self._routing_mode(address, pools)
-                    if mode not in nets_by_mode:
-                        done = subprocess.run(["ip", "-n", node.netns, "-j", "route", "show",
-                                               "proto", protocols[mode]],
+                    key = (mode, address.version)
+                    if key not in nets_by_mode:
+                        done = subprocess.run(["ip", f"-{address.version}", "-n", node.netns,
+                                               "-j", "route", "show", "proto", protocols[mode]],
                                               capture_output=True, text=True, timeout=10)
                         if done.returncode != 0:
                             return False
-                        nets_by_mode[mode] = [ipaddress.ip_network(_route_dst(r))
-                                              for r in json.loads(done.stdout or "[]")]
-                    if not any(address in net for net in nets_by_mode[mode]):
+                        nets_by_mode[key] = [ipaddress.ip_network(_route_dst(r))
+                                             for r in json.loads(done.stdout or "[]")]
+                    if not any(address in net for net in nets_by_mode[key]):
                         return False
         return True
 
 
 def _route_dst(route: dict[str, Any]) -> str:
     dst = str(route.get("dst", ""))
-    return dst if "/" in dst else f"{dst}/32"
+    return dst if "/" in dst else f"{dst}/{128 if ':' in dst else 32}"
 
 
 def _accepts(netns: str, address: tuple[str, int]) -> bool:

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 CALICO_API = "projectcalico.org/v3"
 CALICO_POD_IP_ANNOTATION = "cni.projectcalico.org/podIP"
+CALICO_POD_IPS_ANNOTATION = "cni.projectcalico.org/podIPs"
 FLOATING_IPS_ANNOTATION = "cni.projectcalico.org/floatingIPs"
 # cluster-wide kinds of the first step written with the topology, before any agent starts
 START_KINDS = ("IPPool", "FelixConfiguration")
@@ -103,7 +104,9 @@ def topology_documents(scenario: Scenario, topology: LabTopology) -> list[dict[s
             "apiVersion": CALICO_API,
             "kind": "Node",
             "metadata": {"name": node.name},
-            "spec": {"bgp": {"ipv4Address": str(node.underlay_ip)}},
+            "spec": {"bgp": {"ipv4Address": str(node.underlay_ip),
+                             **({"ipv6Address": str(node.underlay_ip6)}
+                                if node.underlay_ip6 is not None else {})}},
         })
     for ns in scenario.namespaces:
         docs.append({
@@ -112,6 +115,7 @@ def topology_documents(scenario: Scenario, topology: LabTopology) -> list[dict[s
             "metadata": {"name": ns.name, "labels": {NAMESPACE_NAME_LABEL: ns.name, **ns.labels}},
         })
     for pod in scenario.pods:
+        cidrs = [f"{a}/{a.max_prefixlen}" for a in pod.addresses]
         ports: list[dict[str, Any]] = []
         for port in pod.ports:
             entry: dict[str, Any] = {"containerPort": port.port, "protocol": port.protocol}
@@ -125,12 +129,14 @@ def topology_documents(scenario: Scenario, topology: LabTopology) -> list[dict[s
                 "name": pod.name,
                 "namespace": pod.namespace,
                 "labels": dict(pod.labels),
-                "annotations": {CALICO_POD_IP_ANNOTATION: f"{pod.ip}/32",
+                "annotations": {CALICO_POD_IP_ANNOTATION: cidrs[0],
+                                CALICO_POD_IPS_ANNOTATION: ",".join(cidrs),
                                 **({FLOATING_IPS_ANNOTATION: json.dumps(
                                     [str(ip) for ip in pod.floating_ips])}
                                    if pod.floating_ips else {})},
             },
             "spec": {"nodeName": pod.node, "containers": [{"name": "main", "ports": ports}]},
-            "status": {"phase": "Running", "podIP": str(pod.ip), "podIPs": [{"ip": str(pod.ip)}]},
+            "status": {"phase": "Running", "podIP": str(pod.addresses[0]),
+                       "podIPs": [{"ip": str(a)} for a in pod.addresses]},
         })
     return docs

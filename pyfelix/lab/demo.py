@@ -9,7 +9,9 @@ is still up, the flow logs' record of each probe after policy, and `pyfelix expl
 caused (the first starred cell); the CLI formats it.
 
 Inputs: a `Scenario` (default: `DEMO_SCENARIO`), then the `ProbeResult`s of running it.
-Outputs: a matrix {source pod: {"ns/pod:port/proto": "allow"|"deny"}} per phase.
+Outputs: a matrix {source pod: {"ns/pod:port/proto": "allow"|"deny"}} per phase; for a
+scenario prepared by `lab.family` for ipv6 or dual the columns end in ` v4` / ` v6` (under
+dual: the dual-stack matrix, each pod port probed over both families).
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ DEMO_SCENARIO = Path(__file__).parent / "scenarios" / "demo.yaml"
 
 
 def matrix_probes(scenario: Scenario) -> tuple[ProbeSpec, ...]:
-    """One probe from each pod to each port of every other pod."""
+    """One probe from each pod to each port of every other pod, over each of the target's
+    addresses (IPv4 then IPv6 under `--ip-family dual`: the dual-stack matrix)."""
     return tuple(
         ProbeSpec(
             source=source.key,
             target=target.key,
-            target_ip=target.ip,
+            target_ip=address,
             port=port.port,
             protocol=port.protocol,
         )
@@ -43,6 +46,7 @@ def matrix_probes(scenario: Scenario) -> tuple[ProbeSpec, ...]:
         for target in scenario.pods
         if target.key != source.key
         for port in target.ports
+        for address in target.addresses
     )
 
 
@@ -52,14 +56,18 @@ def with_matrix_probes(scenario: Scenario) -> Scenario:
     return dataclasses.replace(scenario, steps=(step,))
 
 
-def matrix_column(probe: ProbeSpec) -> str:
-    return f"{probe.target}:{probe.port}/{probe.protocol}"
+def matrix_column(probe: ProbeSpec, with_family: bool = False) -> str:
+    """`ns/pod:port/PROTO`, with ` v4` / ` v6` appended when `with_family` (IPv6 labs)."""
+    family = f" v{probe.family}" if with_family else ""
+    return f"{probe.target}:{probe.port}/{probe.protocol}{family}"
 
 
-def connectivity_matrix(results: Iterable[ProbeResult]) -> dict[str, dict[str, str]]:
+def connectivity_matrix(results: Iterable[ProbeResult],
+                        with_family: bool = False) -> dict[str, dict[str, str]]:
     matrix: dict[str, dict[str, str]] = {}
     for result in results:
-        matrix.setdefault(result.probe.source, {})[matrix_column(result.probe)] = result.result
+        column = matrix_column(result.probe, with_family)
+        matrix.setdefault(result.probe.source, {})[column] = result.result
     return matrix
 
 
@@ -80,10 +88,12 @@ class DemoReport:
 
 
 def first_new_denial(before: list[ProbeResult], after: list[ProbeResult]) -> ProbeSpec | None:
-    """The first probe allowed before policy and denied after (the first starred cell)."""
-    was = {(r.probe.source, matrix_column(r.probe)): r.result for r in before}
+    """The first IPv4 probe allowed before policy and denied after (the first starred
+    IPv4 cell): `pyfelix explain` explains IPv4 flows only."""
+    was = {(r.probe.source, matrix_column(r.probe, True)): r.result for r in before}
     for r in after:
-        if r.result == "deny" and was.get((r.probe.source, matrix_column(r.probe))) == "allow":
+        if r.probe.family == 4 and r.result == "deny" and was.get((r.probe.source,
+                                           matrix_column(r.probe, True))) == "allow":
             return r.probe
     return None
 
@@ -125,13 +135,14 @@ def run_demo(scenario: Scenario, *, dataplane: str, probe_timeout: float,
         runner.wait_in_sync()
         say(f"demo {runner.run_id}: probing {len(probes)} pod/port pairs before policy")
         before_results = runner.run_probes(probes, 0)
-        before = connectivity_matrix(before_results)
+        with_family = scenario.ip_family != "ipv4"
+        before = connectivity_matrix(before_results, with_family)
         say(f"demo {runner.run_id}: applying {len(scenario.resources)} resource(s)")
         runner.apply_resources(scenario.resources)
         runner.wait_in_sync()
         say(f"demo {runner.run_id}: probing again")
         after_results = runner.run_probes(probes, 1)
-        after = connectivity_matrix(after_results)
+        after = connectivity_matrix(after_results, with_family)
         say(f"demo {runner.run_id}: reading the nodes' flow logs")
         flows = runner.collect_flows()[len(before_results):]
         explained = first_new_denial(before_results, after_results)

@@ -111,12 +111,15 @@ def decided(probe: ProbeSpec, flow: dict[str, Any] | None) -> bool:
 
 def flows_for(probes: Iterable[tuple[ProbeSpec, ProbeWindow, int]],
               pod_ips: Mapping[str, str],
-              records: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
-    """`flow_for` of each (probe, window, source port or 0); a probe from an unknown pod
+              records: list[dict[str, Any]],
+              pod_ips6: Mapping[str, str] | None = None) -> list[dict[str, Any] | None]:
+    """`flow_for` of each (probe, window, source port or 0); the source pod's address is
+    looked up in `pod_ips` (IPv4) or `pod_ips6` (IPv6 probes). A probe from an unknown pod
     gets None."""
     out: list[dict[str, Any] | None] = []
     for probe, window, sport in probes:
-        source_ip = pod_ips.get(probe.source)
+        source_ip = (pod_ips6 or {}).get(probe.source) if probe.family == 6 \
+            else pod_ips.get(probe.source)
         out.append(None if source_ip is None
                    else flow_for(probe, source_ip, window, records, sport))
     return out

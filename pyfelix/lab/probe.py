@@ -5,7 +5,8 @@ source pod's namespace (`in_netns`), so its packets leave through the pod's eth0
 the node exactly as the pod's own traffic would.
 
 Inputs: probes, a map from pod key to namespace name, a timeout per probe.
-Outputs: `ProbeResult`s in the order of the probes given.
+Outputs: `ProbeResult`s in the order of the probes given; a probe runs over its target
+address's IP version (`ProbeSpec.family`, which `to_json` reports as `family`: 4 or 6).
 
 Verdicts:
 - TCP: `allow` when the connection is made AND a random token sent on it comes back from the
@@ -73,6 +74,7 @@ class ProbeResult:
             "to": self.probe.target,
             "port": self.probe.port,
             "protocol": self.probe.protocol,
+            "family": self.probe.family,
             "result": self.result,
             "expect": self.probe.expect,
             "detail": self.detail,
@@ -106,9 +108,10 @@ _SOURCE_PORTS = _SourcePorts()
 
 
 def _bind_fresh_port(sock: socket.socket) -> None:
+    wildcard = "::" if sock.family == socket.AF_INET6 else "0.0.0.0"
     for _ in range(_BIND_ATTEMPTS):
         try:
-            sock.bind(("0.0.0.0", _SOURCE_PORTS.take()))
+            sock.bind((wildcard, _SOURCE_PORTS.take()))
             return
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
@@ -142,7 +145,7 @@ class Prober:
         deadline = started + self.timeout
         kind = socket.SOCK_STREAM if probe.protocol == "TCP" else socket.SOCK_DGRAM
         with in_netns(self.pod_netns[probe.source]):
-            sock = socket.socket(socket.AF_INET, kind | socket.SOCK_CLOEXEC)
+            sock = socket.socket(address_family(probe.family), kind | socket.SOCK_CLOEXEC)
         try:
             _bind_fresh_port(sock)
             sport = sock.getsockname()[1]
@@ -155,6 +158,11 @@ class Prober:
             sock.close()
         return ProbeResult(probe, step, verdict, detail, time.monotonic() - started,
                            sport=sport)
+
+
+def address_family(version: int) -> socket.AddressFamily:
+    """The socket family of IP version 4 or 6."""
+    return socket.AF_INET6 if version == 6 else socket.AF_INET
 
 
 def check_sources(sources: Iterable[str], pod_netns: Mapping[str, str]) -> None:

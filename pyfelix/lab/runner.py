@@ -285,7 +285,8 @@ class LabRunner:
             ).build()
             for pod in self.topology.pods.values():
                 for port in pod.spec.ports:
-                    self.servers.add(pod.netns, port.port, port.protocol)
+                    for address in pod.spec.addresses:
+                        self.servers.add(pod.netns, port.port, port.protocol, address.version)
             self.servers.start()
             self.datastore.apply(topology_documents(self.scenario, self.topology))
         self.check_interrupted()
@@ -384,13 +385,16 @@ class LabRunner:
         dirs = list(getattr(self.agents, "flow_log_dirs", {}).values())
         if not dirs:
             return self.report.results
-        pod_ips = {key: str(pod.spec.ip) for key, pod in self.topology.pods.items()}
+        pod_ips = {key: str(pod.spec.ip) for key, pod in self.topology.pods.items()
+                   if pod.spec.has_ipv4}
+        pod_ips6 = {key: str(pod.spec.ipv6) for key, pod in self.topology.pods.items()
+                    if pod.spec.ipv6 is not None}
         pairs = [(self.report.results[i].probe, window, self.report.results[i].sport)
                  for first, end, window in self._probe_windows for i in range(first, end)]
         deadline = time.monotonic() + timeout
         with self._timed("flows_s"):
             while True:
-                flows = flows_for(pairs, pod_ips, read_records(dirs))
+                flows = flows_for(pairs, pod_ips, read_records(dirs), pod_ips6)
                 if all(decided(probe, flow) for (probe, _, _), flow in zip(pairs, flows,
                                                                          strict=True)) \
                         or time.monotonic() >= deadline:

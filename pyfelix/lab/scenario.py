@@ -7,10 +7,14 @@ Inputs: a file path (`load_scenario`) or already-loaded YAML data (`parse_scenar
 Outputs: `Scenario` with defaults filled in: nodes default to `[node1]`, a pod's node to the
 first node, a pod's IP is allocated from 10.65.0.0/16 when absent (in pod order, skipping
 explicit addresses), protocols default to TCP, named probe ports are resolved against the
-target pod. Probe sources: a pod, `node/NAME` (a host-networked client in that node's
-namespace) or `external` (the underlay's own namespace, EXTERNAL_CLIENT_IP, which runs no
-agent); targets: a pod, an IPv4 address, or `node/NAME` (that node's underlay address, for
-NodePorts). `resources` + `probes` become a single step 0, so consumers only see `steps`.
+target pod. A pod's `ip:` may be IPv6: that is its address under --ip-family ipv6 / dual
+(its IPv4 `ip` is then allocated). Everything else is parsed in the lab's IPv4 plan;
+`lab.family.apply_ip_family` prepares the parsed scenario for --ip-family ipv6 / dual
+(`PodSpec.ipv6`, `has_ipv4`, `ProbeSpec.family`, `Scenario.ip_family`). Probe sources: a
+pod, `node/NAME` (a host-networked client in that node's namespace) or `external` (the
+underlay's own namespace, EXTERNAL_CLIENT_IP, which runs no agent); targets: a pod, an
+IPv4 address, or `node/NAME` (that node's underlay address, for NodePorts). `resources` +
+`probes` become a single step 0, so consumers only see `steps`.
 
 Invariants:
 - Resources (top level and in steps) stay raw dicts: the datastore and the resource model
@@ -96,11 +100,29 @@ class PodSpec:
     ports: tuple[PortSpec, ...] = ()
     # Calico's `cni.projectcalico.org/floatingIPs` annotation: addresses NATed to the pod
     floating_ips: tuple[ipaddress.IPv4Address, ...] = ()
+    # `lab.family`: the IPv6 address (the lab's mapping of `ip`) under --ip-family ipv6/dual,
+    # and whether the pod has `ip` itself (not under ipv6, where `ip` only names the pod's
+    # place in the lab's IPv4 plan the IPv6 address is derived from)
+    ipv6: ipaddress.IPv6Address | None = None
+    has_ipv4: bool = True
+    # an IPv6 `ip:` as written (then `ip` is allocated from the pool): the pod's IPv6
+    # address under --ip-family ipv6 / dual instead of the twin of `ip`
+    ipv6_given: ipaddress.IPv6Address | None = None
 
     @property
     def key(self) -> str:
         """`namespace/name`, the form probes use."""
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def addresses(self) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, ...]:
+        """The addresses the pod really has: IPv4 first, then IPv6."""
+        v4 = (self.ip,) if self.has_ipv4 else ()
+        return v4 + ((self.ipv6,) if self.ipv6 is not None else ())
+
+    def address(self, family: int) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+        """The pod's address of IP version `family` (4 or 6), None when it has none."""
+        return next((a for a in self.addresses if a.version == family), None)
 
 
 @dataclass(frozen=True)
@@ -109,10 +131,15 @@ class ProbeSpec:
 
     source: str
     target: str
-    target_ip: ipaddress.IPv4Address
+    target_ip: ipaddress.IPv4Address | ipaddress.IPv6Address
     port: int
     protocol: str
     expect: str | None = None
+
+    @property
+    def family(self) -> int:
+        """IP version the probe runs over (4 or 6): its target address's."""
+        return self.target_ip.version
 
 
 @dataclass(frozen=True)
@@ -138,6 +165,8 @@ class Scenario:
     steps: tuple[Step, ...]
     # The top-level `resources` as written (also step 0's `apply` when `steps` is absent).
     resources: tuple[dict[str, Any], ...] = ()
+    # --ip-family the scenario was prepared for (`lab.family.apply_ip_family`)
+    ip_family: str = "ipv4"
 
     def pod(self, key: str) -> PodSpec:
         for pod in self.pods:
@@ -261,7 +290,7 @@ class _ScenarioParser:
         self, raw: object, nodes: tuple[str, ...], namespaces: set[str]
     ) -> tuple[PodSpec, ...]:
         items = self.list_of(raw, "pods")
-        explicit_ips = self.explicit_pod_ips(items)
+        explicit_ips, explicit_ipv6 = self.explicit_pod_ips(items)
         allocator = _PodIPAllocator(DEFAULT_POD_POOL, reserved=set(explicit_ips.values()))
         pods: list[PodSpec] = []
         seen_keys: set[str] = set()
@@ -281,7 +310,8 @@ class _ScenarioParser:
                     node = node_value
                 else:
                     self.fail(f"{path}.node", f"{node_value!r} is not one of nodes {list(nodes)}")
-            ip = explicit_ips.get(i) if "ip" in item else allocator.next(path, self)
+            ip = explicit_ips.get(i) if "ip" in item and i not in explicit_ipv6 \
+                else allocator.next(path, self)
             labels = self.labels(item.get("labels"), f"{path}.labels")
             ports = self.parse_ports(item.get("ports"), f"{path}.ports")
             floating = item.get("floatingIPs", [])
@@ -298,17 +328,32 @@ class _ScenarioParser:
                 self.fail(path, f"duplicate pod {key!r}")
                 continue
             seen_keys.add(key)
-            pods.append(PodSpec(namespace, name, node, ip, labels, ports, floating_ips))
+            pods.append(PodSpec(namespace, name, node, ip, labels, ports, floating_ips,
+                                ipv6_given=explicit_ipv6.get(i)))
         return tuple(pods)
 
-    def explicit_pod_ips(self, items: list[Any]) -> dict[int, ipaddress.IPv4Address]:
-        """Validate every explicit pod IP first, so allocation can skip all of them."""
+    def explicit_pod_ips(self, items: list[Any]) -> tuple[dict[int, ipaddress.IPv4Address],
+                                                         dict[int, ipaddress.IPv6Address]]:
+        """Validate every explicit pod IP first, so allocation can skip all of them.
+        IPv6 ones (used under --ip-family ipv6 / dual, `lab.family`) are returned apart."""
         found: dict[int, ipaddress.IPv4Address] = {}
-        owners: dict[ipaddress.IPv4Address, int] = {}
+        found6: dict[int, ipaddress.IPv6Address] = {}
+        owners: dict[ipaddress.IPv4Address | ipaddress.IPv6Address, int] = {}
         for i, item in enumerate(items):
             if not isinstance(item, Mapping) or "ip" not in item:
                 continue
             path = f"pods[{i}].ip"
+            ip6 = _ipv6_or_none(item["ip"])
+            if ip6 is not None:
+                if ip6 in owners:
+                    self.fail(path, f"{ip6} is already used by pods[{owners[ip6]}]")
+                elif (ip6.is_link_local or ip6.is_multicast or ip6.is_unspecified
+                      or ip6.is_loopback or ip6.ipv4_mapped is not None):
+                    self.fail(path, f"{ip6} is not a unicast address a pod can have")
+                else:
+                    owners[ip6] = i
+                    found6[i] = ip6
+                continue
             ip = self.ipv4(item["ip"], path)
             if ip is None:
                 continue
@@ -320,7 +365,7 @@ class _ScenarioParser:
                 continue
             owners[ip] = i
             found[i] = ip
-        return found
+        return found, found6
 
     def parse_ports(self, raw: object, path: str) -> tuple[PortSpec, ...]:
         ports: list[PortSpec] = []
@@ -606,6 +651,14 @@ class _PodIPAllocator:
                 return ip
         parser.fail(f"{path}.ip", f"no free address left in {self.pool}")
         return None
+
+
+def _ipv6_or_none(raw: object) -> ipaddress.IPv6Address | None:
+    try:
+        ip = ipaddress.ip_address(str(raw))
+    except ValueError:
+        return None
+    return ip if isinstance(ip, ipaddress.IPv6Address) else None
 
 
 def _usable_pod_ip(ip: ipaddress.IPv4Address) -> bool:

@@ -42,6 +42,7 @@ class _Listener:
     netns: str
     port: int
     protocol: str
+    family: int = 4
 
 
 class PodServers:
@@ -64,21 +65,25 @@ class PodServers:
     def listening(self) -> list[tuple[str, int, str]]:
         return sorted((key.netns, key.port, key.protocol) for key in self._listeners)
 
-    def add(self, netns: str, port: int, protocol: str) -> None:
-        """Open a listening socket in `netns` (wildcard address) for `port`/`protocol`."""
+    def add(self, netns: str, port: int, protocol: str, family: int = 4) -> None:
+        """Open a listening socket in `netns` (wildcard address) for `port`/`protocol`,
+        over IP version `family` (an IPv6 listener is IPv6-only: the IPv4 one is apart)."""
         kind = socket.SOCK_STREAM if protocol == "TCP" else socket.SOCK_DGRAM
         with in_netns(netns):
-            sock = socket.socket(socket.AF_INET, kind | socket.SOCK_CLOEXEC)
+            sock = socket.socket(socket.AF_INET6 if family == 6 else socket.AF_INET,
+                                 kind | socket.SOCK_CLOEXEC)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("0.0.0.0", port))
+            if family == 6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(("::" if family == 6 else "0.0.0.0", port))
             if protocol == "TCP":
                 sock.listen(128)
             sock.setblocking(False)
         except OSError:
             sock.close()
             raise
-        key = _Listener(netns, port, protocol)
+        key = _Listener(netns, port, protocol, family)
         self._listeners[key] = sock
         self._selector.register(sock, selectors.EVENT_READ, key)
 

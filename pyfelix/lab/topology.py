@@ -29,6 +29,13 @@ Invariants:
   the node side is what Felix does (the `program_routes` switch).
 - Lab routes use protocol `static` (4), so they are told apart from the agent's and BIRD's.
 
+IPv6 (`lab.family`, --ip-family ipv6 or dual): pods get their IPv6 twin address as a /128
+and a default route via fe80::ecee:eeff:feee:eeee (the host-side veth's own link-local
+address, from its fixed MAC, as Calico's CNI plugin sets it) with a permanent neighbour
+entry; nodes and the `external` client get their underlay twins beside the IPv4 ones.
+Duplicate address detection is off in every lab namespace (accept_dad=0, addresses added
+`nodad`): a tentative address would drop the first probes of a fresh lab.
+
 Easy to get wrong: proxy ARP answers only for destinations the node has a unicast route to,
 and lab node namespaces have no default route, so the pod also gets a permanent neighbour
 entry for the gateway (the host-side MAC is fixed, as Calico fixes it) and never needs ARP
@@ -38,6 +45,7 @@ for 169.254.1.1.
 from __future__ import annotations
 
 import ipaddress
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -45,6 +53,7 @@ from dataclasses import dataclass, field
 from pyroute2 import IPRoute
 
 from pyfelix.lab import naming
+from pyfelix.lab.family import POD_GATEWAY6, external_client_ipv6, ipv6_interface_for
 from pyfelix.lab.netns import create_netns, write_sysctl
 from pyfelix.lab.scenario import (
     EXTERNAL_CLIENT_IP,
@@ -62,6 +71,7 @@ POD_IFNAME = "eth0"
 RTPROT_STATIC = 4
 RT_SCOPE_LINK = 253
 NUD_PERMANENT = 0x80
+IFA_F_NODAD = 0x02
 
 
 @dataclass(frozen=True)
@@ -70,6 +80,8 @@ class NodeHandle:
     index: int
     netns: str
     underlay_ip: ipaddress.IPv4Interface  # e.g. 198.18.0.1/15
+    # its twin (lab.family) under --ip-family ipv6 / dual, else None
+    underlay_ip6: ipaddress.IPv6Interface | None = None
 
     @property
     def ip(self) -> ipaddress.IPv4Address:
@@ -94,6 +106,7 @@ class LabTopology:
     underlay_netns: str
     nodes: dict[str, NodeHandle] = field(default_factory=dict)
     pods: dict[str, PodHandle] = field(default_factory=dict)
+    ip_family: str = "ipv4"  # the scenario's (lab.family)
 
     @property
     def netns_names(self) -> list[str]:
@@ -113,13 +126,16 @@ def plan_topology(
     run_id: str, scenario: Scenario, interface_prefix: str = naming.DEFAULT_INTERFACE_PREFIX
 ) -> LabTopology:
     """Names and addresses for every object, before anything is created (pure)."""
-    topology = LabTopology(run_id=run_id, underlay_netns=naming.underlay_netns(run_id))
+    topology = LabTopology(run_id=run_id, underlay_netns=naming.underlay_netns(run_id),
+                           ip_family=scenario.ip_family)
     for index, node in enumerate(scenario.nodes):
+        underlay = underlay_ip_for(index)
         topology.nodes[node] = NodeHandle(
             name=node,
             index=index,
             netns=naming.node_netns(run_id, index, node),
-            underlay_ip=underlay_ip_for(index),
+            underlay_ip=underlay,
+            underlay_ip6=None if scenario.ip_family == "ipv4" else ipv6_interface_for(underlay),
         )
     for index, pod in enumerate(scenario.pods):
         topology.pods[pod.key] = PodHandle(
@@ -164,6 +180,9 @@ class TopologyBuilder:
     def build(self) -> LabTopology:
         for name in self.topology.netns_names:
             create_netns(name)
+            if self.topology.ip_family != "ipv4":
+                for conf in ("all", "default"):
+                    write_sysctl(name, f"net.ipv6.conf.{conf}.accept_dad", "0")
         self._build_underlay()
         for node in self.topology.nodes.values():
             self._build_node(node)
@@ -178,6 +197,10 @@ class TopologyBuilder:
             # the `external` probe source: a client on the underlay that runs no agent
             ipr.addr("add", index=bridge, address=str(EXTERNAL_CLIENT_IP.ip),
                      prefixlen=EXTERNAL_CLIENT_IP.network.prefixlen)
+            if self.topology.ip_family != "ipv4":
+                external6 = external_client_ipv6()
+                ipr.addr("add", index=bridge, address=str(external6.ip),
+                         prefixlen=external6.network.prefixlen, flags=IFA_F_NODAD)
             for node in self.topology.nodes.values():
                 port = naming.underlay_port_name(node.index)
                 ipr.link(
@@ -199,6 +222,9 @@ class TopologyBuilder:
                 address=str(node.underlay_ip.ip),
                 prefixlen=node.underlay_ip.network.prefixlen,
             )
+            if node.underlay_ip6 is not None:
+                ipr.addr("add", index=eth0, address=str(node.underlay_ip6.ip),
+                         prefixlen=node.underlay_ip6.network.prefixlen, flags=IFA_F_NODAD)
             ipr.link("set", index=eth0, state="up")
             for pod in local_pods:
                 self._wire_pod(ipr, pod)
@@ -211,6 +237,8 @@ class TopologyBuilder:
             write_sysctl(node.netns, f"net.ipv4.conf.{conf}.send_redirects", "0")
         if self.program_routes:
             write_sysctl(node.netns, "net.ipv4.ip_forward", "1")
+            if self.topology.ip_family != "ipv4":
+                write_sysctl(node.netns, "net.ipv6.conf.all.forwarding", "1")
             for pod in local_pods:
                 write_sysctl(node.netns, f"net.ipv4.conf.{pod.host_ifname}.proxy_arp", "1")
 
@@ -228,37 +256,46 @@ class TopologyBuilder:
         with _netlink(pod.netns) as ipr:
             ipr.link("set", index=_index(ipr, "lo"), state="up")
             eth0 = _index(ipr, POD_IFNAME)
-            ipr.addr("add", index=eth0, address=str(pod.spec.ip), prefixlen=32)
+            for address in pod.spec.addresses:
+                ipr.addr("add", index=eth0, address=str(address),
+                         prefixlen=address.max_prefixlen,
+                         **({"flags": IFA_F_NODAD} if address.version == 6 else {}))
             ipr.link("set", index=eth0, state="up")
-            ipr.neigh(
-                "add",
-                dst=str(POD_GATEWAY),
-                lladdr=HOST_SIDE_MAC,
-                ifindex=eth0,
-                state=NUD_PERMANENT,
-            )
-            ipr.route(
-                "add", dst=f"{POD_GATEWAY}/32", oif=eth0, scope=RT_SCOPE_LINK, proto=RTPROT_STATIC
-            )
-            ipr.route("add", dst="0.0.0.0/0", gateway=str(POD_GATEWAY), oif=eth0,
-                      proto=RTPROT_STATIC)
+            if pod.spec.has_ipv4:
+                ipr.neigh("add", dst=str(POD_GATEWAY), lladdr=HOST_SIDE_MAC, ifindex=eth0,
+                          state=NUD_PERMANENT)
+                ipr.route("add", dst=f"{POD_GATEWAY}/32", oif=eth0, scope=RT_SCOPE_LINK,
+                          proto=RTPROT_STATIC)
+                ipr.route("add", dst="0.0.0.0/0", gateway=str(POD_GATEWAY), oif=eth0,
+                          proto=RTPROT_STATIC)
+            if pod.spec.ipv6 is not None:
+                ipr.neigh("add", dst=str(POD_GATEWAY6), lladdr=HOST_SIDE_MAC, ifindex=eth0,
+                          state=NUD_PERMANENT, family=socket.AF_INET6)
+                ipr.route("add", dst="::/0", gateway=str(POD_GATEWAY6), oif=eth0,
+                          proto=RTPROT_STATIC, family=socket.AF_INET6)
         if self.program_routes:
-            node_ipr.route(
-                "add",
-                dst=f"{pod.spec.ip}/32",
-                oif=host_index,
-                scope=RT_SCOPE_LINK,
-                proto=RTPROT_STATIC,
-            )
+            for address in pod.spec.addresses:
+                node_ipr.route(
+                    "add",
+                    dst=f"{address}/{address.max_prefixlen}",
+                    oif=host_index,
+                    scope=RT_SCOPE_LINK,
+                    proto=RTPROT_STATIC,
+                    **({"family": socket.AF_INET6} if address.version == 6 else {}),
+                )
 
     def _add_cross_node_routes(self, ipr: IPRoute, node: NodeHandle, eth0: int) -> None:
         for pod in self.topology.pods.values():
             if pod.node.name == node.name:
                 continue
-            ipr.route(
-                "add",
-                dst=f"{pod.spec.ip}/32",
-                gateway=str(pod.node.ip),
-                oif=eth0,
-                proto=RTPROT_STATIC,
-            )
+            for address in pod.spec.addresses:
+                via = pod.node.underlay_ip6 if address.version == 6 else pod.node.underlay_ip
+                assert via is not None  # a pod has IPv6 only when its node has it
+                ipr.route(
+                    "add",
+                    dst=f"{address}/{address.max_prefixlen}",
+                    gateway=str(via.ip),
+                    oif=eth0,
+                    proto=RTPROT_STATIC,
+                    **({"family": socket.AF_INET6} if address.version == 6 else {}),
+                )

@@ -28,11 +28,14 @@ def test_modes_from_the_datastore_and_the_most_specific_pool_decides(tmp_path: P
     agents.datastore_dir = store
     pools = agents._pools()
     assert sorted((str(c), n, m) for c, n, m in pools) == [
-        ("10.65.0.0/16", "wide", "vxlan"), ("10.65.1.0/24", "narrow", "ipip")]
+        ("10.65.0.0/16", "wide", "vxlan"), ("10.65.1.0/24", "narrow", "ipip"),
+        ("fd00::/64", "v6", "vxlan")]
     mode = agents._routing_mode
     assert mode(ipaddress.IPv4Address("10.65.1.7"), pools) == "ipip"
     assert mode(ipaddress.IPv4Address("10.65.2.7"), pools) == "vxlan"
     assert mode(ipaddress.IPv4Address("10.66.0.1"), pools) == "bgp"  # disabled: not a pool
+    assert mode(ipaddress.IPv6Address("fd00::7"), pools) == "vxlan"  # IPv6 pools count too
+    assert mode(ipaddress.IPv6Address("fd01::7"), pools) == "bgp"
 
 
 def test_default_pool_only_without_a_scenario_pool(tmp_path: Path) -> None:

@@ -164,7 +164,7 @@ def test_missing_pod_namespace_names_the_path() -> None:
         (lambda d: d["pods"][0].update(node="node9"), "pods[0].node: 'node9' is not one of"),
         (lambda d: d["pods"][0].update(name="Bad_Name"), "pods[0].name: 'Bad_Name' is not a"),
         (lambda d: d["pods"][0].update(ip="10.65.0.300"), "pods[0].ip: '10.65.0.300' is not"),
-        (lambda d: d["pods"][0].update(ip="fd00::1"), "pods[0].ip: 'fd00::1': only IPv4"),
+        (lambda d: d["pods"][0].update(ip="fe80::1"), "pods[0].ip: fe80::1 is not a unicast"),
         (lambda d: d["pods"][0].update(ip="198.18.0.1"), "pods[0].ip: 198.18.0.1 is reserved"),
         (lambda d: d["pods"][0].update(ip="169.254.1.1"), "pods[0].ip: 169.254.1.1 is reserved"),
         (lambda d: d["pods"][0].update(labels={"v": 1}), "pods[0].labels.v: value must be a"),

@@ -4,6 +4,7 @@
     python -m pyfelix.lab.conformance --dataplane bpf -o json
     python -m pyfelix.lab.conformance --case tier --case k8s-egress
     python -m pyfelix.lab.conformance --nodes 2       # pods on two nodes, BGP between them
+    python -m pyfelix.lab.conformance --ip-family dual   # every cell over IPv4 and IPv6
     python -m pyfelix.lab.conformance --list
     python -m pyfelix.lab.conformance --emit-scenario suite.yaml   # for `pyfelix lab run`
 
@@ -29,6 +30,7 @@ from pyfelix.lab.conformance.matrix import DEFAULT_MAX_WORKERS
 from pyfelix.lab.conformance.plan import build_plan
 from pyfelix.lab.conformance.report import ConformanceReport
 from pyfelix.lab.conformance.suite import DATAPLANE_NAMES, DEFAULT_PROBE_TIMEOUT, run_dataplane
+from pyfelix.lab.family import IP_FAMILIES
 
 
 def run_conformance(
@@ -39,14 +41,16 @@ def run_conformance(
     max_workers: int = DEFAULT_MAX_WORKERS,
     interface_prefix: str = "cali",
     nodes: int = 1,
+    ip_family: str = "ipv4",
     progress: Callable[[str], None] | None = None,
 ) -> ConformanceReport:
     """Run the selected cases on each dataplane in turn (one lab per dataplane), with the
-    pods spread over `nodes` nodes (several: confd + BIRD route between them)."""
+    pods spread over `nodes` nodes (several: confd + BIRD route between them), over the
+    IP family(ies) `ip_family` (lab.family)."""
     cases = select_cases(ALL_CASES, case_patterns)
     if not cases:
         raise ValueError(f"no case matches {list(case_patterns)}")
-    plan = build_plan(cases, nodes=nodes)
+    plan = build_plan(cases, nodes=nodes, ip_family=ip_family)
     started = time.monotonic()
     outcomes = [
         run_dataplane(cases, dataplane, probe_timeout=probe_timeout, max_workers=max_workers,
@@ -75,6 +79,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                         help="probes in flight at once")
     parser.add_argument("--nodes", type=int, default=1,
                         help="spread the pods over this many nodes (BGP between them)")
+    parser.add_argument("--ip-family", choices=IP_FAMILIES, default="ipv4",
+                        help="pods' addresses and probes: ipv4, ipv6 (every address, CIDR and "
+                             "ICMP rule mapped to IPv6) or dual (every cell over both)")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     parser.add_argument("--emit-scenario", metavar="FILE",
                         help="write the suite as a lab scenario (steps form) and exit")
@@ -121,7 +128,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m pyfelix.lab.c
         report = run_conformance(
             args.dataplane or CONFORMANT_DATAPLANES, case_patterns=args.case,
             probe_timeout=args.probe_timeout, max_workers=args.workers,
-            interface_prefix=prefix, nodes=args.nodes,
+            interface_prefix=prefix, nodes=args.nodes, ip_family=args.ip_family,
             progress=lambda m: print(m, file=sys.stderr, flush=True))
     except LabInterrupted as exc:
         print(f"conformance: interrupted ({exc}); lab torn down", file=sys.stderr)

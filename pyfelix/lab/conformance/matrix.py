@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from pyfelix.lab.conformance.case import Case
 from pyfelix.lab.conformance.probes import ALLOW, DENY, FlowIds, probe_icmp, probe_tcp, probe_udp
 from pyfelix.lab.conformance.world import ALL_POD_KEYS, Column, pod_ip
+from pyfelix.lab.family import ipv6_for
 from pyfelix.lab.probe import check_sources, run_bounded
 
 DEFAULT_MAX_WORKERS = 96
@@ -35,15 +36,17 @@ class Cell:
     target: str
     column: Column
     expect: bool
+    family: int = 4  # IP version probed; IPv6 targets the pod's twin address (lab.family)
 
     @property
     def expect_word(self) -> str:
         return ALLOW if self.expect else DENY
 
     @property
-    def target_ip(self) -> ipaddress.IPv4Address:
+    def target_ip(self) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
         namespace, name = self.target.split("/")
-        return pod_ip(namespace, name)
+        address = pod_ip(namespace, name)
+        return ipv6_for(address) if self.family == 6 else address
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,10 @@ class CellResult:
         return None if self.again is None else self.again != self.cell.expect
 
 
-def expected_cells(case: Case) -> list[Cell]:
+def expected_cells(case: Case, families: Sequence[int] = (4,)) -> list[Cell]:
+    """Every cell of the case, once per IP version in `families`. The truth model is
+    written against the IPv4 plan; an IPv6 cell expects the same verdict, since the lab's
+    mapping keeps every CIDR test's answer (lab.family)."""
     world = case.world
     cells = []
     for source in ALL_POD_KEYS:
@@ -78,7 +84,8 @@ def expected_cells(case: Case) -> list[Cell]:
                 continue
             for column in case.columns:
                 expect = case.expected(world.pods[source], world.pods[target], column)
-                cells.append(Cell(source, target, column, expect))
+                cells.extend(Cell(source, target, column, expect, family)
+                             for family in families)
     return cells
 
 
@@ -129,7 +136,11 @@ class MatrixProber:
 def truth_table(results: Sequence[CellResult], column: Column) -> str:
     """One column's grid, rows = from, columns = to: '.' allowed and '#' denied as expected;
     '+' allowed but expected denied, '-' denied but expected allowed; ' ' not probed."""
-    by_pair = {(r.cell.source, r.cell.target): r for r in results if r.cell.column == column}
+    by_pair: dict[tuple[str, str], CellResult] = {}
+    for r in results:  # a pair probed over both families shows its worse cell
+        if r.cell.column == column and (by_pair.get((r.cell.source, r.cell.target)) is None
+                                        or r.mismatch):
+            by_pair[(r.cell.source, r.cell.target)] = r
     width = max(len(k) for k in ALL_POD_KEYS)
     label = max(width, len(str(column)))
     lines = [f"{column!s:<{label}} " + " ".join(k.ljust(width) for k in ALL_POD_KEYS)]

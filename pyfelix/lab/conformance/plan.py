@@ -32,6 +32,7 @@ from pyfelix.lab.conformance.matrix import Cell, expected_cells
 from pyfelix.lab.conformance.resources import ref_of
 from pyfelix.lab.conformance.world import World, scenario_data
 from pyfelix.lab.datastore import topology_documents
+from pyfelix.lab.family import apply_ip_family, families
 from pyfelix.lab.scenario import ResourceRef, Scenario, parse_scenario
 from pyfelix.lab.topology import LabTopology, plan_topology
 
@@ -89,8 +90,8 @@ def step_between(previous: Mapping[DocKey, dict[str, Any]],
     return apply, delete
 
 
-def plan_steps(cases: Sequence[Case], base: Mapping[DocKey, dict[str, Any]]
-               ) -> list[PlannedStep]:
+def plan_steps(cases: Sequence[Case], base: Mapping[DocKey, dict[str, Any]],
+               families: Sequence[int] = (4,)) -> list[PlannedStep]:
     problems = check_cases(cases)
     if problems:
         raise PlanError("bad case list:\n  " + "\n  ".join(problems))
@@ -99,7 +100,8 @@ def plan_steps(cases: Sequence[Case], base: Mapping[DocKey, dict[str, Any]]
     for case in cases:
         desired = desired_documents(case, base)
         apply, delete = step_between(previous, desired)
-        steps.append(PlannedStep(case, apply, delete, tuple(expected_cells(case))))
+        steps.append(PlannedStep(case, apply, delete,
+                                 tuple(expected_cells(case, families))))
         previous = desired
     return steps
 
@@ -120,7 +122,7 @@ def scenario_with_steps(steps: Sequence[PlannedStep], name: str = "conformance",
             "probes": [
                 {"from": c.source, "to": c.target, "port": c.column.port,
                  "protocol": c.column.protocol, "expect": c.expect_word}
-                for c in step.cells if c.column.port is not None
+                for c in step.cells if c.column.port is not None and c.family == 4
             ],
         }
         for step in steps
@@ -128,14 +130,18 @@ def scenario_with_steps(steps: Sequence[PlannedStep], name: str = "conformance",
     return data
 
 
-def build_plan(cases: Sequence[Case], name: str = "conformance", nodes: int = 1
-               ) -> SuitePlan:
+def build_plan(cases: Sequence[Case], name: str = "conformance", nodes: int = 1,
+               ip_family: str = "ipv4") -> SuitePlan:
     """Plan the suite on `nodes` nodes (pure: nothing is created; the lab's topology is only
-    planned)."""
-    base_scenario = parse_scenario(scenario_data(name, nodes), source=f"<{name}>")
+    planned). `ip_family` (lab.family): the pods' addresses, every case's CIDRs and ICMP
+    rules are mapped as `pyfelix lab run --ip-family` maps a scenario, and each cell is
+    probed over every family of the lab. `scenario_data` stays in the IPv4 plan (emitted
+    scenarios take --ip-family themselves)."""
+    base_scenario = apply_ip_family(
+        parse_scenario(scenario_data(name, nodes), source=f"<{name}>"), ip_family)
     topology = plan_topology(naming.new_run_id(), base_scenario)
     base = world_documents(base_scenario, topology)
-    steps = plan_steps(cases, base)
+    steps = plan_steps(cases, base, families(ip_family))
     data = scenario_with_steps(steps, name, nodes)
-    scenario = parse_scenario(data, source=f"<{name}>")
+    scenario = apply_ip_family(parse_scenario(data, source=f"<{name}>"), ip_family)
     return SuitePlan(tuple(steps), scenario, data, base)

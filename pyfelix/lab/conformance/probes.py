@@ -17,6 +17,9 @@ Shared with the lab's probes: the TCP and UDP verdicts on a bound socket
 also the ICMP identifiers; the lab's prober takes ports from one process-wide counter and
 retries a port in use, here a bind failure is a deny naming the errno) and ICMP echo.
 
+IPv6 (`--ip-family ipv6|dual`): the socket family follows the target address; ICMP is
+ICMPv6 echo (types 128/129) on a raw ICMPv6 socket, whose checksum the kernel computes.
+
 Inputs: source namespace, target address, port/protocol, a timeout, a `FlowIds`.
 Outputs: `(verdict, detail)`: ("allow", "echoed"), ("deny", "timeout" | "refused" |
 "unreachable" | ...).
@@ -48,6 +51,9 @@ TOKEN_PREFIX = b"pyfelix-conformance-"
 ICMP_ECHO_REPLY = 0
 ICMP_DEST_UNREACHABLE = 3
 ICMP_ECHO_REQUEST = 8
+ICMPV6_DEST_UNREACHABLE = 1
+ICMPV6_ECHO_REQUEST = 128
+ICMPV6_ECHO_REPLY = 129
 
 
 class EchoVerdict(Protocol):
@@ -81,11 +87,13 @@ def _probe_from_port(kind: int, netns: str, target: str, port: int, source_port:
     """Create a `kind` socket in `netns`, bind it to `source_port` (a bind failure is a
     deny with its errno word) and let `verdict_on` decide."""
     deadline = time.monotonic() + timeout
+    ipv6 = ":" in target
     with in_netns(netns):
-        sock = socket.socket(socket.AF_INET, kind | socket.SOCK_CLOEXEC)
+        sock = socket.socket(socket.AF_INET6 if ipv6 else socket.AF_INET,
+                             kind | socket.SOCK_CLOEXEC)
     try:
         try:
-            sock.bind(("0.0.0.0", source_port))
+            sock.bind(("::" if ipv6 else "0.0.0.0", source_port))
         except OSError as exc:
             return deny_for(exc)
         return verdict_on(sock, (target, port), deadline, token_prefix=TOKEN_PREFIX)
@@ -138,20 +146,51 @@ def classify(packet: bytes, target: str, identifier: int, sequence: int,
     return None
 
 
-def probe_icmp(netns: str, target: ipaddress.IPv4Address | str, identifier: int,
-               timeout: float) -> tuple[str, str]:
-    """Ping `target` once from namespace `netns`."""
+def echo_request6(identifier: int, sequence: int, payload: bytes) -> bytes:
+    """An ICMPv6 echo request; its checksum is left 0: the kernel fills it in on a raw
+    ICMPv6 socket (RFC 3542), since it covers the IPv6 pseudo-header."""
+    return struct.pack("!BBHHH", ICMPV6_ECHO_REQUEST, 0, 0, identifier, sequence) + payload
+
+
+def classify6(icmp: bytes, source: str, target: str, identifier: int, sequence: int,
+              payload: bytes) -> str | None:
+    """What a received ICMPv6 message (raw ICMPv6 sockets get no IPv6 header; `source` is
+    the sender's address) says about our echo: "echoed", "unreachable", or None."""
+    if len(icmp) < 8:
+        return None
+    if icmp[0] == ICMPV6_ECHO_REPLY:
+        got_id, got_seq = struct.unpack("!HH", icmp[4:8])
+        if ipaddress.ip_address(source.split("%")[0]) == ipaddress.ip_address(target) and (
+                got_id, got_seq, icmp[8:]) == (identifier, sequence, payload):
+            return "echoed"
+        return None
+    if icmp[0] == ICMPV6_DEST_UNREACHABLE and len(icmp) >= 8 + 40 + 8:
+        inner = icmp[8:]  # the offending IPv6 header + the start of our request
+        inner_icmp = inner[40:]
+        if (ipaddress.IPv6Address(inner[24:40]) == ipaddress.ip_address(target)
+                and inner_icmp[0] == ICMPV6_ECHO_REQUEST
+                and struct.unpack("!HH", inner_icmp[4:8]) == (identifier, sequence)):
+            return "unreachable"
+    return None
+
+
+def probe_icmp(netns: str, target: ipaddress.IPv4Address | ipaddress.IPv6Address | str,
+               identifier: int, timeout: float) -> tuple[str, str]:
+    """Ping `target` once from namespace `netns` (ICMPv6 echo for an IPv6 target)."""
     deadline = time.monotonic() + timeout
     target_text = str(target)
+    ipv6 = ":" in target_text
     sequence = secrets.randbelow(0xFFFF) + 1
     payload = b"pyfelix-icmp-" + secrets.token_hex(8).encode()
     with in_netns(netns):
-        sock = socket.socket(socket.AF_INET, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
-                             socket.IPPROTO_ICMP)
+        sock = socket.socket(socket.AF_INET6 if ipv6 else socket.AF_INET,
+                             socket.SOCK_RAW | socket.SOCK_CLOEXEC,
+                             socket.IPPROTO_ICMPV6 if ipv6 else socket.IPPROTO_ICMP)
     try:
         sock.setblocking(False)
         try:
-            sock.sendto(echo_request(identifier, sequence, payload), (target_text, 0))
+            request = (echo_request6 if ipv6 else echo_request)(identifier, sequence, payload)
+            sock.sendto(request, (target_text, 0))
         except OSError as exc:
             return deny_for(exc)
         while (left := deadline - time.monotonic()) > 0:
@@ -159,10 +198,12 @@ def probe_icmp(netns: str, target: ipaddress.IPv4Address | str, identifier: int,
             if not readable:
                 break
             try:
-                packet = sock.recv(2048)
+                packet, sender = sock.recvfrom(2048)
             except BlockingIOError:
                 continue
-            detail = classify(packet, target_text, identifier, sequence, payload)
+            detail = (classify6(packet, str(sender[0]), target_text, identifier, sequence,
+                                payload) if ipv6 else
+                      classify(packet, target_text, identifier, sequence, payload))
             if detail == "echoed":
                 return ALLOW, detail
             if detail is not None:

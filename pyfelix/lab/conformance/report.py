@@ -10,8 +10,8 @@ dataplane ran every case with zero mismatches and no lab error.
 JSON shape:
     {"ok": bool, "seconds": float, "cases": int,
      "dataplanes": {"<dp>": {"nodes": n, "cases": n, "cases_run": n, "cases_passed": n, "probes": n,
-                            "mismatches": [{"case", "group", "from", "to", "protocol", "port",
-                                            "expected", "got", "detail", "persistent"}],
+                            "mismatches": [{"case", "group", "from", "to", "family", "protocol",
+                                            "port", "expected", "got", "detail", "persistent"}],
                             "error": str|null, "seconds": s, "timings": {...},
                             "per_case": [{"case", "group", "probes", "mismatches",
                                           "sync_s", "probe_s"}]}}}
@@ -66,7 +66,8 @@ class ConformanceReport:
                 persistent = {True: "persistent", False: "transient", None: "not re-probed"}[
                     result.persistent]
                 lines.append(f"  MISMATCH {o.dataplane} {case.name}: {cell.source} -> "
-                             f"{cell.target} {cell.column}: expected {cell.expect_word}, got "
+                             f"{cell.target} {cell.column} IPv{cell.family}: expected "
+                             f"{cell.expect_word}, got "
                              f"{result.got_word} ({result.detail}; {persistent})")
             if len(o.mismatches) > MAX_LISTED_MISMATCHES:
                 lines.append(f"  ... and {len(o.mismatches) - MAX_LISTED_MISMATCHES} more "
@@ -95,7 +96,8 @@ def _dataplane_json(o: DataplaneOutcome) -> dict[str, Any]:
         "probes": o.probes,
         "mismatches": [
             {"case": case.name, "group": case.group, "from": r.cell.source,
-             "to": r.cell.target, "protocol": r.cell.column.protocol, "port": r.cell.column.port,
+             "to": r.cell.target, "family": r.cell.family,
+             "protocol": r.cell.column.protocol, "port": r.cell.column.port,
              "expected": r.cell.expect_word, "got": r.got_word, "detail": r.detail,
              "persistent": r.persistent}
             for case, r in o.mismatches

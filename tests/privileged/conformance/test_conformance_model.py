@@ -279,8 +279,8 @@ def test_report_lists_mismatches_and_truth_tables() -> None:
     assert (figures["cases_passed"], figures["probes"]) == (0, 216)
     assert figures["mismatches"] == [{
         "case": "k8s-pod-selector", "group": "kubernetes", "from": "x/c", "to": "x/a",
-        "protocol": "TCP", "port": 80, "expected": "deny", "got": "allow", "detail": "echoed",
-        "persistent": True}]
+        "family": 4, "protocol": "TCP", "port": 80, "expected": "deny", "got": "allow",
+        "detail": "echoed", "persistent": True}]
     text = report.format_text()
     assert "MISMATCH iptables k8s-pod-selector: x/c -> x/a TCP/80" in text
     table = truth_table(results, TCP_80).splitlines()
