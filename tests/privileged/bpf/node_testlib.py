@@ -62,9 +62,13 @@ def own_pin_dir(tag: str) -> Iterator[str]:
 
 
 def small_maps_config(pin_dir: str, **extra: str) -> Config:
-    """The agent's configuration with BPFPinDir = pin_dir and small maps (plus `extra`)."""
+    """The agent's configuration with BPFPinDir = pin_dir and small maps (plus `extra`).
+    Connect-time load balancing is off: its default (TCP) would attach the cgroup programs
+    at the machine's root cgroup, outside anything a test owns (a test that exercises it
+    gives the agent a cgroup of its own: tests/privileged/lab/test_lab_ctlb.py)."""
     return load_config(environ={
-        "FELIX_BPFPINDIR": pin_dir, "FELIX_BPFMAPSIZEIPSETS": "64",
+        "FELIX_BPFCONNECTTIMELOADBALANCING": "Disabled", "FELIX_BPFPINDIR": pin_dir,
+        "FELIX_BPFMAPSIZEIPSETS": "64",
         "FELIX_BPFMAPSIZERULES": "4096", "FELIX_BPFMAPSIZECONNTRACK": "4096",
         "FELIX_BPFMAPSIZEENDPOINTS": "64", "FELIX_BPFMAPSIZEROUTES": "1024", **extra})
 
