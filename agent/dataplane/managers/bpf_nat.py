@@ -11,7 +11,9 @@ a frontend's backends and keep each flow's translation in `nat_ct`.
   `nat_ct` and `nat_affinity` entries of live flows stay meaningful); new frontends get
   the smallest free id (ids are never 0);
 - desired contents: per frontend, its entry (service id, backend count, flags, affinity
-  timeout) and its backends at indexes [0, n) in the message's (sorted) order;
+  timeout, and a copy of its first `fe_map.INLINE_BACKENDS` backends, from which the
+  programs pick most new flows' backend without a `nat_backend` lookup) and its backends
+  at indexes [0, n) in the message's (sorted) order;
 - `nat_vip_filter` (the programs' cheap "may this be a VIP?" check) gets the bits of every
   frontend present or about to be written FIRST, and loses those of removed frontends only
   LAST, so a live frontend's bit is never clear;
@@ -158,8 +160,9 @@ class BpfNatManager(ManagerBase):
                 flags |= fe_map.FrontendFlags.EXTERNAL
             elif msg.kind == "nodeport":
                 flags |= fe_map.FrontendFlags.NODEPORT
+            inline = [(b.addr, b.port) for b in msg.backends] if count else []
             desired_fe[key] = fe_map.encode_value(self._ids[key], count, flags,
-                                                  msg.affinity_timeout)
+                                                  msg.affinity_timeout, inline)
         if failed_be:
             metrics.MAP_FULL_ERRORS.labels("nat_backend").inc()
         failed_fe = self._frontends.write(self._frontends.updates(desired_fe))
