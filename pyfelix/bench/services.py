@@ -23,8 +23,12 @@ Figures (each the median of `samples` single runs, with _min/_max over `repeats`
   Services programmed, but the packets go to the same 10 ClusterIPs as with N = 10, so the
   lookups' working set stays in the CPU caches; with `..._ratio_10000_hot10_to_10` it
   separates what the NUMBER of Services costs (the maps' algorithms) from what spreading
-  first packets over 10,000 Services' frontend and backend entries costs (cache misses:
-  about 4 lines per first packet, a frontend and a backend hash bucket and element).
+  first packets over 10,000 Services' frontend entries costs (cache and TLB misses: the
+  filter word, the frontend's hash bucket and element; the backend is read from the
+  frontend entry for Services of up to 7 backends, nat_frontend.h).
+The Service counts are interleaved: each repeat programs 10, then 1,000, then 10,000
+Services and measures each, so a change in the machine's load during the run does not
+favour one count.
 Part (2), `bpf_new_conn_per_s_<N>` / `iptables_new_conn_per_s_<N>` and
 `bpf_to_iptables_conn_ratio_10000`: see `conn_rate_figures`.
 """
