@@ -19,6 +19,8 @@ Figures (each the median of `samples` single runs, with _min/_max over `repeats`
 - `bpf_first_packet_ns_<N>` for N = 10, 1000, 10000;
 - `bpf_first_packet_ratio_10000_to_10`: the goal is flat (<= 1.2);
 - `bpf_first_packet_harness_ns`;
+- `bpf_first_packet_load_avg_1m`: the 1-minute load average when the measurement ended
+  (the figures of a loaded, shared machine are not a quiet one's);
 - `bpf_first_packet_ns_10000_hot10` (a diagnostic beside the headline figures): 10,000
   Services programmed, but the packets go to the same 10 ClusterIPs as with N = 10, so the
   lookups' working set stays in the CPU caches; with `..._ratio_10000_hot10_to_10` it
@@ -140,6 +142,8 @@ def first_packet_figures(ctx: BenchContext) -> Figures:
             finally:
                 os.close(zero)
     figures: Figures = {}
+    # the machine's load while measuring (shared machines: read the figures beside it)
+    figures["bpf_first_packet_load_avg_1m"] = round(os.getloadavg()[0], 2)
     for n in SERVICE_COUNTS:
         figures.update(Stat.of(medians[n]).figures(f"bpf_first_packet_ns_{n}"))
     figures.update(Stat.of(harness).figures("bpf_first_packet_harness_ns"))
