@@ -231,3 +231,21 @@ def test_first_backends_inline_in_the_frontend_and_rewritten_with_them() -> None
                          ("10.65.0.99", 8080)))
     m.apply()
     assert maps.fe.writes == fe_writes
+
+
+def test_affinity_of_ids_without_a_pinned_frontend_is_dropped_at_sync() -> None:
+    # nat_frontend replaced (a new layout version, another size): its ids are given out
+    # afresh, so affinity entries left from the old ids must not steer the new owners
+    maps = Maps()
+    maps.aff.update(aff_map.encode_key(1, "10.65.0.7"), aff_map.encode_value("10.65.9.9", 80, 1))
+    m = maps.manager()
+    for msg in (frontend("10.96.0.10", 80, ("10.65.0.1", 8080)), proto.InSync()):
+        m.on_update(msg)
+    m.apply()
+    assert set(m.service_ids().values()) == {1}
+    assert maps.aff.data == {}
+    # a restart with the frontend pinned keeps its entries
+    maps.aff.update(aff_map.encode_key(1, "10.65.0.7"), aff_map.encode_value("10.65.0.1", 8080, 1))
+    again = maps.manager()
+    again.apply()
+    assert len(maps.aff.data) == 1
