@@ -48,8 +48,6 @@ PF_INLINE int ctlb_translate(struct bpf_sock_addr *ctx, __u8 proto)
 	if (fe->count == 0)
 		return CTLB_REFUSE; /* a Service without endpoints: refused at once */
 
-	struct nat_be_key be_key = {};
-	be_key.service_id = fe->service_id;
 	struct nat_be_value *be = 0;
 	__u64 now = ct_now_ns();
 	struct nat_aff_key aff_key = {};
@@ -64,8 +62,7 @@ PF_INLINE int ctlb_translate(struct bpf_sock_addr *ctx, __u8 proto)
 			goto record;
 		}
 	}
-	be_key.index = bpf_get_prandom_u32() % fe->count;
-	be = nat_backend.lookup(&be_key);
+	be = nat_fe_backend(fe, bpf_get_prandom_u32() % fe->count);
 	if (!be)
 		return CTLB_REFUSE; /* between two writes of an update: the client retries */
 	if (fe->flags & NAT_FE_F_AFFINITY) {

@@ -276,10 +276,7 @@ PF_INLINE int nat_choose_backend(struct nat_fe_value *fe, struct pkt_info *pkt, 
 			return 0;
 		}
 	}
-	struct nat_be_key bk = {};
-	bk.service_id = fe->service_id;
-	bk.index = bpf_get_prandom_u32() % fe->count;
-	struct nat_be_value *be = nat_backend.lookup(&bk);
+	struct nat_be_value *be = nat_fe_backend(fe, bpf_get_prandom_u32() % fe->count);
 	if (!be) {
 		count_nat(NAT_CNT_NO_BACKEND);
 		return -1;

@@ -19,12 +19,18 @@ Figures (each the median of `samples` single runs, with _min/_max over `repeats`
 - `bpf_first_packet_ns_<N>` for N = 10, 1000, 10000;
 - `bpf_first_packet_ratio_10000_to_10`: the goal is flat (<= 1.2);
 - `bpf_first_packet_harness_ns`;
+- `bpf_first_packet_load_avg_1m`: the 1-minute load average when the measurement ended
+  (the figures of a loaded, shared machine are not a quiet one's);
 - `bpf_first_packet_ns_10000_hot10` (a diagnostic beside the headline figures): 10,000
   Services programmed, but the packets go to the same 10 ClusterIPs as with N = 10, so the
   lookups' working set stays in the CPU caches; with `..._ratio_10000_hot10_to_10` it
   separates what the NUMBER of Services costs (the maps' algorithms) from what spreading
-  first packets over 10,000 Services' frontend and backend entries costs (cache misses:
-  about 4 lines per first packet, a frontend and a backend hash bucket and element).
+  first packets over 10,000 Services' frontend entries costs (cache and TLB misses: the
+  filter word, the frontend's hash bucket and element; the backend is read from the
+  frontend entry for Services of up to 7 backends, nat_frontend.h).
+The Service counts are interleaved: each repeat programs 10, then 1,000, then 10,000
+Services and measures each, so a change in the machine's load during the run does not
+favour one count.
 Part (2), `bpf_new_conn_per_s_<N>` / `iptables_new_conn_per_s_<N>` and
 `bpf_to_iptables_conn_ratio_10000`: see `conn_rate_figures`.
 """
@@ -102,17 +108,20 @@ def first_packet_figures(ctx: BenchContext) -> Figures:
             from_wep = dp.prog_fd("calico_from_wep")
             zero = load_return_zero_tc_prog()
             try:
-                for n in SERVICE_COUNTS:
-                    nat = BpfNatManager(dp.maps["nat_frontend"], dp.maps["nat_backend"],
-                                        dp.maps["nat_affinity"], dp.maps["nat_vip_filter"])
-                    for msg in (*_frontends(n), p.InSync()):
-                        nat.on_update(msg)
-                    nat.apply()
-                    port = 1024
-                    spreads = [(n, medians[n])]
-                    if n == SERVICE_COUNTS[-1]:
-                        spreads.append((SERVICE_COUNTS[0], hot))
-                    for _ in range(repeats):
+                # the counts are interleaved (each repeat programs 10, then 1,000, then
+                # 10,000 Services and measures each), so a change of the shared machine's
+                # load over the run biases no count against another
+                port = 1024
+                for _ in range(repeats):
+                    for n in SERVICE_COUNTS:
+                        nat = BpfNatManager(dp.maps["nat_frontend"], dp.maps["nat_backend"],
+                                            dp.maps["nat_affinity"], dp.maps["nat_vip_filter"])
+                        for msg in (*_frontends(n), p.InSync()):
+                            nat.on_update(msg)
+                        nat.apply()
+                        spreads = [(n, medians[n])]
+                        if n == SERVICE_COUNTS[-1]:
+                            spreads.append((SERVICE_COUNTS[0], hot))
                         for spread, out in spreads:
                             batch = []
                             for _ in range(samples):
@@ -133,6 +142,8 @@ def first_packet_figures(ctx: BenchContext) -> Figures:
             finally:
                 os.close(zero)
     figures: Figures = {}
+    # the machine's load while measuring (shared machines: read the figures beside it)
+    figures["bpf_first_packet_load_avg_1m"] = round(os.getloadavg()[0], 2)
     for n in SERVICE_COUNTS:
         figures.update(Stat.of(medians[n]).figures(f"bpf_first_packet_ns_{n}"))
     figures.update(Stat.of(harness).figures("bpf_first_packet_harness_ns"))

@@ -48,9 +48,12 @@ class Maps:
         for k, v in self.fe.data.items():
             key, value = fe_map.decode_key(k), fe_map.decode_value(v)
             sid = value["service_id"]
+            listed = [backends[(sid, i)] for i in range(value["backends"])]
+            # the frontend's inline copy is always nat_backend's first indexes
+            assert value["inline_backends"] == listed[:fe_map.INLINE_BACKENDS]
             out[(key["vip"], key["port"], key["protocol"])] = {
                 "sid": sid, "count": value["backends"], "flags": value["flags"],
-                "backends": [backends[(sid, i)] for i in range(value["backends"])]}
+                "backends": listed}
         return out
 
 
@@ -202,3 +205,47 @@ def test_nat_drops_are_in_the_drop_metric() -> None:
     assert values["service_without_endpoints"] == 3 and values["service_nat_failed"] == 1
     assert values["policy"] == 2 and values["service_backend_missing"] == 0
     assert "new_flows" not in values  # not a drop
+
+
+def test_first_backends_inline_in_the_frontend_and_rewritten_with_them() -> None:
+    maps = Maps()
+    m = maps.manager()
+    many = [(f"10.65.0.{i}", 8080) for i in range(1, fe_map.INLINE_BACKENDS + 3)]
+    for msg in (frontend("10.96.0.10", 80, *many), proto.InSync()):
+        m.on_update(msg)
+    m.apply()
+    (raw,) = maps.fe.data.values()
+    value = fe_map.decode_value(raw)
+    assert value["backends"] == len(many)
+    assert value["inline_backends"] == many[:fe_map.INLINE_BACKENDS]
+    assert len(maps.be.data) == len(many)  # nat_backend keeps every index
+    # a change among the inline ones rewrites the frontend (view() checks the copy)
+    fe_writes = maps.fe.writes
+    m.on_update(frontend("10.96.0.10", 80, ("10.65.0.9", 8080), *many[1:]))
+    m.apply()
+    assert maps.fe.writes == fe_writes + 1
+    assert maps.view()[("10.96.0.10", 80, "tcp")]["backends"][0] == ("10.65.0.9", 8080)
+    # a change beyond them does not
+    fe_writes = maps.fe.writes
+    m.on_update(frontend("10.96.0.10", 80, ("10.65.0.9", 8080), *many[1:-1],
+                         ("10.65.0.99", 8080)))
+    m.apply()
+    assert maps.fe.writes == fe_writes
+
+
+def test_affinity_of_ids_without_a_pinned_frontend_is_dropped_at_sync() -> None:
+    # nat_frontend replaced (a new layout version, another size): its ids are given out
+    # afresh, so affinity entries left from the old ids must not steer the new owners
+    maps = Maps()
+    maps.aff.update(aff_map.encode_key(1, "10.65.0.7"), aff_map.encode_value("10.65.9.9", 80, 1))
+    m = maps.manager()
+    for msg in (frontend("10.96.0.10", 80, ("10.65.0.1", 8080)), proto.InSync()):
+        m.on_update(msg)
+    m.apply()
+    assert set(m.service_ids().values()) == {1}
+    assert maps.aff.data == {}
+    # a restart with the frontend pinned keeps its entries
+    maps.aff.update(aff_map.encode_key(1, "10.65.0.7"), aff_map.encode_value("10.65.0.1", 8080, 1))
+    again = maps.manager()
+    again.apply()
+    assert len(maps.aff.data) == 1

@@ -199,7 +199,8 @@ def _name_set_check(text: str, set_names: dict[int, str]) -> str:
 def nat_pinned(pin_dir: str) -> dict:
     """`pyfelix bpf nat dump`: the service frontends with their backends and affinity
     entries, and the NAT counters: {"frontends": [{"frontend": "VIP:port/proto",
-    "service_id", "flags", "affinity_timeout", "backends": ["addr:port", ...],
+    "service_id", "flags", "affinity_timeout", "backends": ["addr:port", ...] (the first
+    nat_frontend.INLINE_BACKENDS from the frontend's own copy, as the programs read them),
     "affinity": [{"client", "backend", "last_used_ns"}]}], "counters": {...}}.
     Raises OSError if a map is not pinned there."""
     with (BpfMap.open_pinned(nat_frontend.PARAMS, pin_dir) as fe,
@@ -222,7 +223,10 @@ def nat_pinned(pin_dir: str) -> dict:
                 "frontend": f"{row['vip']}:{row['port']}/{row['protocol']}",
                 "service_id": sid, "flags": row["flags"],
                 "affinity_timeout": row["affinity_timeout"],
-                "backends": [backends.get(sid, {}).get(i, "?") for i in range(row["backends"])],
+                # what the programs pick: the frontend's inline copy, then nat_backend
+                "backends": [f"{a}:{p}" for a, p in row["inline_backends"]]
+                + [backends.get(sid, {}).get(i, "?")
+                   for i in range(len(row["inline_backends"]), row["backends"])],
                 "affinity": affinity.get(sid, [])})
         return {"frontends": frontends, "counters": nat_counters.read(cnt)}
 

@@ -11,7 +11,9 @@ a frontend's backends and keep each flow's translation in `nat_ct`.
   `nat_ct` and `nat_affinity` entries of live flows stay meaningful); new frontends get
   the smallest free id (ids are never 0);
 - desired contents: per frontend, its entry (service id, backend count, flags, affinity
-  timeout) and its backends at indexes [0, n) in the message's (sorted) order;
+  timeout, and a copy of its first `fe_map.INLINE_BACKENDS` backends, from which the
+  programs pick most new flows' backend without a `nat_backend` lookup) and its backends
+  at indexes [0, n) in the message's (sorted) order;
 - `nat_vip_filter` (the programs' cheap "may this be a VIP?" check) gets the bits of every
   frontend present or about to be written FIRST, and loses those of removed frontends only
   LAST, so a live frontend's bit is never clear;
@@ -25,7 +27,8 @@ a frontend's backends and keep each flow's translation in `nat_ct`.
   goes gets no new flows);
 - `nat_affinity`: when a frontend loses backends (or goes), the affinity entries of its
   service id that point at a backend no longer present are deleted, so affinity never
-  holds a client to a removed backend.
+  holds a client to a removed backend; at a (re)sync, entries of service ids no pinned
+  frontend has are deleted (a replaced `nat_frontend` gives its ids out afresh).
 The same state twice writes nothing.
 
 Failure (fail closed): a frontend whose backends do not all fit in `nat_backend` is
@@ -101,6 +104,7 @@ class BpfNatManager(ManagerBase):
                 self._filter.reload()
                 self._ids = {k: fe_map.decode_value(v)["service_id"]
                              for k, v in (self._frontends.actual or {}).items()}
+                self._drop_orphan_affinity(set(self._ids.values()))
                 self._resync_requested = False
             self._apply()
         except Exception:
@@ -158,8 +162,9 @@ class BpfNatManager(ManagerBase):
                 flags |= fe_map.FrontendFlags.EXTERNAL
             elif msg.kind == "nodeport":
                 flags |= fe_map.FrontendFlags.NODEPORT
+            inline = [(b.addr, b.port) for b in msg.backends] if count else []
             desired_fe[key] = fe_map.encode_value(self._ids[key], count, flags,
-                                                  msg.affinity_timeout)
+                                                  msg.affinity_timeout, inline)
         if failed_be:
             metrics.MAP_FULL_ERRORS.labels("nat_backend").inc()
         failed_fe = self._frontends.write(self._frontends.updates(desired_fe))
@@ -192,6 +197,16 @@ class BpfNatManager(ManagerBase):
     def _write_filter(self, vips: set[str]) -> None:
         words = self._filter.map.max_entries
         self._filter.write(self._filter.updates(filter_map.contents(vips, words)))
+
+    def _drop_orphan_affinity(self, pinned_ids: set[int]) -> None:
+        """At a (re)sync: affinity entries of service ids that no pinned frontend has. Such
+        an id may be given to another Service next (after `nat_frontend` was replaced: a
+        new layout version or size), whose clients must not be sent to the old backends."""
+        doomed = [k for k, _ in self._affinity.items()
+                  if aff_map.decode_key(k)[0] not in pinned_ids]
+        if doomed:
+            self._affinity.delete_many(doomed)
+            metrics.MAP_WRITES.labels("nat_affinity", "delete").inc(len(doomed))
 
     def _clean_affinity(self, desired_be: dict[bytes, bytes], touched: set[int]) -> None:
         """Affinity entries of the service ids in `touched` whose backend is gone."""

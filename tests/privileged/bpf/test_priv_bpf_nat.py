@@ -15,7 +15,7 @@ import pytest
 
 from pyfelix.agent import proto as p
 from pyfelix.agent.bpf import packets as pk
-from pyfelix.agent.bpf.maps import nat_counters
+from pyfelix.agent.bpf.maps import nat_backend, nat_counters, nat_frontend
 from pyfelix.agent.bpf.testrun import TC_ACT_OK, run_tc
 from pyfelix.agent.dataplane.managers.bpf_nat import BpfNatManager
 from tests.privileged.bpf.bpf_harness import HOOK_PROGRAMS, Harness
@@ -167,6 +167,30 @@ def test_balancing_and_client_ip_affinity(harness: Harness) -> None:
                      for i in range(30))
     assert len(chosen) == 1, chosen
     assert nat_counters.read(h.dp.maps["nat_counters"])["affinity_hit"] >= 29
+
+
+def test_backends_beyond_the_frontends_inline_copy_come_from_nat_backend(
+        harness: Harness) -> None:
+    h = harness
+    many = [B, C] + [f"10.65.9.{i}" for i in range(1, nat_frontend.INLINE_BACKENDS + 1)]
+    assert len(many) > nat_frontend.INLINE_BACKENDS
+    program(h, frontends=(web(*many),))
+    chosen = Counter(parse(run(h, "from", tcp_ok(A, VIP, 47000 + i, 80), "d1")[1])["dst"]
+                     for i in range(200))
+    assert set(chosen) == set(many), chosen  # balanced over every backend, inline or not
+    # the programs read nat_backend only beyond the inline copy: without those entries,
+    # their indexes drop (fail closed, counted) and the inline ones still translate
+    be = h.dp.maps["nat_backend"]
+    be.delete_many([k for k, _ in be.items()
+                    if nat_backend.decode_key(k)[1] >= nat_frontend.INLINE_BACKENDS])
+    h.dp.maps["nat_ct"].clear()
+    before = nat_counters.read(h.dp.maps["nat_counters"])["no_backend"]
+    results = [run(h, "from", tcp_ok(A, VIP, 48000 + i, 80), "d1") for i in range(200)]
+    passed = {parse(out)["dst"] for rv, out in results if rv == TC_ACT_OK}
+    dropped = sum(1 for rv, _ in results if rv != TC_ACT_OK)
+    assert passed == set(many[:nat_frontend.INLINE_BACKENDS])
+    assert dropped > 0
+    assert nat_counters.read(h.dp.maps["nat_counters"])["no_backend"] - before == dropped
 
 
 def test_backend_change_keeps_established_flows_to_backends_that_stay(harness: Harness) -> None:
