@@ -24,16 +24,18 @@ demo: setup
 test: setup lint
 	$(PY) -m pytest -q tests/privileged/conformance
 	$(PY) -m pytest -q tests --ignore=tests/privileged/conformance --ignore=tests/bench_bpf \
-		--ignore=tests/matrix
+		--ignore=tests/matrix -m "not extended"
 
 test-bench: setup
 	$(PY) -m pytest -q tests/bench_bpf
 
 # Every lab scenario x IP family (ipv6, dual) x dataplane, and the conformance suite under
 # ipv6 and dual on each dataplane (tests/matrix); `make test` keeps the IPv4 runs and a
-# small IPv6 slice (tests/privileged/lab/test_lab_ip_family.py).
+# small IPv6 slice (tests/privileged/lab/test_lab_ip_family.py). Then the tests marked
+# `extended`: variants whose essentials another test in `make test` covers.
 test-matrix: setup
 	$(PY) -m pytest -q tests/matrix
+	$(PY) -m pytest -q -m extended tests --ignore=tests/matrix --ignore=tests/bench_bpf
 
 test-unit: setup
 	$(PY) -m pytest -q -m "not privileged" tests

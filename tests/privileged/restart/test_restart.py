@@ -75,6 +75,10 @@ def test_iptables_restart_keeps_flows_and_removes_stale_policy(root_guard: RootG
     root_guard.check()
 
 
+# make test keeps the same trigger in test_config_restart.py (a FelixConfiguration restart
+# parameter, the established flow kept, in BPF mode); this full experiment runs in
+# make test-matrix
+@pytest.mark.extended
 def test_bpf_restart_by_a_configuration_change_keeps_flows(root_guard: RootGuard):
     """The same experiment, the agent exiting by itself on a FelixConfiguration change of a
     restart parameter (RouteRefreshInterval), as Felix does; the harness restarts it."""
