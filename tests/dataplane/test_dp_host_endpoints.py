@@ -439,6 +439,23 @@ def test_vxlan_between_nodes_survives_a_deny_all_host_endpoint(mode: str) -> Non
     assert h.to_host(iif="eth1", src="198.18.0.77", proto=UDP, dport=4789) == "ACCEPT"
 
 
+def test_ipv6_only_vteps_are_not_ipv4_vxlan_sources(mode: str) -> None:
+    h = HostHarness(mode)
+    v6_only = VXLANTunnelEndpointUpdate("node2", "", "", "", ipv6_addr="fd00:65::ff:2",
+                                        mac_v6="02:00:00:00:06:02",
+                                        parent_device_ipv6="fd00:18::2")
+    h.sync(v6_only)
+    # no IPv4 VTEP anywhere: no IPv4 VXLAN rules, no set with an empty member
+    assert "cali40all-vxlan-net" not in h.cmds.ipset.sets
+    assert h.to_host(iif="eth1", src="198.18.0.77", proto=UDP, dport=4789) == "ACCEPT"
+    h.feed(VXLANTunnelEndpointUpdate("node2", "02:00:00:00:00:02", "10.65.255.2",
+                                     "198.18.0.2", ipv6_addr="fd00:65::ff:2",
+                                     mac_v6="02:00:00:00:06:02",
+                                     parent_device_ipv6="fd00:18::2"))
+    h.apply()
+    assert h.cmds.ipset.members("cali40all-vxlan-net") == {"198.18.0.2"}
+
+
 # --- BPF mode: iptables for host endpoints only ---------------------------------------------
 
 WORKLOAD_CHAIN = re.compile(

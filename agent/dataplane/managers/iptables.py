@@ -335,7 +335,9 @@ class IptablesManager(ManagerBase):
                     self._static_dirty = True
         elif isinstance(msg, VXLANTunnelEndpointUpdate | VXLANTunnelEndpointRemove):
             had_any = bool(self._vxlan_sources)
-            if isinstance(msg, VXLANTunnelEndpointUpdate):
+            # the IPv4 set holds IPv4 VTEPs' parents; a node with only an IPv6 VTEP
+            # (vxlan-v6.calico) has none
+            if isinstance(msg, VXLANTunnelEndpointUpdate) and msg.parent_device_ip:
                 self._vxlan_sources[msg.node] = msg.parent_device_ip
             else:
                 self._vxlan_sources.pop(msg.node, None)
