@@ -190,6 +190,7 @@ class IptablesManager(ManagerBase):
         self._runner = runner or NetnsCommandRunner(netns)
         self._vxlan_port = vxlan_port
         self._vxlan_sources: dict[str, str] = {}  # node -> its VTEP's parent IP
+        self._vxlan6_nodes: set[str] = set()  # nodes with an IPv6 VTEP (vxlan-v6.calico)
         self._ipip_sources: dict[str, str] = {}  # node -> its host IP (IPIP tunnels)
         # both tunnel source sets (cali40all-vxlan-net, cali40all-hosts-net)
         self._vxlan_sets = FixedIPSets(self._runner, (IPSET_ALL_VXLAN, IPSET_ALL_HOSTS))
@@ -337,13 +338,19 @@ class IptablesManager(ManagerBase):
             had_any = bool(self._vxlan_sources)
             # the IPv4 set holds IPv4 VTEPs' parents; a node with only an IPv6 VTEP
             # (vxlan-v6.calico) has none
+            had_any6 = bool(self._vxlan6_nodes)
             if isinstance(msg, VXLANTunnelEndpointUpdate) and msg.parent_device_ip:
                 self._vxlan_sources[msg.node] = msg.parent_device_ip
             else:
                 self._vxlan_sources.pop(msg.node, None)
+            if isinstance(msg, VXLANTunnelEndpointUpdate) and msg.parent_device_ipv6:
+                self._vxlan6_nodes.add(msg.node)
+            else:
+                self._vxlan6_nodes.discard(msg.node)
             self._vxlan_set_dirty = True
             if had_any != bool(self._vxlan_sources):
                 self._static_dirty = True
+            if had_any != bool(self._vxlan_sources) or had_any6 != bool(self._vxlan6_nodes):
                 self._update_workload_tunnel_drops()
         elif isinstance(msg, IPIPTunnelUpdate | IPIPTunnelRemove):
             had_any = bool(self._ipip_sources)
@@ -369,6 +376,13 @@ class IptablesManager(ManagerBase):
             bool(self._ipip_sources) and not self._allow_ipip_from_workloads)
         if drops != self._renderer.workload_tunnel_drops:
             self._renderer.workload_tunnel_drops = drops
+            self._all_endpoints_dirty = True
+        # IPv6: VXLAN over IPv6 while IPv6 VTEPs exist (there is no IPv6 IPIP)
+        drops6 = workload_tunnel_drops(
+            self._vxlan_port if self._vxlan6_nodes and not self._allow_vxlan_from_workloads
+            else None, False)
+        if drops6 != self._renderer6.workload_tunnel_drops:
+            self._renderer6.workload_tunnel_drops = drops6
             self._all_endpoints_dirty = True
 
     def _on_host_endpoint(self, msg: HostEndpointUpdate) -> None:
