@@ -11,7 +11,7 @@ A node has a VTEP while (1) some enabled IPv4 pool has `vxlanMode` Always or Cro
   (calc/tunnel_resolver.py says how; the IPIP resolver shares it). Easy to get wrong: a
   derived address can collide with a workload given an address at the top of the pool;
   set ipv4VXLANTunnelAddr on the Node to rule that out.
-- MAC: the Node's `vxlanTunnelMACAddr` when the model carries it, else derived from the
+- MAC: the Node's `vxlanTunnelMACAddr` when set, else derived from the
   node name (locally administered unicast, first 6 bytes of sha256("pyfelix-vtep:" + name)),
   again the same on every node. Felix generates a random MAC and writes it back to the
   Node; deriving it keeps the datastore read-only for the agent.
@@ -21,7 +21,7 @@ IPv6 (Felix's dual-stack VXLAN, device `vxlan-v6.calico`): the same, per family.
 an IPv6 VTEP while some enabled IPv6 pool has vxlanMode Always/CrossSubnet and the node has
 a host IPv6 address (`host_ipv6_of`: `spec.bgp.ipv6Address`, else its first IPv6 address);
 its address is `spec.ipv6VXLANTunnelAddr`, else derived in the first IPv6 VXLAN pool (same
-rule, same salt); its MAC `vxlanTunnelMACAddrV6` when the model carries it, else derived
+rule, same salt); its MAC `vxlanTunnelMACAddrV6` when set, else derived
 with the salt "pyfelix-vtep-v6:" (a different MAC from the IPv4 VTEP's, as Felix's two
 devices have). One message per node carries both families (`ipv6_addr`, `mac_v6`,
 `parent_device_ipv6` beside the IPv4 fields, each family's fields "" when that family has
@@ -66,10 +66,9 @@ class VXLANResolver(TunnelResolverBase):
 
     def node_entry(self, node: Node) -> tuple[str, ...]:
         # (host IPv4, ipv4VXLANTunnelAddr, MAC, host IPv6, ipv6VXLANTunnelAddr, MAC v6)
-        return (host_ipv4_of(node), node.ipv4_vxlan_tunnel_addr,
-                str(getattr(node, "vxlan_tunnel_mac_addr", "") or ""),
+        return (host_ipv4_of(node), node.ipv4_vxlan_tunnel_addr, node.vxlan_tunnel_mac_addr,
                 host_ipv6_of(node), node.ipv6_vxlan_tunnel_addr,
-                str(getattr(node, "vxlan_tunnel_mac_addr_v6", "") or ""))
+                node.vxlan_tunnel_mac_addr_v6)
 
     def send(self, node: str, vtep: proto.VXLANTunnelEndpointUpdate | None) -> None:
         self._sink.on_vtep_update(node, vtep)

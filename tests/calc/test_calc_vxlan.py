@@ -139,3 +139,21 @@ def test_ipv6_vtep_withdrawn_when_the_ipv6_pool_goes() -> None:
     assert dataplane.vteps["node1"].ipv6_addr
     pipeline.feed([RawUpdate(key_of(POOL6), None, "test")], SyncStatus.IN_SYNC)
     assert dataplane.vteps["node1"].ipv6_addr == "" and dataplane.vteps["node1"].ipv4_addr
+
+
+def test_node_vtep_macs_are_used_and_bad_ones_refused_by_field() -> None:
+    docs = [POOL, POOL6, _node6("node1", "198.18.0.1", "fd00:18::1",
+                                vxlanTunnelMACAddr="02:AA:00:00:00:01",
+                                vxlanTunnelMACAddrV6="02:aa:00:00:06:01")]
+    vtep = _resolve(docs)["node1"]
+    assert (vtep.mac, vtep.mac_v6) == ("02:aa:00:00:00:01", "02:aa:00:00:06:01")
+    import pytest
+
+    from pyfelix.agent.model import ValidationError
+    from pyfelix.agent.model.resources import parse_resource
+
+    bad = _node6("node2", "198.18.0.2", "fd00:18::2", vxlanTunnelMACAddrV6="01:00:5e:00:00:01")
+    with pytest.raises(ValidationError) as caught:
+        parse_resource(bad)
+    assert caught.value.field.endswith("vxlanTunnelMACAddrV6")
+    assert "unicast" in caught.value.message
