@@ -151,7 +151,9 @@ def run_overlay_case(overlay: str, dataplane: str, family: str, ipip_kernel: boo
         root_guard.check()
         pytest.skip("this kernel has no IPIP support (CONFIG_NET_IPIP): no tunl0; the lab "
                     "refused the scenario with a clear error")
-    with LabRunner(scenario, agents=AgentProcesses(dataplane), dataplane=dataplane,
+    # beyond IPv4, the agents' flow logs say who decided each denial
+    agents = AgentProcesses(dataplane, flow_logs=family != "ipv4")
+    with LabRunner(scenario, agents=agents, dataplane=dataplane,
                    program_routes=False, probe_timeout=0.5, sync_timeout=SYNC_TIMEOUT) as lab:
         lab.build()
         lab.start_agents()
@@ -160,6 +162,14 @@ def run_overlay_case(overlay: str, dataplane: str, family: str, ipip_kernel: boo
         versions = {"ipv4": (4,), "ipv6": (6,), "dual": (4, 6)}[family]
         assert [r.result for r in results] == [e for e in EXPECTED for _ in versions]
         assert [r.probe.family for r in results] == list(versions) * len(EXPECTED)
+        if family != "ipv4":
+            # every denial, IPv6 ones included, was decided by policy at the destination
+            # pod (reporter dst): on the decapsulated packet, not by the tunnel or the sender
+            for result in lab.collect_flows():
+                if result.result == "deny":
+                    flow = result.flow or {}
+                    assert (flow.get("action"), flow.get("reporter")) == ("deny", "dst"), \
+                        result.to_json()
         for name, node in lab.topology.nodes.items():
             tunnels = set()
             remote = [p for p in lab.topology.pods.values() if p.node.name != name]
