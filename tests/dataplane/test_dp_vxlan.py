@@ -305,3 +305,20 @@ def test_kernel_link_local_on_the_device_is_left_alone() -> None:
 def test_ipv6_manager_refuses_a_bad_version() -> None:
     with pytest.raises(ValueError, match="ip_version"):
         VXLANManager(netlink=FakeLinkNetlink(), ip_version=5)
+
+
+def test_ipv6_cross_subnet_same_subnet_goes_over_the_underlay() -> None:
+    n = DualNode()
+    cross = IPAMPoolUpdate(id="fd00:65::/112", cidr="fd00:65::/112", vxlan_mode="CrossSubnet")
+    far = VXLANTunnelEndpointUpdate(node="node3", mac="", ipv4_addr="", parent_device_ip="",
+                                    ipv6_addr="fd00:65::ff:3", mac_v6="02:00:00:00:06:03",
+                                    parent_device_ipv6="fd00:19::3")  # another subnet
+    n.sync(pool(), cross, vtep_dual("node1", 1, MAC1, MAC6_1), vtep_dual("node2", 2, MAC2, MAC6_2),
+           far, route("fd00:65::100/122", "node2"), route("fd00:65::200/122", "node3"))
+    dev6 = n.nl.by_name("vxlan-v6.calico")
+    assert n.nl.routes_via(n.eth0.index) == {"fd00:65::100/122": "fd00:18::2"}  # same /64
+    assert n.nl.routes_via(dev6.index) == {"fd00:65::200/122": "fd00:65::ff:3"}
+    assert not n.nl.routes[("fd00:65::100/122", 254)].onlink
+    # node3 has no IPv4 VTEP: nothing of it on vxlan.calico
+    dev4 = n.nl.by_name("vxlan.calico")
+    assert n.nl.arp(dev4.index) == {"10.65.255.2": MAC2}
