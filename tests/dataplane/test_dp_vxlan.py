@@ -322,3 +322,19 @@ def test_ipv6_cross_subnet_same_subnet_goes_over_the_underlay() -> None:
     # node3 has no IPv4 VTEP: nothing of it on vxlan.calico
     dev4 = n.nl.by_name("vxlan.calico")
     assert n.nl.arp(dev4.index) == {"10.65.255.2": MAC2}
+
+
+def test_ipv6_parent_found_whatever_the_spelling() -> None:
+    n = DualNode()
+    spelled = VXLANTunnelEndpointUpdate(
+        node="node1", mac=MAC1, ipv4_addr="10.65.255.1", parent_device_ip="198.18.0.1",
+        ipv6_addr="fd00:65::ff:1", mac_v6=MAC6_1, parent_device_ipv6="FD00:18:0:0::1")
+    n.sync(*DUAL[:2], spelled, *DUAL[3:])
+    dev6 = n.nl.by_name("vxlan-v6.calico")
+    assert dev6 is not None and n.nl.routes_via(dev6.index) == {
+        "fd00:65::100/122": "fd00:65::ff:2"}
+    assert dev6.vxlan is not None and dev6.vxlan.local == "fd00:18::1"  # the kernel's form
+    n.v6._resync_requested = True
+    requests = n.nl.requests
+    n.v6.apply()
+    assert n.nl.requests == requests  # what it reads back is what it wants: no rewrite

@@ -136,9 +136,14 @@ class OverlayManagerBase(ManagerBase):
             parent_ip = self.tunnel_parent_ip(tunnel)
             if not parent_ip:
                 continue
+            # compared as addresses: IPv6 has many spellings of one address
+            try:
+                parent = ipaddress.ip_address(parent_ip)
+            except ValueError:
+                continue
             for iface, cidrs in sorted(self._iface_addrs.items()):
                 for cidr in cidrs:
-                    if cidr.split("/")[0] == parent_ip:
+                    if _address_of(cidr) == parent:
                         return tunnel, iface, cidr
         return None
 
@@ -226,3 +231,10 @@ class OverlayManagerBase(ManagerBase):
 
     def desired_routes(self) -> dict[str, OverlayRoute]:
         return dict(self._kernel_routes.iter_desired())
+
+
+def _address_of(cidr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_interface(cidr).ip
+    except ValueError:
+        return None

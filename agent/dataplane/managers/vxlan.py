@@ -123,11 +123,15 @@ class VXLANManager(OverlayManagerBase):
         return msg.vxlan_mode
 
     # the VTEP's fields of this manager's family
+    # IPv6 addresses in the kernel's spelling, so what we ask for compares equal to what
+    # we read back (device `local`, FDB and NDP entries, route gateways)
     def tunnel_parent_ip(self, tunnel: VXLANTunnelEndpointUpdate) -> str:
-        return tunnel.parent_device_ip if self.ip_version == 4 else tunnel.parent_device_ipv6
+        if self.ip_version == 4:
+            return tunnel.parent_device_ip
+        return _canonical(tunnel.parent_device_ipv6)
 
     def _vtep_addr(self, vtep: VXLANTunnelEndpointUpdate) -> str:
-        return vtep.ipv4_addr if self.ip_version == 4 else vtep.ipv6_addr
+        return vtep.ipv4_addr if self.ip_version == 4 else _canonical(vtep.ipv6_addr)
 
     def _vtep_mac(self, vtep: VXLANTunnelEndpointUpdate) -> str:
         return (vtep.mac if self.ip_version == 4 else vtep.mac_v6).lower()
@@ -302,3 +306,11 @@ class VXLANManager(OverlayManagerBase):
                 continue
             self._neighbours.mark_update_applied(key)
         return errors
+
+
+def _canonical(text: str) -> str:
+    """An address as the kernel prints it ("" and unparsable text unchanged)."""
+    try:
+        return str(ipaddress.ip_address(text)) if text else text
+    except ValueError:
+        return text
