@@ -421,6 +421,8 @@ PARAMS: tuple[Param, ...] = (
     Param("VXLANVNI", 4096, int_in(1, (1 << 24) - 1), restart=True),
     Param("VXLANPort", 4789, parse_port, restart=True),
     Param("VXLANMTU", 0, int_in(68, 65535, also=(0,)), restart=True),
+    Param("VXLANMTUV6", 0, int_in(1280, 65535, also=(0,)), restart=True,
+          help="MTU of vxlan-v6.calico (0: the parent interface's MTU - 70)."),
     Param("IpInIpEnabled", "", parse_optional_bool, restart=True,
           help="tunl0 wanted: unset follows the IP pools (an IPIP pool and a host IP), true "
                "always, false never (IPIP routes are then not programmed)."),

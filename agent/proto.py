@@ -315,12 +315,18 @@ class VXLANTunnelEndpointUpdate:
 
     `ipv4_addr` is the VTEP's overlay address (on the node's `vxlan.calico` device), `mac`
     the device's MAC, `parent_device_ip` the node's underlay address VXLAN packets are sent
-    to. Sent before any route that goes through it, removed after the last such route."""
+    to. Sent before any route that goes through it, removed after the last such route.
+    The IPv6 fields are Felix's `Ipv6Addr`/`MacV6`/`ParentDeviceIpv6`: the node's VTEP on
+    `vxlan-v6.calico`, set while an IPv6 VXLAN pool exists and the node has a host IPv6
+    address ("" otherwise; the IPv4 fields are "" when only the IPv6 VTEP exists)."""
 
     node: str
     mac: str
     ipv4_addr: str
     parent_device_ip: str
+    ipv6_addr: str = ""
+    mac_v6: str = ""
+    parent_device_ipv6: str = ""
 
 
 @dataclass(frozen=True)

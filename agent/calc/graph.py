@@ -101,6 +101,8 @@ class CalcGraph:
             "config": self.config_batcher.effective(),
             "routes": {dst: r.type for dst, r in self.route_resolver.routes().items()},
             "vteps": {n: v.ipv4_addr for n, v in self.vxlan_resolver.vteps().items()},
+            "vteps_v6": {n: v.ipv6_addr for n, v in self.vxlan_resolver.vteps().items()
+                         if v.ipv6_addr},
             "ipip_tunnels": {n: t.ipv4_addr for n, t in self.ipip_resolver.tunnels().items()},
             "service_frontends": {i: [f"{b.addr}:{b.port}" for b in f.backends]
                                   for i, f in self.services.frontends().items()},

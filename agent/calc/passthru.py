@@ -39,14 +39,27 @@ GLOBAL_CONFIG_NAME = "default"
 
 def host_ipv4_of(node: Node) -> str:
     """The node's IPv4 address as Felix uses it ("" when it has none)."""
-    if node.bgp is not None and node.bgp.ipv4_address:
-        return str(ipaddress.ip_interface(node.bgp.ipv4_address).ip)
+    return _host_ip_of(node, 4)
+
+
+def host_ipv6_of(node: Node) -> str:
+    """The node's IPv6 address (`spec.bgp.ipv6Address`, else its first IPv6 address; ""
+    when it has none): the parent of its IPv6 VXLAN tunnel endpoint."""
+    return _host_ip_of(node, 6)
+
+
+def _host_ip_of(node: Node, version: int) -> str:
+    bgp_address = None
+    if node.bgp is not None:
+        bgp_address = node.bgp.ipv4_address if version == 4 else node.bgp.ipv6_address
+    if bgp_address:
+        return str(ipaddress.ip_interface(bgp_address).ip)
     for text in node.addresses:
         try:
             address = ipaddress.ip_interface(text).ip
         except ValueError:
             continue
-        if address.version == 4:
+        if address.version == version:
             return str(address)
     return ""
 

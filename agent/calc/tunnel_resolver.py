@@ -41,7 +41,8 @@ TUNNEL_MODES = ("Always", "CrossSubnet")
 DERIVED_REGION_MAX = 4096
 
 
-def derive_tunnel_addresses(pool: ipaddress.IPv4Network, names: list[str],
+def derive_tunnel_addresses(pool: ipaddress.IPv4Network | ipaddress.IPv6Network,
+                            names: list[str],
                             addresses: dict[str, str], salt: str, what: str) -> None:
     """Give each node of `names` (in that order) an address in the top quarter of `pool`
     (at most DERIVED_REGION_MAX slots) not already in `addresses`, as the module docstring
@@ -111,26 +112,30 @@ class TunnelResolverBase:
         if old != update.value:
             self._dirty = True
 
-    def tunnel_pools(self) -> list[ipaddress.IPv4Network]:
-        """The enabled IPv4 pools of this resolver's mode, by network address."""
+    def tunnel_pools(self, version: int = 4) -> list[Any]:
+        """The enabled pools of this resolver's mode of one IP version, by network
+        address (IPv4Network or IPv6Network)."""
         nets = []
         for pool in self._pools.values():
             if pool.disabled or getattr(pool, self.MODE_FIELD) not in TUNNEL_MODES:
                 continue
             net = ipaddress.ip_network(pool.cidr, strict=False)
-            if isinstance(net, ipaddress.IPv4Network):
+            if net.version == version:
                 nets.append(net)
         return sorted(set(nets), key=lambda n: (int(n.network_address), n.prefixlen))
 
-    def nodes_with_host_ip(self) -> dict[str, tuple[str, ...]]:
-        return {n: e for n, e in self._nodes.items() if e[0]}
+    def nodes_with_host_ip(self, index: int = 0) -> dict[str, tuple[str, ...]]:
+        """The nodes whose entry has a host IP at `index` (0: the host IPv4)."""
+        return {n: e for n, e in self._nodes.items() if len(e) > index and e[index]}
 
-    def tunnel_addresses(self, pool: ipaddress.IPv4Network,
-                         nodes: dict[str, tuple[str, ...]]) -> dict[str, str]:
-        """Each node's tunnel address: its explicit one, else derived in `pool`."""
+    def tunnel_addresses(self, pool: ipaddress.IPv4Network | ipaddress.IPv6Network,
+                         nodes: dict[str, tuple[str, ...]],
+                         explicit_index: int = 1) -> dict[str, str]:
+        """Each node's tunnel address: its explicit one (entry[explicit_index]), else
+        derived in `pool`."""
         addresses: dict[str, str] = {}
         for name, entry in sorted(nodes.items()):
-            explicit = entry[1]
+            explicit = entry[explicit_index]
             if explicit:
                 if explicit in addresses.values():
                     log.error("Node %s: %s %s is already another node's", name,

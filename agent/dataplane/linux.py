@@ -23,6 +23,7 @@ Order of a round (phase 1 `apply`, then phase 2 `finish_apply` in the same order
                         outgoing uses the same nat-table rules)
     RouteManager        workload routes (+ static ARP), blackholes for local blocks
     VXLANManager        vxlan.calico device, VTEP FDB/ARP, routes to remote VXLAN blocks
+                        (a second one, ip_version=6: vxlan-v6.calico, when Ipv6Support)
     IPIPManager         tunl0 device (address, MTU), routes to remote IPIP blocks onlink
     SysctlManager       forwarding, proxy ARP, rp_filter (0 in BPF mode, and in iptables
                         mode where the endpoint allows spoofed IPv4 sources)
@@ -110,6 +111,7 @@ class LinuxDataplaneConfig:
     vxlan_vni: int = DEFAULT_VNI  # VXLANVNI
     vxlan_port: int = DEFAULT_PORT  # VXLANPort
     vxlan_mtu: int = 0  # VXLANMTU (0: the parent interface's MTU - 50)
+    vxlan_mtu_v6: int = 0  # VXLANMTUV6 (0: the parent interface's MTU - 70)
     ipip_enabled: bool | None = None  # IpInIpEnabled (None: follow the IP pools)
     ipip_mtu: int = 0  # IpInIpMtu (0: the parent interface's MTU - 20)
     ipip_tunnel_addr: str = ""  # IpInIpTunnelAddr (overrides the Node's / derived address)
@@ -156,6 +158,7 @@ class LinuxDataplaneConfig:
             vxlan_vni=config.vxlanvni,
             vxlan_port=config.vxlan_port,
             vxlan_mtu=config.vxlanmtu,
+            vxlan_mtu_v6=config.get("VXLANMTUV6"),
             ipip_enabled={"true": True, "false": False}.get(config.ip_in_ip_enabled),
             ipip_mtu=config.ip_in_ip_mtu,
             ipip_tunnel_addr=config.ip_in_ip_tunnel_addr,
@@ -219,6 +222,11 @@ def linux_managers(cfg: LinuxDataplaneConfig, *, netns: str | None = None,
                      protocol=cfg.route_protocol, ipv6=cfg.ipv6_support,
                      floating_ips=cfg.floating_ips),
         VXLANManager(netns=netns, vni=cfg.vxlan_vni, port=cfg.vxlan_port, mtu=cfg.vxlan_mtu),
+    ]
+    if cfg.ipv6_support:  # Felix's second VXLAN manager: vxlan-v6.calico for IPv6 pools
+        managers.append(VXLANManager(netns=netns, vni=cfg.vxlan_vni, port=cfg.vxlan_port,
+                                     mtu=cfg.vxlan_mtu_v6, ip_version=6))
+    managers += [
         IPIPManager(netns=netns, enabled=cfg.ipip_enabled, mtu=cfg.ipip_mtu,
                     tunnel_addr=cfg.ipip_tunnel_addr),
         SysctlManager(netns=netns, interface_prefixes=cfg.interface_prefixes,

@@ -80,6 +80,8 @@ class Node(Resource):
     ipv4_vxlan_tunnel_addr: str = ""
     pod_cidrs: tuple[str, ...] = ()
     ipv6_vxlan_tunnel_addr: str = ""
+    vxlan_tunnel_mac_addr: str = ""  # lower case; "" = derived (calc/vxlan_resolver.py)
+    vxlan_tunnel_mac_addr_v6: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,7 +292,22 @@ def parse_calico_node(spec: Fields, key: ResourceKey, meta: Metadata) -> Node:
     return Node(key, meta, bgp=bgp,
                 addresses=node_addresses(spec.list("addresses"), spec, "addresses"),
                 ipv4_vxlan_tunnel_addr=optional_ip(spec, "ipv4VXLANTunnelAddr"),
-                ipv6_vxlan_tunnel_addr=optional_ip(spec, "ipv6VXLANTunnelAddr"))
+                ipv6_vxlan_tunnel_addr=optional_ip(spec, "ipv6VXLANTunnelAddr"),
+                vxlan_tunnel_mac_addr=_optional_mac(spec, "vxlanTunnelMACAddr"),
+                vxlan_tunnel_mac_addr_v6=_optional_mac(spec, "vxlanTunnelMACAddrV6"))
+
+
+_MAC = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
+
+
+def _optional_mac(spec: Fields, key: str) -> str:
+    """A VTEP MAC as Calico writes it (six colon-separated hex bytes), unicast."""
+    text = spec.str(key)
+    if not text:
+        return ""
+    if not _MAC.match(text) or int(text[:2], 16) & 1:
+        spec.fail(key, f"{text[:40]!r} is not a unicast MAC address (aa:bb:cc:dd:ee:ff)")
+    return text.lower()
 
 
 # Calico keeps a Kubernetes node's BGP settings in these annotations.

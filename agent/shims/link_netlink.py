@@ -11,6 +11,7 @@ Kernel objects, as `ip`/`bridge` would show them:
 - `LinkDetail`: a link with its kind, MTU, MAC, admin state and, for VXLAN, its VNI, local
   address, parent link, UDP port and learning flag;
 - `Neighbour`: family AF_INET = an ARP entry (`ip neigh ... lladdr MAC nud permanent`),
+  AF_INET6 = its IPv6 counterpart (a static NDP entry, for vxlan-v6.calico),
   family AF_BRIDGE = a VXLAN FDB entry (`bridge fdb ... MAC dst IP self permanent`: frames
   for MAC are sent to underlay address IP);
 - `OverlayRoute`: `dst via gateway dev IF [onlink] proto P` (onlink: the gateway is reachable
@@ -27,6 +28,7 @@ from typing import Protocol
 from pyfelix.agent.shims.netlink import NetlinkError
 
 AF_INET = socket.AF_INET
+AF_INET6 = socket.AF_INET6
 AF_BRIDGE = socket.AF_BRIDGE
 NUD_PERMANENT = 0x80
 NUD_NOARP = 0x40
@@ -58,7 +60,7 @@ class LinkDetail:
 
 @dataclass(frozen=True, order=True)
 class Neighbour:
-    family: int  # AF_INET: ARP entry; AF_BRIDGE: FDB entry of a VXLAN device
+    family: int  # AF_INET/AF_INET6: ARP/NDP entry; AF_BRIDGE: FDB entry of a VXLAN device
     ifindex: int
     ip: str  # ARP: the neighbour's IP; FDB: the remote VTEP's underlay IP
     mac: str
@@ -66,8 +68,8 @@ class Neighbour:
 
     @property
     def key(self) -> tuple[int, int, str]:
-        """What identifies the entry in the kernel: ARP by IP, FDB by MAC."""
-        return (self.family, self.ifindex, self.ip if self.family == AF_INET else self.mac)
+        """What identifies the entry in the kernel: ARP/NDP by IP, FDB by MAC."""
+        return (self.family, self.ifindex, self.mac if self.family == AF_BRIDGE else self.ip)
 
 
 @dataclass(frozen=True, order=True)
@@ -106,7 +108,7 @@ class LinkNetlink(Protocol):
 
     def delete_neighbour(self, neighbour: Neighbour) -> None: ...
 
-    def list_routes(self, protocol: int) -> list[OverlayRoute]: ...
+    def list_routes(self, protocol: int, family: int = AF_INET) -> list[OverlayRoute]: ...
 
     def replace_route(self, route: OverlayRoute) -> None: ...
 
@@ -151,7 +153,8 @@ class PyRoute2LinkNetlink:
             if data is not None:
                 vxlan = VXLANInfo(
                     vni=int(data.get_attr("IFLA_VXLAN_ID") or 0),
-                    local=str(data.get_attr("IFLA_VXLAN_LOCAL") or ""),
+                    local=str(data.get_attr("IFLA_VXLAN_LOCAL")
+                              or data.get_attr("IFLA_VXLAN_LOCAL6") or ""),
                     parent_index=int(data.get_attr("IFLA_VXLAN_LINK") or 0),
                     port=int(data.get_attr("IFLA_VXLAN_PORT") or 0),
                     learning=bool(data.get_attr("IFLA_VXLAN_LEARNING")))
@@ -164,8 +167,9 @@ class PyRoute2LinkNetlink:
         return [self._link(m) for m in self._call("dump links", self._ipr.get_links)]
 
     def add_vxlan(self, name: str, info: VXLANInfo, *, mac: str, mtu: int) -> None:
+        local = {"vxlan_local6" if ":" in info.local else "vxlan_local": info.local}
         self._call(f"add vxlan {name}", self._ipr.link, "add", ifname=name, kind="vxlan",
-                   vxlan_id=info.vni, vxlan_local=info.local, vxlan_link=info.parent_index,
+                   vxlan_id=info.vni, vxlan_link=info.parent_index, **local,
                    vxlan_port=info.port, vxlan_learning=int(info.learning), address=mac,
                    mtu=mtu)
 
@@ -212,12 +216,12 @@ class PyRoute2LinkNetlink:
     def add_addr(self, index: int, cidr: str) -> None:
         address, _, length = cidr.partition("/")
         self._call(f"add address {cidr}", self._ipr.addr, "add", index=index, address=address,
-                   prefixlen=int(length or 32))
+                   prefixlen=int(length or (128 if ":" in address else 32)))
 
     def delete_addr(self, index: int, cidr: str) -> None:
         address, _, length = cidr.partition("/")
         self._call(f"delete address {cidr}", self._ipr.addr, "del", index=index,
-                   address=address, prefixlen=int(length or 32))
+                   address=address, prefixlen=int(length or (128 if ":" in address else 32)))
 
     # --- neighbours ----------------------------------------------------------------------
 
@@ -255,13 +259,15 @@ class PyRoute2LinkNetlink:
 
     # --- routes --------------------------------------------------------------------------
 
-    def list_routes(self, protocol: int) -> list[OverlayRoute]:
+    def list_routes(self, protocol: int, family: int = AF_INET) -> list[OverlayRoute]:
+        """Our routes (`protocol`) of one family: the IPv4 and IPv6 VXLAN managers share
+        protocol 81 and each lists only its own family's."""
         out = []
-        for msg in self._call("dump routes", self._ipr.get_routes, family=AF_INET,
+        for msg in self._call("dump routes", self._ipr.get_routes, family=family,
                               table=RT_TABLE_MAIN):
             if int(msg["proto"]) != protocol:
                 continue
-            dst = msg.get_attr("RTA_DST") or "0.0.0.0"
+            dst = msg.get_attr("RTA_DST") or ("::" if family == AF_INET6 else "0.0.0.0")
             out.append(OverlayRoute(dst=f"{dst}/{msg['dst_len']}",
                                     gateway=str(msg.get_attr("RTA_GATEWAY") or ""),
                                     ifindex=int(msg.get_attr("RTA_OIF") or 0),
@@ -272,7 +278,7 @@ class PyRoute2LinkNetlink:
     def _route_args(self, route: OverlayRoute) -> dict[str, object]:
         args: dict[str, object] = {"dst": route.dst, "oif": route.ifindex,
                                    "proto": route.protocol, "table": route.table,
-                                   "family": AF_INET}
+                                   "family": AF_INET6 if ":" in route.dst else AF_INET}
         if route.gateway:
             args["gateway"] = route.gateway
         if route.onlink:

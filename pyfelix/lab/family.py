@@ -27,7 +27,11 @@ What is rewritten (inputs: the scenario's pods, probes and resource documents):
   Kubernetes `ipBlock` (`cidr`, `except`), IPPool `cidr` (and `blockSize` + 96). Under
   `ipv6` they are replaced; under `dual` the IPv6 twin is added beside the IPv4 one
   (lists get both; a Kubernetes ipBlock peer is followed by its twin peer; an IPPool gets
-  a twin pool `<name>-v6`).
+  a twin pool `<name>-v6`). Encapsulation as a dual-stack Calico cluster has it: a VXLAN
+  pool's twin keeps its vxlanMode (the agent's vxlan-v6.calico carries it); an IPIP pool's
+  twin gets `ipipMode: Never` and is routed by BGP, unencapsulated -- Calico has no IPv6
+  IPIP (its validator refuses ipipMode on an IPv6 pool), so with an IPIP IPv4 pool the
+  IPv6 pool of a dual-stack cluster is a plain BGP-routed one.
 - Calico rules: under `ipv6` their `nets`/`notNets` are mapped, `ipVersion: 4` becomes 6,
   ICMP becomes ICMPv6 with the counterpart type (echo request 8 -> 128, ...). Under `dual`
   a rule naming IPv4 CIDRs or ICMP becomes two rules, the original pinned to ipVersion 4
@@ -39,8 +43,8 @@ address beside the IPv4 one under `ipv6` and `dual`, and the Node resource carri
 under `ipv6`: confd needs `spec.bgp.ipv4Address` (BIRD's router id) to run BGP at all.
 
 Out of scope, refused with `ScenarioError` naming the scenario and the resource (never
-skipped silently): Services and EndpointSlices (the BPF NAT is IPv4 only), floating IPs,
-and IP pools with VXLAN or IPIP encapsulation (no IPv6 overlay in the lab).
+skipped silently): Services and EndpointSlices (the BPF NAT is IPv4 only) and floating
+IPs.
 
 Easy to get wrong: `ipaddress` prints an IPv6 address with an embedded IPv4 tail as hex
 (fd65:6c61:6200::a41:10a), which is what the kernel, BIRD and flow logs print too; compare
@@ -213,10 +217,10 @@ def _unsupported(scenario: Scenario) -> list[str]:
         spec = doc.get("spec") or {}
         if kind in REFUSED_KINDS:
             problems.append(f"{kind} {name}: Services are IPv4 only (the BPF NAT has no IPv6)")
-        elif kind == "IPPool" and any(str(spec.get(mode, "Never")) != "Never"
-                                      for mode in ("vxlanMode", "ipipMode")):
-            problems.append(f"IPPool {name}: spec.vxlanMode/ipipMode: encapsulation over "
-                            "IPv6 is not supported by the lab")
+        elif (kind == "IPPool" and str(spec.get("ipipMode", "Never")) != "Never"
+              and ":" in str(spec.get("cidr", ""))):
+            problems.append(f"IPPool {name}: spec.ipipMode: Calico has no IPv6 IPIP (an "
+                            "IPv6 pool must have ipipMode Never)")
     return problems
 
 
@@ -257,13 +261,16 @@ def rewrite_documents(documents: tuple[dict[str, Any], ...],
 
 def _pool_twin(pool: dict[str, Any]) -> dict[str, Any] | None:
     """The IPv6 twin `<name>-v6` of an IPv4 pool; None for any other (IPv6 already, or
-    bad: the resource model says so)."""
+    bad: the resource model says so). vxlanMode is kept; ipipMode becomes Never (no IPv6
+    IPIP in Calico: the twin of an IPIP pool is routed by BGP, see the module docstring)."""
     twin = copy.deepcopy(pool)
     spec = twin.setdefault("spec", {})
     cidr = twin_text(str(spec.get("cidr", "")))
     if cidr is None:
         return None
     spec["cidr"] = cidr
+    if "ipipMode" in spec:
+        spec["ipipMode"] = "Never"
     if isinstance(spec.get("blockSize"), int):
         spec["blockSize"] += IPV6_PREFIX_EXTRA
     twin["metadata"] = {**twin.get("metadata", {}),

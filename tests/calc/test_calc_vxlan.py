@@ -88,3 +88,72 @@ def test_sequencer_sends_vtep_before_routes_and_removes_it_after() -> None:
     # the route lost its pool type (an update) before the VTEPs went
     assert types.index("RouteUpdate") < types.index("VXLANTunnelEndpointRemove")
     assert dataplane.vteps == {}
+
+
+# --- IPv6 VTEPs (vxlan-v6.calico) -----------------------------------------------------------
+
+POOL6 = ip_pool("vx6", "fd00:65::/112", vxlanMode="Always")
+
+
+def _node6(name: str, ip: str, ip6: str, **spec: str) -> dict:
+    doc = node(name, ip)
+    doc["spec"]["bgp"]["ipv6Address"] = f"{ip6}/64"
+    doc["spec"].update(spec)
+    return doc
+
+
+def test_ipv6_vteps_beside_ipv4_ones_in_one_message_per_node() -> None:
+    docs = [POOL, POOL6, _node6("node1", "198.18.0.1", "fd00:18::1"),
+            _node6("node2", "198.18.0.2", "fd00:18::2", ipv6VXLANTunnelAddr="fd00:65::7")]
+    vteps = _resolve(docs)
+    assert set(vteps) == {"node1", "node2"}
+    assert vteps["node2"].ipv6_addr == "fd00:65::7"  # explicit wins
+    derived = ipaddress.ip_address(vteps["node1"].ipv6_addr)
+    assert derived in ipaddress.ip_network("fd00:65::/112") and str(derived) != "fd00:65::7"
+    assert vteps["node1"].parent_device_ipv6 == "fd00:18::1"
+    assert vteps["node1"].mac_v6 == derived_vtep_mac("node1", 6) != vteps["node1"].mac
+    # the IPv4 fields are what an IPv4-only cluster gets
+    ipv4_only = _resolve([POOL, node("node1", "198.18.0.1"), node("node2", "198.18.0.2")])
+    assert ipv4_only["node1"] == proto.VXLANTunnelEndpointUpdate(
+        node="node1", mac=vteps["node1"].mac, ipv4_addr=vteps["node1"].ipv4_addr,
+        parent_device_ip="198.18.0.1")
+
+
+def test_ipv6_only_vxlan_pool_and_nodes_without_ipv6() -> None:
+    # only an IPv6 VXLAN pool: the IPv4 fields stay empty; a node without a host IPv6
+    # address has no VTEP at all
+    vteps = _resolve([POOL6, _node6("node1", "198.18.0.1", "fd00:18::1"),
+                      node("node2", "198.18.0.2")])
+    assert set(vteps) == {"node1"}
+    assert vteps["node1"].ipv4_addr == vteps["node1"].mac == vteps["node1"].parent_device_ip == ""
+    assert vteps["node1"].ipv6_addr and vteps["node1"].parent_device_ipv6 == "fd00:18::1"
+    # an IPv6 pool without vxlanMode gives no IPv6 VTEP
+    plain6 = ip_pool("p6", "fd00:65::/112")
+    assert _resolve([POOL, plain6, _node6("node1", "198.18.0.1", "fd00:18::1")])[
+        "node1"].ipv6_addr == ""
+
+
+def test_ipv6_vtep_withdrawn_when_the_ipv6_pool_goes() -> None:
+    docs = [POOL, POOL6, _node6("node1", "198.18.0.1", "fd00:18::1")]
+    pipeline, dataplane = _pipeline(docs)
+    assert dataplane.vteps["node1"].ipv6_addr
+    pipeline.feed([RawUpdate(key_of(POOL6), None, "test")], SyncStatus.IN_SYNC)
+    assert dataplane.vteps["node1"].ipv6_addr == "" and dataplane.vteps["node1"].ipv4_addr
+
+
+def test_node_vtep_macs_are_used_and_bad_ones_refused_by_field() -> None:
+    docs = [POOL, POOL6, _node6("node1", "198.18.0.1", "fd00:18::1",
+                                vxlanTunnelMACAddr="02:AA:00:00:00:01",
+                                vxlanTunnelMACAddrV6="02:aa:00:00:06:01")]
+    vtep = _resolve(docs)["node1"]
+    assert (vtep.mac, vtep.mac_v6) == ("02:aa:00:00:00:01", "02:aa:00:00:06:01")
+    import pytest
+
+    from pyfelix.agent.model import ValidationError
+    from pyfelix.agent.model.resources import parse_resource
+
+    bad = _node6("node2", "198.18.0.2", "fd00:18::2", vxlanTunnelMACAddrV6="01:00:5e:00:00:01")
+    with pytest.raises(ValidationError) as caught:
+        parse_resource(bad)
+    assert caught.value.field.endswith("vxlanTunnelMACAddrV6")
+    assert "unicast" in caught.value.message

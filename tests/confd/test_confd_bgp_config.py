@@ -287,3 +287,23 @@ def test_bad_interface_prefix_is_an_error() -> None:
     state, _ = state_from_updates([upd(d) for d in NODES])
     with pytest.raises(ConfdError, match="interface prefix"):
         compute_bird_config(state, "node1", interface_prefix='ca"li')
+
+
+def test_dual_stack_overlay_twins_per_family() -> None:
+    """The lab's dual-stack overlays: an IPv6 VXLAN pool is kept out of BIRD's IPv6 kernel
+    export (the agent's vxlan-v6.calico routes it) and not advertised; the IPv6 twin of an
+    IPIP pool (ipipMode Never: Calico has no IPv6 IPIP) is a plain BGP-routed pool."""
+    nodes = [doc_node(f"node{i}", f"198.18.0.{i}/15") for i in (1, 2)]
+    for n, i in zip(nodes, (1, 2), strict=True):
+        n["spec"]["bgp"]["ipv6Address"] = f"fd00:18::{i}/64"
+    docs = [*nodes, doc_pool("vx", "10.68.0.0/16", vxlanMode="Always"),
+            doc_pool("vx-v6", "fd00:68::/112", vxlanMode="Always"),
+            doc_pool("ip", "10.69.0.0/16", ipipMode="Always"),
+            doc_pool("ip-v6", "fd00:69::/112", ipipMode="Never")]
+    config = compute(docs)
+    assert config.ipv6 is not None
+    assert [(r.cidr, r.reason) for r in config.ipv6.kernel_export_rejects] == [
+        ("fd00:68::/112", "IPPool vx-v6 uses VXLAN")]
+    assert [r.cidr for r in config.kernel_export_rejects] == ["10.68.0.0/16", "10.69.0.0/16"]
+    export6 = {r.cidr: r.accept for r in config.ipv6.export_rules}
+    assert export6 == {"fd00:68::/112": False, "fd00:69::/112": True}

@@ -439,6 +439,52 @@ def test_vxlan_between_nodes_survives_a_deny_all_host_endpoint(mode: str) -> Non
     assert h.to_host(iif="eth1", src="198.18.0.77", proto=UDP, dport=4789) == "ACCEPT"
 
 
+def test_ipv6_only_vteps_are_not_ipv4_vxlan_sources(mode: str) -> None:
+    h = HostHarness(mode)
+    v6_only = VXLANTunnelEndpointUpdate("node2", "", "", "", ipv6_addr="fd00:65::ff:2",
+                                        mac_v6="02:00:00:00:06:02",
+                                        parent_device_ipv6="fd00:18::2")
+    h.sync(v6_only)
+    # no IPv4 VTEP anywhere: no IPv4 VXLAN rules, no set with an empty member
+    assert "cali40all-vxlan-net" not in h.cmds.ipset.sets
+    assert h.to_host(iif="eth1", src="198.18.0.77", proto=UDP, dport=4789) == "ACCEPT"
+    h.feed(VXLANTunnelEndpointUpdate("node2", "02:00:00:00:00:02", "10.65.255.2",
+                                     "198.18.0.2", ipv6_addr="fd00:65::ff:2",
+                                     mac_v6="02:00:00:00:06:02",
+                                     parent_device_ipv6="fd00:18::2"))
+    h.apply()
+    assert h.cmds.ipset.members("cali40all-vxlan-net") == {"198.18.0.2"}
+
+
+def test_ipv6_vxlan_accepted_only_from_ipv6_vteps() -> None:
+    """iptables mode: IPv6 VTEPs (vxlan-v6.calico) get Felix's IPv4 treatment in ip6tables:
+    UDP to VXLANPort accepted from cali60all-vxlan-net (their parents' IPv6), others
+    dropped; the rules and the set go with the last IPv6 VTEP."""
+    h = HostHarness("iptables")
+    walker6 = PacketWalker(h.cmds.iptables6, h.cmds.ipset)
+    vteps = [VXLANTunnelEndpointUpdate(node, f"02:00:00:00:00:0{i}", f"10.65.255.{i}",
+                                       f"198.18.0.{i}", ipv6_addr=f"fd00:65::ff:{i}",
+                                       mac_v6=f"02:00:00:00:06:0{i}",
+                                       parent_device_ipv6=f"fd00:18::{i}")
+             for i, node in ((1, "node1"), (2, "node2"))]
+
+    def to_host6(src: str) -> str:
+        return walker6.verdict("INPUT", Packet(src=src, dst="fd00:18::1", iif="eth0",
+                                               proto=UDP, dport=4789))
+
+    h.sync(*vteps)
+    assert h.cmds.ipset.members("cali60all-vxlan-net") == {"fd00:18::1", "fd00:18::2"}
+    assert h.cmds.ipset.members("cali40all-vxlan-net") == {"198.18.0.1", "198.18.0.2"}
+    assert to_host6("fd00:18::2") == "ACCEPT"  # another node's VTEP parent
+    assert to_host6("fd00:18::77") == "DROP"  # not a node
+    assert walker6.verdict("OUTPUT", Packet(src="fd00:18::1", dst="fd00:18::2", oif="eth0",
+                                            proto=UDP, dport=4789)) == "ACCEPT"
+    h.feed(*(VXLANTunnelEndpointRemove(v.node) for v in vteps))
+    h.apply()
+    assert "cali60all-vxlan-net" not in h.cmds.ipset.sets
+    assert to_host6("fd00:18::77") == "ACCEPT"  # no VXLAN in use: not ours to judge
+
+
 # --- BPF mode: iptables for host endpoints only ---------------------------------------------
 
 WORKLOAD_CHAIN = re.compile(

@@ -160,3 +160,32 @@ def test_iptables_workload_chains_drop_tunnel_packets_while_in_use(allow_vxlan: 
     h.feed([IPIPTunnelRemove("node2"), VXLANTunnelEndpointRemove("node2")])
     h.apply()
     assert not drops & set(from_chain())
+
+
+@pytest.mark.parametrize("allow_vxlan", [False, True])
+def test_ip6tables_workload_chains_drop_vxlan_while_ipv6_vteps_exist(allow_vxlan: bool) -> None:
+    """VXLAN over IPv6 (vxlan-v6.calico) in use: pods may not send IPv6 VXLAN either (unless
+    AllowVXLANPacketsFromWorkloads); the IPv4 chains follow the IPv4 VTEPs only."""
+    import re
+
+    from pyfelix.agent.proto import VXLANTunnelEndpointRemove
+    from pyfelix.agent.proto import VXLANTunnelEndpointUpdate as Vtep
+    from tests.dataplane.dp_harness import Harness, endpoint
+
+    h = Harness(allow_vxlan_from_workloads=allow_vxlan)
+
+    def from_chain(tables) -> set[str]:  # type: ignore[no-untyped-def]
+        rules = tables["filter"]["cali-fw-cali0"]
+        return {re.sub(r"\s*-m comment --comment \S+", "", str(r)).strip() for r in rules}
+
+    drop = "-p udp --dport 4789 -j DROP"
+    h.sync([endpoint("cali0", "10.65.0.1")])
+    assert drop not in from_chain(h.cmds.iptables6.tables)
+    h.feed([Vtep("node2", "", "", "", ipv6_addr="fd00:65::ff:2", mac_v6="02:00:00:00:06:02",
+                 parent_device_ipv6="fd00:18::2")])
+    h.apply()
+    assert (drop in from_chain(h.cmds.iptables6.tables)) is not allow_vxlan
+    assert drop not in from_chain(h.cmds.iptables.tables)  # no IPv4 VTEP
+    h.feed([VXLANTunnelEndpointRemove("node2")])
+    h.apply()
+    assert drop not in from_chain(h.cmds.iptables6.tables)

@@ -11,7 +11,8 @@ from pyfelix.agent.dataplane.managers.iptables import IptablesManager
 
 def test_manager_order_in_both_modes_and_bpf_mode_iptables_for_host_endpoints_only() -> None:
     dp = LinuxDataplane(netns="unused-not-opened")
-    names = ["ipsets", "host-ips", "iptables", "nat-outgoing", "routes", "vxlan", "ipip", "sysctls"]
+    names = ["ipsets", "host-ips", "iptables", "nat-outgoing", "routes", "vxlan", "vxlan-v6",
+             "ipip", "sysctls"]
     assert [m.name for m in dp.loop.managers] == names
     iptables = dp.loop.managers[2]
     assert isinstance(iptables, IptablesManager) and not iptables.host_endpoints_only
@@ -20,6 +21,9 @@ def test_manager_order_in_both_modes_and_bpf_mode_iptables_for_host_endpoints_on
     assert [m.name for m in dp.loop.managers] == names
     iptables = dp.loop.managers[2]
     assert isinstance(iptables, IptablesManager) and iptables.host_endpoints_only
+    # Ipv6Support false: no vxlan-v6.calico manager (nothing IPv6 programmed)
+    dp = LinuxDataplane(netns="unused", config=LinuxDataplaneConfig(ipv6_support=False))
+    assert "vxlan-v6" not in [m.name for m in dp.loop.managers]
 
 
 def _from_felix(settings: dict[str, str], *, bpf_mode: bool = False) -> LinuxDataplaneConfig:

@@ -207,3 +207,134 @@ def test_restart_with_in_sync_before_the_interface_dump_keeps_the_device() -> No
     restarted.apply()
     assert n.nl.requests == writes  # the parent was found in the kernel: nothing rewritten
     assert n.device is not None and n.device.index == index
+
+
+# --- IPv6: vxlan-v6.calico ------------------------------------------------------------------
+
+MAC6_1, MAC6_2 = "02:00:00:00:06:01", "02:00:00:00:06:02"
+
+
+def vtep_dual(node: str, n: int, mac4: str, mac6: str) -> VXLANTunnelEndpointUpdate:
+    return VXLANTunnelEndpointUpdate(
+        node=node, mac=mac4, ipv4_addr=f"10.65.255.{n}", parent_device_ip=f"198.18.0.{n}",
+        ipv6_addr=f"fd00:65::ff:{n}", mac_v6=mac6, parent_device_ipv6=f"fd00:18::{n}")
+
+
+class DualNode:
+    """One namespace with both managers, as linux_managers() builds them."""
+
+    def __init__(self) -> None:
+        self.nl = FakeLinkNetlink()
+        self.eth0 = self.nl.add_link("eth0", mtu=1500)
+        self.addrs = frozenset({"198.18.0.1/15", "fd00:18::1/64", "fe80::1/64"})
+        self.nl.addrs[self.eth0.index].update(self.addrs)
+        self.v4 = VXLANManager(netlink=self.nl)
+        self.v6 = VXLANManager(netlink=self.nl, ip_version=6)
+
+    def sync(self, *msgs: object) -> None:
+        for mgr in (self.v4, self.v6):
+            for msg in (InterfaceAddrsUpdate("eth0", self.addrs), *msgs, InSync()):
+                mgr.on_update(msg)
+            mgr.apply()
+
+
+DUAL = (pool(), IPAMPoolUpdate(id="fd00:65::/112", cidr="fd00:65::/112", vxlan_mode="Always"),
+        vtep_dual("node1", 1, MAC1, MAC6_1), vtep_dual("node2", 2, MAC2, MAC6_2),
+        route("10.65.1.0/26", "node2"), route("fd00:65::100/122", "node2"))
+
+
+def test_ipv6_device_entries_and_routes_beside_the_ipv4_ones() -> None:
+    n = DualNode()
+    n.sync(*DUAL)
+    dev4, dev6 = n.nl.by_name("vxlan.calico"), n.nl.by_name("vxlan-v6.calico")
+    assert dev4 is not None and dev6 is not None
+    assert dev6.vxlan == VXLANInfo(vni=4096, local="fd00:18::1", parent_index=n.eth0.index,
+                                   port=4789, learning=False)
+    assert dev6.mac == MAC6_1 and dev6.mtu == 1430  # parent MTU - 70
+    assert n.nl.addrs[dev6.index] == {"fd00:65::ff:1/128"}
+    assert n.nl.ndp(dev6.index) == {"fd00:65::ff:2": MAC6_2}
+    assert n.nl.fdb(dev6.index) == {MAC6_2: "fd00:18::2"}
+    assert n.nl.routes_via(dev6.index) == {"fd00:65::100/122": "fd00:65::ff:2"}
+    # the IPv4 side is exactly what it is without IPv6
+    assert n.nl.routes_via(dev4.index) == {"10.65.1.0/26": "10.65.255.2"}
+    assert n.nl.arp(dev4.index) == {"10.65.255.2": MAC2} and dev4.mtu == 1450
+    requests = n.nl.requests
+    n.v4.apply()
+    n.v6.apply()
+    assert n.nl.requests == requests  # same state: nothing written
+
+
+def test_the_two_managers_never_delete_each_others_routes_on_resync() -> None:
+    n = DualNode()
+    n.sync(*DUAL)
+    before = dict(n.nl.routes)
+    # both re-read the kernel (same protocol 81) and find nothing to delete
+    for mgr in (n.v4, n.v6):
+        mgr._resync_requested = True
+        mgr.apply()
+    assert n.nl.routes == before and len(before) == 2
+    # an IPv6 route going is removed by the IPv6 manager only
+    for mgr in (n.v4, n.v6):
+        mgr.on_update(RouteRemove(dst="fd00:65::100/122"))
+        mgr.apply()
+    assert [dst for dst, _ in n.nl.routes] == ["10.65.1.0/26"]
+
+
+def test_ipv6_vtep_gone_removes_the_ipv6_device_only() -> None:
+    n = DualNode()
+    n.sync(*DUAL)
+    ipv4_only = VXLANTunnelEndpointUpdate(node="node1", mac=MAC1, ipv4_addr="10.65.255.1",
+                                          parent_device_ip="198.18.0.1")
+    n.sync(ipv4_only)
+    assert n.nl.by_name("vxlan-v6.calico") is None
+    assert n.nl.by_name("vxlan.calico") is not None
+    assert n.nl.routes_via(n.nl.by_name("vxlan.calico").index) == {
+        "10.65.1.0/26": "10.65.255.2"}
+
+
+def test_kernel_link_local_on_the_device_is_left_alone() -> None:
+    n = DualNode()
+    n.sync(*DUAL)
+    dev6 = n.nl.by_name("vxlan-v6.calico")
+    n.nl.addrs[dev6.index].add("fe80::ff:fe00:601/64")  # what the kernel adds itself
+    n.v6._resync_requested = True
+    n.v6.apply()
+    assert "fe80::ff:fe00:601/64" in n.nl.addrs[dev6.index]
+
+
+def test_ipv6_manager_refuses_a_bad_version() -> None:
+    with pytest.raises(ValueError, match="ip_version"):
+        VXLANManager(netlink=FakeLinkNetlink(), ip_version=5)
+
+
+def test_ipv6_cross_subnet_same_subnet_goes_over_the_underlay() -> None:
+    n = DualNode()
+    cross = IPAMPoolUpdate(id="fd00:65::/112", cidr="fd00:65::/112", vxlan_mode="CrossSubnet")
+    far = VXLANTunnelEndpointUpdate(node="node3", mac="", ipv4_addr="", parent_device_ip="",
+                                    ipv6_addr="fd00:65::ff:3", mac_v6="02:00:00:00:06:03",
+                                    parent_device_ipv6="fd00:19::3")  # another subnet
+    n.sync(pool(), cross, vtep_dual("node1", 1, MAC1, MAC6_1), vtep_dual("node2", 2, MAC2, MAC6_2),
+           far, route("fd00:65::100/122", "node2"), route("fd00:65::200/122", "node3"))
+    dev6 = n.nl.by_name("vxlan-v6.calico")
+    assert n.nl.routes_via(n.eth0.index) == {"fd00:65::100/122": "fd00:18::2"}  # same /64
+    assert n.nl.routes_via(dev6.index) == {"fd00:65::200/122": "fd00:65::ff:3"}
+    assert not n.nl.routes[("fd00:65::100/122", 254)].onlink
+    # node3 has no IPv4 VTEP: nothing of it on vxlan.calico
+    dev4 = n.nl.by_name("vxlan.calico")
+    assert n.nl.arp(dev4.index) == {"10.65.255.2": MAC2}
+
+
+def test_ipv6_parent_found_whatever_the_spelling() -> None:
+    n = DualNode()
+    spelled = VXLANTunnelEndpointUpdate(
+        node="node1", mac=MAC1, ipv4_addr="10.65.255.1", parent_device_ip="198.18.0.1",
+        ipv6_addr="fd00:65::ff:1", mac_v6=MAC6_1, parent_device_ipv6="FD00:18:0:0::1")
+    n.sync(*DUAL[:2], spelled, *DUAL[3:])
+    dev6 = n.nl.by_name("vxlan-v6.calico")
+    assert dev6 is not None and n.nl.routes_via(dev6.index) == {
+        "fd00:65::100/122": "fd00:65::ff:2"}
+    assert dev6.vxlan is not None and dev6.vxlan.local == "fd00:18::1"  # the kernel's form
+    n.v6._resync_requested = True
+    requests = n.nl.requests
+    n.v6.apply()
+    assert n.nl.requests == requests  # what it reads back is what it wants: no rewrite

@@ -3,7 +3,7 @@ kernel behaviour the VXLAN and route managers rely on.
 
 - creating a link whose name exists fails EEXIST; a VXLAN link needs an existing parent
   (ENODEV); deleting a link removes its addresses, neighbours and routes;
-- neighbours need their link (ENODEV); an ARP entry is keyed by IP, an FDB entry by MAC
+- neighbours need their link (ENODEV); an ARP/NDP entry is keyed by IP, an FDB entry by MAC
   (replace overwrites); deleting a missing one fails ENOENT;
 - a route needs its link to exist (ENODEV) and, when `onlink`, to be up (ENETDOWN); without
   onlink its gateway must be inside a subnet of the link's addresses (ENETUNREACH); replace
@@ -19,7 +19,9 @@ import ipaddress
 from dataclasses import replace
 
 from pyfelix.agent.shims.link_netlink import (
+    AF_BRIDGE,
     AF_INET,
+    AF_INET6,
     LinkDetail,
     Neighbour,
     OverlayRoute,
@@ -70,9 +72,13 @@ class FakeLinkNetlink:
         return {n.ip: n.mac for n in self.neighbours.values()
                 if n.family == AF_INET and n.ifindex == ifindex}
 
+    def ndp(self, ifindex: int) -> dict[str, str]:
+        return {n.ip: n.mac for n in self.neighbours.values()
+                if n.family == AF_INET6 and n.ifindex == ifindex}
+
     def fdb(self, ifindex: int) -> dict[str, str]:
         return {n.mac: n.ip for n in self.neighbours.values()
-                if n.family != AF_INET and n.ifindex == ifindex}
+                if n.family == AF_BRIDGE and n.ifindex == ifindex}
 
     def routes_via(self, ifindex: int) -> dict[str, str]:
         return {r.dst: r.gateway for r in self.routes.values() if r.ifindex == ifindex}
@@ -170,9 +176,11 @@ class FakeLinkNetlink:
 
     # --- routes --------------------------------------------------------------------------
 
-    def list_routes(self, protocol: int) -> list[OverlayRoute]:
+    def list_routes(self, protocol: int, family: int = AF_INET) -> list[OverlayRoute]:
         self._maybe_fail("dump routes")
-        return sorted(r for r in self.routes.values() if r.protocol == protocol)
+        version = 6 if family == AF_INET6 else 4
+        return sorted(r for r in self.routes.values() if r.protocol == protocol
+                      and ipaddress.ip_network(r.dst, strict=False).version == version)
 
     def replace_route(self, route: OverlayRoute) -> None:
         self.requests += 1

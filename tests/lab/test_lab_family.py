@@ -112,17 +112,11 @@ def test_scenario_pods_probes_and_nodes_per_family() -> None:
         "fd65:6c61:6200::a41:1/128"
 
 
-def test_services_floating_ips_and_overlays_are_refused_by_name() -> None:
+def test_services_and_floating_ips_are_refused_by_name() -> None:
     with pytest.raises(ScenarioError) as caught:
         apply_ip_family(load_scenario(SCENARIOS / "services-clusterip.yaml"), "dual")
     assert "Service shop/web" in str(caught.value)
     assert "services-clusterip" in str(caught.value)
-    with pytest.raises(ScenarioError, match=r"IPPool vxlan-pool.*vxlanMode"):
-        apply_ip_family(parse_scenario({
-            "namespaces": [{"name": "x"}],
-            "pods": [{"namespace": "x", "name": "a"}],
-            "resources": [{"kind": "IPPool", "metadata": {"name": "vxlan-pool"},
-                           "spec": {"cidr": "10.65.0.0/16", "vxlanMode": "Always"}}]}), "ipv6")
     with pytest.raises(ScenarioError, match="x/a: floatingIPs"):
         apply_ip_family(parse_scenario({
             "namespaces": [{"name": "x"}],
@@ -220,3 +214,34 @@ def test_a_scenarios_ipv6_pool_is_kept_and_must_hold_the_pods() -> None:
     dual = apply_ip_family(parse_scenario({**base, "resources": [pool6, pool4]}), "dual")
     assert [(d["metadata"]["name"], d["spec"]["cidr"]) for d in dual.resources] == [
         ("v6", "fd00:10::/64"), ("v4", "10.65.0.0/16"), ("v4-v6", "fd65:6c61:6200::a41:0/112")]
+
+
+def _pools_of(scenario_file: str, ip_family: str) -> dict[str, dict]:
+    prepared = apply_ip_family(load_scenario(SCENARIOS / scenario_file), ip_family)
+    return {d["metadata"]["name"]: d["spec"] for d in prepared.resources
+            if d.get("kind") == "IPPool"}
+
+
+def test_overlay_pools_twinned_as_dual_stack_calico_has_them() -> None:
+    # VXLAN: the IPv6 twin keeps vxlanMode (vxlan-v6.calico carries it)
+    pools = _pools_of("two-node-vxlan.yaml", "dual")
+    assert pools["vxlan-pool"]["vxlanMode"] == "Always"
+    assert pools["vxlan-pool-v6"] == {**pools["vxlan-pool"], "cidr": "fd65:6c61:6200::a41:0/112"}
+    assert _pools_of("two-node-vxlan.yaml", "ipv6")["vxlan-pool-v6"]["vxlanMode"] == "Always"
+    # IPIP: no IPv6 IPIP in Calico; the twin is unencapsulated, routed by BGP
+    pools = _pools_of("two-node-ipip.yaml", "dual")
+    assert pools["ipip-pool"]["ipipMode"] == "Always"
+    assert pools["ipip-pool-v6"]["ipipMode"] == "Never"
+    assert pools["ipip-pool-v6"]["vxlanMode"] == "Never"
+    assert pools["ipip-pool-v6"]["cidr"] == "fd65:6c61:6200::a41:0/112"
+    assert _pools_of("two-node-ipip.yaml", "ipv6") == {"ipip-pool-v6": pools["ipip-pool-v6"]}
+
+
+def test_a_scenario_ipv6_pool_with_ipip_is_refused_by_name() -> None:
+    with pytest.raises(ScenarioError, match=r"IPPool v6ipip: spec.ipipMode: Calico has no IPv6"):
+        apply_ip_family(parse_scenario({
+            "namespaces": [{"name": "x"}],
+            "pods": [{"namespace": "x", "name": "a"}],
+            "resources": [{"kind": "IPPool", "metadata": {"name": "v6ipip"},
+                           "spec": {"cidr": "fd65:6c61:6200::a41:0/112",
+                                    "ipipMode": "Always"}}]}), "dual")

@@ -61,3 +61,26 @@ def test_floating_ips_are_waited_for_only_when_enabled(tmp_path: Path) -> None:
     assert agents._floating_ips_enabled()
     LabDatastore(store, tmp_path).apply([{**felix, "spec": {"floatingIPs": "Disabled"}}])
     assert not agents._floating_ips_enabled()
+
+
+def test_dual_stack_overlay_twins_are_waited_for_by_their_own_modes(tmp_path: Path) -> None:
+    """Under --ip-family dual an IPIP pool's IPv6 twin is BGP-routed (no IPv6 IPIP), a
+    VXLAN pool's twin VXLAN-routed: the readiness waits for BIRD's / the agent's routes."""
+    from pyfelix.lab.family import apply_ip_family
+    from pyfelix.lab.scenario import load_scenario
+
+    scenarios = Path(__file__).parent / "scenarios"
+    for scenario_file, v4_mode, v6_mode in (("two-node-ipip.yaml", "ipip", "bgp"),
+                                            ("two-node-vxlan.yaml", "vxlan", "vxlan")):
+        prepared = apply_ip_family(load_scenario(scenarios / scenario_file), "dual")
+        store = tmp_path / scenario_file
+        store.mkdir()
+        LabDatastore(store, tmp_path).apply(
+            [d for d in prepared.resources if d.get("kind") == "IPPool"])
+        agents = AgentProcesses("iptables")
+        agents.datastore_dir = store
+        pools = agents._pools()
+        pod = prepared.pods[0]
+        assert agents._routing_mode(pod.ip, pools) == v4_mode
+        assert pod.ipv6 is not None
+        assert agents._routing_mode(pod.ipv6, pools) == v6_mode, scenario_file

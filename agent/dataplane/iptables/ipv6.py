@@ -47,6 +47,7 @@ from pyfelix.agent.dataplane.iptables.names import (
     CHAIN_TO_WL_DISPATCH,
     CHAIN_WL_TO_HOST,
     COMMENT_IPV6_DISABLED,
+    IPSET_ALL_VXLAN6,
     reason_comment,
 )
 from pyfelix.agent.dataplane.iptables.render import (
@@ -74,7 +75,8 @@ def ipv6_base_chain_inserts() -> dict[str, tuple[str, ...]]:
             "OUTPUT": (f"-j {CHAIN_OUTPUT}",)}
 
 
-def ipv6_workload_static_chains(renderer: RuleRenderer) -> list[Chain]:
+def ipv6_workload_static_chains(renderer: RuleRenderer, *,
+                                vxlan_port: int | None = None) -> list[Chain]:
     """cali-FORWARD, cali-INPUT, cali-wl-to-host and cali-OUTPUT of the ip6tables filter
     table with IPv6 policy (iptables mode): the IPv4 layout for workloads, with the
     neighbour discovery / MLD accepts first, and no host endpoint rules (host endpoints'
@@ -85,6 +87,10 @@ def ipv6_workload_static_chains(renderer: RuleRenderer) -> list[Chain]:
         cali-INPUT:   -i cali+ ND/MLD -> ACCEPT; -i cali+ goto cali-wl-to-host
         cali-wl-to-host: -> cali-from-wl-dispatch; DefaultEndpointToHostAction
         cali-OUTPUT:  -o cali+ ND/MLD -> ACCEPT; ACCEPT mark -> ACCEPT; -o cali+ RETURN
+
+    With `vxlan_port` (IPv6 VTEPs exist, vxlan-v6.calico), as IPv4 does for vxlan.calico:
+    cali-INPUT first accepts UDP to that port only from `cali60all-vxlan-net` (the IPv6
+    VTEPs' parent addresses) and drops the rest; cali-OUTPUT accepts it to them.
     """
     if renderer.family != 6:
         raise ValueError("ipv6_workload_static_chains: needs the IPv6 renderer")
@@ -95,11 +101,19 @@ def ipv6_workload_static_chains(renderer: RuleRenderer) -> list[Chain]:
                + [f"-i {w} -j {CHAIN_FROM_WL_DISPATCH}" for w in wildcards]
                + [f"-o {w} -j {CHAIN_TO_WL_DISPATCH}" for w in wildcards]
                + [accepted])
-    input_rules = [icmpv6_accept("-i", w, t) for w in wildcards for t in ICMPV6_TO_HOST]
+    input_rules: list[str] = []
+    tunnel_output: list[str] = []
+    if vxlan_port is not None:
+        vxlan = f"-p udp --dport {vxlan_port}"
+        input_rules += [f"{vxlan} -m set --match-set {IPSET_ALL_VXLAN6} src -j ACCEPT",
+                        f"{vxlan} -j DROP"]
+        tunnel_output.append(f"{vxlan} -m set --match-set {IPSET_ALL_VXLAN6} dst -j ACCEPT")
+    input_rules += [icmpv6_accept("-i", w, t) for w in wildcards for t in ICMPV6_TO_HOST]
     input_rules += [f"-i {w} -g {CHAIN_WL_TO_HOST}" for w in wildcards]
     to_host = ENDPOINT_TO_HOST_ACTIONS[renderer.endpoint_to_host_action.lower()]
     wl_to_host = [f"-j {CHAIN_FROM_WL_DISPATCH}", f"-j {to_host}"]
-    output = [icmpv6_accept("-o", w, t) for w in wildcards for t in ICMPV6_FROM_HOST]
+    output = tunnel_output + [icmpv6_accept("-o", w, t) for w in wildcards
+                              for t in ICMPV6_FROM_HOST]
     output.append(accepted)
     output += [f"-o {w} -j RETURN" for w in wildcards]
     return [Chain(CHAIN_FORWARD, tuple(forward)), Chain(CHAIN_INPUT, tuple(input_rules)),

@@ -34,6 +34,7 @@ IPSET_THIS_HOST = f"{IPSET_PREFIX}this-host"
 IPSET_MASQ_POOLS = f"{IPSET_PREFIX}masq-ipam-pools"
 IPSET_ALL_POOLS = f"{IPSET_PREFIX}all-ipam-pools"
 IPSET_ALL_VXLAN = f"{IPSET_PREFIX}all-vxlan-net"
+IPSET_ALL_VXLAN6 = f"{IPSET_PREFIX6}all-vxlan-net"  # IPv6 VTEPs' parents (vxlan-v6.calico)
 IPSET_ALL_HOSTS = f"{IPSET_PREFIX}all-hosts-net"  # the nodes IPIP is accepted from (Felix's)
 MAX_IPSET_NAME = 31
 MAX_IFACE_NAME = 15

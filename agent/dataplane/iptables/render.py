@@ -538,7 +538,7 @@ class RuleRenderer:
             "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
             "-m conntrack --ctstate INVALID -j DROP",
             set_mark(0, self.marks.all),
-            *(() if to_workload or self.family != 4 else self.workload_tunnel_drops),
+            *(() if to_workload else self.workload_tunnel_drops),
             *self.policy_section(endpoint.name, endpoint.tiers, endpoint.profile_ids,
                                  inbound=to_workload, policy_known=policy_known,
                                  profile_known=profile_known),

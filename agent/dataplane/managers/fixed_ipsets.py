@@ -5,8 +5,9 @@ Role: the kernel side of Felix's "special" IP sets - `cali40this-host` (host IPs
 BOTH dataplane modes (the IP-sets manager exists only in iptables mode). Each owner declares
 its names at construction; only those names are ever read, created, filled or destroyed.
 
-Inputs: `set_members(name, members)` (CIDRs / IPv4 addresses; IPv6 ones are skipped, these
-are `family inet` sets), `remove(name)`. Output: `apply()` writes the difference from the
+Inputs: `set_members(name, members)` (CIDRs / addresses of the set's family: `cali40*`
+sets are `family inet`, `cali60*` ones `family inet6`; members of the other family are
+skipped), `remove(name)`. Output: `apply()` writes the difference from the
 kernel in ONE `ipset -exist restore`: creates and member changes; `apply_deletions()`
 destroys removed sets (call it after the iptables rules referencing them are gone).
 
@@ -23,6 +24,7 @@ from pyfelix.agent.dataplane.delta import DeltaTracker
 from pyfelix.agent.dataplane.managers.ipsets import (
     IPSetError,
     IPSetState,
+    family_of_set,
     normalise_member,
     parse_ipset_save,
     restore_lines,
@@ -53,12 +55,12 @@ class FixedIPSets:
         self._check(name)
         kernel: set[str] = set()
         for member in members:
-            normalised = normalise_member(member, "net")
+            normalised = normalise_member(member, "net", family_of_set(name))
             if normalised is None:
                 log.error("IP set %s: member %r is not an address or CIDR; skipped", name,
                           member)
                 continue
-            kernel.update(normalised)  # [] for IPv6: not for this IPv4 set
+            kernel.update(normalised)  # []: of the other family, not for this set
         self._tracker.set_desired(name, IPSetState(KERNEL_TYPE, frozenset(kernel)))
 
     def remove(self, name: str) -> None:
@@ -95,7 +97,8 @@ class FixedIPSets:
             self._resync()
         updates = self._tracker.pending_updates()
         lines = [line for name, state in updates for line in restore_lines(
-            name, state, self._tracker.get_dataplane(name), self._max_size)]
+            name, state, self._tracker.get_dataplane(name), self._max_size,
+            family_of_set(name))]
         if not lines:
             return False
         self.restore_calls += 1

@@ -98,6 +98,7 @@ from pyfelix.agent.dataplane.iptables.ipv6 import (
 from pyfelix.agent.dataplane.iptables.names import (
     IPSET_ALL_HOSTS,
     IPSET_ALL_VXLAN,
+    IPSET_ALL_VXLAN6,
     valid_iface_name,
 )
 from pyfelix.agent.dataplane.iptables.render import (
@@ -190,9 +191,12 @@ class IptablesManager(ManagerBase):
         self._runner = runner or NetnsCommandRunner(netns)
         self._vxlan_port = vxlan_port
         self._vxlan_sources: dict[str, str] = {}  # node -> its VTEP's parent IP
+        # node -> its IPv6 VTEP's parent IPv6 (vxlan-v6.calico)
+        self._vxlan6_nodes: dict[str, str] = {}
         self._ipip_sources: dict[str, str] = {}  # node -> its host IP (IPIP tunnels)
         # both tunnel source sets (cali40all-vxlan-net, cali40all-hosts-net)
-        self._vxlan_sets = FixedIPSets(self._runner, (IPSET_ALL_VXLAN, IPSET_ALL_HOSTS))
+        self._vxlan_sets = FixedIPSets(self._runner,
+                                       (IPSET_ALL_VXLAN, IPSET_ALL_HOSTS, IPSET_ALL_VXLAN6))
         self._vxlan_set_dirty = False
         self._vxlan_set_checked = False
         self._backend_mode = backend
@@ -335,13 +339,21 @@ class IptablesManager(ManagerBase):
                     self._static_dirty = True
         elif isinstance(msg, VXLANTunnelEndpointUpdate | VXLANTunnelEndpointRemove):
             had_any = bool(self._vxlan_sources)
-            if isinstance(msg, VXLANTunnelEndpointUpdate):
+            # the IPv4 set holds IPv4 VTEPs' parents; a node with only an IPv6 VTEP
+            # (vxlan-v6.calico) has none
+            had_any6 = bool(self._vxlan6_nodes)
+            if isinstance(msg, VXLANTunnelEndpointUpdate) and msg.parent_device_ip:
                 self._vxlan_sources[msg.node] = msg.parent_device_ip
             else:
                 self._vxlan_sources.pop(msg.node, None)
+            if isinstance(msg, VXLANTunnelEndpointUpdate) and msg.parent_device_ipv6:
+                self._vxlan6_nodes[msg.node] = msg.parent_device_ipv6
+            else:
+                self._vxlan6_nodes.pop(msg.node, None)
             self._vxlan_set_dirty = True
-            if had_any != bool(self._vxlan_sources):
+            if had_any != bool(self._vxlan_sources) or had_any6 != bool(self._vxlan6_nodes):
                 self._static_dirty = True
+            if had_any != bool(self._vxlan_sources) or had_any6 != bool(self._vxlan6_nodes):
                 self._update_workload_tunnel_drops()
         elif isinstance(msg, IPIPTunnelUpdate | IPIPTunnelRemove):
             had_any = bool(self._ipip_sources)
@@ -367,6 +379,13 @@ class IptablesManager(ManagerBase):
             bool(self._ipip_sources) and not self._allow_ipip_from_workloads)
         if drops != self._renderer.workload_tunnel_drops:
             self._renderer.workload_tunnel_drops = drops
+            self._all_endpoints_dirty = True
+        # IPv6: VXLAN over IPv6 while IPv6 VTEPs exist (there is no IPv6 IPIP)
+        drops6 = workload_tunnel_drops(
+            self._vxlan_port if self._vxlan6_nodes and not self._allow_vxlan_from_workloads
+            else None, False)
+        if drops6 != self._renderer6.workload_tunnel_drops:
+            self._renderer6.workload_tunnel_drops = drops6
             self._all_endpoints_dirty = True
 
     def _on_host_endpoint(self, msg: HostEndpointUpdate) -> None:
@@ -526,7 +545,9 @@ class IptablesManager(ManagerBase):
             filter_table.set_base_inserts(base, rules)
         if workloads:
             table6 = self.table6
-            static6 = (ipv6_workload_static_chains(self._renderer6) if self._ipv6_policy
+            vxlan_port6 = self._vxlan_port if self._vxlan6_nodes else None
+            static6 = (ipv6_workload_static_chains(self._renderer6, vxlan_port=vxlan_port6)
+                       if self._ipv6_policy
                        else ipv6_disabled_static_chains(self._renderer6.interface_prefixes))
             for chain in static6:
                 table6.set_chain(chain)
@@ -632,14 +653,17 @@ class IptablesManager(ManagerBase):
             self._vxlan_set_checked = False
             self._resync_requested = False
         if self._vxlan_set_dirty:
+            # the IPv6 set only where ip6tables rules use it (iptables mode, IPv6 policy)
+            sources6 = self._vxlan6_nodes if self._ipv6_policy else {}
             for name, sources in ((IPSET_ALL_VXLAN, self._vxlan_sources),
-                                  (IPSET_ALL_HOSTS, self._ipip_sources)):
+                                  (IPSET_ALL_HOSTS, self._ipip_sources),
+                                  (IPSET_ALL_VXLAN6, sources6)):
                 if sources:
                     self._vxlan_sets.set_members(name, sources.values())
                 else:
                     self._vxlan_sets.remove(name)
             self._vxlan_set_dirty = False
-        if self._vxlan_sources or self._ipip_sources:
+        if self._vxlan_sources or self._ipip_sources or self._vxlan6_nodes:
             self._vxlan_sets.apply()  # before the rules that match them
         # One restore; raw and mangle first: the filter table's cali-INPUT/-OUTPUT trust the
         # ACCEPT mark their policies set. Then IPv6 (its own restore), even when IPv4 failed.
@@ -679,7 +703,8 @@ class IptablesManager(ManagerBase):
                 f"kernel): {exc}") from exc
 
     def finish_apply(self) -> None:
-        if self._datastore_in_sync and not (self._vxlan_sources and self._ipip_sources):
+        if self._datastore_in_sync and not (self._vxlan_sources and self._ipip_sources
+                                            and self._vxlan6_nodes and self._ipv6_policy):
             # The rules using the set are gone by now. The first time, read the kernel
             # (`apply` resyncs) so a set left by an earlier run is swept too.
             if not self._vxlan_set_checked:

@@ -10,6 +10,11 @@ routes of their own protocol number against the kernel, deletions only after InS
 Subclasses say which messages are theirs (`TUNNEL_UPDATE`, `TUNNEL_REMOVE`, `POOL_TYPE`,
 `pool_mode(msg)`) and own their device: `_desired_device`, `_ensure_device`, `apply`.
 
+IP version: a manager serves ONE family (`ip_version`, 4 unless the subclass says
+otherwise): only routes, pools and kernel routes of that family are its own, and it finds
+its tunnel's parent by `tunnel_parent_ip(tunnel)`. The IPv4 and IPv6 VXLAN managers share
+the route protocol (81) and stay out of each other's routes by family.
+
 Invariants: `on_update` only records desired state (no kernel access); `_apply_routes`
 writes only the difference and reports each failed write instead of raising, so one bad
 route does not stop the others.
@@ -26,7 +31,7 @@ from pyfelix.agent.dataplane.delta import DeltaTracker
 from pyfelix.agent.dataplane.events import InterfaceAddrsUpdate
 from pyfelix.agent.dataplane.manager import ManagerBase
 from pyfelix.agent.proto import InSync, IPAMPoolRemove, IPAMPoolUpdate, RouteRemove, RouteUpdate
-from pyfelix.agent.shims.link_netlink import LinkDetail, LinkNetlink, OverlayRoute
+from pyfelix.agent.shims.link_netlink import AF_INET6, LinkDetail, LinkNetlink, OverlayRoute
 from pyfelix.agent.shims.netlink import NetlinkError
 
 log = logging.getLogger(__name__)
@@ -38,8 +43,11 @@ class OverlayManagerBase(ManagerBase):
     POOL_TYPE: ClassVar[str]  # the RouteUpdate.ip_pool_type this manager routes
 
     def __init__(self, *, netns: str | None, netlink: LinkNetlink | None, mtu: int,
-                 device: str, protocol: int) -> None:
+                 device: str, protocol: int, ip_version: int = 4) -> None:
         super().__init__()
+        if ip_version not in (4, 6):
+            raise ValueError(f"ip_version: {ip_version} is not 4 or 6")
+        self.ip_version = ip_version
         self._netns = netns
         self._netlink = netlink
         self._mtu = mtu
@@ -47,7 +55,7 @@ class OverlayManagerBase(ManagerBase):
         self._protocol = protocol
         self._tunnels: dict[str, Any] = {}
         self._routes: dict[str, RouteUpdate] = {}
-        self._pools: dict[str, tuple[ipaddress.IPv4Network, str]] = {}
+        self._pools: dict[str, tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, str]] = {}
         self._iface_addrs: dict[str, frozenset[str]] = {}
         self._kernel_routes: DeltaTracker[str, OverlayRoute] = DeltaTracker()
         self._device_link: LinkDetail | None = None
@@ -58,6 +66,17 @@ class OverlayManagerBase(ManagerBase):
     @staticmethod
     def pool_mode(msg: IPAMPoolUpdate) -> str:
         raise NotImplementedError
+
+    def tunnel_parent_ip(self, tunnel: Any) -> str:
+        """The host address a tunnel's packets go to, for this manager's family ("" when
+        the node has no tunnel of this family)."""
+        return str(tunnel.parent_device_ip)
+
+    def _of_my_family(self, cidr: str) -> bool:
+        try:
+            return ipaddress.ip_network(cidr, strict=False).version == self.ip_version
+        except ValueError:
+            return False
 
     @property
     def netlink(self) -> LinkNetlink:
@@ -76,7 +95,8 @@ class OverlayManagerBase(ManagerBase):
             if self._tunnels.pop(msg.node, None) is None:  # type: ignore[attr-defined]
                 return
         elif isinstance(msg, RouteUpdate):
-            if msg.type == "remote_workload" and msg.ip_pool_type == self.POOL_TYPE:
+            if (msg.type == "remote_workload" and msg.ip_pool_type == self.POOL_TYPE
+                    and self._of_my_family(msg.dst)):
                 self._routes[msg.dst] = msg
             elif self._routes.pop(msg.dst, None) is None:
                 return
@@ -89,7 +109,7 @@ class OverlayManagerBase(ManagerBase):
             except ValueError:
                 log.error("IPAMPoolUpdate %s: cidr %r is not a CIDR; ignored", msg.id, msg.cidr)
                 return
-            if isinstance(net, ipaddress.IPv4Network):
+            if net.version == self.ip_version:
                 self._pools[msg.id] = (net, self.pool_mode(msg))
         elif isinstance(msg, IPAMPoolRemove):
             if self._pools.pop(msg.id, None) is None:
@@ -113,9 +133,17 @@ class OverlayManagerBase(ManagerBase):
     def local_tunnel(self) -> tuple[Any, str, str] | None:
         """(our tunnel, parent interface, parent CIDR): the tunnel whose host IP is ours."""
         for tunnel in sorted(self._tunnels.values(), key=lambda t: t.node):
+            parent_ip = self.tunnel_parent_ip(tunnel)
+            if not parent_ip:
+                continue
+            # compared as addresses: IPv6 has many spellings of one address
+            try:
+                parent = ipaddress.ip_address(parent_ip)
+            except ValueError:
+                continue
             for iface, cidrs in sorted(self._iface_addrs.items()):
                 for cidr in cidrs:
-                    if cidr.split("/")[0] == tunnel.parent_device_ip:
+                    if _address_of(cidr) == parent:
                         return tunnel, iface, cidr
         return None
 
@@ -126,7 +154,8 @@ class OverlayManagerBase(ManagerBase):
         except ValueError:
             return ""
         modes = [(pool.prefixlen, mode) for pool, mode in self._pools.values()
-                 if net.version == 4 and net.subnet_of(pool)]  # type: ignore[arg-type]
+                 if net.version == self.ip_version and net.version == pool.version
+                 and net.subnet_of(pool)]  # type: ignore[arg-type]
         return max(modes)[1] if modes else ""
 
     @staticmethod
@@ -156,10 +185,19 @@ class OverlayManagerBase(ManagerBase):
         """The kernel's view of our device, its addresses and our routes (on resync)."""
         self._seed_interfaces(links)
         self._device_link = next((link for link in links if link.name == self._device), None)
-        self._device_addrs = (self.netlink.list_addrs(self._device_link.index)
+        # the kernel's own IPv6 link-local address (every device up with IPv6 has one) is
+        # not ours to manage
+        self._device_addrs = ({a for a in self.netlink.list_addrs(self._device_link.index)
+                               if not a.lower().startswith("fe80:")}
                               if self._device_link is not None else set())
         self._kernel_routes.replace_all_dataplane(
-            {r.dst: r for r in self.netlink.list_routes(self._protocol)})
+            {r.dst: r for r in self._list_kernel_routes()})
+
+    def _list_kernel_routes(self) -> list[OverlayRoute]:
+        """Our protocol's routes of our family (the IPv4 call is unchanged)."""
+        if self.ip_version == 4:
+            return self.netlink.list_routes(self._protocol)
+        return self.netlink.list_routes(self._protocol, AF_INET6)
 
     def _apply_routes(self) -> list[str]:
         errors = []
@@ -193,3 +231,10 @@ class OverlayManagerBase(ManagerBase):
 
     def desired_routes(self) -> dict[str, OverlayRoute]:
         return dict(self._kernel_routes.iter_desired())
+
+
+def _address_of(cidr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_interface(cidr).ip
+    except ValueError:
+        return None

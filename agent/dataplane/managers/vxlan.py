@@ -29,6 +29,14 @@ route manager and this one never delete each other's routes. Any address on vxla
 and any ARP/FDB entry on it is ours. With no local VTEP (no VXLAN pool, or this node has no
 host IP yet) the device is removed - but, like every deletion, only after InSync.
 
+IPv6 (`ip_version=6`, Felix's second manager instance): device `vxlan-v6.calico`, `local`
+= the node's host IPv6 (`parent_device_ipv6`), parent = the interface holding it, MTU =
+VXLANMTUV6 or the parent's MTU - 70 (outer IPv6 header is 40 bytes), address `<ipv6_addr>/128`,
+MAC `mac_v6`; per remote VTEP an NDP entry (AF_INET6 neighbour) and an FDB entry to its host
+IPv6; per IPv6 VXLAN route `<dst> via <VTEP IPv6> dev vxlan-v6.calico onlink proto 81`. Same
+protocol as the IPv4 manager: each lists and deletes only its own family's routes. The
+kernel's own link-local address on the device is left alone.
+
 Both dataplane modes: plain Linux networking, `linux_managers()` adds it in iptables and BPF
 mode. Apply is a diff against what the kernel holds (read on the first apply, after a
 failure and on periodic resync); applying the same state twice writes nothing. The inputs
@@ -52,6 +60,7 @@ from pyfelix.agent.proto import (
 from pyfelix.agent.shims.link_netlink import (
     AF_BRIDGE,
     AF_INET,
+    AF_INET6,
     LinkDetail,
     LinkNetlink,
     Neighbour,
@@ -63,10 +72,12 @@ from pyfelix.agent.shims.netlink import NetlinkError
 log = logging.getLogger(__name__)
 
 VXLAN_DEVICE = "vxlan.calico"
+VXLAN_DEVICE_V6 = "vxlan-v6.calico"
 VXLAN_ROUTE_PROTOCOL = 81
 DEFAULT_VNI = 4096
 DEFAULT_PORT = 4789
 VXLAN_OVERHEAD = 50  # outer Ethernet 14 + IPv4 20 + UDP 8 + VXLAN 8
+VXLAN_OVERHEAD_V6 = 70  # outer Ethernet 14 + IPv6 40 + UDP 8 + VXLAN 8
 
 
 class VXLANError(RuntimeError):
@@ -78,7 +89,7 @@ class DeviceSpec:
     info: VXLANInfo
     mac: str
     mtu: int
-    address: str  # "<VTEP IP>/32"
+    address: str  # "<VTEP IP>/32" ("/128" for IPv6)
 
 
 class VXLANManager(OverlayManagerBase):
@@ -89,9 +100,14 @@ class VXLANManager(OverlayManagerBase):
 
     def __init__(self, *, netns: str | None = None, netlink: LinkNetlink | None = None,
                  vni: int = DEFAULT_VNI, port: int = DEFAULT_PORT, mtu: int = 0,
-                 device: str = VXLAN_DEVICE, protocol: int = VXLAN_ROUTE_PROTOCOL) -> None:
+                 device: str | None = None, protocol: int = VXLAN_ROUTE_PROTOCOL,
+                 ip_version: int = 4) -> None:
+        if device is None:
+            device = VXLAN_DEVICE if ip_version == 4 else VXLAN_DEVICE_V6
         super().__init__(netns=netns, netlink=netlink, mtu=mtu, device=device,
-                         protocol=protocol)
+                         protocol=protocol, ip_version=ip_version)
+        if ip_version == 6:
+            self.name = "vxlan-v6"
         if not 0 < vni < 1 << 24:
             raise ValueError(f"VXLANVNI: {vni} is not 1..16777215")
         if not 0 < port < 65536:
@@ -106,6 +122,24 @@ class VXLANManager(OverlayManagerBase):
     def pool_mode(msg: IPAMPoolUpdate) -> str:
         return msg.vxlan_mode
 
+    # the VTEP's fields of this manager's family
+    # IPv6 addresses in the kernel's spelling, so what we ask for compares equal to what
+    # we read back (device `local`, FDB and NDP entries, route gateways)
+    def tunnel_parent_ip(self, tunnel: VXLANTunnelEndpointUpdate) -> str:
+        if self.ip_version == 4:
+            return tunnel.parent_device_ip
+        return _canonical(tunnel.parent_device_ipv6)
+
+    def _vtep_addr(self, vtep: VXLANTunnelEndpointUpdate) -> str:
+        return vtep.ipv4_addr if self.ip_version == 4 else _canonical(vtep.ipv6_addr)
+
+    def _vtep_mac(self, vtep: VXLANTunnelEndpointUpdate) -> str:
+        return (vtep.mac if self.ip_version == 4 else vtep.mac_v6).lower()
+
+    @property
+    def _neighbour_family(self) -> int:
+        return AF_INET if self.ip_version == 4 else AF_INET6
+
     # --- desired state ----------------------------------------------------------------------
 
     def _parent_link(self, links: list[LinkDetail], iface: str) -> LinkDetail | None:
@@ -119,19 +153,24 @@ class VXLANManager(OverlayManagerBase):
         parent = self._parent_link(links, iface)
         if parent is None:
             return None, ""
-        mtu = self._mtu or max(68, parent.mtu - VXLAN_OVERHEAD)
-        info = VXLANInfo(vni=self._vni, local=vtep.parent_device_ip,
+        if self.ip_version == 4:
+            mtu = self._mtu or max(68, parent.mtu - VXLAN_OVERHEAD)
+        else:  # IPv6 needs at least 1280 on a link
+            mtu = self._mtu or max(1280, parent.mtu - VXLAN_OVERHEAD_V6)
+        info = VXLANInfo(vni=self._vni, local=self.tunnel_parent_ip(vtep),
                          parent_index=parent.index, port=self._port, learning=False)
-        return DeviceSpec(info, vtep.mac.lower(), mtu, f"{vtep.ipv4_addr}/32"), cidr
+        length = 32 if self.ip_version == 4 else 128
+        return DeviceSpec(info, self._vtep_mac(vtep), mtu,
+                          f"{self._vtep_addr(vtep)}/{length}"), cidr
 
     def _desired_neighbours(self, index: int, local_node: str) -> dict:
         wanted: dict[tuple[int, int, str], Neighbour] = {}
         for vtep in self._tunnels.values():
-            if vtep.node == local_node:
+            if vtep.node == local_node or not self.tunnel_parent_ip(vtep):
                 continue
-            mac = vtep.mac.lower()
-            for n in (Neighbour(AF_INET, index, vtep.ipv4_addr, mac),
-                      Neighbour(AF_BRIDGE, index, vtep.parent_device_ip, mac)):
+            mac = self._vtep_mac(vtep)
+            for n in (Neighbour(self._neighbour_family, index, self._vtep_addr(vtep), mac),
+                      Neighbour(AF_BRIDGE, index, self.tunnel_parent_ip(vtep), mac)):
                 wanted[n.key] = n
         return wanted
 
@@ -143,16 +182,17 @@ class VXLANManager(OverlayManagerBase):
             vtep = self._tunnels.get(route.dst_node)
             if route.dst_node == local_node:
                 continue
-            if vtep is None:
-                log.debug("route %s: node %s has no VTEP (yet); not programmed", dst,
-                          route.dst_node)
+            if vtep is None or not self.tunnel_parent_ip(vtep):
+                log.debug("route %s: node %s has no IPv%d VTEP (yet); not programmed", dst,
+                          route.dst_node, self.ip_version)
                 continue
-            same_subnet = ipaddress.ip_address(vtep.parent_device_ip) in local_subnet
+            parent_ip = self.tunnel_parent_ip(vtep)
+            same_subnet = ipaddress.ip_address(parent_ip) in local_subnet
             if self._pool_mode(dst) == "CrossSubnet" and same_subnet:
-                wanted[dst] = OverlayRoute(dst, vtep.parent_device_ip, parent_index,
+                wanted[dst] = OverlayRoute(dst, parent_ip, parent_index,
                                            self._protocol, onlink=False)
             else:
-                wanted[dst] = OverlayRoute(dst, vtep.ipv4_addr, index, self._protocol)
+                wanted[dst] = OverlayRoute(dst, self._vtep_addr(vtep), index, self._protocol)
         return wanted
 
     # --- apply ------------------------------------------------------------------------------
@@ -161,7 +201,7 @@ class VXLANManager(OverlayManagerBase):
         self._read_device_and_routes(links)
         neighbours: dict[tuple[int, int, str], Neighbour] = {}
         if self._device_link is not None:
-            for family in (AF_INET, AF_BRIDGE):
+            for family in (self._neighbour_family, AF_BRIDGE):
                 for n in self.netlink.list_neighbours(family, self._device_link.index):
                     if n.permanent:
                         neighbours[n.key] = n
@@ -231,6 +271,7 @@ class VXLANManager(OverlayManagerBase):
         if spec.address not in self._device_addrs:
             nl.add_addr(link.index, spec.address)
         self._device_addrs = {spec.address}
+        # (the kernel's own fe80:: address on an IPv6 device is not ours: never removed)
         self._device_link = next(lk for lk in nl.list_links() if lk.name == self._device)
         self.device_index = self._device_link.index
 
@@ -265,3 +306,11 @@ class VXLANManager(OverlayManagerBase):
                 continue
             self._neighbours.mark_update_applied(key)
         return errors
+
+
+def _canonical(text: str) -> str:
+    """An address as the kernel prints it ("" and unparsable text unchanged)."""
+    try:
+        return str(ipaddress.ip_address(text)) if text else text
+    except ValueError:
+        return text
