@@ -69,7 +69,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -87,6 +86,7 @@ from typing import Any, TypeVar
 
 from pyfelix.agent.syncer.api import DatastoreError, RawUpdate, SyncStatus
 from pyfelix.bench.registry import BenchContext, Figures, benchmark
+from pyfelix.lab.ports import free_port
 
 ETCD_BINARY = "/usr/bin/etcd"
 WRITTEN_AT = "bench.pyfelix.org/written-at"
@@ -157,12 +157,6 @@ def _endpoint(index: int, generation: int = 0, *, churn: bool = False) -> dict[s
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _http_get(url: str) -> str:
     try:
         with urllib.request.urlopen(url, timeout=5) as reply:
@@ -221,8 +215,8 @@ class _Etcd:
         if not os.path.exists(ETCD_BINARY):
             raise RuntimeError(f"{ETCD_BINARY} is missing: the typha benchmark needs Debian's "
                                "etcd-server (scripts/setup.sh installs it)")
-        self.port = _free_port()
-        peer = f"http://127.0.0.1:{_free_port()}"
+        self.port = free_port()
+        peer = f"http://127.0.0.1:{free_port()}"
         name = f"pyf-bench-{os.getpid()}"
         self.log_path = directory / "etcd.log"
         with open(self.log_path, "wb") as log:
@@ -285,8 +279,8 @@ class _Server:
     SIGTERM (killed if it hangs)."""
 
     def __init__(self, datastore: str, log_path: Path, timeout: float, keys: int) -> None:
-        self.port = _free_port()
-        self.metrics_port = _free_port()
+        self.port = free_port()
+        self.metrics_port = free_port()
         self.log_path = log_path
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)}

@@ -9,7 +9,6 @@ import gc
 import json
 import logging
 import re
-import socket
 import threading
 import time
 import urllib.error
@@ -23,6 +22,7 @@ from pyfelix.agent.config import Config
 from pyfelix.agent.daemon import Agent, AgentOptions
 from pyfelix.agent.dataplane.manager import ManagerBase
 from pyfelix.agent.datastore import DatastoreLocation
+from pyfelix.lab.ports import free_port
 
 TIMEOUT = 1.0  # FELIX_HEALTHTIMEOUTOVERRIDES below
 
@@ -48,12 +48,6 @@ class StuckManager(ManagerBase):
         if self.armed.is_set():
             self.blocked.set()
             self.release.wait(30)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _get(port: int, path: str) -> tuple[int, dict]:
@@ -99,7 +93,7 @@ def test_a_hung_dataplane_loop_fails_liveness_then_recovers(
     datastore = tmp_path / "ds"
     datastore.mkdir()
     (datastore / "resources.yaml").write_text("")
-    port = _free_port()
+    port = free_port()
     stuck = StuckManager()
 
     def managers(_config: Config) -> tuple[str, list]:

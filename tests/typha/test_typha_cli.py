@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from typha_testlib import FileStore, free_port, gnp, ippool, wait_until
+from typha_testlib import FileStore, gnp, ippool, wait_until
 
 from pyfelix.cli.main import cli
+from pyfelix.lab.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

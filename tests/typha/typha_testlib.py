@@ -239,7 +239,3 @@ def json_frame(message: Any, compression: str = "none") -> bytes:
     return frame_bytes(zlib.compress(data) if compression == "zlib" else data)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])

@@ -21,13 +21,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from pyfelix.agent.syncer.etcd_conn import EtcdConfig, EtcdConnection, EtcdError, EtcdTLS
+from pyfelix.lab.ports import free_ports
 
 ETCD_BINARY = "/usr/bin/etcd"
 _counter = 0
@@ -37,12 +37,6 @@ _counter = 0
 # the parent-death signal and execs etcd. Not a preexec_fn: running Python between fork and
 # exec in a process that has loaded gRPC can abort the child (gRPC's fork handlers).
 DIE_WITH_PARENT = ["setpriv", "--pdeathsig", "KILL", "--"]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -89,9 +83,7 @@ class EtcdServer:
         self.data_dir = self.base / "data"
         self.log_path = self.base / "etcd.log"
         self.tls = make_tls_files(self.base / "tls") if tls else None
-        self.client_port = free_port()
-        self.writer_port = free_port()
-        self.peer_port = free_port()
+        self.client_port, self.writer_port, self.peer_port = free_ports(3)
         self.process: subprocess.Popen[bytes] | None = None
         self.start_seconds = 0.0  # how long the last start took until healthy
 

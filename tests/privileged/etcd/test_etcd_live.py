@@ -21,8 +21,9 @@ from pyfelix.agent.syncer.etcd_conn import EtcdConfig, EtcdConnection, EtcdTLS
 from pyfelix.agent.syncer.etcd_keys import encode_value, etcd_key
 from pyfelix.agent.syncer.etcd_store import EtcdDatastore
 from pyfelix.agent.syncer.file import load_path
+from pyfelix.lab.ports import free_port
 from tests.privileged.etcd.conftest import ServerFactory, SyncerFactory
-from tests.privileged.etcd.etcd_server import EtcdServer, free_port
+from tests.privileged.etcd.etcd_server import EtcdServer
 from tests.privileged.etcd.etcd_testlib import (
     TimedRecorder,
     etcd_contents,

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from pyfelix.agent.bpf import packets
 from pyfelix.lab.netns import create_netns, in_netns, remove_netns
 from tests.privileged.lab.flow_flood import FLOOD_SOURCE, _link_counters
 
@@ -32,29 +33,20 @@ COUNT, DPORTS, FIRST_DPORT = 3000, 8, 100
 ETH_P_IP = 0x0800
 
 
-def _ones_sum(data: bytes) -> int:
-    if len(data) % 2:
-        data += b"\0"
-    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    return total
-
-
 def _check_frame(frame: bytes, sender_mac: bytes) -> tuple[int, int]:
     """Assert one frame is right; return its (source port, destination port)."""
     dst_mac, src_mac, ethertype = frame[:6], frame[6:12], struct.unpack("!H", frame[12:14])[0]
     assert (dst_mac.hex(":"), src_mac, ethertype) == (GATEWAY_MAC, sender_mac, ETH_P_IP)
     ip = frame[14:34]
     assert ip[0] == 0x45 and ip[9] == socket.IPPROTO_UDP, ip.hex()
-    assert _ones_sum(ip) == 0xFFFF, f"bad IP checksum: {ip.hex()}"
+    assert packets.checksum(ip) == 0, f"bad IP checksum: {ip.hex()}"
     assert (socket.inet_ntoa(ip[12:16]), socket.inet_ntoa(ip[16:20])) == (SRC, DST)
     total_length = struct.unpack("!H", ip[2:4])[0]
     udp = frame[34:14 + total_length]
     sport, dport, udp_length, checksum = struct.unpack("!HHHH", udp[:8])
     assert udp_length == len(udp) and checksum != 0, udp.hex()
     pseudo = ip[12:20] + struct.pack("!BBH", 0, socket.IPPROTO_UDP, udp_length)
-    assert _ones_sum(pseudo + udp) == 0xFFFF, f"bad UDP checksum: {udp.hex()}"
+    assert packets.checksum(pseudo + udp) == 0, f"bad UDP checksum: {udp.hex()}"
     return sport, dport
 
 
