@@ -21,8 +21,11 @@
  * the pseudo-header, so an address change is one bpf_csum_diff of the 16-byte words fed to
  * bpf_l4_csum_replace as a pseudo-header difference, a port change a 2-byte replace.
  * Only packets whose L4 header directly follows the fixed IPv6 header are translated; a
- * packet to a VIP with extension headers drops (NAT_CNT_XLATE_FAILED), as does a flow whose
- * chosen backend is the client itself (hairpin, not done for IPv6: fail closed).
+ * packet to a VIP with extension headers drops (NAT_CNT_XLATE_FAILED).
+ * HAIRPIN (a pod reaching itself through its Service) as nat.h does it: the forward
+ * direction is also source-NATed to the VIP and sent back out of the interface
+ * (nat_hairpin_verdict, family-neutral), the pod's reply is recognised by the REV entry
+ * keyed by the VIP (nat6_hairpin_reply), and calico_to_wep restores VIP:vport -> pod:cport.
  *
  * REJECT: the packet becomes an ICMPv6 destination unreachable, code 4 (port unreachable),
  * from the VIP to the client, quoting the first 48 bytes of the original (its IPv6 header
@@ -33,7 +36,7 @@
  * IPv6 NAT's keys, values and the reject's headers live in the per-CPU nat6_scratch map
  * (private to one build, like policy_scratch), keeping the frame under 512 bytes.
  *
- * Not done for IPv6 (yet): NodePorts, hairpin, translating ICMPv6 errors about a flow
+ * Not done for IPv6 (yet): NodePorts, translating ICMPv6 errors about a flow
  * (a backend's own port unreachable reaches the client with the backend's address).
  */
 #ifndef PYFELIX_NAT6_H
@@ -85,6 +88,7 @@ struct nat6_scratch {
 	struct pf_addr be_addr;
 	struct pf_addr old_addr;
 	struct pf_addr to_addr;
+	struct pf_addr vip; /* hairpin: the VIP (forward: the new source) or the pod (reply) */
 	struct nat6_pseudo_hdr ph;
 	struct ethhdr eth;
 	struct ethhdr out;
@@ -256,6 +260,18 @@ PF_INLINE int nat6_ct_usable(struct nat_ct6_value *v, struct pkt_info *pkt, __u6
 	return 1;
 }
 
+/* nat_hairpin_reply (nat.h) for IPv6: a pod's packet to a VIP that no frontend port
+ * matches, the reply of a hairpin flow (pod:backend port -> VIP:client port)? Only marked. */
+PF_INLINE int nat6_hairpin_reply(struct pkt_info *pkt, struct nat6_scratch *sc)
+{
+	struct nat_ct6_key *rk = &sc->rk;
+	nat6_pkt_key(rk, pkt, NAT_CT_REV);
+	struct nat_ct6_value *v = nat_ct6.lookup(rk);
+	if (v && (v->flags & NAT_CT_F_HAIRPIN))
+		pkt->flags |= PKT_F_HAIRPIN_REPLY;
+	return NAT_CONTINUE;
+}
+
 /* The service NAT of an IPv6 packet from a pod (see the top of this file). Returns
  * NAT_CONTINUE (translated or not a service flow) or a tc verdict. */
 PF_INLINE int nat6_from_wep(struct __sk_buff *skb, struct pkt_info *pkt, __u32 ifindex,
@@ -274,15 +290,17 @@ PF_INLINE int nat6_from_wep(struct __sk_buff *skb, struct pkt_info *pkt, __u32 i
 	fk->proto = pkt->proto;
 	struct nat_fe6_value *fe = nat_frontend6.lookup(fk);
 	if (!fe)
-		return NAT_CONTINUE;
+		return nat6_hairpin_reply(pkt, sc);
 
 	struct nat_ct6_key *ck = &sc->ck;
 	nat6_pkt_key(ck, pkt, NAT_CT_FWD);
 	__u16 be_port = 0;
+	__u16 hairpin = 0;
 	struct nat_ct6_value *cv = nat_ct6.lookup(ck);
 	if (cv && nat6_ct_usable(cv, pkt, now)) {
 		__builtin_memcpy(&sc->be_addr, &cv->addr, sizeof(sc->be_addr));
 		be_port = cv->port;
+		hairpin = cv->flags & NAT_CT_F_HAIRPIN;
 		cv->last_seen_ns = now;
 		count_nat(NAT_CNT_CT_HIT);
 	} else {
@@ -290,21 +308,20 @@ PF_INLINE int nat6_from_wep(struct __sk_buff *skb, struct pkt_info *pkt, __u32 i
 			return nat6_reject(skb, pkt, ifindex, now, sc);
 		if (nat6_choose_backend(fe, pkt, now, sc, &be_port))
 			return TC_ACT_SHOT;
-		if (nat6_addr_eq(&sc->be_addr, &pkt->src)) {
-			count_nat(NAT_CNT_XLATE_FAILED); /* hairpin: not done for IPv6 */
-			return TC_ACT_SHOT;
-		}
+		hairpin = nat6_addr_eq(&sc->be_addr, &pkt->src) ? NAT_CT_F_HAIRPIN : 0;
 		struct nat_ct6_value *fwd = &sc->fwd;
 		__builtin_memset(fwd, 0, sizeof(*fwd));
 		__builtin_memcpy(&fwd->addr, &sc->be_addr, sizeof(fwd->addr));
 		fwd->port = be_port;
+		fwd->flags = hairpin;
 		fwd->created_ns = now;
 		fwd->last_seen_ns = now;
 		nat_ct6.update(ck, fwd);
 		struct nat_ct6_key *rk = &sc->rk;
 		__builtin_memset(rk, 0, sizeof(*rk));
 		__builtin_memcpy(&rk->saddr, &sc->be_addr, sizeof(rk->saddr));
-		__builtin_memcpy(&rk->daddr, &pkt->src, sizeof(rk->daddr));
+		/* hairpin: the pod replies to the VIP it sees as the source */
+		__builtin_memcpy(&rk->daddr, hairpin ? &pkt->dst : &pkt->src, sizeof(rk->daddr));
 		rk->sport = be_port;
 		rk->dport = pkt->sport;
 		rk->proto = pkt->proto;
@@ -313,17 +330,27 @@ PF_INLINE int nat6_from_wep(struct __sk_buff *skb, struct pkt_info *pkt, __u32 i
 		__builtin_memset(rev, 0, sizeof(*rev));
 		__builtin_memcpy(&rev->addr, &pkt->dst, sizeof(rev->addr));
 		rev->port = pkt->dport;
+		rev->flags = hairpin;
 		rev->created_ns = now;
 		rev->last_seen_ns = now;
 		nat_ct6.update(rk, rev);
 		count_nat(NAT_CNT_NEW_FLOWS);
 	}
+	__builtin_memcpy(&sc->vip, &pkt->dst, sizeof(sc->vip));
 	__builtin_memcpy(&sc->to_addr, &sc->be_addr, sizeof(sc->to_addr));
 	if (nat6_rewrite(skb, pkt, 1, sc, be_port)) {
 		count_nat(NAT_CNT_XLATE_FAILED);
 		return TC_ACT_SHOT;
 	}
-	pkt->flags |= PKT_F_SVC_NAT; /* conntrack marks the flow: its replies are looked up */
+	if (hairpin) { /* also from the VIP (client port kept): the pod cannot reach itself */
+		__builtin_memcpy(&sc->to_addr, &sc->vip, sizeof(sc->to_addr));
+		if (nat6_rewrite(skb, pkt, 0, sc, pkt->sport)) {
+			count_nat(NAT_CNT_XLATE_FAILED);
+			return TC_ACT_SHOT;
+		}
+	}
+	/* conntrack marks the flow: its replies are looked up */
+	pkt->flags |= PKT_F_SVC_NAT | (hairpin ? PKT_F_HAIRPIN : 0);
 	return NAT_CONTINUE;
 }
 
@@ -343,10 +370,19 @@ PF_INLINE int nat6_rev_to_wep(struct __sk_buff *skb, struct pkt_info *pkt, __u64
 	if (!rv)
 		return TC_ACT_OK;
 	rv->last_seen_ns = now;
+	__u16 hairpin = rv->flags & NAT_CT_F_HAIRPIN;
+	__builtin_memcpy(&sc->vip, &pkt->src, sizeof(sc->vip)); /* the backend: the pod */
 	__builtin_memcpy(&sc->to_addr, &rv->addr, sizeof(sc->to_addr));
 	if (nat6_rewrite(skb, pkt, 0, sc, rv->port)) {
 		count_nat(NAT_CNT_XLATE_FAILED);
 		return TC_ACT_SHOT;
+	}
+	if (hairpin) { /* the pod's own reply: back to its own address, not the VIP */
+		__builtin_memcpy(&sc->to_addr, &sc->vip, sizeof(sc->to_addr));
+		if (nat6_rewrite(skb, pkt, 1, sc, pkt->dport)) {
+			count_nat(NAT_CNT_XLATE_FAILED);
+			return TC_ACT_SHOT;
+		}
 	}
 	count_nat(NAT_CNT_REPLIES);
 	return TC_ACT_OK;

@@ -2,7 +2,7 @@
 the `*6` NAT maps written by the IPv6 BpfNatManager: DNAT before policy at calico_from_wep,
 replies translated back at calico_to_wep, the backend's ingress policy seeing the client,
 ICMPv6 port unreachable for a Service without backends, balancing and affinity, and the
-IPv4 manager and maps untouched by IPv6 frontends (and the reverse).
+IPv4 manager and maps untouched by IPv6 frontends (and the reverse), and hairpin.
 
 Pod A is fd00:65::1 behind d1, pod B fd00:65::2 behind d2; the Service VIP is fd00:96::10.
 """
@@ -237,3 +237,36 @@ def test_families_kept_apart_and_dumped(harness) -> None:
     nat6.apply()
     assert not h.dp.maps["nat_frontend6"].items() and not h.dp.maps["nat_backend6"].items()
     assert len(h.dp.maps["nat_frontend"].items()) == 1
+
+
+def test_ipv6_hairpin_a_pod_reaches_itself_through_its_service(harness) -> None:
+    """Pod A is the Service's only backend: the four passes through A's interface."""
+    h = harness
+    program(h, frontends=(web(A6),))
+    mark = 0x5A1E0C11  # PF_MARK_HAIRPIN
+
+    def at(hook: str, frame: bytes, skb_mark: int = 0) -> tuple[int, dict]:
+        fd = h.dp.prog_fd(HOOK_PROGRAMS[hook])
+        out = h.ns.call(run_tc, fd, frame, ifindex=h.ifindexes["d1"], mark=skb_mark)
+        return out.retval, parse6(out.data_out)
+
+    # 1. A -> VIP:80 at from_wep: DNAT to A:8080 and SNAT to the VIP, sent back to A
+    rv, seen = at("from", tcp6_ok(A6, VIP6, 47000, 80))
+    assert rv == TC_ACT_REDIRECT
+    assert (seen["src"], seen["sport"], seen["dst"], seen["dport"]) == (VIP6, 47000, A6, 8080)
+    assert seen["l4_csum_ok"]
+    # 2. the same packet at to_wep (carrying the hairpin mark): A's ingress policy, delivered
+    assert at("to", tcp6_ok(VIP6, A6, 47000, 8080), mark)[0] == TC_ACT_OK
+    # 3. A replies A:8080 -> VIP:47000 at from_wep: a reply, sent back to A untranslated
+    rv, seen = at("from", tcp6_ok(A6, VIP6, 8080, 47000, "SA"))
+    assert rv == TC_ACT_REDIRECT and (seen["src"], seen["dst"]) == (A6, VIP6)
+    # 4. at to_wep the reply becomes VIP:80 -> A:47000, what A's socket connected to
+    rv, seen = at("to", tcp6_ok(A6, VIP6, 8080, 47000, "SA"))
+    assert rv == TC_ACT_OK
+    assert (seen["src"], seen["sport"], seen["dst"], seen["dport"]) == (VIP6, 80, A6, 47000)
+    assert seen["l4_csum_ok"]
+    # policed: A's egress allowing only C denies A reaching itself through the Service
+    fresh(h)
+    program(h, egress=(p.Rule("allow", dst_nets=(f"{C6}/128",)),), frontends=(web(A6),))
+    assert run(h, "from", tcp6_ok(A6, VIP6, 48000, 80), "d1")[0] not in (TC_ACT_OK,
+                                                                         TC_ACT_REDIRECT)
