@@ -363,7 +363,9 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 	if (ct_is_related(&pkt, ifindex, now)) {
 		count_global(GCNT_CT_RELATED);
 		count_endpoint(endpoint_id, hook, 1, pkt.len);
-		return hook == HOOK_TO_WEP && !v6 ? nat_rev_icmp_to_wep(skb, &pkt) : TC_ACT_OK;
+		if (hook != HOOK_TO_WEP)
+			return TC_ACT_OK;
+		return v6 ? nat6_rev_icmp_to_wep(skb, &pkt) : nat_rev_icmp_to_wep(skb, &pkt);
 	}
 
 	if (hook == HOOK_TO_WEP && !v6)

@@ -36,8 +36,10 @@
  * IPv6 NAT's keys, values and the reject's headers live in the per-CPU nat6_scratch map
  * (private to one build, like policy_scratch), keeping the frame under 512 bytes.
  *
- * Not done for IPv6 (yet): NodePorts, translating ICMPv6 errors about a flow
- * (a backend's own port unreachable reaches the client with the backend's address).
+ * ICMPv6 errors about a service flow (a backend's port unreachable) are passed to the
+ * client as related by conntrack and translated back by nat6_rev_icmp_to_wep.
+ *
+ * Not done for IPv6 (yet): NodePorts.
  */
 #ifndef PYFELIX_NAT6_H
 #define PYFELIX_NAT6_H
@@ -386,6 +388,62 @@ PF_INLINE int nat6_rev_to_wep(struct __sk_buff *skb, struct pkt_info *pkt, __u64
 	}
 	count_nat(NAT_CNT_REPLIES);
 	return TC_ACT_OK;
+}
+
+/* nat_rev_icmp_to_wep (nat.h) for IPv6: an ICMPv6 error about a service flow on its way
+ * to the client pod (conntrack found it related) quotes client -> backend:port; the
+ * client's socket knows the VIP. The VIP goes back as the quoted destination (address and
+ * port) and, when the backend sent the error, as its source. IPv6 has no header checksum:
+ * only the ICMPv6 checksum is fixed (its pseudo-header covers the outer source; the quoted
+ * L4 checksum is not checked by receivers). Only an error without extension headers whose
+ * quote follows the fixed header directly is translated; others pass as they are.
+ * Returns the tc verdict (TC_ACT_SHOT when a rewrite failed). */
+PF_INLINE int nat6_rev_icmp_to_wep(struct __sk_buff *skb, struct pkt_info *pkt)
+{
+	if (pkt->inner_proto != PF_IPPROTO_TCP && pkt->inner_proto != PF_IPPROTO_UDP)
+		return TC_ACT_OK;
+	__u8 nexthdr = 0, inner_next = 0;
+	if (bpf_skb_load_bytes(skb, PF_IP6_NEXTHDR_OFF, &nexthdr, 1) ||
+	    nexthdr != PF_IPPROTO_ICMPV6 ||
+	    bpf_skb_load_bytes(skb, PF_IP6_L4_OFF + 8 + 6, &inner_next, 1) ||
+	    inner_next != pkt->inner_proto)
+		return TC_ACT_OK;
+	__u32 zero = 0;
+	struct nat6_scratch *sc = nat6_scratch.lookup(&zero);
+	if (!sc)
+		return TC_ACT_SHOT;
+	struct nat_ct6_key *rk = &sc->rk;
+	__builtin_memset(rk, 0, sizeof(*rk));
+	__builtin_memcpy(&rk->saddr, &pkt->inner_dst, sizeof(rk->saddr));
+	__builtin_memcpy(&rk->daddr, &pkt->inner_src, sizeof(rk->daddr));
+	rk->sport = pkt->inner_dport;
+	rk->dport = pkt->inner_sport;
+	rk->proto = pkt->inner_proto;
+	rk->kind = NAT_CT_REV;
+	struct nat_ct6_value *rv = nat_ct6.lookup(rk);
+	if (!rv || (rv->flags & NAT_CT_F_HAIRPIN))
+		return TC_ACT_OK;
+	__u32 csum_off = PF_IP6_L4_OFF + 2;
+	__u32 inner_off = PF_IP6_L4_OFF + 8;
+	__builtin_memcpy(&sc->old_addr, &pkt->inner_dst, sizeof(sc->old_addr)); /* backend */
+	__builtin_memcpy(&sc->to_addr, &rv->addr, sizeof(sc->to_addr));         /* VIP */
+	__be16 old_port = pf_htons(pkt->inner_dport), vport = pf_htons(rv->port);
+	__s64 diff = bpf_csum_diff((__be32 *)&sc->old_addr, sizeof(sc->old_addr),
+				   (__be32 *)&sc->to_addr, sizeof(sc->to_addr), 0);
+	if (diff < 0 || bpf_l4_csum_replace(skb, csum_off, 0, diff, 0) ||
+	    bpf_skb_store_bytes(skb, inner_off + 24, &sc->to_addr, sizeof(sc->to_addr), 0) ||
+	    bpf_l4_csum_replace(skb, csum_off, old_port, vport, 2) ||
+	    bpf_skb_store_bytes(skb, inner_off + 40 + 2, &vport, 2, 0))
+		goto fail;
+	if (nat6_addr_eq(&pkt->src, &sc->old_addr) &&
+	    (bpf_l4_csum_replace(skb, csum_off, 0, diff, BPF_F_PSEUDO_HDR) ||
+	     bpf_skb_store_bytes(skb, PF_IP6_SRC_OFF, &sc->to_addr, sizeof(sc->to_addr), 0)))
+		goto fail;
+	count_nat(NAT_CNT_REPLIES);
+	return TC_ACT_OK;
+fail:
+	count_nat(NAT_CNT_XLATE_FAILED);
+	return TC_ACT_SHOT;
 }
 
 #endif /* PYFELIX_NAT6_H */

@@ -270,3 +270,24 @@ def test_ipv6_hairpin_a_pod_reaches_itself_through_its_service(harness) -> None:
     program(h, egress=(p.Rule("allow", dst_nets=(f"{C6}/128",)),), frontends=(web(A6),))
     assert run(h, "from", tcp6_ok(A6, VIP6, 48000, 80), "d1")[0] not in (TC_ACT_OK,
                                                                          TC_ACT_REDIRECT)
+
+
+def test_ipv6_icmp_errors_about_a_service_flow_are_translated_back(harness) -> None:
+    h = harness
+    program(h, frontends=(web(B6, port=5353, protocol=17),))
+    rv, out = run(h, "from", udp6_ok(A6, VIP6, 40100, 80), "d1")
+    assert rv == TC_ACT_OK and parse6(out)["dst"] == B6
+    # the backend has no socket on 5353: its port unreachable quotes A -> B:5353 (built
+    # with a correct ICMPv6 checksum, which the program must keep correct)
+    quoted_in = out[14:14 + 48]
+    body = struct.pack("!BBHI", 1, 4, 0, 0) + quoted_in
+    s, d = ipaddress.IPv6Address(B6).packed, ipaddress.IPv6Address(A6).packed
+    csum = pk.checksum(_pseudo(s, d, 58, len(body)) + body)
+    error = pk.ipv6(B6, A6, 58, body[:2] + struct.pack("!H", csum) + body[4:])
+    rv, out = run(h, "to", error, "d1")
+    assert rv == TC_ACT_OK
+    seen = parse6(out)
+    assert (seen["src"], seen["icmp"], seen["quoted_dst"]) == (VIP6, (1, 4), VIP6)
+    assert seen["icmp_csum_ok"]
+    quoted = out[14 + 40 + 8:]
+    assert struct.unpack("!HH", quoted[40:44]) == (40100, 80)  # what A's socket sent to
