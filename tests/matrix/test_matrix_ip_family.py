@@ -2,8 +2,8 @@
 IP family and dataplane (issue 18's first acceptance line, in full).
 
 Scenarios: every file under tests/lab/scenarios x {ipv6, dual} x {bpf, iptables}, through
-`pyfelix lab run --ip-family F -o json`. A scenario the lab cannot run over IPv6 (Services,
-floating IPs, VXLAN/IPIP pools: see lab.family) must be refused at once, exit 1, with an
+`pyfelix lab run --ip-family F -o json`. A scenario the lab cannot run over IPv6 (NodePort
+Services, floating IPs, VXLAN/IPIP pools: see lab.family) must be refused at once, exit 1, with an
 error naming the scenario and the resource. Every other one must pass (exit 0: each probe
 equals its `expect`), every probe must carry `family`, and under `dual` each IPv4 probe is
 followed by its IPv6 twin with the same verdict, so denied probes are denied in both.
