@@ -15,10 +15,10 @@
  * endpoint by ifindex
  * (lookup_endpoint: the ep_by_ifindex array slot, else the endpoints hash)
  * (none: drop) -> admin-down drops -> from the pod: a source it may not use drops (RPF,
- * sources.h, both families) -> from the pod, IPv4: service NAT (nat.h: DNAT to a backend,
- * or reject) ->
+ * sources.h, both families) -> from the pod: service NAT (nat.h for IPv4, nat6.h for IPv6:
+ * DNAT to a backend, or reject) ->
  * conntrack hit or related ICMP error: allow (to the pod: a service reply's source goes
- * back to the VIP; from the pod: a NodePort reply's source goes back to the node address,
+ * back to the VIP, either family; from the pod: a NodePort reply's source goes back to the node address,
  * nat.h) -> to the pod, IPv4: a NodePort flow's first packet is marked (nat_mark_nodeport) ->
  * otherwise find the first matching record of the endpoint's chain for this direction
  * (classifier.h, policy.h); on allow create a
@@ -38,6 +38,7 @@
 #include "ids.h"
 #include "sources.h"
 #include "nat.h"
+#include "nat6.h"
 #include "verdict_trace.h"
 #include "denied_sources.h"
 #include "flow_events.h"
@@ -336,8 +337,9 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 	}
 
 	__u64 now = ct_now_ns();
-	if (hook == HOOK_FROM_WEP && !v6) { /* service NAT (IPv4) before conntrack, policy */
-		int nat = nat_from_wep(skb, &pkt, ifindex, now);
+	if (hook == HOOK_FROM_WEP) { /* service NAT before conntrack, policy */
+		int nat = v6 ? nat6_from_wep(skb, &pkt, ifindex, now)
+			     : nat_from_wep(skb, &pkt, ifindex, now);
 		if (nat != NAT_CONTINUE)
 			return nat;
 	}
@@ -348,7 +350,7 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 		count_global(GCNT_CT_HIT);
 		count_endpoint(endpoint_id, hook, 1, pkt.len);
 		if (hit == CT_HIT_SVC_NAT && hook == HOOK_TO_WEP)
-			return nat_rev_to_wep(skb, &pkt, now);
+			return v6 ? nat6_rev_to_wep(skb, &pkt, now) : nat_rev_to_wep(skb, &pkt, now);
 		if (hit == CT_HIT_SVC_NAT && !v6) { /* a backend's reply to a NodePort client */
 			int nat = nat_rev_from_wep(skb, &pkt, now);
 			if (nat != NAT_CONTINUE)
@@ -361,7 +363,9 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 	if (ct_is_related(&pkt, ifindex, now)) {
 		count_global(GCNT_CT_RELATED);
 		count_endpoint(endpoint_id, hook, 1, pkt.len);
-		return hook == HOOK_TO_WEP && !v6 ? nat_rev_icmp_to_wep(skb, &pkt) : TC_ACT_OK;
+		if (hook != HOOK_TO_WEP)
+			return TC_ACT_OK;
+		return v6 ? nat6_rev_icmp_to_wep(skb, &pkt) : nat_rev_icmp_to_wep(skb, &pkt);
 	}
 
 	if (hook == HOOK_TO_WEP && !v6)

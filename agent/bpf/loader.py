@@ -24,8 +24,9 @@ How the build works:
   must not break attached programs).
 
 Invariants: nothing outside `pin_dir` is created; `close()` releases fds but never unpins
-(use `remove_pin_dir()` for that); stale `progs_<abi>`/`scratch_<abi>` pins of older builds
-are removed only by `sweep_stale_build_pins()`, after attachments moved to the new build.
+(use `remove_pin_dir()` for that); stale `progs_<abi>`/`scratch_<abi>`/`nat6scratch_<abi>`
+pins of older builds are removed only by `sweep_stale_build_pins()`, after attachments moved
+to the new build.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ CTLB_PROGRAMS = {
     "calico_getpeername4": CgroupAttachType.INET4_GETPEERNAME,
 }
 POLICY_PROG_INDEX = 0  # PROG_IDX_POLICY in policy.h
-BUILD_PIN_PREFIXES = ("progs_", "scratch_")  # pins private to one build (PROG_ABI)
+BUILD_PIN_PREFIXES = ("progs_", "scratch_", "nat6scratch_")  # pins private to one build (PROG_ABI)
 FIXED_SIZE_MAPS = frozenset({"config", "global_counters"})  # sized in C, not configurable
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')

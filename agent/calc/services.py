@@ -4,15 +4,16 @@ Role (the part of kube-proxy's service change tracker the BPF dataplane needs; F
 BPF mode reads the same objects). Inputs: `Service` and `EndpointSlice` updates from the
 dispatcher. Output: `sink.on_service_frontend_update(id, ServiceFrontendUpdate | None)`.
 
-One frontend per (virtual IP, service port, protocol): the Service's IPv4 cluster IPs
-(kind "cluster"), its externalIPs and load-balancer ingress IPs (kind "external"), and for
+One frontend per (virtual IP, service port, protocol): the Service's cluster IPs, IPv4
+and IPv6 (kind "cluster"), its externalIPs and load-balancer ingress IPs (kind "external"), and for
 a NodePort or LoadBalancer Service each port's nodePort (kind "nodeport", virtual IP
 `proto.NODEPORT_VIP`: any of this node's addresses; backends as an external frontend's).
 Its backends, per Kubernetes' rules:
 - from every EndpointSlice labelled `kubernetes.io/service-name: <service>` in the
-  Service's namespace, IPv4 slices only; the slice port with the Service port's name and
-  protocol gives the target port (a Service port whose slices have no such port has no
-  backends);
+  Service's namespace whose addressType is the frontend's family (an IPv4 VIP gets the
+  IPv4 slices' endpoints, an IPv6 VIP the IPv6 ones; NodePorts: IPv4); the slice port
+  with the Service port's name and protocol gives the target port (a Service port whose
+  slices have no such port has no backends);
 - ready endpoints only; when there is none, the serving endpoints that are terminating
   (kube-proxy's fallback, so a rollout's last pod keeps answering). A terminating
   endpoint is otherwise not a backend for NEW connections; existing flows to it keep
@@ -59,11 +60,16 @@ def frontend_id(vip: str, port: int, protocol: int) -> str:
     return f"{vip}:{port}/{protocol}"
 
 
-def _is_ipv4(text: str) -> bool:
+def _family(text: str) -> int:
+    """4 or 6, 0 for text that is not an IP address."""
     try:
-        return ipaddress.ip_address(text).version == 4
+        return ipaddress.ip_address(text).version
     except ValueError:
-        return False
+        return 0
+
+
+def _is_ip(text: str) -> bool:
+    return _family(text) != 0
 
 
 class ServiceIndex:
@@ -149,9 +155,9 @@ class ServiceIndex:
                       ) -> dict[str, proto.ServiceFrontendUpdate]:
         if service.type == "ExternalName" or not service.ports:
             return {}
-        vips = [(ip, "cluster") for ip in service.cluster_ips if _is_ipv4(ip)]
+        vips = [(ip, "cluster") for ip in service.cluster_ips if _is_ip(ip)]
         vips += [(ip, "external") for ip in (*service.external_ips, *service.load_balancer_ips)
-                 if _is_ipv4(ip)]
+                 if _is_ip(ip)]
         node_ports = service.type in ("NodePort", "LoadBalancer")
         if not vips and not node_ports:
             return {}
@@ -162,15 +168,19 @@ class ServiceIndex:
             for kind in ("cluster", "external"):
                 local_only = (service.internal_traffic_local if kind == "cluster"
                               else service.external_traffic_local)
-                backends = self._backends(slices, port, local_only)
+                backends = self._backends(slices, port, local_only, 4)
+                backends6: tuple[proto.ServiceBackend, ...] | None = None
                 for vip, vip_kind in vips:
                     if vip_kind != kind:
                         continue
+                    if _family(vip) == 6 and backends6 is None:
+                        backends6 = self._backends(slices, port, local_only, 6)
                     fid = frontend_id(vip, port.port, port.protocol)
                     out[fid] = proto.ServiceFrontendUpdate(
                         id=fid, service=f"{name[0]}/{name[1]}", port_name=port.name, vip=vip,
                         port=port.port, protocol=port.protocol, kind=kind,
-                        backends=backends, affinity_timeout=affinity,
+                        backends=backends if _family(vip) == 4 else backends6,
+                        affinity_timeout=affinity,
                         traffic_local=local_only)
                 if kind == "external" and node_ports and port.node_port:
                     fid = frontend_id(proto.NODEPORT_VIP, port.node_port, port.protocol)
@@ -181,12 +191,14 @@ class ServiceIndex:
                         traffic_local=local_only)
         return out
 
-    def _backends(self, slices: list[EndpointSlice], port: ServicePort, local_only: bool
-                  ) -> tuple[proto.ServiceBackend, ...]:
+    def _backends(self, slices: list[EndpointSlice], port: ServicePort, local_only: bool,
+                  family: int) -> tuple[proto.ServiceBackend, ...]:
+        """The backends of `port` from the slices of `family` (addressType IPv4 / IPv6)."""
         ready: set[proto.ServiceBackend] = set()
         terminating: set[proto.ServiceBackend] = set()
+        wanted = "IPv4" if family == 4 else "IPv6"
         for eps in slices:
-            if eps.address_type != "IPv4":
+            if eps.address_type != wanted:
                 continue
             target = next((p.port for p in eps.ports
                            if p.name == port.name and p.protocol == port.protocol

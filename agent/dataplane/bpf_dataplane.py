@@ -13,7 +13,8 @@ sysctl managers. Steps:
    - `BpfPolicyManager`: the policy maps by difference (managers/bpf_policy.py);
    - `BpfRouteManager`: the routes trie by difference (managers/bpf_routes.py);
    - `BpfNatManager`: the service maps (frontends, backends, affinity) by difference
-     (managers/bpf_nat.py);
+     (managers/bpf_nat.py); a second, IPv6 one (`family=6`, the `*6` maps) after the
+     conntrack manager when Ipv6Support is on;
    - `BpfAttachManager`: tc programs on workload interfaces, XDP for untracked host
      endpoint rules (managers/bpf_attach.py); after the first complete round it sweeps the
      previous builds' private pins;
@@ -89,6 +90,11 @@ MAP_SIZE_PARAMS = {
     "BPFMapSizeClassifierL4": "cls_l4",
 }
 
+# IPv4 NAT map -> its IPv6 twin, sized by the same BPFMapSizeNAT* parameter (Felix has one
+# setting per NAT map, for both families)
+NAT_V6_TWINS = {"nat_frontend": "nat_frontend6", "nat_backend": "nat_backend6",
+                "nat_affinity": "nat_affinity6"}
+
 
 def build_config(config: Config) -> BuildConfig:
     """The loader's BuildConfig from the agent's settings (map sizes checked here, so the
@@ -100,6 +106,8 @@ def build_config(config: Config) -> BuildConfig:
             raise DataplaneUnavailable(f"{param}: map size must be a positive integer, "
                                        f"got {value!r}")
         sizes[map_name] = value
+        if map_name in NAT_V6_TWINS:  # the IPv6 NAT map takes its IPv4 twin's setting
+            sizes[NAT_V6_TWINS[map_name]] = value
     return BuildConfig(pin_dir=str(config.bpf_pin_dir), map_sizes=sizes)
 
 
@@ -214,6 +222,9 @@ def managers_for(loaded: LoadedDataplane, config: Config) -> list[Manager]:
     bpf_metrics.POLICY_COUNTERS.set_sources(rules=policy.rule_counters,
                                             denied=policy.denied_sources, owner=loaded)
     managers: list[Any] = [policy, routes, nat, attach, conntrack]
+    if config.ipv6support:  # IPv6 Services (nat6.h); Ipv6Support false programs nothing IPv6
+        managers.append(BpfNatManager(loaded.maps["nat_frontend6"], loaded.maps["nat_backend6"],
+                                      loaded.maps["nat_affinity6"], None, family=6))
     if config.flow_logs_file_enabled:
         from pyfelix.agent.dataplane.managers.flow_logs import FlowLogManager
 

@@ -47,6 +47,10 @@ MAP_HELP = {
     "cls_tries": "Classifier LPM lookups per instance: addresses, named ports, ports -> vector.",
     "cls_l4": "Classifier protocol / ICMP type and code lookups per instance -> vector.",
     "nat_vip_filter": "One bit per hashed service VIP: non-VIP packets skip the NAT lookup.",
+    "nat_frontend6": "IPv6 service frontends: (VIP, port, protocol) -> service id, count.",
+    "nat_backend6": "IPv6 service backends: (service id, index) -> backend address:port.",
+    "nat_affinity6": "IPv6 ClientIP session affinity: (service id, client) -> backend.",
+    "nat_ct6": "Each IPv6 service flow's translation (fwd: client -> backend, rev: -> VIP).",
 }
 
 

@@ -42,9 +42,16 @@ address beside the IPv4 one under `ipv6` and `dual`, and the Node resource carri
 `spec.bgp.ipv6Address`, so confd renders IPv6 BGP sessions. The IPv4 underlay stays even
 under `ipv6`: confd needs `spec.bgp.ipv4Address` (BIRD's router id) to run BGP at all.
 
+- Services: an IPv4 Service's clusterIP(s), `externalIPs` and load-balancer ingress IPs
+  get their twins (`ipv6`: replaced, ipFamilies [IPv6]; `dual`: clusterIPs [v4, v6],
+  ipFamilies [IPv4, IPv6], RequireDualStack); a given IPv4 EndpointSlice gets its twin
+  `<name>-v6` (addressType IPv6, addresses mapped; `ipv6`: instead of it). The lab's
+  generated slices follow the Service's ipFamilies (lab.services). A probe to a VIP then
+  goes to the VIP's twin, like any other target address.
+
 Out of scope, refused with `ScenarioError` naming the scenario and the resource (never
-skipped silently): Services and EndpointSlices (the BPF NAT is IPv4 only) and floating
-IPs.
+skipped silently): NodePort and LoadBalancer Services (NodePorts are IPv4 only), floating
+IPs, and an IPv6 pool with ipipMode other than Never (Calico has no IPv6 IPIP).
 
 Easy to get wrong: `ipaddress` prints an IPv6 address with an embedded IPv4 tail as hex
 (fd65:6c61:6200::a41:10a), which is what the kernel, BIRD and flow logs print too; compare
@@ -75,7 +82,7 @@ IPV6_PREFIX_EXTRA = 128 - 32  # prefix length added to an IPv4 CIDR's
 # The pods' IPv6 gateway, as Calico's CNI plugin sets it: the link-local address the
 # kernel derives (EUI-64) from the host-side veth's fixed MAC ee:ee:ee:ee:ee:ee.
 POD_GATEWAY6 = ipaddress.IPv6Address("fe80::ecee:eeff:feee:eeee")
-REFUSED_KINDS = ("Service", "EndpointSlice")
+NODE_PORT_TYPES = ("NodePort", "LoadBalancer")  # refused: NodePorts are IPv4 only
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -215,8 +222,10 @@ def _unsupported(scenario: Scenario) -> list[str]:
             continue
         seen.add((kind, name))
         spec = doc.get("spec") or {}
-        if kind in REFUSED_KINDS:
-            problems.append(f"{kind} {name}: Services are IPv4 only (the BPF NAT has no IPv6)")
+        if kind == "Service" and spec.get("type") in NODE_PORT_TYPES:
+            problems.append(f"Service {name}: spec.type: {spec.get('type')}: NodePorts are "
+                            "IPv4 only (the BPF NAT serves IPv6 ClusterIPs and external "
+                            "IPs, not NodePorts)")
         elif (kind == "IPPool" and str(spec.get("ipipMode", "Never")) != "Never"
               and ":" in str(spec.get("cidr", ""))):
             problems.append(f"IPPool {name}: spec.ipipMode: Calico has no IPv6 IPIP (an "
@@ -254,9 +263,73 @@ def rewrite_documents(documents: tuple[dict[str, Any], ...],
             else:
                 out.extend((doc, twin) if dual else (twin,))
             continue
+        if doc.get("kind") == "Service":
+            _service_to_family(doc, dual)
+            out.append(doc)
+            continue
+        if doc.get("kind") == "EndpointSlice":
+            twin = _slice_twin(doc, dual)
+            if twin is None:  # IPv6 or FQDN already: kept as written
+                out.append(doc)
+            else:
+                out.extend((doc, twin) if dual else (twin,))
+            continue
         _rewrite(doc, dual)
         out.append(doc)
     return tuple(out)
+
+
+def _twin_addresses(values: list[Any], dual: bool) -> list[Any]:
+    """A list of addresses with each IPv4 one's twin after it (`dual`) or instead."""
+    return _cidr_list(values, dual)
+
+
+def _service_to_family(service: dict[str, Any], dual: bool) -> None:
+    """In place: an IPv4 Service's cluster IP(s) and external / load-balancer IPs get their
+    twins. `ipv6`: clusterIP(s) become the twins, ipFamilies [IPv6], ipFamilyPolicy
+    SingleStack; `dual`: clusterIPs [v4, v6] (clusterIP stays the IPv4 one, the primary),
+    ipFamilies [IPv4, IPv6], ipFamilyPolicy RequireDualStack, as the API server writes a
+    dual-stack Service. A headless or unallocated Service keeps its clusterIP."""
+    spec = service.setdefault("spec", {})
+    cluster_ip = spec.get("clusterIP")
+    twin = twin_text(cluster_ip) if isinstance(cluster_ip, str) else None
+    if twin is not None:
+        listed = spec.get("clusterIPs")
+        ips = [str(x) for x in listed] if isinstance(listed, list) and listed else [cluster_ip]
+        spec["clusterIPs"] = _twin_addresses(ips, dual)
+        spec["clusterIP"] = spec["clusterIPs"][0]
+        spec["ipFamilies"] = ["IPv4", "IPv6"] if dual else ["IPv6"]
+        spec["ipFamilyPolicy"] = "RequireDualStack" if dual else "SingleStack"
+    if isinstance(spec.get("externalIPs"), list):
+        spec["externalIPs"] = _twin_addresses(spec["externalIPs"], dual)
+    ingress = ((service.get("status") or {}).get("loadBalancer") or {}).get("ingress")
+    if isinstance(ingress, list):
+        out: list[Any] = []
+        for entry in ingress:
+            text = entry.get("ip") if isinstance(entry, dict) else None
+            mapped = twin_text(text) if isinstance(text, str) else None
+            if mapped is None:
+                out.append(entry)
+            else:
+                out.extend((entry, {**entry, "ip": mapped}) if dual else ({**entry, "ip": mapped},))
+        service["status"]["loadBalancer"]["ingress"] = out
+
+
+def _slice_twin(eps: dict[str, Any], dual: bool) -> dict[str, Any] | None:
+    """The IPv6 twin of an IPv4 EndpointSlice: addressType IPv6, every address mapped, named
+    `<name>-v6` (under `ipv6` it replaces the original, under `dual` it joins it); None for
+    any other slice (IPv6 or FQDN already)."""
+    if eps.get("addressType") != "IPv4":
+        return None
+    twin = copy.deepcopy(eps)
+    twin["addressType"] = "IPv6"
+    for endpoint in twin.get("endpoints") or []:
+        if isinstance(endpoint, dict) and isinstance(endpoint.get("addresses"), list):
+            endpoint["addresses"] = [twin_text(a) or a if isinstance(a, str) else a
+                                     for a in endpoint["addresses"]]
+    twin["metadata"] = {**twin.get("metadata", {}),
+                        "name": f"{twin['metadata']['name']}-v6"}
+    return twin
 
 
 def _pool_twin(pool: dict[str, Any]) -> dict[str, Any] | None:

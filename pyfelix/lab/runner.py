@@ -346,10 +346,14 @@ class LabRunner:
         if not self._kube_proxy_rendered and not any(d.get("kind") == "Service" for d in docs):
             return  # no Service ever: leave the nodes' tables as the agent made them
         self._kube_proxy_rendered = True
-        rules = KubeProxyRules()
+        tables = [KubeProxyRules()]
+        if self.scenario.ip_family in ("ipv6", "dual"):
+            tables.append(KubeProxyRules("ip6tables"))
         with self._timed("kube_proxy_s"):
             for node in self.topology.nodes.values():
-                rules.sync(node.netns, frontends_for(docs, node.name))
+                frontends = frontends_for(docs, node.name)
+                for rules in tables:
+                    rules.sync(node.netns, frontends)
 
     def wait_in_sync(self, timeout: float | None = None) -> None:
         """Poll the agents until they report in-sync; `LabSyncTimeout` after `timeout`

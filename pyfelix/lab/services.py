@@ -34,6 +34,10 @@ mode Services are kube-proxy's job, as in Felix).
   of an externalTrafficPolicy: Local Service without local endpoints; the lab rejects
   both, as the BPF dataplane does, so a probe is refused at once on both.) Chains of
   frontends that went are flushed and deleted.
+- IPv6: a Service whose `ipFamilies` (else cluster IPs) include IPv6 also gets IPv6
+  slices (`<service>-pyfelix-lab-v6`, addressType IPv6, the pods' IPv6 `podIPs`), and
+  `kube_proxy_restore(..., family=6)` renders the IPv6 frontends for ip6tables-restore,
+  as kube-proxy's IPv6 proxier does (NodePorts: IPv4 only).
 - `KubeProxyRules.sync(netns, frontends)`: writes that into a node namespace and makes sure
   the base chains jump to it: nat PREROUTING and OUTPUT, and filter FORWARD and OUTPUT
   (`--ctstate NEW`), and filter INPUT to `KUBE-EXTERNAL-SERVICES`, at the TOP, re-inserted
@@ -50,6 +54,7 @@ namespace given.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import subprocess
 from collections import defaultdict
 from collections.abc import Iterable
@@ -96,43 +101,86 @@ def generated_slices(documents: Iterable[dict[str, Any]]) -> list[dict[str, Any]
         if not isinstance(selector, dict) or (namespace, name) in given:
             continue
         ports = (svc.get("spec") or {}).get("ports") or []
-        # pod -> resolved port numbers; pods with the same numbers share a slice
-        groups: dict[tuple[tuple[str, str, int], ...], list[dict[str, Any]]] = defaultdict(list)
-        for pod in pods:
-            meta = pod["metadata"]
-            if meta.get("namespace", "default") != namespace or not _matches(
-                    selector, meta.get("labels") or {}):
-                continue
-            if (pod.get("status") or {}).get("phase") != "Running":
-                continue
-            resolved = []
-            for port in ports:
-                protocol = port.get("protocol", "TCP")
-                target = port.get("targetPort", port.get("port"))
-                number = (_pod_port(pod, target, protocol) if isinstance(target, str)
-                          and not target.isdigit() else int(target))
-                if number is not None:
-                    resolved.append((port.get("name", ""), protocol, number))
-            groups[tuple(resolved)].append(pod)
-        if not groups:
-            groups[()] = []
-        for i, (resolved, members) in enumerate(sorted(groups.items(), key=lambda g: g[0])):
-            out.append({
-                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-                "metadata": {"name": f"{name}{GENERATED_SUFFIX}{'-' + str(i) if i else ''}",
-                             "namespace": namespace,
-                             "labels": {SERVICE_NAME_LABEL: name,
-                                        MANAGED_BY_LABEL: MANAGED_BY_LAB}},
-                "addressType": "IPv4",
-                "endpoints": [{"addresses": [p["status"]["podIP"]],
-                               "conditions": {"ready": True, "serving": True,
-                                              "terminating": False},
-                               "nodeName": p["spec"]["nodeName"],
-                               "targetRef": {"kind": "Pod", "namespace": namespace,
-                                             "name": p["metadata"]["name"]}}
-                              for p in sorted(members, key=lambda p: p["metadata"]["name"])],
-                "ports": [{"name": n, "protocol": pr, "port": num} for n, pr, num in resolved],
-            })
+        for family in _service_families(svc):
+            out += _slices_of(svc, ports, [p for p in pods if _pod_ip(p, family)], family)
+    return out
+
+
+def _service_families(svc: dict[str, Any]) -> list[str]:
+    """The address types of a Service's slices, as the controller makes them: its
+    `ipFamilies`, else the families of its cluster IPs, else IPv4 alone."""
+    spec = svc.get("spec") or {}
+    listed = [f for f in spec.get("ipFamilies") or [] if f in ("IPv4", "IPv6")]
+    if listed:
+        return list(dict.fromkeys(listed))
+    texts = [*(spec.get("clusterIPs") or []), spec.get("clusterIP")]
+    found = [f"IPv{_version(t)}" for t in texts if isinstance(t, str) and _version(t)]
+    return list(dict.fromkeys(found)) or ["IPv4"]
+
+
+def _version(text: str) -> int:
+    try:
+        return ipaddress.ip_address(text).version
+    except ValueError:
+        return 0
+
+
+def _pod_ip(pod: dict[str, Any], family: str) -> str | None:
+    """The pod's address of `family` ("IPv4"/"IPv6") from status.podIPs (or podIP)."""
+    status = pod.get("status") or {}
+    texts = [e.get("ip") for e in status.get("podIPs") or [] if isinstance(e, dict)]
+    for text in [*texts, status.get("podIP")]:
+        if isinstance(text, str) and _version(text) == int(family[-1]):
+            return text
+    return None
+
+
+def _slices_of(svc: dict[str, Any], ports: list[dict[str, Any]], pods: list[dict[str, Any]],
+               family: str) -> list[dict[str, Any]]:
+    """A Service's generated slices of one family (IPv4 ones named as before; IPv6 ones
+    get `-v6` after the lab suffix)."""
+    namespace = svc["metadata"].get("namespace", "default")
+    name = svc["metadata"]["name"]
+    selector = (svc.get("spec") or {}).get("selector") or {}
+    suffix = GENERATED_SUFFIX + ("-v6" if family == "IPv6" else "")
+    out: list[dict[str, Any]] = []
+    # pod -> resolved port numbers; pods with the same numbers share a slice
+    groups: dict[tuple[tuple[str, str, int], ...], list[dict[str, Any]]] = defaultdict(list)
+    for pod in pods:
+        meta = pod["metadata"]
+        if meta.get("namespace", "default") != namespace or not _matches(
+                selector, meta.get("labels") or {}):
+            continue
+        if (pod.get("status") or {}).get("phase") != "Running":
+            continue
+        resolved = []
+        for port in ports:
+            protocol = port.get("protocol", "TCP")
+            target = port.get("targetPort", port.get("port"))
+            number = (_pod_port(pod, target, protocol) if isinstance(target, str)
+                      and not target.isdigit() else int(target))
+            if number is not None:
+                resolved.append((port.get("name", ""), protocol, number))
+        groups[tuple(resolved)].append(pod)
+    if not groups:
+        groups[()] = []
+    for i, (resolved, members) in enumerate(sorted(groups.items(), key=lambda g: g[0])):
+        out.append({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": f"{name}{suffix}{'-' + str(i) if i else ''}",
+                         "namespace": namespace,
+                         "labels": {SERVICE_NAME_LABEL: name,
+                                    MANAGED_BY_LABEL: MANAGED_BY_LAB}},
+            "addressType": family,
+            "endpoints": [{"addresses": [_pod_ip(p, family)],
+                           "conditions": {"ready": True, "serving": True,
+                                          "terminating": False},
+                           "nodeName": p["spec"]["nodeName"],
+                           "targetRef": {"kind": "Pod", "namespace": namespace,
+                                         "name": p["metadata"]["name"]}}
+                          for p in sorted(members, key=lambda p: p["metadata"]["name"])],
+            "ports": [{"name": n, "protocol": pr, "port": num} for n, pr, num in resolved],
+        })
     return out
 
 
@@ -173,8 +221,14 @@ def _chain(prefix: str, *parts: object) -> str:
 
 
 def kube_proxy_restore(frontends: Iterable[proto.ServiceFrontendUpdate],
-                       existing_chains: Iterable[str] = ()) -> str:
-    """iptables-restore --noflush input for kube-proxy's rules (module docstring)."""
+                       existing_chains: Iterable[str] = (), family: int = 4) -> str:
+    """iptables-restore --noflush input for kube-proxy's rules (module docstring); with
+    `family=6`, ip6tables-restore input for the frontends with an IPv6 VIP (kube-proxy's
+    IPv6 proxier: /128 matches, `[addr]:port` DNAT targets, icmp6-port-unreachable)."""
+    frontends = [fe for fe in frontends if (_version(fe.vip) or 4) == family
+                 or (fe.kind == "nodeport" and family == 4)]
+    host_len = 128 if family == 6 else 32
+    unreachable = "icmp6-port-unreachable" if family == 6 else "icmp-port-unreachable"
     nat_chains: list[str] = ["KUBE-SERVICES", "KUBE-MARK-MASQ", "KUBE-POSTROUTING"]
     nat_rules: list[str] = [
         f"-A KUBE-MARK-MASQ -j MARK --set-xmark {MASQ_MARK}/{MASQ_MARK}",
@@ -189,16 +243,17 @@ def kube_proxy_restore(frontends: Iterable[proto.ServiceFrontendUpdate],
         is_node_port = fe.kind == "nodeport"
         node_ports |= is_node_port
         match = (f"-p {proto_name} -m {proto_name} --dport {fe.port}" if is_node_port
-                 else f"-d {fe.vip}/32 -p {proto_name} -m {proto_name} --dport {fe.port}")
+                 else f"-d {fe.vip}/{host_len} -p {proto_name} -m {proto_name} "
+                 f"--dport {fe.port}")
         comment = f'-m comment --comment "{fe.service}:{fe.port_name or fe.port}"'
         if not fe.backends:
             if is_node_port:
                 external_rejects.append(f"-A KUBE-EXTERNAL-SERVICES -m addrtype --dst-type "
                                         f"LOCAL {match} {comment} -j REJECT "
-                                        "--reject-with icmp-port-unreachable")
+                                        f"--reject-with {unreachable}")
             else:
                 reject_rules.append(f"-A KUBE-SERVICES {match} {comment} -j REJECT "
-                                    "--reject-with icmp-port-unreachable")
+                                    f"--reject-with {unreachable}")
             continue
         svc_chain = _chain("KUBE-SVC", fe.id)
         nat_chains.append(svc_chain)
@@ -224,9 +279,11 @@ def kube_proxy_restore(frontends: Iterable[proto.ServiceFrontendUpdate],
                                            f"{1 / left:.11f} ")
             nat_rules.append(f"-A {svc_chain} {chance}-j {sep}")
             recent = f"-m recent --name {sep} --set " if fe.affinity_timeout else ""
-            nat_rules.append(f"-A {sep} -s {backend.addr}/32 -j KUBE-MARK-MASQ")  # hairpin
+            nat_rules.append(f"-A {sep} -s {backend.addr}/{host_len} -j KUBE-MARK-MASQ")
+            to = (f"[{backend.addr}]:{backend.port}" if family == 6
+                  else f"{backend.addr}:{backend.port}")
             nat_rules.append(f"-A {sep} -p {proto_name} {recent}-m {proto_name} -j DNAT "
-                             f"--to-destination {backend.addr}:{backend.port}")
+                             f"--to-destination {to}")
     nat_chains.append("KUBE-NODEPORTS")
     if node_ports:  # kube-proxy's last KUBE-SERVICES rule
         nat_rules.append("-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS")
@@ -246,10 +303,12 @@ FILTER_JUMPS = (("FORWARD", "-m conntrack --ctstate NEW -j KUBE-SERVICES"),
 
 
 class KubeProxyRules:
-    """Writes kube-proxy's rules into node namespaces (`ip netns exec NS iptables...`)."""
+    """Writes kube-proxy's rules into node namespaces (`ip netns exec NS iptables...`);
+    `KubeProxyRules("ip6tables")` writes the IPv6 frontends' with ip6tables."""
 
     def __init__(self, iptables: str = "iptables") -> None:
         self.iptables = iptables
+        self.family = 6 if iptables.startswith("ip6tables") else 4
 
     def _run(self, netns: str, *args: str, stdin: str | None = None, check: bool = True,
              timeout: float = 30) -> subprocess.CompletedProcess[str]:
@@ -262,7 +321,7 @@ class KubeProxyRules:
                     if line.startswith((":KUBE-SVC-", ":KUBE-SEP-", ":KUBE-EXT-"))]
         # 10,000 Services are ~100,000 rules: minutes on a loaded machine
         self._run(netns, f"{self.iptables}-restore", "--noflush",
-                  stdin=kube_proxy_restore(frontends, existing), timeout=600)
+                  stdin=kube_proxy_restore(frontends, existing, self.family), timeout=600)
         for base, rule in NAT_JUMPS:
             if self._run(netns, self.iptables, "-t", "nat", "-C", base, *rule.split(),
                          check=False).returncode != 0:

@@ -249,3 +249,39 @@ def test_affinity_of_ids_without_a_pinned_frontend_is_dropped_at_sync() -> None:
     again = maps.manager()
     again.apply()
     assert len(maps.aff.data) == 1
+
+
+def test_ipv6_manager_writes_only_ipv6_frontends_to_the_v6_maps() -> None:
+    """family=6: the *6 maps, IPv6 VIPs only (the IPv4 manager fed the same stream keeps
+    its own), make-before-break removal, affinity cleaned of removed backends."""
+    from pyfelix.agent.bpf.maps import nat_affinity6, nat_backend6, nat_frontend6
+
+    fe6 = FakeMap(nat_frontend6.PARAMS)
+    be6 = FakeMap(nat_backend6.PARAMS)
+    aff6 = FakeMap(nat_affinity6.PARAMS)
+    m6 = BpfNatManager(fe6, be6, aff6, None, family=6)
+    maps = Maps()
+    m4 = maps.manager()
+    stream = [proto.InSync(),
+              frontend("fd00:96::10", 80, ("fd00:65::1", 8080), ("fd00:65::2", 8080),
+                       affinity=30),
+              frontend("10.96.0.10", 80, ("10.65.0.1", 8080))]
+    for m in (m4, m6):
+        for msg in stream:
+            m.on_update(msg)
+        m.apply()
+    assert [nat_frontend6.decode_key(k)["vip"] for k in fe6.data] == ["fd00:96::10"]
+    value = nat_frontend6.decode_value(next(iter(fe6.data.values())))
+    assert (value["backends"], value["flags"]) == (2, ["affinity"])
+    sid = value["service_id"]
+    assert sorted(nat_backend6.decode_value(v) for v in be6.data.values()) == [
+        ("fd00:65::1", 8080), ("fd00:65::2", 8080)]
+    assert list(maps.view()) == [("10.96.0.10", 80, "tcp")]
+    aff6.update(nat_affinity6.encode_key(sid, "fd00:65::9"),
+                nat_affinity6.encode_value("fd00:65::2", 8080, 1))
+    m6.on_update(frontend("fd00:96::10", 80, ("fd00:65::1", 8080), affinity=30))
+    m6.apply()
+    assert len(be6.data) == 1 and not aff6.data  # the affinity to the removed backend went
+    m6.on_update(proto.ServiceFrontendRemove("fd00:96::10:80/6"))
+    m6.apply()
+    assert not fe6.data and not be6.data and list(maps.view()) == [("10.96.0.10", 80, "tcp")]

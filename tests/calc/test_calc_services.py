@@ -152,3 +152,20 @@ def test_an_invalid_slice_drops_only_its_own_backends() -> None:
     h.put(bad)
     assert h.backends()["10.96.0.10:80/6"] == (B("10.65.0.1", 8080, "node1"),)
     assert "endpoints[0].addresses[0]" in h.pipeline.validator.errors[key_of(bad)]
+
+
+def test_ipv6_cluster_ips_get_the_endpoints_of_ipv6_slices() -> None:
+    """A dual-stack Service: its IPv4 VIP gets the IPv4 slice's endpoints, its IPv6 VIP the
+    IPv6 slice's (never mixed); an IPv6-only Service is no longer dropped."""
+    h = Harness()
+    six = eps("web-v6", "web", [("fd00:65::1", "node1", "ready")], SLICE_PORTS)
+    six["addressType"] = "IPv6"
+    h.put(svc("web", "10.96.0.10", HTTP, clusterIPs=["10.96.0.10", "fd00:96::10"],
+              ipFamilies=["IPv4", "IPv6"], ipFamilyPolicy="RequireDualStack"),
+          eps("web-v4", "web", [("10.65.0.1", "node1", "ready")], SLICE_PORTS), six)
+    got = h.backends()
+    assert got["10.96.0.10:80/6"] == (B("10.65.0.1", 8080, "node1"),)
+    assert got["fd00:96::10:80/6"] == (B("fd00:65::1", 8080, "node1"),)
+    assert got["fd00:96::10:53/17"] == (B("fd00:65::1", 5353, "node1"),)
+    h.put(svc("only6", "fd00:96::11", HTTP))
+    assert h.backends()["fd00:96::11:80/6"] == ()  # no IPv6 slice: rejected, not dropped

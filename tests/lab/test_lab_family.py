@@ -112,11 +112,11 @@ def test_scenario_pods_probes_and_nodes_per_family() -> None:
         "fd65:6c61:6200::a41:1/128"
 
 
-def test_services_and_floating_ips_are_refused_by_name() -> None:
+def test_nodeports_and_floating_ips_are_refused_by_name() -> None:
     with pytest.raises(ScenarioError) as caught:
-        apply_ip_family(load_scenario(SCENARIOS / "services-clusterip.yaml"), "dual")
-    assert "Service shop/web" in str(caught.value)
-    assert "services-clusterip" in str(caught.value)
+        apply_ip_family(load_scenario(SCENARIOS / "services-nodeport.yaml"), "dual")
+    assert "NodePorts are IPv4 only" in str(caught.value)
+    assert "services-nodeport" in str(caught.value)
     with pytest.raises(ScenarioError, match="x/a: floatingIPs"):
         apply_ip_family(parse_scenario({
             "namespaces": [{"name": "x"}],
@@ -245,3 +245,36 @@ def test_a_scenario_ipv6_pool_with_ipip_is_refused_by_name() -> None:
             "resources": [{"kind": "IPPool", "metadata": {"name": "v6ipip"},
                            "spec": {"cidr": "fd65:6c61:6200::a41:0/112",
                                     "ipipMode": "Always"}}]}), "dual")
+
+
+def test_services_and_slices_get_their_ipv6_twins() -> None:
+    """A ClusterIP Service under dual: clusterIPs [v4, twin], dual-stack families, external
+    IPs twinned; every probe to the VIP runs over both families to the VIP's twin."""
+    dual = apply_ip_family(load_scenario(SCENARIOS / "services-clusterip.yaml"), "dual")
+    web = next(d for d in dual.resources
+               if d["kind"] == "Service" and d["metadata"]["name"] == "web")
+    vip6 = str(ipv6_for(ipaddress.IPv4Address("10.96.0.10")))
+    assert web["spec"]["clusterIP"] == "10.96.0.10"
+    assert web["spec"]["clusterIPs"] == ["10.96.0.10", vip6]
+    assert web["spec"]["ipFamilies"] == ["IPv4", "IPv6"]
+    assert web["spec"]["externalIPs"] == [
+        "192.0.2.80", str(ipv6_for(ipaddress.IPv4Address("192.0.2.80")))]
+    twins = [p for p in dual.probes if p.family == 6
+             and p.target_ip == ipaddress.IPv6Address(vip6)]
+    assert twins and len(dual.probes) == 2 * len([p for p in dual.probes if p.family == 4])
+    only6 = apply_ip_family(load_scenario(SCENARIOS / "services-clusterip.yaml"), "ipv6")
+    web6 = next(d for d in only6.resources
+                if d["kind"] == "Service" and d["metadata"]["name"] == "web")
+    assert web6["spec"]["clusterIPs"] == [vip6] and web6["spec"]["ipFamilies"] == ["IPv6"]
+    # a given IPv4 slice: its twin joins it (dual) or replaces it (ipv6)
+    given = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+             "metadata": {"name": "s", "namespace": "x",
+                          "labels": {"kubernetes.io/service-name": "web"}},
+             "addressType": "IPv4", "endpoints": [{"addresses": ["10.65.0.5"]}],
+             "ports": [{"port": 80}]}
+    both = rewrite_documents((given,), "dual")
+    assert [d["addressType"] for d in both] == ["IPv4", "IPv6"]
+    assert both[1]["metadata"]["name"] == "s-v6"
+    assert both[1]["endpoints"][0]["addresses"] == [
+        str(ipv6_for(ipaddress.IPv4Address("10.65.0.5")))]
+    assert [d["addressType"] for d in rewrite_documents((given,), "ipv6")] == ["IPv6"]

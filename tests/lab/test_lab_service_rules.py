@@ -110,3 +110,30 @@ def test_kube_proxy_node_ports() -> None:
     assert any(x.startswith("-A KUBE-EXTERNAL-SERVICES -m addrtype --dst-type LOCAL -p udp")
                and "--dport 30082" in x and "REJECT" in x for x in filt)
     assert not any("0.0.0.0" in x for x in lines)
+
+
+def test_dual_stack_slices_and_ip6tables_rules() -> None:
+    """A Service with both families gets an IPv6 slice of the pods' IPv6 addresses; the
+    IPv6 frontends render for ip6tables (/128, [addr]:port, icmp6-port-unreachable) and
+    stay out of the IPv4 rules (and the reverse)."""
+    a = pod("a", "10.65.0.1", {"app": "web"}, [{"name": "http", "containerPort": 8080}])
+    a["status"]["podIPs"] = [{"ip": "10.65.0.1"}, {"ip": "fd00:65::1"}]
+    web = service("web", "10.96.0.10", {"app": "web"},
+                  [{"name": "http", "port": 80, "targetPort": "http"}])
+    web["spec"].update(clusterIPs=["10.96.0.10", "fd00:96::10"], ipFamilies=["IPv4", "IPv6"])
+    slices = {s["metadata"]["name"]: s for s in generated_slices([a, web])}
+    assert sorted(slices) == ["web-pyfelix-lab", "web-pyfelix-lab-v6"]
+    assert slices["web-pyfelix-lab-v6"]["addressType"] == "IPv6"
+    assert slices["web-pyfelix-lab-v6"]["endpoints"][0]["addresses"] == ["fd00:65::1"]
+    fronts = frontends_for([a, web, *slices.values()], "node1")
+    assert sorted(f.id for f in fronts) == ["10.96.0.10:80/6", "fd00:96::10:80/6"]
+    v6 = kube_proxy_restore(fronts, family=6)
+    assert "-d fd00:96::10/128 -p tcp" in v6 and "--to-destination [fd00:65::1]:8080" in v6
+    assert "10.96.0.10" not in v6 and "10.65.0.1" not in v6
+    v4 = kube_proxy_restore(fronts)
+    assert "fd00:" not in v4 and "--to-destination 10.65.0.1:8080" in v4
+    empty = proto.ServiceFrontendUpdate(
+        id="fd00:96::11:80/6", service="shop/empty", port_name="", vip="fd00:96::11",
+        port=80, protocol=6)
+    assert "REJECT --reject-with icmp6-port-unreachable" in kube_proxy_restore([empty],
+                                                                               family=6)

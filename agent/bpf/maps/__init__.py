@@ -5,6 +5,8 @@ is what `pyfelix bpf <map> dump` needs: plain, JSON-ready rows, read without BCC
 
 from __future__ import annotations
 
+from types import ModuleType
+
 from pyfelix.agent.bpf.maps import (
     cls_chains,
     cls_l4,
@@ -20,10 +22,14 @@ from pyfelix.agent.bpf.maps import (
     ids,
     ipsets,
     nat_affinity,
+    nat_affinity6,
     nat_backend,
+    nat_backend6,
     nat_counters,
     nat_ct,
+    nat_ct6,
     nat_frontend,
+    nat_frontend6,
     nat_vip_filter,
     routes,
     rules,
@@ -54,6 +60,10 @@ ALL_MAPS: tuple[MapParams, ...] = (
     nat_ct.PARAMS,
     nat_counters.PARAMS,
     nat_vip_filter.PARAMS,
+    nat_frontend6.PARAMS,
+    nat_backend6.PARAMS,
+    nat_affinity6.PARAMS,
+    nat_ct6.PARAMS,
     cls_chains.PARAMS,
     cls_l4.PARAMS,
     cls_tries.PARAMS,
@@ -78,6 +88,8 @@ _DUMPERS = {
     "ctlb_rev": ctlb_rev.dump,
     "nat_affinity": nat_affinity.dump, "nat_ct": nat_ct.dump, "nat_counters": nat_counters.dump,
     "nat_vip_filter": nat_vip_filter.dump,
+    "nat_frontend6": nat_frontend6.dump, "nat_backend6": nat_backend6.dump,
+    "nat_affinity6": nat_affinity6.dump, "nat_ct6": nat_ct6.dump,
     "cls_chains": cls_chains.dump, "cls_l4": cls_l4.dump, "cls_tries": cls_tries.dump,
     "verdict_trace": verdict_trace.dump,
     "denied_sources": denied_sources.dump,
@@ -196,38 +208,54 @@ def _name_set_check(text: str, set_names: dict[int, str]) -> str:
     return text
 
 
-def nat_pinned(pin_dir: str) -> dict:
-    """`pyfelix bpf nat dump`: the service frontends with their backends and affinity
-    entries, and the NAT counters: {"frontends": [{"frontend": "VIP:port/proto",
-    "service_id", "flags", "affinity_timeout", "backends": ["addr:port", ...] (the first
-    nat_frontend.INLINE_BACKENDS from the frontend's own copy, as the programs read them),
-    "affinity": [{"client", "backend", "last_used_ns"}]}], "counters": {...}}.
-    Raises OSError if a map is not pinned there."""
-    with (BpfMap.open_pinned(nat_frontend.PARAMS, pin_dir) as fe,
-          BpfMap.open_pinned(nat_backend.PARAMS, pin_dir) as be,
-          BpfMap.open_pinned(nat_affinity.PARAMS, pin_dir) as aff,
-          BpfMap.open_pinned(nat_counters.PARAMS, pin_dir) as cnt):
+def _nat_frontends(pin_dir: str, fe_mod: ModuleType, be_mod: ModuleType,
+                   aff_mod: ModuleType) -> list[dict]:
+    """One family's frontends (fe_mod/be_mod/aff_mod: nat_frontend, nat_backend,
+    nat_affinity or their IPv6 twins) as nat_pinned lists them."""
+    with (BpfMap.open_pinned(fe_mod.PARAMS, pin_dir) as fe,
+          BpfMap.open_pinned(be_mod.PARAMS, pin_dir) as be,
+          BpfMap.open_pinned(aff_mod.PARAMS, pin_dir) as aff):
+        v6 = fe_mod is nat_frontend6
+
+        def at(addr: str, port: int) -> str:
+            return f"[{addr}]:{port}" if v6 else f"{addr}:{port}"
+
         backends: dict[int, dict[int, str]] = {}
-        for row in nat_backend.dump(be):
-            backends.setdefault(row["service_id"], {})[row["index"]] = (
-                f"{row['addr']}:{row['port']}")
+        for row in be_mod.dump(be):
+            backends.setdefault(row["service_id"], {})[row["index"]] = at(row["addr"],
+                                                                          row["port"])
         affinity: dict[int, list[dict]] = {}
-        for row in nat_affinity.dump(aff):
+        for row in aff_mod.dump(aff):
             affinity.setdefault(row["service_id"], []).append(
-                {"client": row["client"], "backend": f"{row['addr']}:{row['port']}",
+                {"client": row["client"], "backend": at(row["addr"], row["port"]),
                  "last_used_ns": row["last_used_ns"]})
         frontends = []
-        for row in nat_frontend.dump(fe):
+        for row in fe_mod.dump(fe):
             sid = row["service_id"]
             frontends.append({
-                "frontend": f"{row['vip']}:{row['port']}/{row['protocol']}",
+                "frontend": f"{at(row['vip'], row['port'])}/{row['protocol']}",
+                "family": 6 if v6 else 4,
                 "service_id": sid, "flags": row["flags"],
                 "affinity_timeout": row["affinity_timeout"],
-                # what the programs pick: the frontend's inline copy, then nat_backend
-                "backends": [f"{a}:{p}" for a, p in row["inline_backends"]]
+                # what the programs pick: the frontend's inline copy, then the backend map
+                "backends": [at(a, p) for a, p in row["inline_backends"]]
                 + [backends.get(sid, {}).get(i, "?")
                    for i in range(len(row["inline_backends"]), row["backends"])],
                 "affinity": affinity.get(sid, [])})
+        return frontends
+
+
+def nat_pinned(pin_dir: str) -> dict:
+    """`pyfelix bpf nat dump`: the service frontends of both families with their backends
+    and affinity entries, and the NAT counters (shared): {"frontends": [{"frontend":
+    "VIP:port/proto" (IPv6: "[VIP]:port/proto"), "family": 4|6, "service_id" (per family),
+    "flags", "affinity_timeout", "backends": ["addr:port", ...] (IPv4: the first
+    nat_frontend.INLINE_BACKENDS from the frontend's own copy, as the programs read them),
+    "affinity": [{"client", "backend", "last_used_ns"}]}], "counters": {...}}.
+    Raises OSError if a map is not pinned there."""
+    frontends = _nat_frontends(pin_dir, nat_frontend, nat_backend, nat_affinity)
+    frontends += _nat_frontends(pin_dir, nat_frontend6, nat_backend6, nat_affinity6)
+    with BpfMap.open_pinned(nat_counters.PARAMS, pin_dir) as cnt:
         return {"frontends": frontends, "counters": nat_counters.read(cnt)}
 
 
@@ -235,8 +263,9 @@ def nat_summary_pinned(pin_dir: str) -> dict:
     """Service figures for `pyfelix bpf summary`: frontends, those without backends
     (rejected), backends, NAT flows (nat_ct entries: two per flow)."""
     view = nat_pinned(pin_dir)
-    with BpfMap.open_pinned(nat_ct.PARAMS, pin_dir) as ct:
-        entries = len(ct.items())
+    with (BpfMap.open_pinned(nat_ct.PARAMS, pin_dir) as ct,
+          BpfMap.open_pinned(nat_ct6.PARAMS, pin_dir) as ct6):
+        entries = len(ct.items()) + len(ct6.items())
     fronts = view["frontends"]
     return {"frontends": len(fronts),
             "frontends_without_backends": sum(1 for f in fronts if not f["backends"]),

@@ -31,6 +31,13 @@ a frontend's backends and keep each flow's translation in `nat_ct`.
   frontend has are deleted (a replaced `nat_frontend` gives its ids out afresh).
 The same state twice writes nothing.
 
+Families: one manager per IP family, as Calico's BPF mode keeps separate v4 and v6 NAT
+maps. `family=4` (the default) writes `nat_frontend`/`nat_backend`/`nat_affinity` and the
+VIP filter and takes only frontends with an IPv4 VIP (and NodePorts); `family=6` writes
+`nat_frontend6`/`nat_backend6`/`nat_affinity6` (no VIP filter: pass None) and takes only
+frontends with an IPv6 VIP. Each ignores the other family's messages, so both can be fed
+the same stream; their service ids are separate key spaces.
+
 Failure (fail closed): a frontend whose backends do not all fit in `nat_backend` is
 written with count 0 (its traffic is rejected, never sent to a missing index) and logged;
 a frontend that does not fit in `nat_frontend` is left out (its traffic is not translated:
@@ -41,12 +48,15 @@ Other errors raise (the loop retries), and the mirrors are re-read first.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 from pyfelix.agent import proto
 from pyfelix.agent.bpf.maps import nat_affinity as aff_map
+from pyfelix.agent.bpf.maps import nat_affinity6, nat_backend6, nat_frontend6
 from pyfelix.agent.bpf.maps import nat_backend as be_map
 from pyfelix.agent.bpf.maps import nat_frontend as fe_map
 from pyfelix.agent.bpf.maps import nat_vip_filter as filter_map
@@ -58,7 +68,23 @@ log = logging.getLogger(__name__)
 
 
 def frontend_key(msg: proto.ServiceFrontendUpdate) -> bytes:
-    return fe_map.encode_key(msg.vip, msg.port, msg.protocol)
+    """The key of `msg` in its family's frontend map."""
+    return map_modules(vip_family(msg.vip))[0].encode_key(msg.vip, msg.port, msg.protocol)
+
+
+def vip_family(vip: str) -> int:
+    """4 or 6: the family of a frontend's VIP (a NodePort's "any" address is IPv4's)."""
+    try:
+        return ipaddress.ip_address(vip).version
+    except ValueError:
+        return 4
+
+
+def map_modules(family: int) -> tuple[ModuleType, ModuleType, ModuleType]:
+    """(frontend, backend, affinity) map modules of a family."""
+    if family == 6:
+        return nat_frontend6, nat_backend6, nat_affinity6
+    return fe_map, be_map, aff_map
 
 
 class BpfNatManager(ManagerBase):
@@ -66,12 +92,19 @@ class BpfNatManager(ManagerBase):
     policy_critical = False  # services, not policy: policy applies to the translated flow
 
     def __init__(self, frontend_map: Any, backend_map: Any, affinity_map: Any,
-                 vip_filter_map: Any) -> None:
+                 vip_filter_map: Any, *, family: int = 4) -> None:
         super().__init__()
+        if family not in (4, 6) or (family == 6) != (vip_filter_map is None):
+            raise ValueError(f"BpfNatManager: family {family!r} needs "
+                             f"{'no' if family == 6 else 'a'} VIP filter map")
+        self.family = family
+        self._fe, self._be, self._aff = map_modules(family)
+        if family == 6:
+            self.name = "bpf-nat6"
         self._frontends = MapMirror(frontend_map)
         self._backends = MapMirror(backend_map)
         self._affinity = affinity_map
-        self._filter = MapMirror(vip_filter_map)
+        self._filter = MapMirror(vip_filter_map) if vip_filter_map is not None else None
         self.desired: dict[str, proto.ServiceFrontendUpdate] = {}
         self._ids: dict[bytes, int] = {}  # frontend key -> service id (adopted or given)
         self._owned: set[bytes] = set()  # frontend keys written by this run
@@ -83,6 +116,8 @@ class BpfNatManager(ManagerBase):
 
     def on_update(self, msg: object) -> None:
         if isinstance(msg, proto.ServiceFrontendUpdate):
+            if vip_family(msg.vip) != self.family:
+                return
             self.desired[msg.id] = msg
             self._dirty = True
         elif isinstance(msg, proto.ServiceFrontendRemove):
@@ -101,8 +136,9 @@ class BpfNatManager(ManagerBase):
             if self._resync_requested:
                 self._frontends.reload()
                 self._backends.reload()
-                self._filter.reload()
-                self._ids = {k: fe_map.decode_value(v)["service_id"]
+                if self._filter is not None:
+                    self._filter.reload()
+                self._ids = {k: self._fe.decode_value(v)["service_id"]
                              for k, v in (self._frontends.actual or {}).items()}
                 self._drop_orphan_affinity(set(self._ids.values()))
                 self._resync_requested = False
@@ -133,13 +169,13 @@ class BpfNatManager(ManagerBase):
         taken = {self._ids[k] for k in actual_fe if k in self._ids}
         taken |= {self._ids[k] for k in desired_keys if k in self._ids}
         # the VIP filter first covers every frontend present or about to be
-        self._write_filter({fe_map.decode_key(k)["vip"] for k in actual_fe}
+        self._write_filter({self._fe.decode_key(k)["vip"] for k in actual_fe}
                            | {m.vip for m in desired_keys.values()})
         desired_be: dict[bytes, bytes] = {}
         backends_of: dict[bytes, dict[bytes, bytes]] = {}
         for key, msg in sorted(desired_keys.items()):
             sid = self._service_id(key, taken)
-            entries = {be_map.encode_key(sid, i): be_map.encode_value(b.addr, b.port)
+            entries = {self._be.encode_key(sid, i): self._be.encode_value(b.addr, b.port)
                        for i, b in enumerate(msg.backends)}
             backends_of[key] = entries
             desired_be.update(entries)
@@ -153,7 +189,8 @@ class BpfNatManager(ManagerBase):
             if failed_be & backends_of[key].keys():
                 count = 0
                 problems.append(f"service frontend {msg.id} ({msg.service}): its "
-                                f"{len(msg.backends)} backends do not fit in nat_backend; "
+                                f"{len(msg.backends)} backends do not fit in "
+                                f"{self._be.PARAMS.name}; "
                                 "rejecting its traffic")
             flags = fe_map.FrontendFlags(0)
             if msg.affinity_timeout:
@@ -163,14 +200,14 @@ class BpfNatManager(ManagerBase):
             elif msg.kind == "nodeport":
                 flags |= fe_map.FrontendFlags.NODEPORT
             inline = [(b.addr, b.port) for b in msg.backends] if count else []
-            desired_fe[key] = fe_map.encode_value(self._ids[key], count, flags,
+            desired_fe[key] = self._fe.encode_value(self._ids[key], count, flags,
                                                   msg.affinity_timeout, inline)
         if failed_be:
-            metrics.MAP_FULL_ERRORS.labels("nat_backend").inc()
+            metrics.MAP_FULL_ERRORS.labels(self._be.PARAMS.name).inc()
         failed_fe = self._frontends.write(self._frontends.updates(desired_fe))
         if failed_fe:
-            metrics.MAP_FULL_ERRORS.labels("nat_frontend").inc()
-            problems.append(f"nat_frontend is full (max_entries="
+            metrics.MAP_FULL_ERRORS.labels(self._fe.PARAMS.name).inc()
+            problems.append(f"{self._fe.PARAMS.name} is full (max_entries="
                             f"{self._frontends.map.max_entries}): {len(failed_fe)} service "
                             "frontends left out")
         # stale entries: of frontends this run programmed, at once; of others after InSync
@@ -188,13 +225,16 @@ class BpfNatManager(ManagerBase):
         for key in stale_fe:
             self._ids.pop(key, None)
         # then only the frontends that remain
-        self._write_filter({fe_map.decode_key(k)["vip"] for k in self._frontends.actual or {}})
+        self._write_filter({self._fe.decode_key(k)["vip"]
+                            for k in self._frontends.actual or {}})
         if problems != self.problems:
             for problem in sorted(set(problems) - set(self.problems)):
                 log.error("BPF NAT: %s", problem)
             self.problems = problems
 
     def _write_filter(self, vips: set[str]) -> None:
+        if self._filter is None:
+            return
         words = self._filter.map.max_entries
         self._filter.write(self._filter.updates(filter_map.contents(vips, words)))
 
@@ -203,10 +243,10 @@ class BpfNatManager(ManagerBase):
         an id may be given to another Service next (after `nat_frontend` was replaced: a
         new layout version or size), whose clients must not be sent to the old backends."""
         doomed = [k for k, _ in self._affinity.items()
-                  if aff_map.decode_key(k)[0] not in pinned_ids]
+                  if self._aff.decode_key(k)[0] not in pinned_ids]
         if doomed:
             self._affinity.delete_many(doomed)
-            metrics.MAP_WRITES.labels("nat_affinity", "delete").inc(len(doomed))
+            metrics.MAP_WRITES.labels(self._aff.PARAMS.name, "delete").inc(len(doomed))
 
     def _clean_affinity(self, desired_be: dict[bytes, bytes], touched: set[int]) -> None:
         """Affinity entries of the service ids in `touched` whose backend is gone."""
@@ -214,17 +254,17 @@ class BpfNatManager(ManagerBase):
             return
         present: dict[int, set[tuple[str, int]]] = {}
         for key, value in desired_be.items():
-            present.setdefault(be_map.decode_key(key)[0], set()).add(be_map.decode_value(value))
+            present.setdefault(be_map.decode_key(key)[0], set()).add(self._be.decode_value(value))
         doomed = []
         for key, value in self._affinity.items():
-            sid, _client = aff_map.decode_key(key)
+            sid, _client = self._aff.decode_key(key)
             if sid in touched:
-                addr, port, _ = aff_map.decode_value(value)
+                addr, port, _ = self._aff.decode_value(value)
                 if (addr, port) not in present.get(sid, set()):
                     doomed.append(key)
         if doomed:
             self._affinity.delete_many(doomed)
-            metrics.MAP_WRITES.labels("nat_affinity", "delete").inc(len(doomed))
+            metrics.MAP_WRITES.labels(self._aff.PARAMS.name, "delete").inc(len(doomed))
 
     # --- views ----------------------------------------------------------------------------
 
