@@ -7,10 +7,15 @@ third of the timeout, at most 10 s, as Felix's loops report every 10 s). A loop 
 syscall, a lock or an endless computation stops reporting, and that is what liveness sees;
 "is the thread alive" would stay true forever. The agent's reporters (`agent.daemon`):
 
+    datastore      readiness only, registered before the health port is served: not
+                   ready until the datastore answered with the agent's configuration
+                   (an agent waiting for etcd/the API server is live, never ready)
     calc-graph     the calc pipeline thread (between batches and every interval while idle)
     dataplane      the dataplane loop (after every step; its queue wait is bounded by the
                    interval). Felix's name for it, InternalDataplaneMainLoop, is an alias
-                   in HealthTimeoutOverrides.
+                   in HealthTimeoutOverrides. Registered first, with the datastore
+                   reporter, as readiness only, so `/readiness` is 503 until the dataplane
+                   has been programmed once; the loop re-registers it with liveness.
     iface-monitor  the interface monitor (after every netlink poll)
 
 The aggregator answers:

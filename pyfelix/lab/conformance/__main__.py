@@ -21,6 +21,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -31,6 +32,9 @@ from pyfelix.lab.conformance.plan import build_plan
 from pyfelix.lab.conformance.report import ConformanceReport
 from pyfelix.lab.conformance.suite import DATAPLANE_NAMES, DEFAULT_PROBE_TIMEOUT, run_dataplane
 from pyfelix.lab.family import IP_FAMILIES
+
+if TYPE_CHECKING:
+    from pyfelix.lab.conformance.suite import AfterStep
 
 
 def run_conformance(
@@ -43,10 +47,12 @@ def run_conformance(
     nodes: int = 1,
     ip_family: str = "ipv4",
     progress: Callable[[str], None] | None = None,
+    after_step: AfterStep | None = None,
 ) -> ConformanceReport:
     """Run the selected cases on each dataplane in turn (one lab per dataplane), with the
     pods spread over `nodes` nodes (several: confd + BIRD route between them), over the
-    IP family(ies) `ip_family` (lab.family)."""
+    IP family(ies) `ip_family` (lab.family). `after_step` is called after each case is
+    probed, while its policy is in force (suite.run_dataplane)."""
     cases = select_cases(ALL_CASES, case_patterns)
     if not cases:
         raise ValueError(f"no case matches {list(case_patterns)}")
@@ -55,7 +61,7 @@ def run_conformance(
     outcomes = [
         run_dataplane(cases, dataplane, probe_timeout=probe_timeout, max_workers=max_workers,
                       interface_prefix=interface_prefix, plan=plan,
-                      progress=progress)
+                      progress=progress, after_step=after_step)
         for dataplane in dataplanes
     ]
     return ConformanceReport(outcomes, time.monotonic() - started)

@@ -3,7 +3,9 @@
 `CONFORMANT_DATAPLANES` (lab.conformance) lists the dataplanes run here; each listed
 one RUNS (a broken one fails, it is never skipped). Per dataplane: one lab, one agent, one
 step per case, the whole 9x8 matrix per case; the test passes only with zero mismatches and
-prints the figures (cases passed, probes, seconds) whether it passes or not. A sample of the
+prints the figures (cases passed, probes, seconds) whether it passes or not. The run is
+conftest's `single_node_suite`, shared with test_conformance_explain (its seconds include
+the explanations made after each case). A sample of the
 cases runs again with the pods spread over two nodes (confd + BIRD route between them).
 
 A second test shows the suite can fail: in a lab where nothing enforces policy, exactly the
@@ -21,15 +23,17 @@ from pyfelix.lab.conformance.__main__ import run_conformance
 from pyfelix.lab.conformance.case import select_cases
 from pyfelix.lab.conformance.suite import run_dataplane
 from pyfelix.lab.runner import NoAgents
+from tests.privileged.conformance.conftest import SuiteRuns
 
 pytestmark = pytest.mark.privileged
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1500)
 @pytest.mark.parametrize("dataplane", CONFORMANT_DATAPLANES)
 def test_every_case_matches_its_expected_matrix(dataplane: str, root_guard: Any,
+                                                single_node_suite: SuiteRuns,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    report = run_conformance([dataplane])
+    report = single_node_suite.get(dataplane).report
     text = report.format_text()
     with capsys.disabled():
         print(f"\n{text}")
