@@ -100,7 +100,9 @@ def build_config(config: Config) -> BuildConfig:
             raise DataplaneUnavailable(f"{param}: map size must be a positive integer, "
                                        f"got {value!r}")
         sizes[map_name] = value
-    return BuildConfig(pin_dir=str(config.bpf_pin_dir), map_sizes=sizes)
+    return BuildConfig(pin_dir=str(config.bpf_pin_dir), map_sizes=sizes,
+                       ct_timeouts=ct_map.timeouts_from_felix(
+                           config.get("BPFConntrackTimeouts")))
 
 
 def load(build: BuildConfig, *, before_compile: Callable[[], None] | None = None
