@@ -186,6 +186,26 @@ def parse_optional_ipv4(text: str) -> str:
     return str(ipaddress.IPv4Address(text.strip())) if text.strip() else ""
 
 
+def parse_conntrack_timeouts(text: str) -> tuple[tuple[str, int], ...]:
+    """BPFConntrackTimeouts: Felix's `TCPFinsSeen=30s,UDPTimeout=60s,...` as (key, whole
+    seconds) pairs; `Auto` (and a key not given) keeps pyfelix's default for that timeout."""
+    out = []
+    for key, value in felix_params.parse_key_values(text):
+        if key not in felix_params.BPF_CONNTRACK_TIMEOUT_KEYS:
+            raise ValueError(f"unknown key {key!r} (known: "
+                             f"{', '.join(felix_params.BPF_CONNTRACK_TIMEOUT_KEYS)})")
+        if value.lower() == "auto":
+            continue
+        try:
+            seconds = parse_seconds(value)
+        except ValueError as exc:
+            raise ValueError(f"{key}: {exc}") from None
+        if seconds < 1:
+            raise ValueError(f"{key}: {value!r} is under the 1 s resolution of the timeouts")
+        out.append((key, int(seconds)))
+    return tuple(out)
+
+
 def enum_of(*choices: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         for choice in choices:
@@ -331,6 +351,11 @@ PARAMS: tuple[Param, ...] = (
     Param("BPFMapSizeClassifierL4", 65536, parse_int, restart=True,
           help="Classifier protocol/ICMP entries (a few per protocol a chain names)."),
     Param("BPFConntrackCleanupInterval", 10.0, parse_seconds),
+    Param("BPFConntrackTimeouts", (), parse_conntrack_timeouts, restart=True,
+          help="Conntrack timeouts, Felix's keys (TCPSynSent, TCPEstablished, TCPFinsSeen, "
+               "TCPResetSeen, UDPTimeout, ICMPTimeout, GenericTimeout; CreationGracePeriod "
+               "accepted, no effect): compiled into the programs and used by the cleaner. "
+               "Unset keys and `Auto`: 20s, 1h, 30s, 10s, 60s, 5s, 60s."),
     Param("XDPEnabled", True, parse_bool,
           help="BPF mode: calico_xdp drops untracked-denied sources early on host endpoint "
                "interfaces (iptables' raw chains enforce the same policy either way)."),

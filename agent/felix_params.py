@@ -452,6 +452,17 @@ def parse_route_table_ranges(text: str) -> tuple[tuple[int, int], ...]:
     return tuple(_table_range(entry) for entry in _range_entries(text))
 
 
+# BPFConntrackTimeouts' keys (Felix's), each a duration or `Auto`
+BPF_CONNTRACK_TIMEOUT_KEYS = ("CreationGracePeriod", "TCPSynSent", "TCPEstablished",
+                              "TCPFinsSeen", "TCPResetSeen", "UDPTimeout", "GenericTimeout",
+                              "ICMPTimeout")
+
+
+def parse_key_values(text: str) -> tuple[tuple[str, str], ...]:
+    """Felix's keyvaluelist: `k=v,k2=v2` or a JSON object; sorted (key, value) pairs."""
+    return _key_values(text)
+
+
 def _key_values(text: str) -> tuple[tuple[str, str], ...]:
     stripped = text.strip()
     if stripped.startswith("{"):

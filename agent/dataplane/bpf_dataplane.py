@@ -108,7 +108,9 @@ def build_config(config: Config) -> BuildConfig:
         sizes[map_name] = value
         if map_name in NAT_V6_TWINS:  # the IPv6 NAT map takes its IPv4 twin's setting
             sizes[NAT_V6_TWINS[map_name]] = value
-    return BuildConfig(pin_dir=str(config.bpf_pin_dir), map_sizes=sizes)
+    return BuildConfig(pin_dir=str(config.bpf_pin_dir), map_sizes=sizes,
+                       ct_timeouts=ct_map.timeouts_from_felix(
+                           config.get("BPFConntrackTimeouts")))
 
 
 def load(build: BuildConfig, *, before_compile: Callable[[], None] | None = None

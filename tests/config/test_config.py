@@ -51,6 +51,12 @@ def test_yaml_config_file(tmp_path) -> None:
         ({"FELIX_DEFAULTENDPOINTTOHOSTACTION": "Explode"}, "DefaultEndpointToHostAction",
          "not one of"),
         ({"FELIX_FAILSAFEINBOUNDHOSTPORTS": "icmp:1"}, "FailsafeInboundHostPorts", "protocol"),
+        ({"FELIX_BPFCONNTRACKTIMEOUTS": "TCPFinSeen=5s"}, "BPFConntrackTimeouts",
+         "unknown key 'TCPFinSeen'"),
+        ({"FELIX_BPFCONNTRACKTIMEOUTS": "UDPTimeout=soon"}, "BPFConntrackTimeouts",
+         "UDPTimeout"),
+        ({"FELIX_BPFCONNTRACKTIMEOUTS": "ICMPTimeout=500ms"}, "BPFConntrackTimeouts",
+         "1 s resolution"),
     ],
 )
 def test_bad_env_values_name_the_parameter(env, name, fragment) -> None:
@@ -106,3 +112,21 @@ def test_health_settings_defaults_and_both_override_forms() -> None:
 def test_bad_health_settings_are_clear_errors(env, fragment) -> None:
     with pytest.raises(ConfigError, match=fragment):
         load_config(environ=env)
+
+
+def test_bpf_conntrack_timeouts_felix_keys_over_the_defaults() -> None:
+    from pyfelix.agent.bpf.maps import conntrack as ct_map
+    from pyfelix.agent.dataplane.bpf_dataplane import build_config
+
+    assert load_config(environ={}).get("BPFConntrackTimeouts") == ()
+    felix_default = ("CreationGracePeriod=10s,TCPSynSent=20s,TCPEstablished=1h,"
+                     "TCPFinsSeen=Auto,TCPResetSeen=40s,UDPTimeout=60s,GenericTimeout=10m,"
+                     "ICMPTimeout=5s")
+    config = load_config(environ={"FELIX_BPFCONNTRACKTIMEOUTS": felix_default})
+    timeouts = ct_map.timeouts_from_felix(config.get("BPFConntrackTimeouts"))
+    assert timeouts == ct_map.Timeouts(tcp_syn=20, tcp_est=3600, tcp_fin=30, tcp_rst=40,
+                                       udp=60, icmp=5, other=600)
+    short = load_config(environ={"FELIX_BPFCONNTRACKTIMEOUTS": "TCPFinsSeen=2s"})
+    build = build_config(short)
+    assert build.ct_timeouts == ct_map.Timeouts(tcp_fin=2)
+    assert "-DCT_TIMEOUT_TCP_FIN=2" in build.cflags()

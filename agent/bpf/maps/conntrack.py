@@ -16,7 +16,8 @@ import ipaddress
 import os
 import struct
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, replace
 
 from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, MapType, PfAddr, addr16, addr16_to_ip
 
@@ -117,6 +118,28 @@ class Timeouts:
 
 
 DEFAULT_TIMEOUTS = Timeouts()
+
+# Felix's BPFConntrackTimeouts keys (agent.config validates them and their durations) ->
+# Timeouts fields. CreationGracePeriod (how young an entry Felix's cleaner leaves alone) has
+# no field: this cleaner deletes only entries whose own last packet is older than their
+# timeout, so a new entry is never at risk.
+FELIX_TIMEOUT_FIELDS = {
+    "TCPSynSent": "tcp_syn",
+    "TCPEstablished": "tcp_est",
+    "TCPFinsSeen": "tcp_fin",
+    "TCPResetSeen": "tcp_rst",
+    "UDPTimeout": "udp",
+    "ICMPTimeout": "icmp",
+    "GenericTimeout": "other",
+}
+
+
+def timeouts_from_felix(seconds_by_key: Iterable[tuple[str, int]]) -> Timeouts:
+    """DEFAULT_TIMEOUTS with BPFConntrackTimeouts' given (key, whole seconds) pairs over it
+    (agent.config's parse: keys known, `Auto` left out, durations >= 1 s)."""
+    fields = {FELIX_TIMEOUT_FIELDS[key]: seconds for key, seconds in seconds_by_key
+              if key in FELIX_TIMEOUT_FIELDS}
+    return replace(DEFAULT_TIMEOUTS, **fields)
 
 
 @dataclass(frozen=True)

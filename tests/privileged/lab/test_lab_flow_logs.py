@@ -7,7 +7,8 @@ ring buffer; iptables: the NFLOG rules), one lab per dataplane:
 - a flood of 100,000 new flows a second for 5 s (the rate counted by the kernel) leaves the
   agent responsive with its drops counted (flow_flood.py says how);
 - the allowed probe's flow ends with its packet and byte counts: BPF when the conntrack
-  cleaner deletes the closed flow's entries (FIN timeout 30 s, cleaner every second here),
+  cleaner deletes the closed flow's entries (BPFConntrackTimeouts TCPFinsSeen=3s and the
+  cleaner every second here: Felix's 30 s default would be most of the test's time),
   iptables on conntrack's destroy events (the node namespace's TCP closing timeouts cut to
   1 s here)."""
 
@@ -57,7 +58,8 @@ def test_flow_logs_record_every_probe_survive_a_flood_and_end_flows(
     the flood (flow_flood.flood_and_check), then the allowed probe's flow end,
     whose closing timers ran meanwhile."""
     agents = AgentProcesses(dataplane, flow_logs=True, extra_env={
-        "FELIX_BPFCONNTRACKCLEANUPINTERVAL": "1", **FLOOD_AGENT_ENV})
+        "FELIX_BPFCONNTRACKCLEANUPINTERVAL": "1", "FELIX_BPFCONNTRACKTIMEOUTS": "TCPFinsSeen=3s",
+        **FLOOD_AGENT_ENV})
     scenario = load_scenario(SCENARIOS / "calico-gnp-order.yaml")
     with LabRunner(scenario, agents=agents, dataplane=dataplane, program_routes=False,
                    probe_timeout=1.0) as lab:
@@ -113,7 +115,7 @@ def test_flow_logs_record_every_probe_survive_a_flood_and_end_flows(
 
 def _flow_ends(lab: LabRunner, agents: AgentProcesses) -> list[dict[str, Any]]:
     """The client -> api:443 probe's flow-end records (BPF: its conntrack entries expire
-    30 s after the FINs, the cleaner runs every second; iptables: conntrack's destroy
+    3 s after the FINs, the cleaner runs every second; iptables: conntrack's destroy
     events), waited for up to 90 s."""
     [probe] = [r for r in lab.report.results
                if (r.probe.source, r.probe.port, r.step) == ("prod/client", 443, 0)]
