@@ -162,7 +162,8 @@ def test_dual_stack_node_ports_render_for_both_families() -> None:
         node_port = [x for x in nat if x.startswith("-A KUBE-NODEPORTS")]
         assert len(node_port) == 1 and "--dport 30080" in node_port[0]
         ext = node_port[0].split()[-1]
-        assert [x.split()[-1] for x in nat if x.startswith(f"-A {ext} ")][0] == "KUBE-MARK-MASQ"
+        first = next(x for x in nat if x.startswith(f"-A {ext} "))
+        assert first.endswith("-j KUBE-MARK-MASQ")
         assert sum(f"--to-destination {backend}" in x for x in nat) == 2  # ClusterIP, NodePort
     assert not any("10.65.0.1" in x or "0.0.0.0" in x for x in v6)
     assert not any("fd00:" in x for x in v4)

@@ -35,8 +35,9 @@ Families: one manager per IP family, as Calico's BPF mode keeps separate v4 and 
 maps. `family=4` (the default) writes `nat_frontend`/`nat_backend`/`nat_affinity` and the
 VIP filter and takes only frontends with an IPv4 VIP (NodePorts: `proto.NODEPORT_VIP`);
 `family=6` writes `nat_frontend6`/`nat_backend6`/`nat_affinity6` (no VIP filter: pass None)
-and takes only frontends with an IPv6 VIP (NodePorts: `proto.NODEPORT_VIP6`, key `[::]`). Each ignores the other family's messages, so both can be fed
-the same stream; their service ids are separate key spaces.
+and takes only frontends with an IPv6 VIP (NodePorts: `proto.NODEPORT_VIP6`, key `[::]`).
+Each ignores the other family's messages, so both can be fed the same stream; their service
+ids are separate key spaces.
 
 Failure (fail closed): a frontend whose backends do not all fit in `nat_backend` is
 written with count 0 (its traffic is rejected, never sent to a missing index) and logged;
