@@ -454,12 +454,14 @@ int calico_from_hep(struct __sk_buff *skb)
 	__u32 zero = 0;
 	struct config_value *cfg = config.lookup(&zero);
 	__u32 mode = cfg ? (cfg->flags & CFG_RPF_MASK) : CFG_RPF_STRICT;
-	if (pkt_is_v6(&pkt)) /* RPF only for what the NAT translates (nat6.h) */
-		return host_nodeport_verdict(skb, &pkt, mode);
-	if (mode == CFG_RPF_DISABLED || hep_source_ok(skb, &pkt, mode))
-		return host_nodeport_verdict(skb, &pkt, CFG_RPF_DISABLED);
-	count_global(GCNT_HEP_RPF_DROPPED);
-	return TC_ACT_SHOT;
+	if (!pkt_is_v6(&pkt)) { /* IPv6: RPF only for what the NAT translates (nat6.h) */
+		if (mode != CFG_RPF_DISABLED && !hep_source_ok(skb, &pkt, mode)) {
+			count_global(GCNT_HEP_RPF_DROPPED);
+			return TC_ACT_SHOT;
+		}
+		mode = CFG_RPF_DISABLED; /* checked */
+	}
+	return host_nodeport_verdict(skb, &pkt, mode); /* one call site: inlined once */
 }
 
 /* calico_from_host: tc INGRESS of the node's data interfaces that are not a host endpoint's

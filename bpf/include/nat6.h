@@ -45,8 +45,10 @@
  * cluster IP, backends its IPv6 endpoints, externalTrafficPolicy Local: this node's only).
  * A TCP/UDP packet arriving on a host interface whose (port, proto) has such a frontend and
  * whose destination is one of this node's addresses (a FIB lookup answering NOT_FWDED: a
- * local route, unlike IPv4 no routes-map entry, so ANY of the node's IPv6 addresses serves;
- * an unroutable destination answers the same, and the stack would drop it anyway):
+ * local route, unlike IPv4 no routes-map entry, so ANY of the node's IPv6 addresses serves.
+ * The FIB answers the same for a destination without any route: one the routes map knows
+ * as a workload's, a pool's or another node's is excluded (NAT6_NOT_THIS_NODE); any other
+ * unroutable destination is translated, where the stack would have refused it):
  *   - later packets: the nat_ct6 FWD entry flagged NAT_CT_F_NODEPORT;
  *   - a new flow: count == 0 -> ICMPv6 port unreachable back out of the interface
  *     (nat6_reject); else affinity / a random backend;
@@ -58,8 +60,8 @@
  *   - backend on another node: DNAT and SNAT to the node address the client used (port:
  *     the client's own when free, else random ones in [NAT_SNAT_PORT_MIN, 65535], never a
  *     NodePort's number), sent by nat6_fib_redirect; the backend's replies, addressed to
- *     (node address, SNAT port), are recognised by their NAT_CT_F_SNAT REV entry
- *     (nat6_snat_reply) and sent back to the client from (node address, node port).
+ *     (node address, SNAT port), are recognised by their NAT_CT_F_SNAT REV entry (no
+ *     frontend has their port) and sent back to the client from (node address, node port).
  * At calico_from_hep the packets translated here (new flows, later packets, SNAT replies)
  * first pass BPFEnforceRPF's check for IPv6 (nat6_source_ok; failing: dropped, counted as
  * IPv4's); other IPv6 traffic at a host endpoint passes unchecked, as before.
@@ -521,6 +523,11 @@ PF_INLINE int nat6_source_ok(struct __sk_buff *skb, struct pkt_info *pkt,
 	return rpf_mode == CFG_RPF_LOOSE || sc->fib.ifindex == skb->ifindex;
 }
 
+/* Routes-map flags of destinations that are not this node's, whatever the FIB says (it
+ * answers NOT_FWDED for a local address and for one without any route alike). */
+#define NAT6_NOT_THIS_NODE                                                                   \
+	(RT_F_LOCAL_WORKLOAD | RT_F_REMOTE_WORKLOAD | RT_F_REMOTE_HOST | RT_F_IN_POOL)
+
 /* The routes map's flags for an IPv6 address (0: no route). */
 PF_INLINE __u32 nat6_route_flags(const struct pf_addr *addr)
 {
@@ -530,38 +537,6 @@ PF_INLINE __u32 nat6_route_flags(const struct pf_addr *addr)
 	__builtin_memcpy(&key.addr, addr, sizeof(key.addr));
 	struct route_value *v = routes.lookup(&key);
 	return v ? v->flags : 0;
-}
-
-/* nat_snat_reply (nat.h) for IPv6: a reply from a backend on another node to a flow
- * source-NATed to this node? Back to (node address, node port) -> client, sent on with
- * nat6_fib_redirect. Otherwise NAT_CONTINUE. */
-PF_INLINE int nat6_snat_reply(struct __sk_buff *skb, struct pkt_info *pkt, __u64 now,
-			      struct nat6_scratch *sc, __u32 rpf_mode)
-{
-	struct nat_ct6_key *rk = &sc->rk;
-	nat6_pkt_key(rk, pkt, NAT_CT_REV);
-	struct nat_ct6_value *rv = nat_ct6.lookup(rk);
-	if (!rv || !(rv->flags & NAT_CT_F_SNAT))
-		return NAT_CONTINUE;
-	__u16 node_port = rv->port, client_port = rv->peer_port;
-	__builtin_memcpy(&sc->vip, &rv->addr, sizeof(sc->vip)); /* the node's address */
-	__builtin_memcpy(&sc->client, &rv->peer_addr, sizeof(sc->client));
-	if (!nat6_source_ok(skb, pkt, sc, rpf_mode)) {
-		count_global(GCNT_HEP_RPF_DROPPED);
-		return TC_ACT_SHOT;
-	}
-	rv->last_seen_ns = now;
-	__builtin_memcpy(&sc->to_addr, &sc->vip, sizeof(sc->to_addr));
-	if (nat6_rewrite(skb, pkt, 0, sc, node_port))
-		goto fail;
-	__builtin_memcpy(&sc->to_addr, &sc->client, sizeof(sc->to_addr));
-	if (nat6_rewrite(skb, pkt, 1, sc, client_port))
-		goto fail;
-	count_nat(NAT_CNT_REPLIES);
-	return nat6_fib_redirect(skb, pkt, sc);
-fail:
-	count_nat(NAT_CNT_XLATE_FAILED);
-	return TC_ACT_SHOT;
 }
 
 /* nat_snat_port (nat.h) for IPv6: the client's port unless another live flow holds
@@ -599,7 +574,12 @@ PF_INLINE __u16 nat6_snat_port(struct pkt_info *pkt, __u16 be_port, __u64 now,
 
 /* The NodePort NAT of an IPv6 packet arriving on a host interface (see the top of this
  * file); rpf_mode: calico_from_hep's CFG_RPF_*, CFG_RPF_DISABLED for calico_from_host.
- * Returns NAT_CONTINUE (not NodePort traffic: the interface's usual path) or a verdict. */
+ * Returns NAT_CONTINUE (not NodePort traffic: the interface's usual path) or a verdict.
+ * One translation tail serves both directions (each inlined copy of nat6_rewrite and
+ * nat6_fib costs the program hundreds of instructions): a client's packet gets the
+ * backend as destination and, source-NATed, (node address, SNAT port) as source; a reply
+ * to a source-NATed flow (nat_snat_reply in nat.h) gets the client as destination and
+ * (node address, node port) as source. */
 PF_INLINE int nat6_from_host(struct __sk_buff *skb, struct pkt_info *pkt, __u64 now,
 			     __u32 rpf_mode)
 {
@@ -614,19 +594,35 @@ PF_INLINE int nat6_from_host(struct __sk_buff *skb, struct pkt_info *pkt, __u64 
 	fk->port = pkt->dport;
 	fk->proto = pkt->proto;
 	struct nat_fe6_value *fe = nat_frontend6.lookup(fk);
-	if (!fe)
-		return nat6_snat_reply(skb, pkt, now, sc, rpf_mode);
-	if (nat6_fib(skb, sc, &pkt->src, &pkt->dst, pkt->proto) != BPF_FIB_LKUP_RET_NOT_FWDED)
+	struct nat_ct6_value *rv = NULL;
+	if (!fe) { /* a backend's reply to a flow source-NATed to this node? */
+		nat6_pkt_key(&sc->rk, pkt, NAT_CT_REV);
+		rv = nat_ct6.lookup(&sc->rk);
+		if (!rv || !(rv->flags & NAT_CT_F_SNAT))
+			return NAT_CONTINUE;
+	} else if (nat6_fib(skb, sc, &pkt->src, &pkt->dst, pkt->proto) !=
+			   BPF_FIB_LKUP_RET_NOT_FWDED ||
+		   (nat6_route_flags(&pkt->dst) & NAT6_NOT_THIS_NODE)) {
 		return NAT_CONTINUE; /* not to this node: forwarded traffic */
+	}
 	if (!nat6_source_ok(skb, pkt, sc, rpf_mode)) {
 		count_global(GCNT_HEP_RPF_DROPPED);
 		return TC_ACT_SHOT;
 	}
+	__u16 be_port = 0;  /* the new destination port (sc->be_addr: its address) */
+	__u16 snat_port = 0; /* the new source port (sc->vip: its address); 0: source kept */
+	if (rv) {
+		rv->last_seen_ns = now;
+		__builtin_memcpy(&sc->be_addr, &rv->peer_addr, sizeof(sc->be_addr)); /* client */
+		be_port = rv->peer_port;
+		__builtin_memcpy(&sc->vip, &rv->addr, sizeof(sc->vip)); /* the node's address */
+		snat_port = rv->port;                                  /* the node port */
+		count_nat(NAT_CNT_REPLIES);
+		goto xlate;
+	}
 
 	struct nat_ct6_key *ck = &sc->ck;
 	nat6_pkt_key(ck, pkt, NAT_CT_FWD);
-	__u16 be_port = 0;
-	__u16 snat_port = 0;
 	struct nat_ct6_value *cv = nat_ct6.lookup(ck);
 	if (cv && (cv->flags & NAT_CT_F_NODEPORT) && nat6_ct_usable(cv, pkt, now)) {
 		__builtin_memcpy(&sc->be_addr, &cv->addr, sizeof(sc->be_addr));
@@ -682,7 +678,8 @@ PF_INLINE int nat6_from_host(struct __sk_buff *skb, struct pkt_info *pkt, __u64 
 		count_nat(NAT_CNT_NEW_FLOWS);
 		count_nat(NAT_CNT_NODEPORT_NEW);
 	}
-	__builtin_memcpy(&sc->vip, &pkt->dst, sizeof(sc->vip)); /* the node's address */
+	__builtin_memcpy(&sc->vip, &pkt->dst, sizeof(sc->vip)); /* SNAT: the node's address */
+xlate:
 	__builtin_memcpy(&sc->to_addr, &sc->be_addr, sizeof(sc->to_addr));
 	if (nat6_rewrite(skb, pkt, 1, sc, be_port))
 		goto fail;
