@@ -21,6 +21,7 @@ rendering by tests/lab/test_lab_service_rules.py) runs the same scenario under
 `--ip-family dual`: every IPv6 probe (to the node's IPv6 underlay address, from the
 external client's IPv6 address) gives its IPv4 twin's verdict, and the backend sees node2's
 IPv6 address through node2 (SNAT) and the client's own with externalTrafficPolicy Local.
+Measured: 18.6 s (bpf), 7.8 s (iptables), beside 18.9 s and 7.5 s for the IPv4 test.
 """
 
 from __future__ import annotations
@@ -95,10 +96,14 @@ def test_node_ports_dual_stack(dataplane: str, root_guard: Any) -> None:
                 (v6.probe.source, v6.probe.target, v6.probe.port)
             assert v4.result == v6.result, (v4.to_json(), v6.to_json())
         by_target = {(r.probe.target, r.probe.port): r for r in results if r.probe.family == 6}
-        for port in (30081, 30054):  # eTP Local without a local endpoint: refused at once
+        # eTP Local without a local endpoint: refused (ICMPv6 port unreachable), not timed
+        # out. UDP at once; TCP after the SYN's retransmission (~1 s) on BOTH dataplanes
+        # (kube-proxy's ip6tables REJECT too): the error about the first SYN arrives while
+        # connect() still holds the socket lock (the lab's veths deliver it synchronously),
+        # and Linux's tcp_v6_err keeps it as a soft error (TcpExtLockDroppedIcmps).
+        for port, within in ((30054, PROBE_TIMEOUT / 2), (30081, PROBE_TIMEOUT)):
             refused = by_target[("node/node2", port)]
-            assert refused.detail == "refused" and refused.seconds < PROBE_TIMEOUT / 2, \
-                refused.to_json()
+            assert refused.detail == "refused" and refused.seconds < within, refused.to_json()
 
         web = lab.topology.pods["shop/web-1"].netns
         node2_ip6 = str(lab.topology.nodes["node2"].underlay_ip6.ip)  # type: ignore[union-attr]
