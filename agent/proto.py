@@ -368,7 +368,8 @@ class ServiceFrontendUpdate:
     endpoints). `id` is `<vip>:<port>/<protocol number>`, the frontend map's key.
     `affinity_timeout` > 0: ClientIP session affinity for that many seconds. `kind` is
     "cluster" (a ClusterIP), "external" (externalIPs, load balancer ingress IPs) or
-    "nodeport" (`vip` NODEPORT_VIP: any of this node's addresses, on a host interface).
+    "nodeport" (`vip` NODEPORT_VIP / NODEPORT_VIP6: any of this node's IPv4 / IPv6
+    addresses, on a host interface).
     `traffic_local`: the backends are limited to this node's (internal/external traffic
     policy Local)."""
 
@@ -385,6 +386,7 @@ class ServiceFrontendUpdate:
 
 
 NODEPORT_VIP = "0.0.0.0"  # a NodePort frontend's address: any of the node's own
+NODEPORT_VIP6 = "::"  # an IPv6 NodePort frontend's: any of the node's IPv6 addresses
 
 
 @dataclass(frozen=True)

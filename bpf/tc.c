@@ -5,9 +5,10 @@
  *   calico_policy    the classifier both of them tail-call (policy_progs[0], classifier.h)
  *   calico_from_hep  tc INGRESS of host endpoint interfaces: the reverse-path check of
  *                    Felix's BPFEnforceRPF (host endpoint POLICY is iptables' in BPF mode),
- *                    then NodePorts (nat.h)
+ *                    then NodePorts (nat.h; IPv6: nat6.h, its RPF check for the packets it
+ *                    translates only)
  *   calico_from_host tc INGRESS of other data interfaces (BPFDataIfacePattern) while
- *                    NodePort frontends exist: NodePorts only
+ *                    NodePort frontends exist: NodePorts only (nat.h, nat6.h)
  *
  * Per packet: parse (common.h: IPv4 or IPv6, extension headers walked) -> neither: ARP
  * passes, everything else drops (fail closed); malformed or an IPv6 extension header chain
@@ -19,7 +20,8 @@
  * DNAT to a backend, or reject) ->
  * conntrack hit or related ICMP error: allow (to the pod: a service reply's source goes
  * back to the VIP, either family; from the pod: a NodePort reply's source goes back to the node address,
- * nat.h) -> to the pod, IPv4: a NodePort flow's first packet is marked (nat_mark_nodeport) ->
+ * nat.h / nat6.h) -> to the pod: a NodePort flow's first packet is marked (nat_mark_nodeport,
+ * nat6_mark_nodeport) ->
  * otherwise find the first matching record of the endpoint's chain for this direction
  * (classifier.h, policy.h); on allow create a
  * conntrack entry, and for a flow from the pod to this host apply endpoint_to_host_action ->
@@ -351,8 +353,9 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 		count_endpoint(endpoint_id, hook, 1, pkt.len);
 		if (hit == CT_HIT_SVC_NAT && hook == HOOK_TO_WEP)
 			return v6 ? nat6_rev_to_wep(skb, &pkt, now) : nat_rev_to_wep(skb, &pkt, now);
-		if (hit == CT_HIT_SVC_NAT && !v6) { /* a backend's reply to a NodePort client */
-			int nat = nat_rev_from_wep(skb, &pkt, now);
+		if (hit == CT_HIT_SVC_NAT) { /* a backend's reply to a NodePort client */
+			int nat = v6 ? nat6_rev_from_wep(skb, &pkt, now)
+				     : nat_rev_from_wep(skb, &pkt, now);
 			if (nat != NAT_CONTINUE)
 				return nat;
 		}
@@ -368,8 +371,12 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 		return v6 ? nat6_rev_icmp_to_wep(skb, &pkt) : nat_rev_icmp_to_wep(skb, &pkt);
 	}
 
-	if (hook == HOOK_TO_WEP && !v6)
-		nat_mark_nodeport(&pkt); /* a NodePort flow's first packet: track it as one */
+	if (hook == HOOK_TO_WEP) { /* a NodePort flow's first packet: track it as one */
+		if (v6)
+			nat6_mark_nodeport(&pkt);
+		else
+			nat_mark_nodeport(&pkt);
+	}
 	__u32 zero = 0;
 	struct policy_state *st = policy_scratch.lookup(&zero);
 	if (!st)
@@ -425,12 +432,15 @@ PF_INLINE int hep_source_ok(struct __sk_buff *skb, struct pkt_info *pkt, __u32 m
 	return mode == CFG_RPF_LOOSE || fib.ifindex == skb->ifindex;
 }
 
-/* NodePorts (nat.h) of a parsed IPv4 packet from a host interface: the NAT's verdict, or
- * TC_ACT_OK (not NodePort traffic: the host's stack and iptables judge it, as before). */
-PF_INLINE int host_nodeport_verdict(struct __sk_buff *skb, struct pkt_info *pkt)
+/* NodePorts (nat.h, nat6.h) of a parsed packet from a host interface: the NAT's verdict, or
+ * TC_ACT_OK (not NodePort traffic: the host's stack and iptables judge it, as before).
+ * rpf_mode: IPv6's check (nat6_source_ok) for calico_from_hep, CFG_RPF_DISABLED otherwise. */
+PF_INLINE int host_nodeport_verdict(struct __sk_buff *skb, struct pkt_info *pkt,
+				    __u32 rpf_mode)
 {
 	pkt->len = skb->len;
-	int nat = nat_from_host(skb, pkt, ct_now_ns());
+	int nat = pkt_is_v6(pkt) ? nat6_from_host(skb, pkt, ct_now_ns(), rpf_mode)
+				 : nat_from_host(skb, pkt, ct_now_ns());
 	return nat == NAT_CONTINUE ? TC_ACT_OK : nat;
 }
 
@@ -439,26 +449,30 @@ int calico_from_hep(struct __sk_buff *skb)
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 	struct pkt_info pkt = {};
-	if (parse_ipv4(data, data_end, &pkt) != PARSE_OK)
-		return TC_ACT_OK; /* not IPv4 or malformed: the host's own stack and iptables judge */
+	if (parse_packet(data, data_end, &pkt) != PARSE_OK)
+		return TC_ACT_OK; /* not IP or malformed: the host's own stack and iptables judge */
 	__u32 zero = 0;
 	struct config_value *cfg = config.lookup(&zero);
 	__u32 mode = cfg ? (cfg->flags & CFG_RPF_MASK) : CFG_RPF_STRICT;
-	if (mode == CFG_RPF_DISABLED || hep_source_ok(skb, &pkt, mode))
-		return host_nodeport_verdict(skb, &pkt);
-	count_global(GCNT_HEP_RPF_DROPPED);
-	return TC_ACT_SHOT;
+	if (!pkt_is_v6(&pkt)) { /* IPv6: RPF only for what the NAT translates (nat6.h) */
+		if (mode != CFG_RPF_DISABLED && !hep_source_ok(skb, &pkt, mode)) {
+			count_global(GCNT_HEP_RPF_DROPPED);
+			return TC_ACT_SHOT;
+		}
+		mode = CFG_RPF_DISABLED; /* checked */
+	}
+	return host_nodeport_verdict(skb, &pkt, mode); /* one call site: inlined once */
 }
 
 /* calico_from_host: tc INGRESS of the node's data interfaces that are not a host endpoint's
- * (BPFDataIfacePattern), while NodePort frontends exist: NodePorts only (nat.h), everything
- * else passes exactly as with no program. */
+ * (BPFDataIfacePattern), while NodePort frontends exist: NodePorts only (nat.h, nat6.h),
+ * everything else passes exactly as with no program. */
 int calico_from_host(struct __sk_buff *skb)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 	struct pkt_info pkt = {};
-	if (parse_ipv4(data, data_end, &pkt) != PARSE_OK)
+	if (parse_packet(data, data_end, &pkt) != PARSE_OK)
 		return TC_ACT_OK;
-	return host_nodeport_verdict(skb, &pkt);
+	return host_nodeport_verdict(skb, &pkt, CFG_RPF_DISABLED);
 }

@@ -7,11 +7,14 @@ dispatcher. Output: `sink.on_service_frontend_update(id, ServiceFrontendUpdate |
 One frontend per (virtual IP, service port, protocol): the Service's cluster IPs, IPv4
 and IPv6 (kind "cluster"), its externalIPs and load-balancer ingress IPs (kind "external"), and for
 a NodePort or LoadBalancer Service each port's nodePort (kind "nodeport", virtual IP
-`proto.NODEPORT_VIP`: any of this node's addresses; backends as an external frontend's).
+`proto.NODEPORT_VIP` / `proto.NODEPORT_VIP6`: any of this node's IPv4 / IPv6 addresses;
+backends as an external frontend's), one per family of the Service's cluster IPs, as
+kube-proxy's per-family proxiers serve a dual-stack Service's NodePort on both (a Service
+without cluster IPs: IPv4).
 Its backends, per Kubernetes' rules:
 - from every EndpointSlice labelled `kubernetes.io/service-name: <service>` in the
   Service's namespace whose addressType is the frontend's family (an IPv4 VIP gets the
-  IPv4 slices' endpoints, an IPv6 VIP the IPv6 ones; NodePorts: IPv4); the slice port
+  IPv4 slices' endpoints, an IPv6 VIP or NodePort the IPv6 ones); the slice port
   with the Service port's name and protocol gives the target port (a Service port whose
   slices have no such port has no backends);
 - ready endpoints only; when there is none, the serving endpoints that are terminating
@@ -159,6 +162,8 @@ class ServiceIndex:
         vips += [(ip, "external") for ip in (*service.external_ips, *service.load_balancer_ips)
                  if _is_ip(ip)]
         node_ports = service.type in ("NodePort", "LoadBalancer")
+        node_port_families = sorted({_family(ip) for ip in service.cluster_ips
+                                     if _is_ip(ip)} or {4}) if node_ports else []
         if not vips and not node_ports:
             return {}
         slices = [self._slices[k] for k in sorted(self._slices_by_service.get(name, ()))]
@@ -182,13 +187,18 @@ class ServiceIndex:
                         backends=backends if _family(vip) == 4 else backends6,
                         affinity_timeout=affinity,
                         traffic_local=local_only)
-                if kind == "external" and node_ports and port.node_port:
-                    fid = frontend_id(proto.NODEPORT_VIP, port.node_port, port.protocol)
+                if kind != "external" or not port.node_port:
+                    continue
+                for family in node_port_families:
+                    if family == 6 and backends6 is None:
+                        backends6 = self._backends(slices, port, local_only, 6)
+                    any_vip = proto.NODEPORT_VIP if family == 4 else proto.NODEPORT_VIP6
+                    fid = frontend_id(any_vip, port.node_port, port.protocol)
                     out[fid] = proto.ServiceFrontendUpdate(
                         id=fid, service=f"{name[0]}/{name[1]}", port_name=port.name,
-                        vip=proto.NODEPORT_VIP, port=port.node_port, protocol=port.protocol,
-                        kind="nodeport", backends=backends, affinity_timeout=affinity,
-                        traffic_local=local_only)
+                        vip=any_vip, port=port.node_port, protocol=port.protocol,
+                        kind="nodeport", backends=backends if family == 4 else backends6,
+                        affinity_timeout=affinity, traffic_local=local_only)
         return out
 
     def _backends(self, slices: list[EndpointSlice], port: ServicePort, local_only: bool,

@@ -39,7 +39,33 @@
  * ICMPv6 errors about a service flow (a backend's port unreachable) are passed to the
  * client as related by conntrack and translated back by nat6_rev_icmp_to_wep.
  *
- * Not done for IPv6 (yet): NodePorts.
+ * NODEPORTS over IPv6 (nat6_from_host; calico_from_host on data interfaces, calico_from_hep
+ * on host endpoint interfaces), nat.h's design for IPv6 packets: frontends [::]:nodePort in
+ * nat_frontend6 (NAT_FE_F_NODEPORT; the calc graph gives a Service one when it has an IPv6
+ * cluster IP, backends its IPv6 endpoints, externalTrafficPolicy Local: this node's only).
+ * A TCP/UDP packet arriving on a host interface whose (port, proto) has such a frontend and
+ * whose destination is one of this node's addresses (a FIB lookup answering NOT_FWDED: a
+ * local route, unlike IPv4 no routes-map entry, so ANY of the node's IPv6 addresses serves.
+ * The FIB answers the same for a destination without any route: one the routes map knows
+ * as a workload's, a pool's or another node's is excluded (NAT6_NOT_THIS_NODE); any other
+ * unroutable destination is translated, where the stack would have refused it):
+ *   - later packets: the nat_ct6 FWD entry flagged NAT_CT_F_NODEPORT;
+ *   - a new flow: count == 0 -> ICMPv6 port unreachable back out of the interface
+ *     (nat6_reject); else affinity / a random backend;
+ *   - backend on this node (routes map: RT_F_LOCAL_WORKLOAD): DNAT only, the client's
+ *     address kept, on through the host's stack to the pod, whose calico_to_wep polices the
+ *     real client and marks the flow (nat6_mark_nodeport) so the backend's replies get
+ *     nat6_rev_from_wep at calico_from_wep: source back to (node address, node port), sent
+ *     by FIB lookup + bpf_redirect_neigh (nat6_fib_redirect);
+ *   - backend on another node: DNAT and SNAT to the node address the client used (port:
+ *     the client's own when free, else random ones in [NAT_SNAT_PORT_MIN, 65535], never a
+ *     NodePort's number), sent by nat6_fib_redirect; the backend's replies, addressed to
+ *     (node address, SNAT port), are recognised by their NAT_CT_F_SNAT REV entry (no
+ *     frontend has their port) and sent back to the client from (node address, node port).
+ * At calico_from_hep the packets translated here (new flows, later packets, SNAT replies)
+ * first pass BPFEnforceRPF's check for IPv6 (nat6_source_ok; failing: dropped, counted as
+ * IPv4's); other IPv6 traffic at a host endpoint passes unchecked, as before.
+ * Hop limits are not decremented (as IPv4's TTL on this path).
  */
 #ifndef PYFELIX_NAT6_H
 #define PYFELIX_NAT6_H
@@ -52,6 +78,9 @@
 #include "nat_affinity6.h"
 #include "nat_ct6.h"
 #include "nat_counters.h"
+#include "counters.h"
+#include "config.h"
+#include "routes.h"
 
 #define PF_IP6_NEXTHDR_OFF (PF_ETH_HLEN + 6)
 #define PF_IP6_SRC_OFF (PF_ETH_HLEN + 8)
@@ -91,6 +120,8 @@ struct nat6_scratch {
 	struct pf_addr old_addr;
 	struct pf_addr to_addr;
 	struct pf_addr vip; /* hairpin: the VIP (forward: the new source) or the pod (reply) */
+	struct pf_addr client; /* NodePorts: the client (SNAT reply: its peer) */
+	struct bpf_fib_lookup fib;
 	struct nat6_pseudo_hdr ph;
 	struct ethhdr eth;
 	struct ethhdr out;
@@ -444,6 +475,273 @@ PF_INLINE int nat6_rev_icmp_to_wep(struct __sk_buff *skb, struct pkt_info *pkt)
 fail:
 	count_nat(NAT_CNT_XLATE_FAILED);
 	return TC_ACT_SHOT;
+}
+
+/* ---- NodePorts over IPv6 (see the top of this file) ---- */
+
+#define PF_AF_INET6 10
+
+/* A FIB lookup (IPv6) from src to dst as if arriving on the packet's interface, into
+ * sc->fib. Returns BPF_FIB_LKUP_RET_*. */
+PF_INLINE int nat6_fib(struct __sk_buff *skb, struct nat6_scratch *sc,
+		       const struct pf_addr *src, const struct pf_addr *dst, __u8 proto)
+{
+	struct bpf_fib_lookup *fib = &sc->fib;
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib->family = PF_AF_INET6;
+	fib->l4_protocol = proto;
+	__builtin_memcpy(fib->ipv6_src, src, 16);
+	__builtin_memcpy(fib->ipv6_dst, dst, 16);
+	fib->ifindex = skb->ifindex;
+	return bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
+}
+
+/* nat_fib_redirect (nat.h) for IPv6: the translated packet goes out of the interface of its
+ * route, the next hop's MAC found by bpf_redirect_neigh (no route: drop). */
+PF_INLINE int nat6_fib_redirect(struct __sk_buff *skb, struct pkt_info *pkt,
+				struct nat6_scratch *sc)
+{
+	int rc = nat6_fib(skb, sc, &pkt->src, &pkt->dst, pkt->proto);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) {
+		count_nat(NAT_CNT_NO_ROUTE);
+		return TC_ACT_SHOT;
+	}
+	return pf_redirect_neigh(sc->fib.ifindex, NULL, 0, 0);
+}
+
+/* BPFEnforceRPF for an IPv6 packet translated at a host endpoint: the route back to its
+ * source exists (Loose) and leaves by the arrival interface (Strict). */
+PF_INLINE int nat6_source_ok(struct __sk_buff *skb, struct pkt_info *pkt,
+			     struct nat6_scratch *sc, __u32 rpf_mode)
+{
+	if (rpf_mode == CFG_RPF_DISABLED)
+		return 1;
+	int rc = nat6_fib(skb, sc, &pkt->dst, &pkt->src, pkt->proto);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH &&
+	    rc != BPF_FIB_LKUP_RET_FRAG_NEEDED)
+		return 0;
+	return rpf_mode == CFG_RPF_LOOSE || sc->fib.ifindex == skb->ifindex;
+}
+
+/* Routes-map flags of destinations that are not this node's, whatever the FIB says (it
+ * answers NOT_FWDED for a local address and for one without any route alike). */
+#define NAT6_NOT_THIS_NODE                                                                   \
+	(RT_F_LOCAL_WORKLOAD | RT_F_REMOTE_WORKLOAD | RT_F_REMOTE_HOST | RT_F_IN_POOL)
+
+/* The routes map's flags for an IPv6 address (0: no route). */
+PF_INLINE __u32 nat6_route_flags(const struct pf_addr *addr)
+{
+	struct route_key key = {};
+	key.prefixlen = ROUTE_KEY_FIXED_BITS + 128;
+	key.family = 6;
+	__builtin_memcpy(&key.addr, addr, sizeof(key.addr));
+	struct route_value *v = routes.lookup(&key);
+	return v ? v->flags : 0;
+}
+
+/* nat_snat_port (nat.h) for IPv6: the client's port unless another live flow holds
+ * (backend, node address, backend port, port) or it is a NodePort's number, else random
+ * ones. The backend is sc->be_addr. Returns the port, or 0 when every try is taken. */
+PF_INLINE __u16 nat6_snat_port(struct pkt_info *pkt, __u16 be_port, __u64 now,
+			       struct nat6_scratch *sc)
+{
+	struct nat_ct6_key *rk = &sc->rk;
+	__builtin_memset(rk, 0, sizeof(*rk));
+	__builtin_memcpy(&rk->saddr, &sc->be_addr, sizeof(rk->saddr));
+	__builtin_memcpy(&rk->daddr, &pkt->dst, sizeof(rk->daddr));
+	rk->sport = be_port;
+	rk->proto = pkt->proto;
+	rk->kind = NAT_CT_REV;
+	struct nat_fe6_key *fk = &sc->fk;
+	__builtin_memset(fk, 0, sizeof(*fk));
+	fk->proto = pkt->proto;
+	for (int i = 0; i < NAT_SNAT_TRIES; i++) {
+		__u16 port = i == 0 ? pkt->sport
+				    : NAT_SNAT_PORT_MIN + bpf_get_prandom_u32() % NAT_SNAT_PORT_SPAN;
+		fk->port = port; /* never a NodePort's number */
+		if (nat_frontend6.lookup(fk))
+			continue;
+		rk->dport = port;
+		struct nat_ct6_value *taken = nat_ct6.lookup(rk);
+		if (!taken ||
+		    (nat6_addr_eq(&taken->peer_addr, &pkt->src) && taken->peer_port == pkt->sport) ||
+		    (now > taken->last_seen_ns &&
+		     now - taken->last_seen_ns > nat_idle_ns(pkt->proto)))
+			return port;
+	}
+	return 0;
+}
+
+/* The NodePort NAT of an IPv6 packet arriving on a host interface (see the top of this
+ * file); rpf_mode: calico_from_hep's CFG_RPF_*, CFG_RPF_DISABLED for calico_from_host.
+ * Returns NAT_CONTINUE (not NodePort traffic: the interface's usual path) or a verdict.
+ * One translation tail serves both directions (each inlined copy of nat6_rewrite and
+ * nat6_fib costs the program hundreds of instructions): a client's packet gets the
+ * backend as destination and, source-NATed, (node address, SNAT port) as source; a reply
+ * to a source-NATed flow (nat_snat_reply in nat.h) gets the client as destination and
+ * (node address, node port) as source. */
+PF_INLINE int nat6_from_host(struct __sk_buff *skb, struct pkt_info *pkt, __u64 now,
+			     __u32 rpf_mode)
+{
+	if (!(pkt->flags & PKT_F_PORTS))
+		return NAT_CONTINUE;
+	__u32 zero = 0;
+	struct nat6_scratch *sc = nat6_scratch.lookup(&zero);
+	if (!sc)
+		return TC_ACT_SHOT;
+	struct nat_fe6_key *fk = &sc->fk;
+	__builtin_memset(fk, 0, sizeof(*fk)); /* address [::]: any of this node's */
+	fk->port = pkt->dport;
+	fk->proto = pkt->proto;
+	struct nat_fe6_value *fe = nat_frontend6.lookup(fk);
+	struct nat_ct6_value *rv = NULL;
+	if (!fe) { /* a backend's reply to a flow source-NATed to this node? */
+		nat6_pkt_key(&sc->rk, pkt, NAT_CT_REV);
+		rv = nat_ct6.lookup(&sc->rk);
+		if (!rv || !(rv->flags & NAT_CT_F_SNAT))
+			return NAT_CONTINUE;
+	} else if (nat6_fib(skb, sc, &pkt->src, &pkt->dst, pkt->proto) !=
+			   BPF_FIB_LKUP_RET_NOT_FWDED ||
+		   (nat6_route_flags(&pkt->dst) & NAT6_NOT_THIS_NODE)) {
+		return NAT_CONTINUE; /* not to this node: forwarded traffic */
+	}
+	if (!nat6_source_ok(skb, pkt, sc, rpf_mode)) {
+		count_global(GCNT_HEP_RPF_DROPPED);
+		return TC_ACT_SHOT;
+	}
+	__u16 be_port = 0;  /* the new destination port (sc->be_addr: its address) */
+	__u16 snat_port = 0; /* the new source port (sc->vip: its address); 0: source kept */
+	if (rv) {
+		rv->last_seen_ns = now;
+		__builtin_memcpy(&sc->be_addr, &rv->peer_addr, sizeof(sc->be_addr)); /* client */
+		be_port = rv->peer_port;
+		__builtin_memcpy(&sc->vip, &rv->addr, sizeof(sc->vip)); /* the node's address */
+		snat_port = rv->port;                                  /* the node port */
+		count_nat(NAT_CNT_REPLIES);
+		goto xlate;
+	}
+
+	struct nat_ct6_key *ck = &sc->ck;
+	nat6_pkt_key(ck, pkt, NAT_CT_FWD);
+	struct nat_ct6_value *cv = nat_ct6.lookup(ck);
+	if (cv && (cv->flags & NAT_CT_F_NODEPORT) && nat6_ct_usable(cv, pkt, now)) {
+		__builtin_memcpy(&sc->be_addr, &cv->addr, sizeof(sc->be_addr));
+		be_port = cv->port;
+		snat_port = (cv->flags & NAT_CT_F_SNAT) ? cv->peer_port : 0;
+		cv->last_seen_ns = now;
+		count_nat(NAT_CNT_CT_HIT);
+	} else {
+		if (fe->count == 0)
+			return nat6_reject(skb, pkt, skb->ifindex, now, sc);
+		if (nat6_choose_backend(fe, pkt, now, sc, &be_port))
+			return TC_ACT_SHOT;
+		__u16 flags = NAT_CT_F_NODEPORT;
+		if (!(nat6_route_flags(&sc->be_addr) & RT_F_LOCAL_WORKLOAD)) {
+			snat_port = nat6_snat_port(pkt, be_port, now, sc);
+			if (!snat_port) {
+				count_nat(NAT_CNT_SNAT_NO_PORT);
+				return TC_ACT_SHOT;
+			}
+			flags |= NAT_CT_F_SNAT;
+			count_nat(NAT_CNT_NODEPORT_SNAT);
+		}
+		struct nat_ct6_value *fwd = &sc->fwd;
+		__builtin_memset(fwd, 0, sizeof(*fwd));
+		__builtin_memcpy(&fwd->addr, &sc->be_addr, sizeof(fwd->addr));
+		fwd->port = be_port;
+		fwd->flags = flags;
+		fwd->created_ns = now;
+		fwd->last_seen_ns = now;
+		if (snat_port) {
+			__builtin_memcpy(&fwd->peer_addr, &pkt->dst, sizeof(fwd->peer_addr));
+			fwd->peer_port = snat_port;
+		}
+		nat_ct6.update(ck, fwd);
+		struct nat_ct6_key *rk = &sc->rk;
+		__builtin_memset(rk, 0, sizeof(*rk));
+		__builtin_memcpy(&rk->saddr, &sc->be_addr, sizeof(rk->saddr));
+		__builtin_memcpy(&rk->daddr, snat_port ? &pkt->dst : &pkt->src, sizeof(rk->daddr));
+		rk->sport = be_port;
+		rk->dport = snat_port ? snat_port : pkt->sport;
+		rk->proto = pkt->proto;
+		rk->kind = NAT_CT_REV;
+		struct nat_ct6_value *rev = &sc->rev;
+		__builtin_memset(rev, 0, sizeof(*rev));
+		__builtin_memcpy(&rev->addr, &pkt->dst, sizeof(rev->addr));
+		rev->port = pkt->dport;
+		rev->flags = flags;
+		rev->created_ns = now;
+		rev->last_seen_ns = now;
+		__builtin_memcpy(&rev->peer_addr, &pkt->src, sizeof(rev->peer_addr));
+		rev->peer_port = pkt->sport;
+		nat_ct6.update(rk, rev);
+		count_nat(NAT_CNT_NEW_FLOWS);
+		count_nat(NAT_CNT_NODEPORT_NEW);
+	}
+	__builtin_memcpy(&sc->vip, &pkt->dst, sizeof(sc->vip)); /* SNAT: the node's address */
+xlate:
+	__builtin_memcpy(&sc->to_addr, &sc->be_addr, sizeof(sc->to_addr));
+	if (nat6_rewrite(skb, pkt, 1, sc, be_port))
+		goto fail;
+	if (!snat_port)
+		return TC_ACT_OK; /* to the local backend through the stack: its to_wep polices it */
+	__builtin_memcpy(&sc->to_addr, &sc->vip, sizeof(sc->to_addr));
+	if (nat6_rewrite(skb, pkt, 0, sc, snat_port))
+		goto fail;
+	return nat6_fib_redirect(skb, pkt, sc);
+fail:
+	count_nat(NAT_CNT_XLATE_FAILED);
+	return TC_ACT_SHOT;
+}
+
+/* nat_mark_nodeport (nat.h) for IPv6: calico_to_wep, first packet of a flow (conntrack
+ * missed): an IPv6 NodePort flow DNATed at a host interface to this local backend? Then
+ * conntrack marks it CT_F_SVC_NAT, so the backend's replies get nat6_rev_from_wep. */
+PF_INLINE void nat6_mark_nodeport(struct pkt_info *pkt)
+{
+	if (!(pkt->flags & PKT_F_PORTS))
+		return;
+	__u32 zero = 0;
+	struct nat6_scratch *sc = nat6_scratch.lookup(&zero);
+	if (!sc)
+		return;
+	struct nat_ct6_key *rk = &sc->rk;
+	__builtin_memset(rk, 0, sizeof(*rk));
+	__builtin_memcpy(&rk->saddr, &pkt->dst, sizeof(rk->saddr));
+	__builtin_memcpy(&rk->daddr, &pkt->src, sizeof(rk->daddr));
+	rk->sport = pkt->dport;
+	rk->dport = pkt->sport;
+	rk->proto = pkt->proto;
+	rk->kind = NAT_CT_REV;
+	struct nat_ct6_value *rv = nat_ct6.lookup(rk);
+	if (rv && (rv->flags & (NAT_CT_F_NODEPORT | NAT_CT_F_SNAT)) == NAT_CT_F_NODEPORT)
+		pkt->flags |= PKT_F_SVC_NAT;
+}
+
+/* nat_rev_from_wep (nat.h) for IPv6: calico_from_wep, a reply (CT_HIT_SVC_NAT) of a flow
+ * that reached this pod through an IPv6 NodePort: source back to (node address, node
+ * port), sent to the client with nat6_fib_redirect. Other packets: NAT_CONTINUE. */
+PF_INLINE int nat6_rev_from_wep(struct __sk_buff *skb, struct pkt_info *pkt, __u64 now)
+{
+	if (!(pkt->flags & PKT_F_PORTS))
+		return NAT_CONTINUE;
+	__u32 zero = 0;
+	struct nat6_scratch *sc = nat6_scratch.lookup(&zero);
+	if (!sc)
+		return TC_ACT_SHOT;
+	struct nat_ct6_key *rk = &sc->rk;
+	nat6_pkt_key(rk, pkt, NAT_CT_REV);
+	struct nat_ct6_value *rv = nat_ct6.lookup(rk);
+	if (!rv || (rv->flags & (NAT_CT_F_NODEPORT | NAT_CT_F_SNAT)) != NAT_CT_F_NODEPORT)
+		return NAT_CONTINUE;
+	rv->last_seen_ns = now;
+	__builtin_memcpy(&sc->to_addr, &rv->addr, sizeof(sc->to_addr));
+	if (nat6_rewrite(skb, pkt, 0, sc, rv->port)) {
+		count_nat(NAT_CNT_XLATE_FAILED);
+		return TC_ACT_SHOT;
+	}
+	count_nat(NAT_CNT_REPLIES);
+	return nat6_fib_redirect(skb, pkt, sc);
 }
 
 #endif /* PYFELIX_NAT6_H */

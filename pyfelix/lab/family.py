@@ -49,9 +49,14 @@ under `ipv6`: confd needs `spec.bgp.ipv4Address` (BIRD's router id) to run BGP a
   generated slices follow the Service's ipFamilies (lab.services). A probe to a VIP then
   goes to the VIP's twin, like any other target address.
 
+  NodePort and LoadBalancer Services keep their nodePorts: the agent (BPF) and the lab's
+  kube-proxy rules (iptables) serve them on the nodes' IPv6 addresses too, so a probe to
+  `node/NAME` goes to the twin of that node's underlay address, from the `external`
+  client's twin address, like any other target.
+
 Out of scope, refused with `ScenarioError` naming the scenario and the resource (never
-skipped silently): NodePort and LoadBalancer Services (NodePorts are IPv4 only), floating
-IPs, and an IPv6 pool with ipipMode other than Never (Calico has no IPv6 IPIP).
+skipped silently): floating IPs, and an IPv6 pool with ipipMode other than Never (Calico
+has no IPv6 IPIP).
 
 Easy to get wrong: `ipaddress` prints an IPv6 address with an embedded IPv4 tail as hex
 (fd65:6c61:6200::a41:10a), which is what the kernel, BIRD and flow logs print too; compare
@@ -82,7 +87,6 @@ IPV6_PREFIX_EXTRA = 128 - 32  # prefix length added to an IPv4 CIDR's
 # The pods' IPv6 gateway, as Calico's CNI plugin sets it: the link-local address the
 # kernel derives (EUI-64) from the host-side veth's fixed MAC ee:ee:ee:ee:ee:ee.
 POD_GATEWAY6 = ipaddress.IPv6Address("fe80::ecee:eeff:feee:eeee")
-NODE_PORT_TYPES = ("NodePort", "LoadBalancer")  # refused: NodePorts are IPv4 only
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -222,11 +226,7 @@ def _unsupported(scenario: Scenario) -> list[str]:
             continue
         seen.add((kind, name))
         spec = doc.get("spec") or {}
-        if kind == "Service" and spec.get("type") in NODE_PORT_TYPES:
-            problems.append(f"Service {name}: spec.type: {spec.get('type')}: NodePorts are "
-                            "IPv4 only (the BPF NAT serves IPv6 ClusterIPs and external "
-                            "IPs, not NodePorts)")
-        elif (kind == "IPPool" and str(spec.get("ipipMode", "Never")) != "Never"
+        if (kind == "IPPool" and str(spec.get("ipipMode", "Never")) != "Never"
               and ":" in str(spec.get("cidr", ""))):
             problems.append(f"IPPool {name}: spec.ipipMode: Calico has no IPv6 IPIP (an "
                             "IPv6 pool must have ipipMode Never)")

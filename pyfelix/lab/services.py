@@ -37,7 +37,9 @@ mode Services are kube-proxy's job, as in Felix).
 - IPv6: a Service whose `ipFamilies` (else cluster IPs) include IPv6 also gets IPv6
   slices (`<service>-pyfelix-lab-v6`, addressType IPv6, the pods' IPv6 `podIPs`), and
   `kube_proxy_restore(..., family=6)` renders the IPv6 frontends for ip6tables-restore,
-  as kube-proxy's IPv6 proxier does (NodePorts: IPv4 only).
+  as kube-proxy's IPv6 proxier does, NodePorts included (the frontends with
+  `proto.NODEPORT_VIP6`: the same KUBE-NODEPORTS / KUBE-EXT / MASQUERADE layout, REJECT with
+  icmp6-port-unreachable).
 - `KubeProxyRules.sync(netns, frontends)`: writes that into a node namespace and makes sure
   the base chains jump to it: nat PREROUTING and OUTPUT, and filter FORWARD and OUTPUT
   (`--ctstate NEW`), and filter INPUT to `KUBE-EXTERNAL-SERVICES`, at the TOP, re-inserted
@@ -225,8 +227,7 @@ def kube_proxy_restore(frontends: Iterable[proto.ServiceFrontendUpdate],
     """iptables-restore --noflush input for kube-proxy's rules (module docstring); with
     `family=6`, ip6tables-restore input for the frontends with an IPv6 VIP (kube-proxy's
     IPv6 proxier: /128 matches, `[addr]:port` DNAT targets, icmp6-port-unreachable)."""
-    frontends = [fe for fe in frontends if (_version(fe.vip) or 4) == family
-                 or (fe.kind == "nodeport" and family == 4)]
+    frontends = [fe for fe in frontends if (_version(fe.vip) or 4) == family]
     host_len = 128 if family == 6 else 32
     unreachable = "icmp6-port-unreachable" if family == 6 else "icmp-port-unreachable"
     nat_chains: list[str] = ["KUBE-SERVICES", "KUBE-MARK-MASQ", "KUBE-POSTROUTING"]

@@ -235,6 +235,10 @@ class TopologyBuilder:
         # state, so the next REJECTs to that client would be rate-limited away
         for conf in ("all", NODE_UNDERLAY_IFNAME):
             write_sysctl(node.netns, f"net.ipv4.conf.{conf}.send_redirects", "0")
+        if self.topology.ip_family != "ipv4":
+            # IPv6 has no send_redirects switch; its redirects share the per-peer ICMPv6
+            # rate state with the REJECTs (icmp6-port-unreachable): no per-peer limit
+            write_sysctl(node.netns, "net.ipv6.icmp.ratelimit", "0")
         if self.program_routes:
             write_sysctl(node.netns, "net.ipv4.ip_forward", "1")
             if self.topology.ip_family != "ipv4":

@@ -169,3 +169,30 @@ def test_ipv6_cluster_ips_get_the_endpoints_of_ipv6_slices() -> None:
     assert got["fd00:96::10:53/17"] == (B("fd00:65::1", 5353, "node1"),)
     h.put(svc("only6", "fd00:96::11", HTTP))
     assert h.backends()["fd00:96::11:80/6"] == ()  # no IPv6 slice: rejected, not dropped
+
+
+def test_dual_stack_node_ports_get_one_frontend_per_family() -> None:
+    """A NodePort Service with both cluster IP families gets an IPv4 NodePort frontend
+    (0.0.0.0) with the IPv4 slice's endpoints and an IPv6 one (::) with the IPv6 slice's,
+    both following externalTrafficPolicy; an IPv6-only Service only the IPv6 one."""
+    h = Harness()
+    ports = [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}]
+    six = eps("web-v6", "web", [("fd00:65::1", "node1", "ready"),
+                                ("fd00:65::4", "node2", "ready")], SLICE_PORTS)
+    six["addressType"] = "IPv6"
+    h.put(svc("web", "10.96.0.10", ports, type="NodePort",
+              clusterIPs=["10.96.0.10", "fd00:96::10"], ipFamilies=["IPv4", "IPv6"],
+              ipFamilyPolicy="RequireDualStack"),
+          eps("web-v4", "web", [("10.65.0.1", "node1", "ready")], SLICE_PORTS), six)
+    got = h.backends()
+    assert got["0.0.0.0:30080/6"] == (B("10.65.0.1", 8080, "node1"),)
+    assert got[":::30080/6"] == (B("fd00:65::1", 8080, "node1"), B("fd00:65::4", 8080, "node2"))
+    node_port6 = h.dataplane.service_frontends[":::30080/6"]
+    assert (node_port6.kind, node_port6.vip) == ("nodeport", proto.NODEPORT_VIP6)
+    h.put(svc("web", "10.96.0.10", ports, type="NodePort", externalTrafficPolicy="Local",
+              clusterIPs=["10.96.0.10", "fd00:96::10"], ipFamilies=["IPv4", "IPv6"],
+              ipFamilyPolicy="RequireDualStack"))
+    assert h.backends()[":::30080/6"] == (B("fd00:65::1", 8080, "node1"),)
+    sent = h.put(svc("web", "fd00:96::10", ports, type="NodePort"))
+    assert proto.ServiceFrontendRemove(id="0.0.0.0:30080/6") in sent
+    assert set(h.backends()) == {":::30080/6", "fd00:96::10:80/6"}

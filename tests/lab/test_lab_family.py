@@ -112,11 +112,27 @@ def test_scenario_pods_probes_and_nodes_per_family() -> None:
         "fd65:6c61:6200::a41:1/128"
 
 
-def test_nodeports_and_floating_ips_are_refused_by_name() -> None:
-    with pytest.raises(ScenarioError) as caught:
-        apply_ip_family(load_scenario(SCENARIOS / "services-nodeport.yaml"), "dual")
-    assert "NodePorts are IPv4 only" in str(caught.value)
-    assert "services-nodeport" in str(caught.value)
+def test_nodeports_run_over_ipv6_floating_ips_are_refused_by_name() -> None:
+    """NodePort Services are no longer refused: their probes to `node/NAME` go to the
+    node's IPv6 underlay twin (from the `external` client's twin), each after its IPv4
+    self under dual; the Service keeps its nodePorts and gets its IPv6 cluster IP.
+    Floating IPs are still refused, by name."""
+    base = load_scenario(SCENARIOS / "services-nodeport.yaml")
+    dual = apply_ip_family(base, "dual")
+    assert len(dual.probes) == 2 * len(base.probes)
+    for v4, v6 in zip(dual.probes[::2], dual.probes[1::2], strict=True):
+        assert (v4.family, v6.family) == (4, 6)
+        assert (v4.source, v4.target, v4.port, v4.expect) == \
+            (v6.source, v6.target, v6.port, v6.expect)
+        assert v6.target_ip == ipv6_for(v4.target_ip)  # type: ignore[arg-type]
+    topology = plan_topology("pf000001", dual)
+    node1 = next(p for p in dual.probes if p.target == "node/node1" and p.family == 6)
+    assert node1.target_ip == topology.nodes["node1"].underlay_ip6.ip  # type: ignore[union-attr]
+    web = next(d for d in dual.resources if d.get("kind") == "Service"
+               and d["metadata"]["name"] == "web")
+    assert web["spec"]["type"] == "NodePort"
+    assert web["spec"]["clusterIPs"] == ["10.96.0.40", str(ipv6_for(V4("10.96.0.40")))]
+    assert {p.family for p in apply_ip_family(base, "ipv6").probes} == {6}
     with pytest.raises(ScenarioError, match="x/a: floatingIPs"):
         apply_ip_family(parse_scenario({
             "namespaces": [{"name": "x"}],

@@ -137,3 +137,40 @@ def test_dual_stack_slices_and_ip6tables_rules() -> None:
         port=80, protocol=6)
     assert "REJECT --reject-with icmp6-port-unreachable" in kube_proxy_restore([empty],
                                                                                family=6)
+
+
+def test_dual_stack_node_ports_render_for_both_families() -> None:
+    """A dual-stack NodePort Service: the IPv4 NodePort frontend (0.0.0.0) in the iptables
+    rules, the IPv6 one ([::], the IPv6 endpoints) in the ip6tables rules, each with
+    kube-proxy's KUBE-NODEPORTS / KUBE-EXT layout; a node port without endpoints REJECTs
+    with icmp6-port-unreachable."""
+    a = pod("a", "10.65.0.1", {"app": "web"}, [{"name": "http", "containerPort": 8080}])
+    a["status"]["podIPs"] = [{"ip": "10.65.0.1"}, {"ip": "fd00:65::1"}]
+    web = service("web", "10.96.0.10", {"app": "web"},
+                  [{"name": "http", "port": 80, "targetPort": "http", "nodePort": 30080}])
+    web["spec"].update(type="NodePort", clusterIPs=["10.96.0.10", "fd00:96::10"],
+                       ipFamilies=["IPv4", "IPv6"])
+    slices = generated_slices([a, web])
+    fronts = frontends_for([a, web, *slices], "node1")
+    assert sorted(f.id for f in fronts) == sorted(["0.0.0.0:30080/6", ":::30080/6",
+                                                   "10.96.0.10:80/6", "fd00:96::10:80/6"])
+    v6 = kube_proxy_restore(fronts, family=6).splitlines()
+    v4 = kube_proxy_restore(fronts).splitlines()
+    for lines, backend in ((v6, "[fd00:65::1]:8080"), (v4, "10.65.0.1:8080")):
+        nat = lines[:lines.index("COMMIT")]
+        assert "-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS" in nat
+        node_port = [x for x in nat if x.startswith("-A KUBE-NODEPORTS")]
+        assert len(node_port) == 1 and "--dport 30080" in node_port[0]
+        ext = node_port[0].split()[-1]
+        first = next(x for x in nat if x.startswith(f"-A {ext} "))
+        assert first.endswith("-j KUBE-MARK-MASQ")
+        assert sum(f"--to-destination {backend}" in x for x in nat) == 2  # ClusterIP, NodePort
+    assert not any("10.65.0.1" in x or "0.0.0.0" in x for x in v6)
+    assert not any("fd00:" in x for x in v4)
+    none = proto.ServiceFrontendUpdate(
+        id=":::30082/17", service="shop/gone", port_name="", vip="::", port=30082,
+        protocol=17, kind="nodeport", traffic_local=True)
+    filt = kube_proxy_restore([none], family=6).splitlines()
+    assert any(x.startswith("-A KUBE-EXTERNAL-SERVICES -m addrtype --dst-type LOCAL -p udp")
+               and "--dport 30082" in x and "icmp6-port-unreachable" in x for x in filt)
+    assert "--dport 30082" not in kube_proxy_restore([none])

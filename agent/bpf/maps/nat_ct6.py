@@ -3,6 +3,9 @@
 
 FWD entries: (client, VIP, client port, service port, proto) -> backend address and port;
 REV entries: (backend, client, backend port, client port, proto) -> VIP and service port.
+NodePort flows (flag NODEPORT) are keyed at the host interface, and a flow source-NATed to
+the node (flag SNAT: a backend on another node) carries the client in `peer_addr`/`peer_port`
+of its REV entry and the node's (address, SNAT port) in its FWD entry's.
 Written by the programs (an LRU: never full, it evicts); read by the CLI. Addresses print as
 `[addr]:port`.
 """
@@ -15,7 +18,7 @@ import os
 import struct
 
 from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, MapType, PfAddr
-from pyfelix.agent.bpf.maps.nat_ct import HAIRPIN, NODEPORT, Kind
+from pyfelix.agent.bpf.maps.nat_ct import HAIRPIN, NODEPORT, SNAT, Kind
 from pyfelix.agent.bpf.maps.nat_frontend import PROTOCOL_NAMES
 
 
@@ -32,17 +35,18 @@ class Value(ctypes.Structure):
     """must match struct nat_ct6_value in bpf/include/nat_ct6.h"""
 
     _fields_ = [("addr", PfAddr), ("port", ctypes.c_uint16), ("flags", ctypes.c_uint16),
-                ("pad", ctypes.c_uint32),
-                ("created_ns", ctypes.c_uint64), ("last_seen_ns", ctypes.c_uint64)]
+                ("peer_port", ctypes.c_uint16), ("pad", ctypes.c_uint16),
+                ("created_ns", ctypes.c_uint64), ("last_seen_ns", ctypes.c_uint64),
+                ("peer_addr", PfAddr)]
 
 
 PARAMS = MapParams(
     name="nat_ct6", map_type=MapType.LRU_HASH, key_type=Key, value_type=Value,
-    max_entries=262144, version=1, header="nat_ct6.h",
+    max_entries=262144, version=2, header="nat_ct6.h",
 )
 
 _KEY = struct.Struct("=16s16sHHBBxx")
-_VALUE = struct.Struct("=16sHHxxxxQQ")
+_VALUE = struct.Struct("=16sHHHxxQQ16s")
 
 
 def _ip(raw: bytes) -> str:
@@ -63,9 +67,12 @@ def decode_key(raw: bytes) -> dict:
 
 
 def decode_value(raw: bytes) -> dict:
-    addr, port, flags, created, last = _VALUE.unpack(raw)
-    return {"to": f"[{_ip(addr)}]:{port}", "hairpin": bool(flags & HAIRPIN),
-            "nodeport": bool(flags & NODEPORT), "created_ns": created, "last_seen_ns": last}
+    addr, port, flags, peer_port, created, last, peer_addr = _VALUE.unpack(raw)
+    out = {"to": f"[{_ip(addr)}]:{port}", "hairpin": bool(flags & HAIRPIN),
+           "nodeport": bool(flags & NODEPORT), "created_ns": created, "last_seen_ns": last}
+    if flags & SNAT:
+        out["snat_peer"] = f"[{_ip(peer_addr)}]:{peer_port}"
+    return out
 
 
 def open_pinned(pin_dir: str | os.PathLike[str]) -> BpfMap:

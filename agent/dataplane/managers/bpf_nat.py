@@ -33,10 +33,11 @@ The same state twice writes nothing.
 
 Families: one manager per IP family, as Calico's BPF mode keeps separate v4 and v6 NAT
 maps. `family=4` (the default) writes `nat_frontend`/`nat_backend`/`nat_affinity` and the
-VIP filter and takes only frontends with an IPv4 VIP (and NodePorts); `family=6` writes
-`nat_frontend6`/`nat_backend6`/`nat_affinity6` (no VIP filter: pass None) and takes only
-frontends with an IPv6 VIP. Each ignores the other family's messages, so both can be fed
-the same stream; their service ids are separate key spaces.
+VIP filter and takes only frontends with an IPv4 VIP (NodePorts: `proto.NODEPORT_VIP`);
+`family=6` writes `nat_frontend6`/`nat_backend6`/`nat_affinity6` (no VIP filter: pass None)
+and takes only frontends with an IPv6 VIP (NodePorts: `proto.NODEPORT_VIP6`, key `[::]`).
+Each ignores the other family's messages, so both can be fed the same stream; their service
+ids are separate key spaces.
 
 Failure (fail closed): a frontend whose backends do not all fit in `nat_backend` is
 written with count 0 (its traffic is rejected, never sent to a missing index) and logged;
@@ -73,7 +74,7 @@ def frontend_key(msg: proto.ServiceFrontendUpdate) -> bytes:
 
 
 def vip_family(vip: str) -> int:
-    """4 or 6: the family of a frontend's VIP (a NodePort's "any" address is IPv4's)."""
+    """4 or 6: the family of a frontend's VIP (NodePorts: 0.0.0.0 or ::; not an address: 4)."""
     try:
         return ipaddress.ip_address(vip).version
     except ValueError:
