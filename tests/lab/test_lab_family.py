@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 from pathlib import Path
 
 import pytest
@@ -112,16 +113,35 @@ def test_scenario_pods_probes_and_nodes_per_family() -> None:
         "fd65:6c61:6200::a41:1/128"
 
 
-def test_nodeports_and_floating_ips_are_refused_by_name() -> None:
+def test_nodeports_are_refused_by_name() -> None:
     with pytest.raises(ScenarioError) as caught:
         apply_ip_family(load_scenario(SCENARIOS / "services-nodeport.yaml"), "dual")
     assert "NodePorts are IPv4 only" in str(caught.value)
     assert "services-nodeport" in str(caught.value)
-    with pytest.raises(ScenarioError, match="x/a: floatingIPs"):
-        apply_ip_family(parse_scenario({
-            "namespaces": [{"name": "x"}],
-            "pods": [{"namespace": "x", "name": "a", "floatingIPs": ["10.65.200.1"]}]}),
-            "ipv6")
+
+
+def test_floating_ips_get_their_twins_and_probes_to_them_follow() -> None:
+    """No longer refused: under `dual` a pod's floating IPs are its IPv4 ones, each
+    followed by its twin (the Pod's annotation lists both), and a probe to a floating IP
+    is followed by one to the twin; under `ipv6` only the twins remain."""
+    from pyfelix.lab.datastore import FLOATING_IPS_ANNOTATION
+
+    scenario = load_scenario(SCENARIOS / "two-node-floating-ip.yaml")
+    fip, twin = V4("10.65.200.1"), ipaddress.IPv6Address("fd65:6c61:6200::a41:c801")
+    assert ipv6_for(fip) == twin
+    for family, wanted in (("dual", (fip, twin)), ("ipv6", (twin,))):
+        prepared = apply_ip_family(scenario, family)
+        a = prepared.pod("x/a")
+        assert a.floating_ips == wanted
+        assert prepared.pod("x/b").floating_ips == ()
+        targets = [p.target_ip for p in prepared.probes if p.source == "x/c"]
+        assert targets == ([fip, twin, a.ip, a.ipv6] if family == "dual"
+                           else [twin, a.ipv6])
+        topology = plan_topology("pf000001", prepared)
+        docs = topology_documents(prepared, topology)
+        pod = next(d for d in docs if d["kind"] == "Pod" and d["metadata"]["name"] == "a")
+        assert json.loads(pod["metadata"]["annotations"][FLOATING_IPS_ANNOTATION]) == \
+            [str(address) for address in wanted]
 
 
 def test_icmp_rules_map_to_icmpv6_and_are_pinned_per_family_in_dual() -> None:

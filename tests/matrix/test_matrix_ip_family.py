@@ -3,8 +3,9 @@ IP family and dataplane (issue 18's first acceptance line, in full).
 
 Scenarios: every file under tests/lab/scenarios x {ipv6, dual} x {bpf, iptables}, through
 `pyfelix lab run --ip-family F -o json`. A scenario the lab cannot run over IPv6 (NodePort
-Services, floating IPs: see lab.family) must be refused at once, exit 1, with an error
-naming the scenario and the resource. Overlay scenarios run: VXLAN over vxlan.calico and
+Services: see lab.family) must be refused at once, exit 1, with an error naming the
+scenario and the resource; floating IPs run (two-node-floating-ip: each floating IP gets
+its IPv6 twin, NATed in ip6tables' nat table). Overlay scenarios run: VXLAN over vxlan.calico and
 vxlan-v6.calico; IPIP's IPv6 twin pool over BGP, so under `ipv6` the IPIP scenario runs on
 any kernel, while under `dual` its IPv4 pool needs IPIP (CONFIG_NET_IPIP): without it the
 lab must refuse at once naming IPIP, and the case is skipped with that reason. Every other
