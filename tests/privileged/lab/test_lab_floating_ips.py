@@ -8,7 +8,9 @@ with denials among them. The test also checks the mechanism: node1's nat table D
 floating IP to the pod, and node2 reaches it through a BGP route (BIRD learned the agent's
 route for the floating IP). With FloatingIPs Disabled the same annotation programs nothing
 and the floating IP is unreachable (the allowed probe to it fails), so the first run's
-success is the feature's doing.
+success is the feature's doing. Dual stack (issue 18, `extended`): the same scenario under
+`--ip-family dual` through the CLI, each IPv6 probe (to the floating IP's IPv6 twin, NATed
+in ip6tables' nat table) with its IPv4 twin's verdict.
 """
 
 from __future__ import annotations
