@@ -18,6 +18,10 @@ Checked on each dataplane, with the same helpers and the same cases:
 - an IPv6 source A is not given in the datastore (A adds the address itself and sends
   from it) never reaches B, counted by A's IPv6 source check (iptables: the raw-table
   rule's packet counter; BPF: the spoofed_dropped counter).
+
+Also (nft and BPF): IPv6 NAT outgoing and an IPv6 floating IP in ip6tables' nat table,
+with an outside host on a third namespace (`test_ipv6_nat_outgoing_and_floating_ip_...`);
+and with Ipv6Support false, neither is programmed.
 """
 
 from __future__ import annotations
@@ -541,7 +545,8 @@ def _nat6_state(a_nat: tuple[str, ...], *, masquerade: bool) -> tuple[object, ..
         a.endpoint, ipv6_nat=tuple(NatInfo(ext, A6) for ext in a_nat)))
     return (IPAMPoolUpdate("pool4", "10.65.0.0/16", masquerade=False),
             IPAMPoolUpdate("pool6", "fd00:65::/64", masquerade=masquerade),
-            IPSetUpdate("clients", "net", frozenset({f"{B}/32", f"{B6}/128"})),
+            IPSetUpdate("clients", "net", frozenset(
+                {f"{B}/32", f"{B6}/128", f"{A6}/128", f"{FIP6}/128"})),
             OPEN, _web(None), a, _ep("cali2", B, B6), InSync())
 
 
@@ -551,9 +556,10 @@ def test_ipv6_nat_outgoing_and_floating_ip_in_ip6tables(make_netns, mode: str,
     """IPv6 pool with natOutgoing: an outside host sees the router's address as the source
     of A's connection (and without natOutgoing, nothing: it has no route to the pods).
     A's IPv6 floating IP (FloatingIPs Enabled): ip6tables' cali-fip-dnat sends it to A,
-    routed to A's veth; the policy is A's pod-IP policy (TCP 8080 from B only): B reaches
-    the floating IP on 8080 and A sees B's own address, B on 9090 and the outside host on
-    8080 are denied, exactly as to A's pod address."""
+    routed to A's veth; the policy is A's pod-IP policy (TCP 8080 from B, or from A or its
+    floating IP): B reaches the floating IP on 8080 and A sees B's own address, B on
+    9090 and the outside host on 8080 are denied, exactly as to A's pod address; A reaches
+    its own floating IP (hairpin: cali-fip-snat), seen from the floating IP."""
     router, a_ns, b_ns = _router_and_pods(make_netns)
     ext_ns = make_netns()
     _outside_host(router, ext_ns)
@@ -598,6 +604,12 @@ def test_ipv6_nat_outgoing_and_floating_ip_in_ip6tables(make_netns, mode: str,
             assert not _connects(b_thread, FIP6, 9090)
             assert not _connects(b_thread, A6, 9090)
             assert not _connects(ext_thread, FIP6, 8080)
+            # A reaches its own floating IP: cali-fip-snat makes it arrive from FIP6, and the
+            # answer finds its way back through both NATs. (The policy's set holds A6 and
+            # FIP6: iptables mode polices in FORWARD, before the SNAT, so it sees A6, as
+            # Felix's does; BPF polices at the veth, after it, and sees FIP6.)
+            assert _connects(a_thread, FIP6, 8080)
+            assert a_peers[-1] == FIP6, a_peers
 
             # natOutgoing off: the outside host's replies have no way back to A
             for msg in _nat6_state((FIP6,), masquerade=False):
