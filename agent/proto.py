@@ -169,9 +169,10 @@ class WorkloadEndpoint:
     # sources the workload may send from besides ipv4_nets/ipv6_nets (Calico's
     # allowSpoofedSourcePrefixes); every other source is dropped (RPF)
     allow_spoofed_source_prefixes: tuple[str, ...] = ()
-    # floating IPs (the WorkloadEndpoint's IPv4 ipNATs), Felix's ipv4_nat: programmed only
-    # with FloatingIPs Enabled
+    # floating IPs (the WorkloadEndpoint's ipNATs, split by IP version as Felix's
+    # ipv4_nat / ipv6_nat): programmed only with FloatingIPs Enabled (IPv6: and Ipv6Support)
     ipv4_nat: tuple[NatInfo, ...] = ()
+    ipv6_nat: tuple[NatInfo, ...] = ()
 
 
 @dataclass(frozen=True, order=True)

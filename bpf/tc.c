@@ -12,7 +12,8 @@
  *
  * Per packet: parse (common.h: IPv4 or IPv6, extension headers walked) -> neither: ARP
  * passes, everything else drops (fail closed); malformed or an IPv6 extension header chain
- * not walked drops -> IPv6 link-scope ND/MLD passes; IPv6 with Ipv6Support false drops ->
+ * not walked drops -> IPv6 link-scope ND/MLD passes, and NS/NA between the pod and the
+ * host to a routable address (ipv6_host_nd_passes); IPv6 with Ipv6Support false drops ->
  * endpoint by ifindex
  * (lookup_endpoint: the ep_by_ifindex array slot, else the endpoints hash)
  * (none: drop) -> admin-down drops -> from the pod: a source it may not use drops (RPF,
@@ -267,6 +268,24 @@ PF_INLINE int non_ip_verdict(void *data, void *data_end)
 	return TC_ACT_SHOT;
 }
 
+/* Neighbour solicitation/advertisement between the pod and the HOST to a routable address
+ * (ipv6_nd_passes takes the link-scope ones): the kernel solicits with the source of the
+ * packet it queued, so a pod that starts a connection from its global address asks for
+ * the host's MAC from that address and the host's advertisement comes back to it (and the
+ * host's unicast reachability probes go to it too). The iptables fallback accepts these in
+ * INPUT/OUTPUT; here: to the pod, hop limit 255 (the host sent it: anything routed here
+ * had its hop limit decremented), from the pod, hop limit 255 to one of the host's
+ * addresses (never forwarded). Without it a pod whose ingress policy does not allow the
+ * host could not start IPv6 connections until the host happened to solicit it. */
+PF_INLINE int ipv6_host_nd_passes(struct pkt_info *pkt, int from_workload)
+{
+	if (!pkt_is_v6(pkt) || pkt->proto != PF_IPPROTO_ICMPV6 || !(pkt->flags & PKT_F_ICMP) ||
+	    (pkt->flags & PKT_F_FRAGMENT) || pkt->hop_limit != 255 ||
+	    (pkt->icmp_type != 135 && pkt->icmp_type != 136))
+		return 0;
+	return !from_workload || (route_flags(pkt) & RT_F_LOCAL_HOST);
+}
+
 /* IPv6 disabled (Ipv6Support false: the config map's CFG_IPV6_DISABLED)? */
 PF_INLINE int ipv6_disabled(void)
 {
@@ -301,7 +320,8 @@ PF_INLINE int policy_entry(struct __sk_buff *skb, __u8 hook)
 	pkt.len = skb->len;
 	int v6 = pkt_is_v6(&pkt);
 	if (v6) {
-		if (ipv6_nd_passes(&pkt, hook == HOOK_FROM_WEP)) {
+		if (ipv6_nd_passes(&pkt, hook == HOOK_FROM_WEP) ||
+		    ipv6_host_nd_passes(&pkt, hook == HOOK_FROM_WEP)) {
 			count_global(GCNT_IPV6_ND_PASSED);
 			return TC_ACT_OK;
 		}

@@ -6,7 +6,8 @@ Role: pure functions used by the event sequencer (and by `pyfelix calc` to name 
   part is the model's `endpoint_id`, `<namespace>/<workload>` (the workload name defaults
   to the pod name, then the resource name), as `pyfelix calc` names endpoints.
 - `workload_message(wep, tiers)` / `host_message(hep, tiers)`: the endpoint with its
-  addresses split by IP version and its resolved tiers. A host endpoint's `name` is its
+  addresses (and a workload's ipNATs: `ipv4_nat` / `ipv6_nat`, each sorted) split by IP
+  version and its resolved tiers. A host endpoint's `name` is its
   `interfaceName` as given: "*" for every host interface, "" when only `expectedIPs` name
   it (the dataplane applies it to the interfaces carrying those addresses, as Felix does).
 """
@@ -33,14 +34,16 @@ def _split_by_version(nets: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str
 
 def workload_message(wep: WorkloadEndpoint, tiers: EndpointTiers) -> proto.WorkloadEndpointUpdate:
     v4, v6 = _split_by_version(wep.ip_networks)
+    nats = sorted(proto.NatInfo(ext_ip=n.external_ip, int_ip=n.internal_ip)
+                  for n in wep.ip_nats)
     return proto.WorkloadEndpointUpdate(
         id=workload_id(wep),
         endpoint=proto.WorkloadEndpoint(
             state="active", name=wep.interface_name, mac=wep.mac,
             profile_ids=tuple(wep.profiles), ipv4_nets=v4, ipv6_nets=v6, tiers=tiers.tiers,
             allow_spoofed_source_prefixes=wep.allow_spoofed_source_prefixes,
-            ipv4_nat=tuple(sorted(proto.NatInfo(ext_ip=n.external_ip, int_ip=n.internal_ip)
-                                  for n in wep.ip_nats if ":" not in n.external_ip))),
+            ipv4_nat=tuple(n for n in nats if ":" not in n.ext_ip),
+            ipv6_nat=tuple(n for n in nats if ":" in n.ext_ip)),
     )
 
 

@@ -19,8 +19,9 @@ Order of a round (phase 1 `apply`, then phase 2 `finish_apply` in the same order
                         endpoint policy, failsafes, IPVS awareness, the workloads' source
                         check (raw); and the ip6tables filter table that keeps workload IPv6
                         closed (BPF mode: host endpoints and failsafes only, see below)
-    NatOutgoingManager  nat table + pool IP sets: natOutgoing (both modes: in BPF mode NAT
-                        outgoing uses the same nat-table rules)
+    NatOutgoingManager  nat tables (IPv4, and IPv6 with Ipv6Support) + pool IP sets:
+                        natOutgoing and floating IPs (both modes: in BPF mode they use the
+                        same nat-table rules)
     RouteManager        workload routes (+ static ARP), blackholes for local blocks
     VXLANManager        vxlan.calico device, VTEP FDB/ARP, routes to remote VXLAN blocks
                         (a second one, ip_version=6: vxlan-v6.calico, when Ipv6Support)
@@ -216,7 +217,8 @@ def linux_managers(cfg: LinuxDataplaneConfig, *, netns: str | None = None,
     ]
     # NAT outgoing in both modes: in BPF mode it uses the same nat-table rules.
     managers.append(NatOutgoingManager(netns=netns, backend=cfg.iptables_backend,
-                                       floating_ips=cfg.floating_ips))
+                                       floating_ips=cfg.floating_ips,
+                                       ipv6=cfg.ipv6_support))
     managers += [
         RouteManager(netns=netns, interface_prefixes=cfg.interface_prefixes,
                      protocol=cfg.route_protocol, ipv6=cfg.ipv6_support,

@@ -26,7 +26,7 @@ the calc graph and the dataplane is not mistaken for idleness. With several node
 node must also hold a route to every existing pod of the other nodes, from whoever routes
 that pod's IP pool: BIRD for pools without encapsulation, the agent's VXLAN or IPIP manager
 (by their route protocols) for `vxlanMode` / `ipipMode` pools; with FloatingIPs Enabled
-also a BGP route to each remote pod's floating IPs. The lab's default pool
+also a BGP route to each remote pod's floating IPs (IPv6 ones too). The lab's default pool
 (`LAB_IP_POOL`, BGP-routed) is written only when the scenario declares no pool of its own;
 under --ip-family ipv6 / dual (`lab.family`) its IPv6 twin too (ipv6: only the twin), and
 the readiness check looks for each remote pod's IPv6 address in `ip -6` routes.
@@ -396,7 +396,7 @@ class AgentProcesses:
                 wanted: list[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, str]] = [
                     (address, "") for address in pod.spec.addresses]
                 if floating:
-                    wanted += [(ipaddress.IPv4Address(str(ip)), "bgp")
+                    wanted += [(ipaddress.ip_address(str(ip)), "bgp")
                                for ip in pod.spec.floating_ips]
                 for address, forced in wanted:
                     mode = forced or self._routing_mode(address, pools)

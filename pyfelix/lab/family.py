@@ -20,7 +20,10 @@ What is rewritten (inputs: the scenario's pods, probes and resource documents):
   they are IPv6 already); under `ipv6` the pod has only that address (`has_ipv4` False),
   under `dual` both; two pods may not end up with one IPv6 address; when the scenario
   declares IP pools, every pod's IPv6 address must lie in one of its IPv6 pools (the
-  twins of its IPv4 pools, or its own IPv6 pools, kept as written);
+  twins of its IPv4 pools, or its own IPv6 pools, kept as written); a pod's floating IPs
+  (`floatingIPs`) get their twins: `ipv6` replaces them, `dual` adds each twin after its
+  IPv4 address (the Pod's annotation lists both; the agent NATs each to the pod's address
+  of its family, in that family's nat table);
 - probes: under `ipv6` each probe targets the IPv6 twin of its target; under `dual` each
   probe runs twice, IPv4 then IPv6 (`ProbeSpec.family` says which);
 - CIDRs in resources: NetworkSet/GlobalNetworkSet `nets`, HostEndpoint `expectedIPs`,
@@ -55,8 +58,7 @@ under `ipv6`: confd needs `spec.bgp.ipv4Address` (BIRD's router id) to run BGP a
   client's twin address, like any other target.
 
 Out of scope, refused with `ScenarioError` naming the scenario and the resource (never
-skipped silently): floating IPs, and an IPv6 pool with ipipMode other than Never (Calico
-has no IPv6 IPIP).
+skipped silently): an IPv6 pool with ipipMode other than Never (Calico has no IPv6 IPIP).
 
 Easy to get wrong: `ipaddress` prints an IPv6 address with an embedded IPv4 tail as hex
 (fd65:6c61:6200::a41:10a), which is what the kernel, BIRD and flow logs print too; compare
@@ -164,7 +166,8 @@ def apply_ip_family(scenario: Scenario, ip_family: str) -> Scenario:
         return scenario
     problems = _unsupported(scenario)
     dual = ip_family == "dual"
-    pods = tuple(dataclasses.replace(p, ipv6=p.ipv6_given or ipv6_for(p.ip), has_ipv4=dual)
+    pods = tuple(dataclasses.replace(p, ipv6=p.ipv6_given or ipv6_for(p.ip), has_ipv4=dual,
+                                     floating_ips=_floating_ips_for(p.floating_ips, dual))
                  for p in scenario.pods)
     owners: dict[ipaddress.IPv6Address | None, str] = {}
     for pod in pods:
@@ -213,9 +216,19 @@ def _outside_ipv6_pools(pods: tuple[PodSpec, ...],
             for p in pods if p.ipv6 is not None and not any(p.ipv6 in n for n in nets)]
 
 
+def _floating_ips_for(addresses: tuple[IPAddress, ...], dual: bool) -> tuple[IPAddress, ...]:
+    """A pod's floating IPs with each IPv4 one's twin after it (`dual`) or instead."""
+    out: list[IPAddress] = []
+    for address in addresses:
+        if isinstance(address, ipaddress.IPv4Address):
+            out.extend((address, ipv6_for(address)) if dual else (ipv6_for(address),))
+        else:
+            out.append(address)
+    return tuple(out)
+
+
 def _unsupported(scenario: Scenario) -> list[str]:
-    problems = [f"pods: {p.key}: floatingIPs: floating IPs are IPv4 only in the lab"
-                for p in scenario.pods if p.floating_ips]
+    problems: list[str] = []
     documents = [*scenario.resources, *(d for s in scenario.steps for d in s.apply)]
     seen: set[tuple[str, str]] = set()
     for doc in documents:

@@ -99,7 +99,8 @@ class PodSpec:
     labels: dict[str, str] = field(default_factory=dict)
     ports: tuple[PortSpec, ...] = ()
     # Calico's `cni.projectcalico.org/floatingIPs` annotation: addresses NATed to the pod
-    floating_ips: tuple[ipaddress.IPv4Address, ...] = ()
+    # (IPv4 as written; `lab.family` adds or substitutes their IPv6 twins)
+    floating_ips: tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, ...] = ()
     # `lab.family`: the IPv6 address (the lab's mapping of `ip`) under --ip-family ipv6/dual,
     # and whether the pod has `ip` itself (not under ipv6, where `ip` only names the pod's
     # place in the lab's IPv4 plan the IPv6 address is derived from)

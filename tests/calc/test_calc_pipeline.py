@@ -247,3 +247,24 @@ def test_cluster_information_ready_flag_and_cluster_settings() -> None:
     replayer.go_to([cluster_info(datastoreReady=True, clusterGUID="abc"),
                     felix_config("default", clusterType="override")])
     assert readiness(replayer) == [False, True]
+
+
+def test_ip_nats_become_the_endpoints_ipv4_nat_and_ipv6_nat() -> None:
+    """A WorkloadEndpoint's ipNATs reach the dataplane split by IP version, as Felix's
+    Ipv4Nat / Ipv6Nat; an update that drops the IPv6 one empties ipv6_nat only."""
+    from calc_testlib import Replayer
+
+    doc = wep("prod", "a", "node1", "10.65.0.1")
+    doc["spec"]["ipNetworks"] = ["10.65.0.1/32", "fd65::1/128"]
+    doc["spec"]["ipNATs"] = [{"internalIP": "fd65::1", "externalIP": "2001:db8::5"},
+                             {"internalIP": "10.65.0.1", "externalIP": "192.0.2.5"}]
+    replayer = Replayer()
+    replayer.go_to([node("node1", "198.18.0.1"), doc])
+    (endpoint,) = replayer.dataplane.workload_endpoints.values()
+    assert endpoint.ipv4_nat == (proto.NatInfo(ext_ip="192.0.2.5", int_ip="10.65.0.1"),)
+    assert endpoint.ipv6_nat == (proto.NatInfo(ext_ip="2001:db8::5", int_ip="fd65::1"),)
+    changed = {**doc, "spec": {**doc["spec"], "ipNATs": doc["spec"]["ipNATs"][1:]}}
+    replayer.go_to([node("node1", "198.18.0.1"), changed])
+    (endpoint,) = replayer.dataplane.workload_endpoints.values()
+    assert endpoint.ipv4_nat == (proto.NatInfo(ext_ip="192.0.2.5", int_ip="10.65.0.1"),)
+    assert endpoint.ipv6_nat == ()

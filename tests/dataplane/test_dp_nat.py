@@ -1,4 +1,5 @@
-"""NAT-outgoing manager on fakes: what the nat table DOES to packets, by pool configuration."""
+"""NAT-outgoing manager on fakes: what the nat tables (IPv4 and IPv6) DO to packets, by pool
+configuration; floating IPs' DNAT/SNAT rules per family; nothing IPv6 with Ipv6Support off."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ def _pool(cidr: str, masq: bool) -> IPAMPoolUpdate:
 
 
 class NatHarness:
-    def __init__(self) -> None:
+    def __init__(self, **kwargs: bool) -> None:
         self.cmds = FakeCommands()
-        self.mgr = NatOutgoingManager(runner=self.cmds)
+        self.mgr = NatOutgoingManager(runner=self.cmds, **kwargs)
         self.walker = PacketWalker(self.cmds.iptables, self.cmds.ipset)
+        self.walker6 = PacketWalker(self.cmds.iptables6, self.cmds.ipset)
 
     def sync(self, *msgs: object) -> None:
         for msg in (*msgs, InSync()):
@@ -32,6 +34,9 @@ class NatHarness:
 
     def postrouting(self, src: str, dst: str) -> str:
         return self.walker.verdict("POSTROUTING", Packet(src=src, dst=dst), table="nat")
+
+    def postrouting6(self, src: str, dst: str) -> str:
+        return self.walker6.verdict("POSTROUTING", Packet(src=src, dst=dst), table="nat")
 
 
 def test_masquerades_only_natoutgoing_pools_to_outside_all_pools() -> None:
@@ -96,12 +101,59 @@ def test_failure_keeps_work_pending_and_retries() -> None:
     assert h.postrouting("10.65.0.5", "8.8.8.8") == "MASQUERADE"
 
 
-def test_bad_and_ipv6_pools_are_ignored() -> None:
+def test_bad_pools_are_ignored_and_each_family_has_its_own_sets() -> None:
     h = NatHarness()
     h.sync(IPAMPoolUpdate(id="bad", cidr="not-a-cidr", masquerade=True),
            _pool("fd00::/64", True), _pool("10.65.0.0/16", True))
-    assert h.mgr.masquerading_pools() == ["10.65.0.0/16"]
+    assert h.mgr.masquerading_pools(4) == ["10.65.0.0/16"]
+    assert h.mgr.masquerading_pools(6) == ["fd00::/64"]
     assert h.cmds.ipset.members("cali40all-ipam-pools") == {"10.65.0.0/16"}
+    assert h.cmds.ipset.members("cali60all-ipam-pools") == {"fd00::/64"}
+    assert h.cmds.ipset.members("cali60masq-ipam-pools") == {"fd00::/64"}
+
+
+def test_ipv6_nat_outgoing_masquerades_in_ip6tables_as_ipv4_does() -> None:
+    h = NatHarness()
+    h.sync(_pool("fd65::/64", True), _pool("fd70::/64", False), _pool("10.65.0.0/16", False))
+    assert h.postrouting6("fd65::5", "2001:db8::7") == "MASQUERADE"
+    assert h.postrouting6("fd65::5", "fd65::9") == "ACCEPT"  # inside its own pool
+    assert h.postrouting6("fd65::5", "fd70::9") == "ACCEPT"  # to another pool
+    assert h.postrouting6("fd70::9", "2001:db8::7") == "ACCEPT"  # pool without natOutgoing
+    assert h.postrouting6("fd00:198:18::1", "2001:db8::7") == "ACCEPT"  # host traffic
+    # the IPv4 pool has no natOutgoing: the IPv4 chain has no rule at all
+    assert h.cmds.iptables.tables["nat"]["cali-nat-outgoing"] == []
+    assert _rules(h.cmds.iptables6.tables["nat"]["cali-nat-outgoing"]) == [
+        "-m set --match-set cali60masq-ipam-pools src "
+        "-m set ! --match-set cali60all-ipam-pools dst -j MASQUERADE"]
+    # natOutgoing off: the IPv6 rule goes, the sets stay (the pools still exist)
+    h.mgr.on_update(_pool("fd65::/64", False))
+    h.round()
+    assert h.postrouting6("fd65::5", "2001:db8::7") == "ACCEPT"
+    assert h.cmds.ipset.members("cali60masq-ipam-pools") == set()
+
+
+def test_ipv6_support_false_programs_nothing_ipv6() -> None:
+    h = NatHarness(ipv6=False, floating_ips=True)
+    h.sync(_pool("fd65::/64", True), _pool("10.65.0.0/16", True),
+           _wep("a", "10.65.0.1", "10.65.200.1", ip6="fd65::1", fips6=("fd65::c8:1",)))
+    assert h.postrouting("10.65.0.5", "8.8.8.8") == "MASQUERADE"
+    assert h.mgr.masquerading_pools() == ["10.65.0.0/16"]
+    assert [nat.ext_ip for nat in h.mgr.floating_ips()] == ["10.65.200.1"]
+    assert not [argv for argv in h.cmds.calls if argv[0].startswith("ip6tables")]
+    assert not [name for name in h.cmds.ipset.sets if name.startswith("cali60")]
+
+
+def test_ipv6_nat_failure_does_not_stop_ipv4_and_is_raised() -> None:
+    h = NatHarness()
+    h.cmds.ip6tables_missing = True
+    for msg in (_pool("10.65.0.0/16", True), _pool("fd65::/64", True), InSync()):
+        h.mgr.on_update(msg)
+    with pytest.raises(Exception, match="IPv6 nat table"):
+        h.round()
+    assert h.postrouting("10.65.0.5", "8.8.8.8") == "MASQUERADE"
+    h.cmds.ip6tables_missing = False
+    h.round()
+    assert h.postrouting6("fd65::5", "2001:db8::7") == "MASQUERADE"
 
 
 def test_missing_ipset_binary_is_a_clear_error() -> None:
@@ -119,7 +171,8 @@ def test_missing_ipset_binary_is_a_clear_error() -> None:
 
 # --- floating IPs ------------------------------------------------------------------------------
 
-def _wep(name: str, ip: str, *fips: str) -> object:
+def _wep(name: str, ip: str, *fips: str, ip6: str = "", fips6: tuple[str, ...] = ()
+         ) -> object:
     from pyfelix.agent.proto import (
         NatInfo,
         WorkloadEndpoint,
@@ -130,13 +183,13 @@ def _wep(name: str, ip: str, *fips: str) -> object:
     return WorkloadEndpointUpdate(
         id=WorkloadEndpointID(orchestrator="k8s", workload=f"x/{name}", endpoint="eth0"),
         endpoint=WorkloadEndpoint(state="active", name=f"cali{name}", ipv4_nets=(f"{ip}/32",),
-                                  ipv4_nat=tuple(NatInfo(f, ip) for f in fips)))
+                                  ipv6_nets=(f"{ip6}/128",) if ip6 else (),
+                                  ipv4_nat=tuple(NatInfo(f, ip) for f in fips),
+                                  ipv6_nat=tuple(NatInfo(f, ip6) for f in fips6)))
 
 
 def _fip_harness(enabled: bool) -> NatHarness:
-    h = NatHarness()
-    h.mgr = NatOutgoingManager(runner=h.cmds, floating_ips=enabled)
-    return h
+    return NatHarness(floating_ips=enabled)
 
 
 def test_floating_ips_dnat_in_prerouting_and_output_snat_for_hairpin() -> None:
@@ -164,9 +217,60 @@ def test_floating_ips_dnat_in_prerouting_and_output_snat_for_hairpin() -> None:
 
 def test_floating_ips_disabled_program_nothing() -> None:
     h = _fip_harness(False)
-    h.sync(_pool("10.65.0.0/16", False), _wep("a", "10.65.0.1", "10.65.200.1"))
-    nat = h.cmds.iptables.tables["nat"]
-    assert "cali-fip-dnat" not in nat and "cali-fip-snat" not in nat
+    h.sync(_pool("10.65.0.0/16", False),
+           _wep("a", "10.65.0.1", "10.65.200.1", ip6="fd65::1", fips6=("fd65::c8:1",)))
+    for nat in (h.cmds.iptables.tables["nat"], h.cmds.iptables6.tables["nat"]):
+        assert "cali-fip-dnat" not in nat and "cali-fip-snat" not in nat
+
+
+def test_ipv6_floating_ips_dnat_in_ip6tables_only() -> None:
+    h = _fip_harness(True)
+    h.sync(_pool("fd65::/64", False),
+           _wep("a", "10.65.0.1", "10.65.200.1", ip6="fd65::1", fips6=("fd65::c8:1",)),
+           _wep("b", "10.65.0.2", ip6="fd65::2"))
+    nat4, nat6 = h.cmds.iptables.tables["nat"], h.cmds.iptables6.tables["nat"]
+    assert _rules(nat4["cali-fip-dnat"]) == [
+        "-d 10.65.200.1/32 -j DNAT --to-destination 10.65.0.1"]
+    assert _rules(nat6["cali-fip-dnat"]) == [
+        "-d fd65::c8:1/128 -j DNAT --to-destination fd65::1"]
+    assert _rules(nat6["cali-fip-snat"]) == [
+        "-s fd65::1/128 -d fd65::1/128 -j SNAT --to-source fd65::c8:1"]
+    for base, ours in (("PREROUTING", "cali-PREROUTING"), ("OUTPUT", "cali-OUTPUT"),
+                       ("POSTROUTING", "cali-POSTROUTING")):
+        assert [r for r in _rules(nat6[base]) if "cali-" in r] == [f"-j {ours}"]
+    assert _rules(nat6["cali-POSTROUTING"]) == ["-j cali-fip-snat", "-j cali-nat-outgoing"]
+    # only the IPv6 floating IP goes: IPv4 keeps its own, IPv6 loses chains and inserts
+    h.mgr.on_update(_wep("a", "10.65.0.1", "10.65.200.1", ip6="fd65::1"))
+    h.round()
+    nat4, nat6 = h.cmds.iptables.tables["nat"], h.cmds.iptables6.tables["nat"]
+    assert "cali-fip-dnat" in nat4
+    assert "cali-fip-dnat" not in nat6 and "cali-PREROUTING" not in nat6
+    assert not any("cali-" in r for r in _rules(nat6.get("PREROUTING", [])))
+    assert _rules(nat6["cali-POSTROUTING"]) == ["-j cali-nat-outgoing"]
+
+
+@pytest.mark.parametrize("version", [4, 6])
+def test_nat_chains_render_each_family_with_its_sets_and_host_prefix(version: int) -> None:
+    from pyfelix.agent.dataplane.managers.nat import nat_chains
+    from pyfelix.agent.proto import NatInfo
+
+    fips = [NatInfo("10.65.200.1", "10.65.0.1"), NatInfo("fd65::c8:1", "fd65::1")]
+    chains = {c.name: c.rules for c in nat_chains(True, fips, version=version)}
+    ext, internal, host = (("10.65.200.1", "10.65.0.1", 32) if version == 4
+                           else ("fd65::c8:1", "fd65::1", 128))
+    sets = "cali40" if version == 4 else "cali60"
+    assert chains == {
+        "cali-PREROUTING": ("-j cali-fip-dnat",),
+        "cali-OUTPUT": ("-j cali-fip-dnat",),
+        "cali-fip-dnat": (f"-d {ext}/{host} -j DNAT --to-destination {internal}",),
+        "cali-POSTROUTING": ("-j cali-fip-snat", "-j cali-nat-outgoing"),
+        "cali-fip-snat": (f"-s {internal}/{host} -d {internal}/{host} -j SNAT "
+                          f"--to-source {ext}",),
+        "cali-nat-outgoing": (f"-m set --match-set {sets}masq-ipam-pools src -m set ! "
+                              f"--match-set {sets}all-ipam-pools dst -j MASQUERADE",),
+    }
+    assert {c.name: c.rules for c in nat_chains(False, version=version)} == {
+        "cali-POSTROUTING": ("-j cali-nat-outgoing",), "cali-nat-outgoing": ()}
 
 
 def _rules(chain: object) -> list[str]:
@@ -176,4 +280,4 @@ def _rules(chain: object) -> list[str]:
 def _strip_comment(rule: str) -> str:
     import re
 
-    return re.sub(r"\s*-m comment --comment \S+", "", rule).strip()
+    return re.sub(r"\s*-m comment --comment \S+", "", rule).replace("'!'", "!").strip()

@@ -339,3 +339,26 @@ def test_floating_ips_are_routed_to_their_workload_when_enabled(nl: FakeNetlink,
     m.on_update(WorkloadEndpointUpdate(EP1, _ep("cali1", "10.65.0.1/32")))  # the NAT goes
     m.apply()
     assert _ours(nl) == {"10.65.0.1/32": ("unicast", idx)}
+
+
+@pytest.mark.parametrize("ipv6", [True, False])
+def test_ipv6_floating_ips_are_routed_only_with_ipv6_support(nl: FakeNetlink,
+                                                             ipv6: bool) -> None:
+    from dataclasses import replace
+
+    from pyfelix.agent.proto import NatInfo
+
+    m = RouteManager(netlink=nl, floating_ips=True, ipv6=ipv6)
+    nl.add_link("cali1", up=True)
+    m.on_update(_iface(nl, "cali1"))
+    m.on_update(InSync())
+    endpoint = replace(_ep("cali1", "10.65.0.1/32"), ipv6_nets=("fd65::1/128",),
+                       ipv4_nat=(NatInfo(ext_ip="192.0.2.5", int_ip="10.65.0.1"),),
+                       ipv6_nat=(NatInfo(ext_ip="2001:db8::5", int_ip="fd65::1"),))
+    m.on_update(WorkloadEndpointUpdate(EP1, endpoint))
+    m.apply()
+    idx = nl.link_by_name("cali1").index
+    expected = {"10.65.0.1/32": ("unicast", idx), "192.0.2.5/32": ("unicast", idx)}
+    if ipv6:
+        expected |= {"fd65::1/128": ("unicast", idx), "2001:db8::5/128": ("unicast", idx)}
+    assert _ours(nl) == expected

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 from pathlib import Path
 
 import pytest
@@ -112,11 +113,10 @@ def test_scenario_pods_probes_and_nodes_per_family() -> None:
         "fd65:6c61:6200::a41:1/128"
 
 
-def test_nodeports_run_over_ipv6_floating_ips_are_refused_by_name() -> None:
+def test_nodeports_run_over_ipv6() -> None:
     """NodePort Services are no longer refused: their probes to `node/NAME` go to the
     node's IPv6 underlay twin (from the `external` client's twin), each after its IPv4
-    self under dual; the Service keeps its nodePorts and gets its IPv6 cluster IP.
-    Floating IPs are still refused, by name."""
+    self under dual; the Service keeps its nodePorts and gets its IPv6 cluster IP."""
     base = load_scenario(SCENARIOS / "services-nodeport.yaml")
     dual = apply_ip_family(base, "dual")
     assert len(dual.probes) == 2 * len(base.probes)
@@ -133,11 +133,30 @@ def test_nodeports_run_over_ipv6_floating_ips_are_refused_by_name() -> None:
     assert web["spec"]["type"] == "NodePort"
     assert web["spec"]["clusterIPs"] == ["10.96.0.40", str(ipv6_for(V4("10.96.0.40")))]
     assert {p.family for p in apply_ip_family(base, "ipv6").probes} == {6}
-    with pytest.raises(ScenarioError, match="x/a: floatingIPs"):
-        apply_ip_family(parse_scenario({
-            "namespaces": [{"name": "x"}],
-            "pods": [{"namespace": "x", "name": "a", "floatingIPs": ["10.65.200.1"]}]}),
-            "ipv6")
+
+
+def test_floating_ips_get_their_twins_and_probes_to_them_follow() -> None:
+    """No longer refused: under `dual` a pod's floating IPs are its IPv4 ones, each
+    followed by its twin (the Pod's annotation lists both), and a probe to a floating IP
+    is followed by one to the twin; under `ipv6` only the twins remain."""
+    from pyfelix.lab.datastore import FLOATING_IPS_ANNOTATION
+
+    scenario = load_scenario(SCENARIOS / "two-node-floating-ip.yaml")
+    fip, twin = V4("10.65.200.1"), ipaddress.IPv6Address("fd65:6c61:6200::a41:c801")
+    assert ipv6_for(fip) == twin
+    for family, wanted in (("dual", (fip, twin)), ("ipv6", (twin,))):
+        prepared = apply_ip_family(scenario, family)
+        a = prepared.pod("x/a")
+        assert a.floating_ips == wanted
+        assert prepared.pod("x/b").floating_ips == ()
+        targets = [p.target_ip for p in prepared.probes if p.source == "x/c"]
+        assert targets == ([fip, twin, a.ip, a.ipv6] if family == "dual"
+                           else [twin, a.ipv6])
+        topology = plan_topology("pf000001", prepared)
+        docs = topology_documents(prepared, topology)
+        pod = next(d for d in docs if d["kind"] == "Pod" and d["metadata"]["name"] == "a")
+        assert json.loads(pod["metadata"]["annotations"][FLOATING_IPS_ANNOTATION]) == \
+            [str(address) for address in wanted]
 
 
 def test_icmp_rules_map_to_icmpv6_and_are_pinned_per_family_in_dual() -> None:

@@ -3,12 +3,13 @@ IP family and dataplane (issue 18's first acceptance line, in full).
 
 Scenarios: every file under tests/lab/scenarios x {ipv6, dual} x {bpf, iptables}, through
 `pyfelix lab run --ip-family F -o json`. NodePort Services run over IPv6 too
-(services-nodeport: BPF NodePorts in nat6.h, kube-proxy's ip6tables rules in iptables mode).
-A scenario the lab cannot run over IPv6 (floating IPs: see lab.family) must be refused at
-once, exit 1, with an error naming the scenario and the resource. Overlay scenarios run:
-VXLAN over vxlan.calico and vxlan-v6.calico; IPIP's IPv6 twin pool over BGP, so under `ipv6`
-the IPIP scenario runs on any kernel, while under `dual` its IPv4 pool needs IPIP
-(CONFIG_NET_IPIP): without it the lab must refuse at once naming IPIP, and the case is
+(services-nodeport: BPF NodePorts in nat6.h, kube-proxy's ip6tables rules in iptables mode),
+and floating IPs (two-node-floating-ip: each floating IP gets its IPv6 twin, NATed in
+ip6tables' nat table). A scenario the lab cannot run over IPv6 (see lab.family) must be
+refused at once, exit 1, with an error naming the scenario and the resource. Overlay
+scenarios run: VXLAN over vxlan.calico and vxlan-v6.calico; IPIP's IPv6 twin pool over BGP,
+so under `ipv6` the IPIP scenario runs on any kernel, while under `dual` its IPv4 pool needs
+IPIP (CONFIG_NET_IPIP): without it the lab must refuse at once naming IPIP, and the case is
 skipped with that reason. Every other
 one must pass (exit 0: each probe equals its `expect`), every probe must carry `family`, and
 under `dual` each IPv4 probe is followed by its IPv6 twin with the same verdict, so denied

@@ -9,8 +9,9 @@ ours (ownership first) and fit the kernel's limits:
   named ports): 30 characters, under ipset's 31; these two families belong to the IP-sets
   manager. Fixed-name sets belong to the manager that needs them, in both dataplane modes:
   `cali40this-host` (this host's addresses, host-IPs manager), `cali40masq-ipam-pools` and
-  `cali40all-ipam-pools` (NAT outgoing), `cali40all-vxlan-net` (the nodes' VXLAN parent
-  IPs, iptables manager), as Felix names them;
+  `cali40all-ipam-pools` (NAT outgoing; `cali60masq-ipam-pools` / `cali60all-ipam-pools`
+  for IPv6), `cali40all-vxlan-net` (the nodes' VXLAN parent IPs, iptables manager), as
+  Felix names them;
 - every rule we write carries the comment `cali:<rule hash>`; a DROP that exists for a reason
   an operator must be able to read off `iptables-save -c` carries a second comment
   `pyfelix: <reason>` (spoofed source, unknown workload interface, IPv6 not policed).
@@ -33,6 +34,8 @@ CALC_IPSET_PREFIXES6 = (f"{IPSET_PREFIX6}s:", f"{IPSET_PREFIX6}n:")
 IPSET_THIS_HOST = f"{IPSET_PREFIX}this-host"
 IPSET_MASQ_POOLS = f"{IPSET_PREFIX}masq-ipam-pools"
 IPSET_ALL_POOLS = f"{IPSET_PREFIX}all-ipam-pools"
+IPSET_MASQ_POOLS6 = f"{IPSET_PREFIX6}masq-ipam-pools"  # IPv6 NAT outgoing (family inet6)
+IPSET_ALL_POOLS6 = f"{IPSET_PREFIX6}all-ipam-pools"
 IPSET_ALL_VXLAN = f"{IPSET_PREFIX}all-vxlan-net"
 IPSET_ALL_VXLAN6 = f"{IPSET_PREFIX6}all-vxlan-net"  # IPv6 VTEPs' parents (vxlan-v6.calico)
 IPSET_ALL_HOSTS = f"{IPSET_PREFIX}all-hosts-net"  # the nodes IPIP is accepted from (Felix's)

@@ -4,8 +4,9 @@ when the workload's MAC is known), blackholes for local blocks.
 Role: Felix's route table for workload interfaces. Inputs (`on_update`):
 - `WorkloadEndpointUpdate/Remove`: each endpoint's interface name and IPv4/IPv6 nets; every
   address gets a host route (/32 or /128) `dev <iface> scope link proto ROUTE_PROTOCOL`,
-  and so does each floating IP (`ipv4_nat`) when FloatingIPs is Enabled (`floating_ips`:
-  BIRD learns it and advertises it like a pod address);
+  and so does each floating IP (`ipv4_nat`; `ipv6_nat` too unless Ipv6Support is false)
+  when FloatingIPs is Enabled (`floating_ips`: BIRD learns it and advertises it like a pod
+  address);
   when the endpoint's MAC is known (WorkloadEndpoint `spec.mac`), each IPv4 address also
   gets a permanent neighbour entry beside its route (`ip neigh replace <ip> lladdr <mac>
   dev <iface> nud permanent`, Felix's static ARP), so the host never ARPs for its pods;
@@ -153,6 +154,8 @@ class RouteManager(ManagerBase):
                 nets += tuple(msg.endpoint.ipv6_nets)
             if self._floating_ips:  # each floating IP is routed to its workload too (Felix)
                 nets += tuple(f"{n.ext_ip}/32" for n in msg.endpoint.ipv4_nat)
+                if self._ipv6:
+                    nets += tuple(f"{n.ext_ip}/128" for n in msg.endpoint.ipv6_nat)
             self._endpoints[msg.id] = (msg.endpoint.name, nets, msg.endpoint.mac.lower())
             self._desired_dirty = True
         elif isinstance(msg, WorkloadEndpointRemove):

@@ -307,13 +307,20 @@ def test_unknown_protocols_drop_arp_and_link_scope_nd_pass_the_rest_of_ipv6_is_p
     packet goes through the source check and policy (here an endpoint with no policy at
     all, which denies everything)."""
     h = harness
-    h.apply(h.endpoint("a", "d1", ipv6=("fe80::1/128", "fd00::1/128")))
+    h.apply(h.endpoint("a", "d1", ipv6=("fe80::1/128", "fd00::1/128")),
+            p.RouteUpdate("fd00::fe/128", "local_host"))
     for hook in ("to", "from"):
         assert h.verdict(hook, pk.ipv6_udp("fd00::1", "fd00::2", 1, 2), "d1") == "deny"
         # ICMPv6 echo is not neighbour discovery, even to a link-local address
         assert h.verdict(hook, pk.icmpv6("fe80::1", "fe80::2", 128), "d1") == "deny"
-        # ND to a routable address, or with a hop limit that says it was routed: no
-        assert h.verdict(hook, pk.icmpv6("fe80::1", "fd00::2", 135), "d1") == "deny"
+        # ND to a routable address: only between the pod and the host, as the iptables
+        # fallback's INPUT/OUTPUT accepts (to the pod with hop limit 255: the host sent
+        # it, e.g. the answer to the pod's solicitation from its global address; from the
+        # pod: to one of the host's addresses); a routed one (hop limit 64) is policed
+        assert h.verdict(hook, pk.icmpv6("fe80::1", "fd00::2", 135), "d1") == \
+            ("allow" if hook == "to" else "deny")
+        assert h.verdict(hook, pk.icmpv6("fe80::1", "fd00::fe", 136, hop_limit=64),
+                         "d1") == "deny"
         assert h.verdict(hook, pk.icmpv6("fe80::1", "ff02::1:ff00:2", 135, hop_limit=64),
                          "d1") == "deny"
         assert h.verdict(hook, pk.raw_ethertype(0x88B5), "d1") == "deny"  # IEEE local exp.
@@ -325,18 +332,20 @@ def test_unknown_protocols_drop_arp_and_link_scope_nd_pass_the_rest_of_ipv6_is_p
         assert h.verdict(hook, pk.icmpv6("fe80::1", "ff02::16", 143, hop_limit=1,
                                          hop_by_hop=True), "d1") == "allow"
         assert h.verdict(hook, pk.icmpv6("fe80::1", "fe80::2", 137), "d1") == "deny"  # redirect
+    assert h.verdict("from", pk.icmpv6("fd00::1", "fd00::fe", 136), "d1") == "allow"
+    assert h.verdict("from", pk.icmpv6("fd00::1", "fd00::fe", 128), "d1") == "deny"
     # router solicitations only from the pod, advertisements only to it
     assert h.verdict("from", pk.icmpv6("fe80::1", "ff02::2", 133), "d1") == "allow"
     assert h.verdict("to", pk.icmpv6("fe80::1", "ff02::2", 133), "d1") == "deny"
     assert h.verdict("to", pk.icmpv6("fe80::1", "ff02::1", 134), "d1") == "allow"
     assert h.verdict("from", pk.icmpv6("fe80::1", "ff02::1", 134), "d1") == "deny"
     g = h.globals()
-    assert g["policy_denied"] == 2 * 5 + 2  # the non-ND IPv6: policed (and denied)
-    assert g["ipv6_packets"] == 2 * 5 + 2
+    assert g["policy_denied"] == 5 + 6 + 1 + 2  # the non-ND IPv6: policed (and denied)
+    assert g["ipv6_packets"] == 5 + 6 + 1 + 2
     assert g["ipv6_dropped"] == 0  # Ipv6Support is on
     assert g["unknown_proto_dropped"] == 2
     assert g["arp_passed"] == 2
-    assert g["ipv6_nd_passed"] == 2 * 3 + 2
+    assert g["ipv6_nd_passed"] == 2 * 3 + 1 + 1 + 2
     assert g["policy_allowed"] == 0
 
 

@@ -18,10 +18,15 @@ Checked on each dataplane, with the same helpers and the same cases:
 - an IPv6 source A is not given in the datastore (A adds the address itself and sends
   from it) never reaches B, counted by A's IPv6 source check (iptables: the raw-table
   rule's packet counter; BPF: the spoofed_dropped counter).
+
+Also (nft and BPF): IPv6 NAT outgoing and an IPv6 floating IP in ip6tables' nat table,
+with an outside host on a third namespace (`test_ipv6_nat_outgoing_and_floating_ip_...`);
+and with Ipv6Support false, neither is programmed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import re
 import socket
@@ -34,7 +39,7 @@ from dataclasses import dataclass
 import pytest
 
 from pyfelix.agent.dataplane.iptables.names import COMMENT_IPV6_DISABLED, COMMENT_SPOOFED_SOURCE
-from pyfelix.agent.dataplane.iptables.restore import BACKENDS6
+from pyfelix.agent.dataplane.iptables.restore import BACKENDS, BACKENDS6
 from pyfelix.agent.dataplane.linux import LinuxDataplane, LinuxDataplaneConfig
 from pyfelix.agent.proto import (
     ActivePolicyUpdate,
@@ -180,12 +185,12 @@ def _bpf_counter(pin_dir: str, name: str) -> int:
 
 
 @contextmanager
-def _dataplane(mode: str, router: str) -> Iterator[Running]:
+def _dataplane(mode: str, router: str, *, floating_ips: bool = False) -> Iterator[Running]:
     """`mode`: "nft" / "legacy" (iptables mode with that backend) or "bpf"."""
     with ExitStack() as stack:
         if mode != "bpf":
-            dp = LinuxDataplane(netns=router,
-                                config=LinuxDataplaneConfig(iptables_backend=mode))
+            dp = LinuxDataplane(netns=router, config=LinuxDataplaneConfig(
+                iptables_backend=mode, floating_ips=floating_ips))
             dp.start()
             stack.callback(dp.stop)
             yield Running(dp, lambda: _spoof_drops(router, mode), None)
@@ -199,7 +204,7 @@ def _dataplane(mode: str, router: str) -> Iterator[Running]:
         # threads start from there, so everything they do happens in it
         managers = thread.call(build_bpf_managers, small_maps_config(pin_dir))
         dp = thread.call(lambda: LinuxDataplane(
-            netns=router, config=LinuxDataplaneConfig(bpf_mode=True),
+            netns=router, config=LinuxDataplaneConfig(bpf_mode=True, floating_ips=floating_ips),
             extra_managers=managers))
         thread.call(dp.start)
         stack.callback(dp.stop)
@@ -318,6 +323,26 @@ def _ipv6_disabled_drops(router: str, backend: str) -> int:
                and COMMENT_IPV6_DISABLED in line)
 
 
+FIP4 = "192.0.2.1"  # A's IPv4 floating IP beside FIP6 (Ipv6Support false: only it works)
+FIP6 = "2001:db8:c8::1"  # A's IPv6 floating IP, outside every pool
+
+
+def _nat6_rules(router: str, backends: dict = BACKENDS6) -> str:
+    """The router's ip6tables nat table, both backends (BPF mode picks one itself)."""
+    return "".join(in_ns(router, backends[backend].save, "-t", "nat")
+                   for backend in ("nft", "legacy"))
+
+
+def _floating_and_natoutgoing_both_families() -> tuple[object, ...]:
+    from pyfelix.agent.proto import IPAMPoolUpdate, NatInfo
+
+    a = _ep("cali1", A, A6)
+    return (IPAMPoolUpdate("pool4", "10.65.0.0/16", masquerade=True),
+            IPAMPoolUpdate("pool6", "fd00:65::/64", masquerade=True),
+            WorkloadEndpointUpdate(a.id, dataclasses.replace(
+                a.endpoint, ipv4_nat=(NatInfo(FIP4, A),), ipv6_nat=(NatInfo(FIP6, A6),))))
+
+
 @pytest.mark.parametrize("mode", ["nft", "bpf"])
 def test_ipv6_support_false_drops_workload_ipv6_and_programs_nothing_ipv6(
         make_netns, mode: str) -> None:
@@ -343,7 +368,8 @@ def test_ipv6_support_false_drops_workload_ipv6_and_programs_nothing_ipv6(
                 managers = thread.call(build_bpf_managers, small_maps_config(
                     pin_dir, FELIX_IPV6SUPPORT="false"))
                 dp = thread.call(lambda: LinuxDataplane(
-                    netns=router, config=LinuxDataplaneConfig(bpf_mode=True, ipv6_support=False),
+                    netns=router, config=LinuxDataplaneConfig(
+                        bpf_mode=True, ipv6_support=False, floating_ips=True),
                     extra_managers=managers))
                 thread.call(dp.start)
 
@@ -351,18 +377,23 @@ def test_ipv6_support_false_drops_workload_ipv6_and_programs_nothing_ipv6(
                     return _bpf_counter(pin_dir, "ipv6_dropped")
             else:
                 dp = LinuxDataplane(netns=router, config=LinuxDataplaneConfig(
-                    iptables_backend=mode, ipv6_support=False))
+                    iptables_backend=mode, ipv6_support=False, floating_ips=True))
                 dp.start()
 
                 def drops() -> int:
                     return _ipv6_disabled_drops(router, mode)
             stack.callback(dp.stop)
-            for msg in _policed_pods():
+            for msg in (*_policed_pods(), *_floating_and_natoutgoing_both_families()):
                 dp.enqueue(msg)
             assert dp.loop.in_sync.wait(15)
             _eventually(lambda: _connects(a_thread, B, 8080), "IPv4 8080 never allowed")
+            _wait(lambda: FIP4 in _nat6_rules(router, BACKENDS),
+                  "the IPv4 floating IP's DNAT")
 
-            # nothing IPv6 programmed
+            # nothing IPv6 programmed (IPv6 NAT outgoing and floating IPs neither)
+            assert "cali-" not in _nat6_rules(router)
+            assert in_ns(router, "ip", "-6", "route", "show", f"{FIP6}/128").strip() == ""
+            assert "cali60" not in in_ns(router, "ipset", "list", "-n")
             assert in_ns(router, "ip", "-6", "route", "show", f"{B6}/128").strip() == ""
             assert in_ns(router, "cat", "/proc/sys/net/ipv6/conf/all/forwarding").strip() == "0"
             if mode == "bpf":
@@ -458,3 +489,145 @@ def test_iptables_flow_logs_record_ipv6_and_ipv4_flows(make_netns, tmp_path) -> 
             s.close()
         a_thread.close()
         b_thread.close()
+
+
+# --- IPv6 NAT outgoing and IPv6 floating IPs -------------------------------------------------
+
+ROUTER_EXT6, EXT6 = "fd00:ee::1", "fd00:ee::2"  # the router's uplink to an outside host
+
+
+def _recording_listen(thread: NetnsThread, ip: str, port: int
+                      ) -> tuple[socket.socket, list[str]]:
+    """An IPv6 TCP server that answers "hello" and records each client's address."""
+    peers: list[str] = []
+
+    def make() -> socket.socket:
+        srv = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind((ip, port))
+        srv.listen(8)
+        return srv
+
+    srv = thread.call(make)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, peer = srv.accept()
+            except OSError:
+                return
+            peers.append(str(ipaddress.ip_address(peer[0])))
+            with conn:
+                conn.sendall(b"hello")
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv, peers
+
+
+def _outside_host(router: str, ext_ns: str) -> None:
+    """`ext_ns` on a veth to the router (ext0), fd00:ee::/64, with a route to A's floating
+    IP through the router and NO route to the pods: only masqueraded traffic can return."""
+    in_ns(router, "ip", "link", "add", "ext0", "type", "veth", "peer", "name", "eth0",
+          "netns", f"/run/netns/{ext_ns}")
+    in_ns(router, "ip", "-6", "addr", "add", f"{ROUTER_EXT6}/64", "dev", "ext0", "nodad")
+    in_ns(router, "ip", "link", "set", "ext0", "up")
+    in_ns(ext_ns, "ip", "-6", "addr", "add", f"{EXT6}/64", "dev", "eth0", "nodad")
+    in_ns(ext_ns, "ip", "link", "set", "eth0", "up")
+    in_ns(ext_ns, "ip", "link", "set", "lo", "up")
+    in_ns(ext_ns, "ip", "-6", "route", "add", f"{FIP6}/128", "via", ROUTER_EXT6)
+
+
+def _nat6_state(a_nat: tuple[str, ...], *, masquerade: bool) -> tuple[object, ...]:
+    from pyfelix.agent.proto import IPAMPoolUpdate, NatInfo
+
+    a = _ep("cali1", A, A6, (WEB,))
+    a = WorkloadEndpointUpdate(a.id, dataclasses.replace(
+        a.endpoint, ipv6_nat=tuple(NatInfo(ext, A6) for ext in a_nat)))
+    return (IPAMPoolUpdate("pool4", "10.65.0.0/16", masquerade=False),
+            IPAMPoolUpdate("pool6", "fd00:65::/64", masquerade=masquerade),
+            IPSetUpdate("clients", "net", frozenset(
+                {f"{B}/32", f"{B6}/128", f"{A6}/128", f"{FIP6}/128"})),
+            OPEN, _web(None), a, _ep("cali2", B, B6), InSync())
+
+
+@pytest.mark.parametrize("mode", ["nft", "bpf"])
+def test_ipv6_nat_outgoing_and_floating_ip_in_ip6tables(make_netns, mode: str,
+                                                        record_property) -> None:
+    """IPv6 pool with natOutgoing: an outside host sees the router's address as the source
+    of A's connection (and without natOutgoing, nothing: it has no route to the pods).
+    A's IPv6 floating IP (FloatingIPs Enabled): ip6tables' cali-fip-dnat sends it to A,
+    routed to A's veth; the policy is A's pod-IP policy (TCP 8080 from B, or from A or its
+    floating IP): B reaches the floating IP on 8080 and A sees B's own address, B on
+    9090 and the outside host on 8080 are denied, exactly as to A's pod address; A reaches
+    its own floating IP (hairpin: cali-fip-snat), seen from the floating IP."""
+    router, a_ns, b_ns = _router_and_pods(make_netns)
+    ext_ns = make_netns()
+    _outside_host(router, ext_ns)
+    a_thread, b_thread, ext_thread = NetnsThread(a_ns), NetnsThread(b_ns), NetnsThread(ext_ns)
+    servers: list[socket.socket] = []
+    try:
+        ext_srv, ext_peers = _recording_listen(ext_thread, EXT6, 8080)
+        a_srv, a_peers = _recording_listen(a_thread, A6, 8080)
+        servers += [ext_srv, a_srv, _listen(a_thread, socket.AF_INET6, A6, 9090)]
+        with _dataplane(mode, router, floating_ips=True) as run:
+            dp = run.dp
+            for msg in _nat6_state((FIP6,), masquerade=True):
+                dp.enqueue(msg)
+            assert dp.loop.in_sync.wait(15)
+            if mode == "bpf":
+                for iface in ("cali1", "cali2"):
+                    _wait(lambda i=iface: "pyfelix:calico_to_wep" in in_ns(
+                        router, "tc", "filter", "show", "dev", i, "egress"),
+                        f"our programs on {iface}")
+            # what is programmed: ip6tables' nat table, the inet6 sets, the /128 route
+            nat6 = _nat6_rules(router)
+            assert re.search(rf"-A cali-fip-dnat -d {FIP6}/128 .*-j DNAT --to-destination "
+                             rf"{A6}\b", nat6), nat6
+            assert re.search(r"-A cali-nat-outgoing .*cali60masq-ipam-pools src.*"
+                             r"cali60all-ipam-pools dst.*-j MASQUERADE", nat6), nat6
+            masq_set = in_ns(router, "ipset", "list", "cali60masq-ipam-pools")
+            assert "family inet6" in masq_set and "fd00:65::/64" in masq_set, masq_set
+            assert "dev cali1" in in_ns(router, "ip", "-6", "route", "show", f"{FIP6}/128")
+
+            # NAT outgoing: the outside host sees the router's uplink address
+            t0 = time.monotonic()
+            _eventually(lambda: _connects(a_thread, EXT6, 8080), "A never reached outside")
+            record_property("first_masqueraded_ipv6_connection_s",
+                            round(time.monotonic() - t0, 3))
+            assert ext_peers and set(ext_peers) == {ROUTER_EXT6}, ext_peers
+
+            # the floating IP gets A's pod-IP policy; A sees B's own address
+            _eventually(lambda: _connects(b_thread, FIP6, 8080),
+                        "B never reached A's floating IP on 8080")
+            assert a_peers and set(a_peers) == {B6}, a_peers
+            assert _connects(b_thread, A6, 8080)
+            assert not _connects(b_thread, FIP6, 9090)
+            assert not _connects(b_thread, A6, 9090)
+            assert not _connects(ext_thread, FIP6, 8080)
+            # A reaches its own floating IP: cali-fip-snat makes it arrive from FIP6, and the
+            # answer finds its way back through both NATs. (The policy's set holds A6 and
+            # FIP6: iptables mode polices in FORWARD, before the SNAT, so it sees A6, as
+            # Felix's does; BPF polices at the veth, after it, and sees FIP6.)
+            assert _connects(a_thread, FIP6, 8080)
+            assert a_peers[-1] == FIP6, a_peers
+
+            # natOutgoing off: the outside host's replies have no way back to A
+            for msg in _nat6_state((FIP6,), masquerade=False):
+                dp.enqueue(msg)
+            _wait(lambda: "MASQUERADE" not in _nat6_rules(router),
+                  "MASQUERADE never removed")
+            assert not _connects(a_thread, EXT6, 8080)
+            # the floating IP goes: its DNAT rule and route go with it
+            for msg in _nat6_state((), masquerade=False):
+                dp.enqueue(msg)
+            _wait(lambda: FIP6 not in _nat6_rules(router),
+                  "the floating IP's DNAT never removed")
+            assert in_ns(router, "ip", "-6", "route", "show", f"{FIP6}/128").strip() == ""
+            assert not _connects(b_thread, FIP6, 8080)
+            assert _connects(b_thread, A6, 8080)
+            assert not dp.loop.fatal.is_set()
+    finally:
+        for srv in servers:
+            srv.close()
+        for thread in (a_thread, b_thread, ext_thread):
+            thread.close()

@@ -8,7 +8,9 @@ with denials among them. The test also checks the mechanism: node1's nat table D
 floating IP to the pod, and node2 reaches it through a BGP route (BIRD learned the agent's
 route for the floating IP). With FloatingIPs Disabled the same annotation programs nothing
 and the floating IP is unreachable (the allowed probe to it fails), so the first run's
-success is the feature's doing.
+success is the feature's doing. Dual stack (issue 18, `extended`): the same scenario under
+`--ip-family dual` through the CLI, each IPv6 probe (to the floating IP's IPv6 twin, NATed
+in ip6tables' nat table) with its IPv4 twin's verdict.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import dataclasses
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +63,31 @@ def test_floating_ip_reaches_its_pod_with_the_pod_ips_policy(dataplane: str,
             ["ip", "-n", node2, "-j", "route", "show", f"{FLOATING_IP}/32", "proto", "bird"],
             capture_output=True, text=True, check=True, timeout=10).stdout or "[]")
         assert routes, f"node2 has no BGP route to {FLOATING_IP}"
+    root_guard.check()
+
+
+@pytest.mark.extended
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("dataplane", ["bpf", "iptables"])
+def test_dual_stack_floating_ip_twin_gets_the_ipv4_verdicts(dataplane: str,
+                                                            root_guard: Any) -> None:
+    """Issue 18's first acceptance line for this scenario, as a user runs it: `pyfelix lab
+    run two-node-floating-ip.yaml --ip-family dual -o json`. Every probe passes, each IPv4
+    probe is followed by its IPv6 twin (to the floating IP's twin, or the pod's IPv6
+    address) with the same verdict, denials among them. `extended`: the IPv4 run above is
+    `make test`'s; this one is `make test-extended`'s and the matrix's."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pyfelix.cli.main", "lab", "run", str(SCENARIO), "-o", "json",
+         "--dataplane", dataplane, "--ip-family", "dual", "--probe-timeout", "0.5"],
+        cwd=REPO, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stdout + done.stderr
+    probes = json.loads(done.stdout)["probes"]
+    assert [p["family"] for p in probes] == [4, 6] * (len(probes) // 2)
+    for v4, v6 in zip(probes[::2], probes[1::2], strict=True):
+        assert v4["result"] == v4["expect"] and v6["result"] == v4["result"], (v4, v6)
+    assert {p["result"] for p in probes} == {"allow", "deny"}
+    # probes name their target as written; family 6 went to its twin (FLOATING_IP6)
+    assert {(FLOATING_IP, 4), (FLOATING_IP, 6)} <= {(p["to"], p["family"]) for p in probes}
     root_guard.check()
 
 
