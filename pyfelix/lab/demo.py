@@ -29,6 +29,10 @@ from pyfelix.lab.probe import ProbeResult
 from pyfelix.lab.scenario import ProbeSpec, Scenario, Step
 
 DEMO_SCENARIO = Path(__file__).parent / "scenarios" / "demo.yaml"
+# the demo's probes are pod to pod: the wait for their flow-log records ends as soon as each
+# has its deciding one; the bound matters only on a loaded machine (a CI run saw a node's
+# deny record miss the lab's 5 s bound)
+DEMO_FLOW_WAIT_SECONDS = 15.0
 
 
 def matrix_probes(scenario: Scenario) -> tuple[ProbeSpec, ...]:
@@ -144,7 +148,7 @@ def run_demo(scenario: Scenario, *, dataplane: str, probe_timeout: float,
         after_results = runner.run_probes(probes, 1)
         after = connectivity_matrix(after_results, with_family)
         say(f"demo {runner.run_id}: reading the nodes' flow logs")
-        flows = runner.collect_flows()[len(before_results):]
+        flows = runner.collect_flows(DEMO_FLOW_WAIT_SECONDS)[len(before_results):]
         explained = first_new_denial(before_results, after_results)
         explain_output = ""
         if explained is not None:
