@@ -22,7 +22,7 @@ demo: setup
 # ~4.5 min) are `make test-bench`, outside `make test`, which they had pushed past its
 # 25-minute budget (25 min 57 s in a fresh clone); `make bench` runs the same code for real.
 test: setup lint
-	$(PY) -m pytest -q tests/privileged/conformance
+	$(PY) -m pytest -q tests/privileged/conformance -m "not extended"
 	$(PY) -m pytest -q tests --ignore=tests/privileged/conformance --ignore=tests/bench_bpf \
 		--ignore=tests/matrix -m "not extended"
 

@@ -90,14 +90,15 @@ def test_clients_converge_across_a_server_restart_with_deletes_made_meanwhile(
 def test_slow_client_is_dropped_then_reconnects_and_gets_the_deletes_it_missed(
         store: FileStore, start_server, start_client) -> None:
     _seed(store)
-    server = start_server(write_timeout=1.0, max_send_buffer=256 * 1024,
+    server = start_server(write_timeout=0.3, max_send_buffer=256 * 1024,
                           socket_send_buffer=32 * 1024)
     # the burst below is ~0.8 MB on the wire (zlib halves the hex padding). The slow client
-    # stops reading, so its 32 KiB socket and the 256 KiB bound fill and it is dropped. The
-    # healthy one has a large receive buffer, but TCP opens its window gradually, so under
-    # load a stall of this process leaves bytes queued at the server for a moment: the bound
-    # (4x the 64 KiB of a failed CI run, where the healthy client was dropped at 89 KiB)
-    # and the 1 s write timeout are its margin for that
+    # stops reading, so its 32 KiB socket and the 256 KiB bound fill and it is dropped as
+    # slow (within the 0.3 s write timeout: before its 2 s ping timeout would drop it for
+    # another reason). The healthy one has a large receive buffer, but TCP opens its window
+    # gradually, so under load a stall of this process leaves bytes queued at the server for
+    # a moment: the bound (4x the 64 KiB of a failed CI run, where the healthy client was
+    # dropped at 89 KiB) is its margin for that
     healthy, healthy_rec = start_client(server.address, socket_receive_buffer=8 * 1024 * 1024)
     gate = threading.Event()
     gate.set()

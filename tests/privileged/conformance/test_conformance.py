@@ -49,7 +49,11 @@ def test_every_case_matches_its_expected_matrix(dataplane: str, root_guard: Any,
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("dataplane", CONFORMANT_DATAPLANES)
+# make test runs the cross-node sample on BPF (iptables across two nodes: test_lab_bgp,
+# test_lab_ip_family); both dataplanes under make test-matrix (`extended`)
+@pytest.mark.parametrize("dataplane", [
+    pytest.param(d, marks=pytest.mark.extended) if d == "iptables" else d
+    for d in CONFORMANT_DATAPLANES])
 def test_cross_node_sample_matches_its_expected_matrices(
         dataplane: str, root_guard: Any, capsys: pytest.CaptureFixture[str]) -> None:
     """The same truth models with the pods spread over two nodes: ingress policy on one

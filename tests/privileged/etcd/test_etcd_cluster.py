@@ -348,6 +348,10 @@ def _wait_for(condition: Any, timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
+# extended (make test-matrix): make test keeps the partition test below (the watch moves to
+# another member, nothing lost) and the single-server outage tests; this one adds leader and
+# follower crashes under 100 writes/s (~30 s)
+@pytest.mark.extended
 @pytest.mark.timeout(90)
 def test_cluster_member_crashes_under_churn_lose_and_repeat_nothing(
         capsys: pytest.CaptureFixture[str]) -> None:

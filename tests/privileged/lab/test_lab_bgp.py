@@ -22,10 +22,12 @@ pytestmark = pytest.mark.privileged
 
 REPO = Path(__file__).resolve().parents[3]
 SCENARIO = REPO / "tests" / "lab" / "scenarios" / "two-node-policy.yaml"
-DATAPLANES = ["bpf", "iptables"]
 
 
-@pytest.mark.parametrize("dataplane", DATAPLANES)
+# BPF's two nodes over BGP are also the conformance suite's cross-node sample in make test
+# (tests/privileged/conformance), so the BPF case here is extended (make test-matrix)
+@pytest.mark.parametrize("dataplane", [pytest.param("bpf", marks=pytest.mark.extended),
+                                       "iptables"])
 def test_two_nodes_over_bgp_with_policy(dataplane: str, root_guard: Any) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "pyfelix.cli.main", "lab", "run", str(SCENARIO), "-o", "json",
