@@ -44,11 +44,10 @@
  * nat_frontend6 (NAT_FE_F_NODEPORT; the calc graph gives a Service one when it has an IPv6
  * cluster IP, backends its IPv6 endpoints, externalTrafficPolicy Local: this node's only).
  * A TCP/UDP packet arriving on a host interface whose (port, proto) has such a frontend and
- * whose destination is one of this node's addresses (a FIB lookup answering NOT_FWDED: a
- * local route, unlike IPv4 no routes-map entry, so ANY of the node's IPv6 addresses serves.
- * The FIB answers the same for a destination without any route: one the routes map knows
- * as a workload's, a pool's or another node's is excluded (NAT6_NOT_THIS_NODE); any other
- * unroutable destination is translated, where the stack would have refused it):
+ * whose destination is one of this node's addresses (the routes map's RT_F_LOCAL_HOST, as
+ * for IPv4: the agent writes every address of the host's interfaces there, so any of the
+ * node's IPv6 addresses serves; a destination the map does not know as this host's, even
+ * one the host would not route at all, is not translated):
  *   - later packets: the nat_ct6 FWD entry flagged NAT_CT_F_NODEPORT;
  *   - a new flow: count == 0 -> ICMPv6 port unreachable back out of the interface
  *     (nat6_reject); else affinity / a random backend;
@@ -523,11 +522,6 @@ PF_INLINE int nat6_source_ok(struct __sk_buff *skb, struct pkt_info *pkt,
 	return rpf_mode == CFG_RPF_LOOSE || sc->fib.ifindex == skb->ifindex;
 }
 
-/* Routes-map flags of destinations that are not this node's, whatever the FIB says (it
- * answers NOT_FWDED for a local address and for one without any route alike). */
-#define NAT6_NOT_THIS_NODE                                                                   \
-	(RT_F_LOCAL_WORKLOAD | RT_F_REMOTE_WORKLOAD | RT_F_REMOTE_HOST | RT_F_IN_POOL)
-
 /* The routes map's flags for an IPv6 address (0: no route). */
 PF_INLINE __u32 nat6_route_flags(const struct pf_addr *addr)
 {
@@ -600,9 +594,7 @@ PF_INLINE int nat6_from_host(struct __sk_buff *skb, struct pkt_info *pkt, __u64 
 		rv = nat_ct6.lookup(&sc->rk);
 		if (!rv || !(rv->flags & NAT_CT_F_SNAT))
 			return NAT_CONTINUE;
-	} else if (nat6_fib(skb, sc, &pkt->src, &pkt->dst, pkt->proto) !=
-			   BPF_FIB_LKUP_RET_NOT_FWDED ||
-		   (nat6_route_flags(&pkt->dst) & NAT6_NOT_THIS_NODE)) {
+	} else if (!(nat6_route_flags(&pkt->dst) & RT_F_LOCAL_HOST)) {
 		return NAT_CONTINUE; /* not to this node: forwarded traffic */
 	}
 	if (!nat6_source_ok(skb, pkt, sc, rpf_mode)) {

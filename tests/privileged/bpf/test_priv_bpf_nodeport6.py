@@ -78,8 +78,11 @@ def nodeport6(*backends: str, protocol: int = 6) -> p.ServiceFrontendUpdate:
 def program(h: Harness, *frontends: p.ServiceFrontendUpdate,
             b_ingress: tuple[p.Rule, ...] = (p.Rule("allow"),)) -> None:
     """Pod B (IPv6) with ingress rules `b_ingress` (egress: allow), its /128 and the remote
-    pods' block in the route map, and the frontends, fed to both families' managers (the
-    IPv4 one must take none of them)."""
+    pods' block in the route map, the host's addresses (as the agent's interface monitor
+    reports them: LOCAL_HOST entries), and the frontends, fed to both families' managers
+    (the IPv4 one must take none of them)."""
+    h.route_inputs.local_addrs = {"d1": frozenset({f"{NODE6}/64"}),
+                                  "d2": frozenset({f"{NODE6_D2}/64"})}
     h.apply(p.ActiveProfileUpdate("b-profile", p.Profile(inbound_rules=b_ingress,
                                                          outbound_rules=(p.Rule("allow"),))),
             h.endpoint("b", "d2", profiles=("b-profile",), ipv6=(f"{B6}/128",)),
@@ -255,15 +258,17 @@ def test_ipv6_nodeport_rpf_at_host_endpoints(harness: Harness, netns_routes6: No
 def test_other_ipv6_host_traffic_is_untouched(harness: Harness, netns_routes6: None) -> None:
     """Fail closed both ways: what is not IPv6 NodePort traffic leaves calico_from_host and
     calico_from_hep exactly as it came (TC_ACT_OK, same bytes): another port of the host,
-    the NodePort number to an address that is not the host's (forwarded traffic), ICMPv6,
-    a reply nobody SNATed."""
+    the NodePort number to an address that is not the host's (forwarded traffic: a pod, a
+    routed block, an address with no route at all), ICMPv6, a reply nobody SNATed."""
     from pyfelix.agent.bpf import packets as pk
 
     h = harness
-    program(h, nodeport6(B6))
+    program(h, nodeport6(B6), nodeport6(B6, protocol=17))
     frames = ((tcp6_ok(CLIENT6, NODE6, 40000, 22), "d1"),
               (tcp6_ok(CLIENT6, B6, 40000, NODE_PORT), "d1"),
               (tcp6_ok(CLIENT6, "fd00:198::9", 40000, NODE_PORT), "d1"),
+              (tcp6_ok(CLIENT6, "fd00:99::1", 40000, NODE_PORT), "d1"),
+              (udp6_ok(CLIENT6, "fd00:99::1", 40000, NODE_PORT), "d1"),
               (pk.icmp6(CLIENT6, NODE6), "d1"),
               (tcp6_ok(R6, NODE6, 8080, 40000, "SA"), "d2"))
     for prog in ("calico_from_host", "calico_from_hep"):
