@@ -9,9 +9,12 @@ left at Felix's default is dropped.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import gc
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 
@@ -24,6 +27,13 @@ os.environ.setdefault("FELIX_LOGSEVERITYSYS", "none")
 # the agent a cgroup of its own. The session ends with a check that nothing of ours is
 # attached at the root (_no_ctlb_at_the_cgroup_root).
 os.environ.setdefault("FELIX_BPFCONNECTTIMELOADBALANCING", "Disabled")
+# BPF agents keep their build cache (agent.bpf.build_cache) in a directory of this session,
+# never the machine's /var/cache/pyfelix: the session's first BPF agent compiles, the others
+# load that build (verified again by the kernel). Removed when the session ends.
+if "PYFELIX_BPF_CACHE_DIR" not in os.environ:
+    os.environ["PYFELIX_BPF_CACHE_DIR"] = _SESSION_BPF_CACHE = tempfile.mkdtemp(
+        prefix="pyfelix-bpf-cache-")
+    atexit.register(shutil.rmtree, _SESSION_BPF_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)

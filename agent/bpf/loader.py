@@ -23,19 +23,26 @@ How the build works:
   the map's user reference, so tail calls keep working after the agent exits (a kill -9
   must not break attached programs).
 
-Invariants: nothing outside `pin_dir` is created; `close()` releases fds but never unpins
-(use `remove_pin_dir()` for that); stale `progs_<abi>`/`scratch_<abi>`/`nat6scratch_<abi>`
-pins of older builds are removed only by `sweep_stale_build_pins()`, after attachments moved
-to the new build.
+- With a `BuildCache` (agent.bpf.build_cache), a build compiled before with the same key
+  loads from its image (maps adopted or created and pinned as above, programs verified
+  again, no clang); a compiled build is captured into the cache after it loaded.
+
+Invariants: nothing outside `pin_dir` (and the cache directory) is created; `close()`
+releases fds but never unpins (use `remove_pin_dir()` for that); stale `progs_<abi>`/
+`scratch_<abi>`/`nat6scratch_<abi>` pins of older builds are removed only by
+`sweep_stale_build_pins()`, after attachments moved to the new build.
 """
 
 from __future__ import annotations
 
+import ctypes
+import dataclasses
 import hashlib
 import logging
 import os
 import re
 import stat
+import struct
 import subprocess
 import time
 from collections.abc import Mapping
@@ -44,6 +51,17 @@ from pathlib import Path
 from typing import Any
 
 from pyfelix.agent.bpf import syscall
+from pyfelix.agent.bpf.build_cache import (
+    BuildCache,
+    BuildImage,
+    ImageMismatch,
+    LoadedImage,
+    MapSpec,
+    Uncacheable,
+    cache_key,
+    extract_relocations,
+    load_image,
+)
 from pyfelix.agent.bpf.maps import ALL_MAPS, BY_NAME
 from pyfelix.agent.bpf.maps.base import BpfMap, MapParams, layout_mismatch
 from pyfelix.agent.bpf.maps.conntrack import DEFAULT_TIMEOUTS, Timeouts
@@ -293,18 +311,28 @@ def sweep_stale_build_pins(pin_dir: str, keep_abi: str) -> list[str]:
 # --- loading -----------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class LoadedProgram:
+    """A program loaded from a cached image (what BCC's function objects give: fd, name)."""
+
+    name: str
+    fd: int
+
+
 @dataclass
 class LoadedDataplane:
     """A loaded build: programs (fds stay valid while this object lives) and map handles."""
 
     config: BuildConfig
     abi: str
-    bpf: Any  # bcc.BPF
-    functions: dict[str, Any]  # program name -> bcc function object (.fd, .name)
+    bpf: Any  # bcc.BPF; None when loaded from the build cache (no BCC tables then)
+    functions: dict[str, Any]  # program name -> bcc function object or LoadedProgram
     maps: dict[str, BpfMap]
     compile_seconds: float
     load_seconds: float
     replaced_pins: list[str]
+    image: LoadedImage | None = None  # the fds of a build-cache load
+    from_cache: bool = False
 
     def prog_fd(self, name: str) -> int:
         return int(self.functions[name].fd)
@@ -317,6 +345,9 @@ class LoadedDataplane:
         if self.bpf is not None:
             self.bpf.cleanup()
             self.bpf = None
+        if self.image is not None:
+            self.image.close()
+            self.image = None
 
     def __enter__(self) -> LoadedDataplane:
         return self
@@ -325,8 +356,17 @@ class LoadedDataplane:
         self.close()
 
 
-def load_dataplane(config: BuildConfig) -> LoadedDataplane:
-    """Compile and load every program; adopt or create every pinned map."""
+def program_list(bcc: Any) -> list[tuple[str, int, int]]:
+    """(name, BPF program type, expected attach type or -1) of every program, load order."""
+    return ([(n, int(bcc.BPF.SCHED_CLS), -1) for n in TC_PROGRAMS]
+            + [(n, int(bcc.BPF.XDP), -1) for n in XDP_PROGRAMS]
+            + [(n, int(bcc.BPF.CGROUP_SOCK_ADDR), int(a)) for n, a in CTLB_PROGRAMS.items()])
+
+
+def load_dataplane(config: BuildConfig, cache: BuildCache | None = None) -> LoadedDataplane:
+    """Compile and load every program; adopt or create every pinned map. With `cache`, a
+    build of the same key loads from its image instead of compiling (agent.bpf.build_cache;
+    a miss or a failed image load compiles), and a compiled build is stored there."""
     import bcc  # only here: the rest of agent.bpf works without BCC
 
     config.validate()
@@ -334,6 +374,14 @@ def load_dataplane(config: BuildConfig) -> LoadedDataplane:
     source = assemble_source(config.bpf_dir)
     abi = build_abi(source, config.cflags())
     cflags = config.cflags(abi)
+    programs = program_list(bcc)
+    key = cache_key(source, cflags, programs, kernel_release=os.uname().release,
+                    bcc_version=str(getattr(bcc, "__version__", "unknown")))
+    if cache is not None and (image := cache.get(key)) is not None:
+        try:
+            return _load_image(config, image, abi, replaced)
+        except (OSError, ImageMismatch, ValueError, KeyError) as e:
+            log.warning("BPF build cache image %s did not load (%s); compiling", key, e)
     t0 = time.monotonic()
     try:
         b = bcc.BPF(text=source.encode(), cflags=cflags)
@@ -343,12 +391,8 @@ def load_dataplane(config: BuildConfig) -> LoadedDataplane:
     t1 = time.monotonic()
     functions: dict[str, Any] = {}
     try:
-        for name in TC_PROGRAMS:
-            functions[name] = _load_func(b, name, bcc.BPF.SCHED_CLS)
-        for name in XDP_PROGRAMS:
-            functions[name] = _load_func(b, name, bcc.BPF.XDP)
-        for name, attach_type in CTLB_PROGRAMS.items():
-            functions[name] = _load_func(b, name, bcc.BPF.CGROUP_SOCK_ADDR, int(attach_type))
+        for name, prog_type, attach_type in programs:
+            functions[name] = _load_func(b, name, prog_type, attach_type)
         progs = b[b"policy_progs"]
         progs[progs.Key(POLICY_PROG_INDEX)] = progs.Leaf(functions["calico_policy"].fd)
         maps = {p.name: BpfMap.open_pinned(p, config.pin_dir) for p in ALL_MAPS}
@@ -358,10 +402,85 @@ def load_dataplane(config: BuildConfig) -> LoadedDataplane:
     t2 = time.monotonic()
     log.info("BPF programs loaded in %.2fs (compile %.2fs, verify %.2fs), abi %s",
              t2 - t0, t1 - t0, t2 - t1, abi)
+    if cache is not None:
+        try:
+            cache.put(key, capture_image(b, programs, config.pin_dir))
+        except (Uncacheable, OSError) as e:
+            log.warning("BPF build not cached: %s", e)
     return LoadedDataplane(
         config=config, abi=abi, bpf=b, functions=functions, maps=maps,
         compile_seconds=t1 - t0, load_seconds=t2 - t1, replaced_pins=replaced,
     )
+
+
+def _load_image(config: BuildConfig, image: BuildImage, abi: str,
+                replaced: list[str]) -> LoadedDataplane:
+    t0 = time.monotonic()
+    loaded = load_image(image, config.pin_dir)
+    try:
+        syscall.map_update(loaded.map_fds["policy_progs"],
+                           struct.pack("<I", POLICY_PROG_INDEX),
+                           struct.pack("<I", loaded.prog_fds["calico_policy"]),
+                           what="policy_progs")
+        maps = {p.name: BpfMap.open_pinned(p, config.pin_dir) for p in ALL_MAPS}
+    except BaseException:
+        loaded.close()
+        raise
+    t1 = time.monotonic()
+    log.info("BPF programs loaded from the build cache in %.2fs (verify), abi %s",
+             t1 - t0, abi)
+    return LoadedDataplane(
+        config=config, abi=abi, bpf=None,
+        functions={n: LoadedProgram(n, fd) for n, fd in loaded.prog_fds.items()},
+        maps=maps, compile_seconds=0.0, load_seconds=t1 - t0, replaced_pins=replaced,
+        image=loaded, from_cache=True)
+
+
+def capture_image(b: Any, programs: list[tuple[str, int, int]], pin_dir: str) -> BuildImage:
+    """The build cache's image of a BCC build that has just loaded: every table's kernel
+    definition and pin name (matched by map id among pin_dir's pins), every program's
+    instructions with their map relocations."""
+    from bcc.libbcc import lib
+
+    lib.bpf_num_tables.restype = ctypes.c_size_t
+    lib.bpf_num_tables.argtypes = [ctypes.c_void_p]
+    lib.bpf_table_name.restype = ctypes.c_char_p
+    lib.bpf_table_name.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    pin_by_map_id: dict[int, str] = {}
+    for entry in sorted(os.listdir(pin_dir)):
+        path = os.path.join(pin_dir, entry)
+        if os.path.isdir(path):
+            continue
+        try:
+            fd = syscall.obj_get(path)
+        except OSError:
+            continue
+        try:
+            pin_by_map_id[syscall.map_info(fd).map_id] = entry
+        except OSError:
+            pass  # a pinned program, not a map
+        finally:
+            os.close(fd)
+    specs, table_by_fd = [], {}
+    for i in range(lib.bpf_num_tables(b.module)):
+        table = lib.bpf_table_name(b.module, i)
+        fd = lib.bpf_table_fd(b.module, table)
+        if fd < 0:
+            raise Uncacheable(f"table {table.decode()} has no fd")
+        info = syscall.map_info(fd)
+        table_by_fd[fd] = table.decode()
+        specs.append(MapSpec(table=table.decode(), name=info.name, map_type=info.map_type,
+                             key_size=info.key_size, value_size=info.value_size,
+                             max_entries=info.max_entries, flags=info.map_flags,
+                             pin=pin_by_map_id.get(info.map_id)))
+    images = []
+    for name, prog_type, attach_type in programs:
+        extracted = extract_relocations(name, b.dump_func(name.encode()), table_by_fd)
+        images.append(dataclasses.replace(extracted, prog_type=prog_type,
+                                          attach_type=attach_type))
+    return BuildImage(license=lib.bpf_module_license(b.module).decode(),
+                      kern_version=int(lib.bpf_module_kern_version(b.module)),
+                      maps=tuple(specs), programs=tuple(images))
 
 
 def _load_func(b: Any, name: str, prog_type: int, attach_type: int = -1) -> Any:

@@ -177,6 +177,15 @@ class _ProgLoadAttr(ctypes.Structure):
     ]
 
 
+class _ProgLoadFullAttr(ctypes.Structure):
+    """BPF_PROG_LOAD attributes up to expected_attach_type (cgroup sock_addr programs need
+    it; the kernel zero-fills the rest)."""
+
+    _fields_ = [*_ProgLoadAttr._fields_,
+                ("prog_ifindex", ctypes.c_uint32),
+                ("expected_attach_type", ctypes.c_uint32)]
+
+
 class _GetByIdAttr(ctypes.Structure):
     _fields_ = [
         ("id", ctypes.c_uint32),
@@ -250,11 +259,44 @@ def load_return_zero_tc_prog(name: str = "pf_calibrate") -> int:
     return _bpf(BPF_PROG_LOAD, attr, f"PROG_LOAD {name}")
 
 
+VERIFIER_LOG_BYTES = 1 << 20  # the tail of the verifier's log kept for an error message
+
+
+def prog_load(prog_type: int, insns: bytes, name: str, *, expected_attach_type: int = 0,
+              license_: str = "GPL", kern_version: int = 0) -> int:
+    """Load a program from its instructions (map fds already in its ld_imm64 slots); a fd
+    the caller closes. A rejection is retried once with the verifier's log, whose last
+    lines the BpfError carries."""
+    if len(insns) % 8:
+        raise ValueError(f"program {name}: {len(insns)} bytes is not whole instructions")
+    code = ctypes.create_string_buffer(insns, len(insns))
+    lic = ctypes.create_string_buffer(license_.encode())
+
+    def attempt(log: ctypes.Array | None) -> int:
+        attr = _ProgLoadFullAttr(
+            prog_type=prog_type, insn_cnt=len(insns) // 8, insns=_addr(code),
+            license=_addr(lic), kern_version=kern_version, prog_name=name.encode()[:15],
+            expected_attach_type=expected_attach_type,
+            log_level=1 if log is not None else 0,
+            log_size=len(log) if log is not None else 0, log_buf=_addr(log))
+        return _bpf(BPF_PROG_LOAD, attr, f"PROG_LOAD {name}")
+
+    try:
+        return attempt(None)
+    except BpfError as first:
+        log = ctypes.create_string_buffer(VERIFIER_LOG_BYTES)
+        try:
+            return attempt(log)
+        except BpfError as e:
+            tail = "\n".join(log.value.decode(errors="replace").splitlines()[-8:])
+            raise BpfError(e.errno, f"{e.strerror}; verifier: {tail}") from first
+
+
 def map_create(
     map_type: int, key_size: int, value_size: int, max_entries: int, flags: int = 0,
     name: str = "",
 ) -> int:
-    """Create a map (tests and tools; the loader lets BCC create the programs' maps)."""
+    """Create a map (tests, tools, and the loader's build cache, agent.bpf.build_cache)."""
     attr = _MapCreateAttr(
         map_type=map_type, key_size=key_size, value_size=value_size,
         max_entries=max_entries, map_flags=flags, map_name=name.encode()[:15],

@@ -9,6 +9,10 @@ sysctl managers. Steps:
 2. BCC must import (Debian's python3-bpfcc, seen through a --system-site-packages venv);
 3. `agent.bpf.loader.load_dataplane`: compile tc.c + xdp.c once (seconds), verify, adopt
    the pinned maps of a previous agent (or create and pin them), sized from `BPFMapSize*`;
+   a build already compiled on this node with the same source, flags, kernel and BCC loads
+   from the build cache instead (agent.bpf.build_cache; PYFELIX_BPF_CACHE_DIR, default
+   /var/cache/pyfelix/bpf, "off" disables it): verified again, not compiled. Flow logs
+   read BCC's ring buffer, so with FlowLogsFileEnabled the build always compiles;
 4. managers, in apply order:
    - `BpfPolicyManager`: the policy maps by difference (managers/bpf_policy.py);
    - `BpfRouteManager`: the routes trie by difference (managers/bpf_routes.py);
@@ -46,6 +50,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pyfelix.agent.bpf import syscall
+from pyfelix.agent.bpf.build_cache import BuildCache
 from pyfelix.agent.bpf.loader import (
     CTLB_PROGRAMS,
     BuildConfig,
@@ -113,8 +118,8 @@ def build_config(config: Config) -> BuildConfig:
                            config.get("BPFConntrackTimeouts")))
 
 
-def load(build: BuildConfig, *, before_compile: Callable[[], None] | None = None
-         ) -> LoadedDataplane:
+def load(build: BuildConfig, *, before_compile: Callable[[], None] | None = None,
+         cache: BuildCache | None = None) -> LoadedDataplane:
     """Steps 1-3 of the module docstring; DataplaneUnavailable on any failure.
     `before_compile` runs once the cheap checks passed (the guard: installing it on a node
     that then cannot run BPF mode at all would only cut workloads off)."""
@@ -133,7 +138,7 @@ def load(build: BuildConfig, *, before_compile: Callable[[], None] | None = None
     if before_compile is not None:
         before_compile()
     try:
-        return load_dataplane(build)
+        return load_dataplane(build, cache=cache)
     except (LoaderError, ValueError, OSError) as exc:
         first = "\n".join(str(exc).splitlines()[:5])
         raise DataplaneUnavailable(f"BPF dataplane: programs could not be built or loaded "
@@ -262,7 +267,8 @@ def install_guard(config: Config) -> None:
 def build_bpf_managers(config: Config) -> list[Manager]:
     """Check, compile once, pin, and return the BPF managers (see module docstring)."""
     build = build_config(config)
-    loaded = load(build, before_compile=lambda: install_guard(config))
+    loaded = load(build, before_compile=lambda: install_guard(config),
+                  cache=None if config.flow_logs_file_enabled else BuildCache.from_env())
     log.info("BPF dataplane loaded: abi %s, pins under %s%s", loaded.abi,
              loaded.config.pin_dir,
              f", replaced {loaded.replaced_pins}" if loaded.replaced_pins else "")
