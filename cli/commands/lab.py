@@ -18,6 +18,7 @@ import click
 OUTPUT_FORMATS = ("table", "json")
 DATAPLANES = ("bpf", "iptables")
 IP_FAMILIES = ("ipv4", "ipv6", "dual")  # as lab.family.IP_FAMILIES (the CLI imports lazily)
+DEFAULT_SYNC_TIMEOUT_SECONDS = 60.0  # as lab.runner.DEFAULT_SYNC_TIMEOUT_SECONDS
 NO_AGENT_NOTICE = (
     "notice: --no-agent: no agent runs, so no policy is enforced: the scenario's resources "
     "are only written to the lab datastore, and every probe to a listening port comes out "
@@ -104,6 +105,11 @@ def command() -> None:
               show_default=True,
               help="Pods' addresses and probes: IPv4, IPv6 (each lab address and CIDR "
                    "mapped to its IPv6 twin) or both (every probe runs over each family).")
+@click.option("--sync-timeout", type=click.FloatRange(min=1.0), default=None,
+              envvar="PYFELIX_LAB_SYNC_TIMEOUT", show_envvar=True,
+              help=f"Seconds the agents get to report in sync before the run fails "
+                   f"[default: {DEFAULT_SYNC_TIMEOUT_SECONDS:g}; more on an emulated CPU, "
+                   f"where compiling the BPF programs alone can take minutes].")
 def run_command(
     scenario_file: str,
     dataplane: str,
@@ -115,6 +121,7 @@ def run_command(
     typha: bool,
     flow_logs: bool,
     ip_family: str,
+    sync_timeout: float | None,
 ) -> None:
     """Build SCENARIO_FILE's topology, run its steps and probes, tear everything down.
 
@@ -155,6 +162,7 @@ def run_command(
         static_cross_node_routes=no_agent if static_routes is None else static_routes,
         interface_prefix=_interface_prefix(),
         hold_seconds=hold,
+        sync_timeout=DEFAULT_SYNC_TIMEOUT_SECONDS if sync_timeout is None else sync_timeout,
     )
     if output == "json":
         click.echo(json.dumps(report.to_json(), indent=2))
