@@ -87,6 +87,8 @@ BUILD_PIN_PREFIXES = ("progs_", "scratch_", "nat6scratch_")  # pins private to o
 FIXED_SIZE_MAPS = frozenset({"config", "global_counters"})  # sized in C, not configurable
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
+# BPF_TABLE_PINNED[7]("type", key type, value type, NAME, ...): the tables a build pins
+_PINNED_TABLE = re.compile(r'BPF_TABLE_PINNED7?\(\s*"\w+"\s*,[^,;]+,[^,;]+,\s*(\w+)\s*,')
 KTIME_COARSE_SINCE = (5, 11)  # the kernel that added bpf_ktime_get_coarse_ns
 
 
@@ -404,7 +406,8 @@ def load_dataplane(config: BuildConfig, cache: BuildCache | None = None) -> Load
              t2 - t0, t1 - t0, t2 - t1, abi)
     if cache is not None:
         try:
-            cache.put(key, capture_image(b, programs, config.pin_dir))
+            cache.put(key, capture_image(b, programs, config.pin_dir,
+                                         set(_PINNED_TABLE.findall(source))))
         except (Uncacheable, OSError) as e:
             log.warning("BPF build not cached: %s", e)
     return LoadedDataplane(
@@ -436,10 +439,13 @@ def _load_image(config: BuildConfig, image: BuildImage, abi: str,
         image=loaded, from_cache=True)
 
 
-def capture_image(b: Any, programs: list[tuple[str, int, int]], pin_dir: str) -> BuildImage:
+def capture_image(b: Any, programs: list[tuple[str, int, int]], pin_dir: str,
+                  pinned: set[str]) -> BuildImage:
     """The build cache's image of a BCC build that has just loaded: every table's kernel
     definition and pin name (matched by map id among pin_dir's pins), every program's
-    instructions with their map relocations."""
+    instructions with their map relocations. A table of `pinned` (the source's
+    BPF_TABLE_PINNED names) without its pin makes the build Uncacheable: loaded unpinned,
+    it would not outlive the agent (the prog array's tail calls after a kill -9)."""
     from bcc.libbcc import lib
 
     lib.bpf_num_tables.restype = ctypes.c_size_t
@@ -468,11 +474,15 @@ def capture_image(b: Any, programs: list[tuple[str, int, int]], pin_dir: str) ->
         if fd < 0:
             raise Uncacheable(f"table {table.decode()} has no fd")
         info = syscall.map_info(fd)
-        table_by_fd[fd] = table.decode()
-        specs.append(MapSpec(table=table.decode(), name=info.name, map_type=info.map_type,
+        name = table.decode()
+        pin = pin_by_map_id.get(info.map_id)
+        if pin is None and name in pinned:
+            raise Uncacheable(f"table {name} is declared pinned but no pin in {pin_dir} "
+                              "holds it")
+        table_by_fd[fd] = name
+        specs.append(MapSpec(table=name, name=info.name, map_type=info.map_type,
                              key_size=info.key_size, value_size=info.value_size,
-                             max_entries=info.max_entries, flags=info.map_flags,
-                             pin=pin_by_map_id.get(info.map_id)))
+                             max_entries=info.max_entries, flags=info.map_flags, pin=pin))
     images = []
     for name, prog_type, attach_type in programs:
         extracted = extract_relocations(name, b.dump_func(name.encode()), table_by_fd)

@@ -130,3 +130,15 @@ def test_only_the_newest_images_are_kept(tmp_path: Path) -> None:
     cache.put("last", IMAGE)
     kept = sorted(p.stem for p in tmp_path.glob("*.json"))
     assert len(kept) == KEEP_IMAGES and "last" in kept and "k0" not in kept
+
+
+def test_the_loader_knows_every_pinned_table_of_the_source() -> None:
+    """capture_image refuses a build whose pinned tables lack pins; the names come from the
+    source's BPF_TABLE_PINNED[7] declarations: every data map, and the build-private ones."""
+    from pyfelix.agent.bpf import loader
+    from pyfelix.agent.bpf.maps import ALL_MAPS
+
+    pinned = set(loader._PINNED_TABLE.findall(loader.assemble_source(loader.BPF_DIR)))
+    assert pinned - {p.name for p in ALL_MAPS} == {"policy_progs", "policy_scratch",
+                                                   "nat6_scratch"}
+    assert {p.name for p in ALL_MAPS} <= pinned
