@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pyfelix.agent.bpf.attach import PyRoute2Attacher
 from pyfelix.agent.bpf.explain import run_policy_program
 from pyfelix.agent.bpf.testrun import NetnsThread
 from pyfelix.agent.calc.explain import ExplainError, compute_model
@@ -40,20 +41,26 @@ class ExplainEveryProbe:
         self.cli_checked: list[dict[str, Any]] = []
         self.verdicts: set[str] = set()
         self.seconds = 0.0
-        self._threads: dict[str, NetnsThread] = {}
+        self._threads: dict[str, tuple[NetnsThread, PyRoute2Attacher]] = {}
 
     def close(self) -> None:
-        for thread in self._threads.values():
+        for thread, attacher in self._threads.values():
+            thread.call(attacher.close)
             thread.__exit__(None, None, None)
+        self._threads.clear()
 
     def _kernel(self, netns: str) -> Any:
-        thread = self._threads.get(netns)
-        if thread is None:
-            thread = self._threads[netns] = NetnsThread(f"/run/netns/{netns}").__enter__()
+        """Kernel runs in the node's namespace, through one netlink handle kept per node
+        (opened in that namespace's thread)."""
+        if netns not in self._threads:
+            thread = NetnsThread(f"/run/netns/{netns}").__enter__()
+            self._threads[netns] = (thread, thread.call(PyRoute2Attacher))
+        thread, attacher = self._threads[netns]
 
         def run(pin_dir: str, iface: str, hook: str, packet: bytes) -> Any:
             self.kernel_runs += 1
-            return thread.call(run_policy_program, pin_dir, iface, hook, packet)
+            return thread.call(run_policy_program, pin_dir, iface, hook, packet,
+                               attacher=attacher)
         return run
 
     def __call__(self, runner: Any, planned: PlannedStep, results: list[CellResult]) -> None:
