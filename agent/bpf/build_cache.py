@@ -150,10 +150,10 @@ def _ld_imm64_src(insns: bytes, index: int) -> int | None:
     return insns[index * INSN_BYTES + 1] >> 4
 
 
-def extract_relocations(program: str, insns: bytes,
+def extract_relocations(program: str, prog_type: int, attach_type: int, insns: bytes,
                         table_by_fd: Mapping[int, str]) -> ProgramImage:
-    """Split a loaded program's instructions into (instructions with map fds zeroed,
-    relocations). `table_by_fd`: the fds BCC put into the instructions, by table name."""
+    """A loaded program's image: its instructions with the map fds zeroed, and the
+    relocations. `table_by_fd`: the fds BCC put into the instructions, by table name."""
     if len(insns) % INSN_BYTES:
         raise Uncacheable(f"program {program}: {len(insns)} bytes is not whole instructions")
     out = bytearray(insns)
@@ -175,8 +175,8 @@ def extract_relocations(program: str, insns: bytes,
             relocations.append((index, table_by_fd[imm]))
             struct.pack_into("<i", out, index * INSN_BYTES + 4, 0)
         index += 2
-    return ProgramImage(name=program, prog_type=0, attach_type=-1, insns=bytes(out),
-                        relocations=tuple(relocations))
+    return ProgramImage(name=program, prog_type=prog_type, attach_type=attach_type,
+                        insns=bytes(out), relocations=tuple(relocations))
 
 
 def patch_relocations(image: ProgramImage, fd_by_table: Mapping[str, int]) -> bytes:

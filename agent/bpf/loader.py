@@ -36,7 +36,6 @@ releases fds but never unpins (use `remove_pin_dir()` for that); stale `progs_<a
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import hashlib
 import logging
 import os
@@ -483,14 +482,12 @@ def capture_image(b: Any, programs: list[tuple[str, int, int]], pin_dir: str,
         specs.append(MapSpec(table=name, name=info.name, map_type=info.map_type,
                              key_size=info.key_size, value_size=info.value_size,
                              max_entries=info.max_entries, flags=info.map_flags, pin=pin))
-    images = []
-    for name, prog_type, attach_type in programs:
-        extracted = extract_relocations(name, b.dump_func(name.encode()), table_by_fd)
-        images.append(dataclasses.replace(extracted, prog_type=prog_type,
-                                          attach_type=attach_type))
+    images = tuple(extract_relocations(name, prog_type, attach_type,
+                                       b.dump_func(name.encode()), table_by_fd)
+                   for name, prog_type, attach_type in programs)
     return BuildImage(license=lib.bpf_module_license(b.module).decode(),
                       kern_version=int(lib.bpf_module_kern_version(b.module)),
-                      maps=tuple(specs), programs=tuple(images))
+                      maps=tuple(specs), programs=images)
 
 
 def _load_func(b: Any, name: str, prog_type: int, attach_type: int = -1) -> Any:

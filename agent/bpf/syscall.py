@@ -161,7 +161,8 @@ class _ProgInfo(ctypes.Structure):
 
 
 class _ProgLoadAttr(ctypes.Structure):
-    """The head of the BPF_PROG_LOAD attributes (up to prog_name)."""
+    """The head of the BPF_PROG_LOAD attributes, up to expected_attach_type (cgroup
+    sock_addr programs need it; the kernel zero-fills the rest)."""
 
     _fields_ = [
         ("prog_type", ctypes.c_uint32),
@@ -174,16 +175,9 @@ class _ProgLoadAttr(ctypes.Structure):
         ("kern_version", ctypes.c_uint32),
         ("prog_flags", ctypes.c_uint32),
         ("prog_name", ctypes.c_char * 16),
+        ("prog_ifindex", ctypes.c_uint32),
+        ("expected_attach_type", ctypes.c_uint32),
     ]
-
-
-class _ProgLoadFullAttr(ctypes.Structure):
-    """BPF_PROG_LOAD attributes up to expected_attach_type (cgroup sock_addr programs need
-    it; the kernel zero-fills the rest)."""
-
-    _fields_ = [*_ProgLoadAttr._fields_,
-                ("prog_ifindex", ctypes.c_uint32),
-                ("expected_attach_type", ctypes.c_uint32)]
 
 
 class _GetByIdAttr(ctypes.Structure):
@@ -251,12 +245,7 @@ _RETURN_ZERO = bytes([0xB7, 0, 0, 0, 0, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0])
 def load_return_zero_tc_prog(name: str = "pf_calibrate") -> int:
     """Load the smallest tc program (returns 0); a fd the caller closes. Benchmarks run it
     with BPF_PROG_TEST_RUN to measure what the harness itself costs on this machine."""
-    insns = ctypes.create_string_buffer(_RETURN_ZERO, len(_RETURN_ZERO))
-    license_ = ctypes.create_string_buffer(b"GPL")
-    attr = _ProgLoadAttr(prog_type=BPF_PROG_TYPE_SCHED_CLS, insn_cnt=len(_RETURN_ZERO) // 8,
-                         insns=_addr(insns), license=_addr(license_),
-                         prog_name=name.encode()[:15])
-    return _bpf(BPF_PROG_LOAD, attr, f"PROG_LOAD {name}")
+    return prog_load(BPF_PROG_TYPE_SCHED_CLS, _RETURN_ZERO, name)
 
 
 VERIFIER_LOG_BYTES = 1 << 20  # the tail of the verifier's log kept for an error message
@@ -273,7 +262,7 @@ def prog_load(prog_type: int, insns: bytes, name: str, *, expected_attach_type: 
     lic = ctypes.create_string_buffer(license_.encode())
 
     def attempt(log: ctypes.Array | None) -> int:
-        attr = _ProgLoadFullAttr(
+        attr = _ProgLoadAttr(
             prog_type=prog_type, insn_cnt=len(insns) // 8, insns=_addr(code),
             license=_addr(lic), kern_version=kern_version, prog_name=name.encode()[:15],
             expected_attach_type=expected_attach_type,

@@ -19,9 +19,12 @@ coarsely and adds its own set-up, so `bpf_first_packet_harness_ns` (the `return 
 program, same single-run timing) is reported beside it. The builds are measured in turn,
 FIRST_PACKET_BLOCK packets each (about a millisecond; the first in turn rotating): on a
 shared machine whose speed drifts by tens of percent within a minute, counts measured one
-after another (as this benchmark did before) compared the drift as much as the counts.
-Packet by packet in turn was tried and dropped: each run then met caches emptied by the
-other builds' runs, a cold-cache figure 2.5 times the warm one.
+after another (as this benchmark did before) compared the drift as much as the counts
+(two runs of that design minutes apart: 10,000 / 10 = 1.15 and 1.57). The other builds'
+blocks cool each build's maps, so the absolute figures are above a lone build's (here
+2.4-4.0 us at N = 10 where the old design measured 2.0-2.4 us in the same half hour;
+packet by packet in turn, tried first, gave 4.1-4.3 us): they are first packets on a node
+busy with other work, and the ratios are what this benchmark is for.
 
 Figures (each the median of `samples` single runs, with _min/_max over `repeats` medians):
 - `bpf_first_packet_ns_<N>` for N = 10, 1000, 10000;
@@ -29,13 +32,14 @@ Figures (each the median of `samples` single runs, with _min/_max over `repeats`
 - `bpf_first_packet_harness_ns`;
 - `bpf_first_packet_load_avg_1m`: the 1-minute load average when the measurement ended
   (the figures of a loaded, shared machine are not a quiet one's);
-- `bpf_first_packet_ns_10000_hot10` (a diagnostic beside the headline figures): 10,000
-  Services programmed, but the packets go to the same 10 ClusterIPs as with N = 10, so the
+- `bpf_first_packet_ns_10000_hot10` (a diagnostic beside the headline figures): a build of
+  its own with 10,000 Services, the packets to 10 of its ClusterIPs as with N = 10, so the
   lookups' working set stays in the CPU caches; with `..._ratio_10000_hot10_to_10` it
   separates what the NUMBER of Services costs (the maps' algorithms) from what spreading
   first packets over 10,000 Services' frontend entries costs (cache and TLB misses: the
   filter word, the frontend's hash bucket and element; the backend is read from the
-  frontend entry for Services of up to 7 backends, nat_frontend.h).
+  frontend entry for Services of up to 7 backends, nat_frontend.h). Its ratio also shows
+  how far two builds of the same working set differ in this design (0.94-0.98 here).
 Part (2), `bpf_new_conn_per_s_<N>` / `iptables_new_conn_per_s_<N>` and
 `bpf_to_iptables_conn_ratio_10000`: see `conn_rate_figures`.
 """
@@ -165,22 +169,20 @@ def first_packet_figures(ctx: BenchContext) -> Figures:
                               ).retval == TC_ACT_OK, name
             # the streams in turn, a block of packets each (rotating which goes first):
             # every stream is sampled in the same moments as the others, so the shared
-            # machine's changing speed cannot favour one Service count, and within a block
-            # a build's own maps are as warm as when it runs alone
+            # machine's changing speed cannot favour one Service count
             times: dict[str, list[int]] = {name: [] for name in streams}
             order = list(streams)
             for b, start in enumerate(range(1, samples, FIRST_PACKET_BLOCK)):
                 k = b % len(order)
                 for name in order[k:] + order[:k]:
-                    for pkt in batches[name][start:start + FIRST_PACKET_BLOCK]:
-                        times[name].append(run_tc(fds[name], pkt,
-                                                  ifindex=LOOPBACK_IFINDEX).duration_ns)
+                    times[name] += _single_runs(
+                        fds[name], batches[name][start:start + FIRST_PACKET_BLOCK],
+                        LOOPBACK_IFINDEX)
             for name in streams:
                 medians[name].append(float(statistics.median(times[name])))
         for _ in range(repeats):
-            times_zero = [run_tc(zero, packets.tcp(POD, "10.96.0.1", 1, 80, "S"),
-                                 ifindex=LOOPBACK_IFINDEX).duration_ns
-                          for _ in range(samples)]
+            times_zero = _single_runs(zero, [packets.tcp(POD, "10.96.0.1", 1, 80, "S")]
+                                      * samples, LOOPBACK_IFINDEX)
             harness.append(float(statistics.median(times_zero)))
     figures: Figures = {}
     # the machine's load while measuring (shared machines: read the figures beside it)

@@ -42,7 +42,7 @@ def program(conntrack_fd: int, routes_fd: int) -> bytes:
 
 
 def test_map_fds_become_relocations_and_come_back_as_other_fds() -> None:
-    image = extract_relocations("p", program(7, 9), {7: "conntrack", 9: "routes"})
+    image = extract_relocations("p", 3, -1, program(7, 9), {7: "conntrack", 9: "routes"})
     assert image.relocations == ((0, "conntrack"), (5, "routes"), (7, "conntrack"))
     assert image.insns == program(0, 0)  # a plain 64-bit constant (src 0) is kept
     assert patch_relocations(image, {"conntrack": 30, "routes": 31}) == program(30, 31)
@@ -50,11 +50,11 @@ def test_map_fds_become_relocations_and_come_back_as_other_fds() -> None:
 
 def test_other_pseudo_sources_and_unknown_fds_are_uncacheable() -> None:
     with pytest.raises(Uncacheable, match="pseudo source 2"):
-        extract_relocations("p", ld_imm64(1, 2, 7) + EXIT, {7: "m"})
+        extract_relocations("p", 3, -1, ld_imm64(1, 2, 7) + EXIT, {7: "m"})
     with pytest.raises(Uncacheable, match="fd 8"):
-        extract_relocations("p", ld_imm64(1, 1, 8) + EXIT, {7: "m"})
+        extract_relocations("p", 3, -1, ld_imm64(1, 1, 8) + EXIT, {7: "m"})
     with pytest.raises(Uncacheable, match="whole instructions"):
-        extract_relocations("p", EXIT[:5], {})
+        extract_relocations("p", 3, -1, EXIT[:5], {})
 
 
 def test_a_relocation_that_does_not_fit_the_instructions_is_refused() -> None:
